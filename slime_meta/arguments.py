@@ -1,0 +1,357 @@
+"""Every flag, in argparse groups, and the one typed, frozen config built from them.
+
+`add_meta_learning_arguments(parser)` is what slime's `parse_args(add_custom_arguments=...)`
+takes: it adds our groups and skips any flag the parser already has, so the flags slime also
+defines (`--prompt-data`, `--rollout-batch-size`, `--hf-checkpoint`, `--lr`, `--save`, ...) keep
+slime's definition on a cluster and get ours when run on one machine. Names and meanings follow
+slime's where both exist.
+
+After parsing, `build_config(namespace)` makes a `MetaConfig` once; nothing mutates it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Sequence
+
+from slime_meta.errors import UserInputError
+
+ADDITIONAL_INFO_POSITIONS = ("prefix", "suffix", "system")
+HOLDOUT_ADVANTAGE_MODES = ("mean-then-normalize", "normalize-then-mean")
+GRADER_KINDS = ("auto", "verifier", "openai")
+VERIFIER_METRICS = ("exact", "normalized", "numeric", "char")
+
+
+# ----------------------------------------------------------------------------- config types
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    prompt_data: str
+    input_key: str
+    label_key: str
+    rubric_key: str
+    group_key: str | None
+    rollout_shuffle: bool
+    apply_chat_template: bool
+
+
+@dataclass(frozen=True)
+class MetaLearningConfig:
+    rollout_batch_size: int  # teacher prompts (GRPO groups) per outer step
+    n_samples_per_prompt: int  # G: infos per teacher prompt
+    n_problems_per_prompt: int  # k: train problems in one teacher prompt
+    num_inner_iterations: int  # K
+    n_samples_per_inner_prompt: int  # m: student attempts per problem per inner iteration
+    inner_loop_train_ratio: float
+    heldout_ipb: int | None
+    additional_info_position: str
+    train_all_inner_steps: bool
+    holdout_advantage: str
+    num_rollout: int
+    generator_template: str | None
+    grader_template: str | None
+    teacher_template: str | None
+    trace_sample_rate: float
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    teacher_temperature: float
+    teacher_max_tokens: int
+    teacher_concurrency: int
+    rollout_temperature: float  # student sampling
+    rollout_max_response_len: int
+    student_concurrency: int
+    request_timeout: float
+    request_retries: int
+
+
+@dataclass(frozen=True)
+class GraderConfig:
+    grader: str  # auto | verifier | openai
+    grader_model: str
+    grader_base_url: str | None
+    grader_api_key_env: str
+    grader_temperature: float
+    grader_max_tokens: int
+    grader_concurrency: int
+    verifier_metric: str
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    hf_checkpoint: str | None
+    rollout_num_gpus: int
+    rollout_num_gpus_per_engine: int
+    actor_num_nodes: int
+    actor_num_gpus_per_node: int
+    teacher_port: int | None
+    student_checkpoint: str | None
+    student_num_gpus: int | None
+    student_num_gpus_per_engine: int
+    student_router_ip: str | None
+    student_router_port: int | None
+    local_num_workers: int
+    local_student_num_workers: int
+    device: str
+    host: str
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    clip_grad: float
+    eps_clip: float
+    eps_clip_high: float | None
+    micro_batch_size: int
+    std_normalize: bool
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    save: str | None
+    load: str | None
+    save_interval: int | None
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    run_dir: str
+    use_wandb: bool
+    wandb_project: str
+    wandb_group: str | None
+    wandb_mode: str
+
+
+@dataclass(frozen=True)
+class MetaConfig:
+    backend: str
+    seed: int
+    data: DataConfig
+    meta: MetaLearningConfig
+    sampling: SamplingConfig
+    grader: GraderConfig
+    pools: PoolConfig
+    train: TrainConfig
+    checkpoint: CheckpointConfig
+    tracking: TrackingConfig
+
+    @property
+    def separate_student(self) -> bool:
+        """A student pool of its own: started from a checkpoint, or an external router."""
+        return bool(self.pools.student_checkpoint or self.pools.student_router_ip)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        # Secrets never live in the config: API keys are read from the environment by name.
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- flags
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+class _Groups:
+    """Adds flags to argparse groups, skipping those the parser already defines (slime's)."""
+
+    def __init__(self, parser: argparse.ArgumentParser):
+        self.parser = parser
+
+    def group(self, title: str):
+        group = self.parser.add_argument_group(title)
+        existing = self.parser._option_string_actions  # argparse has no public lookup for this
+
+        def add(*flags: str, **kwargs):
+            if any(flag in existing for flag in flags):
+                return None
+            return group.add_argument(*flags, **kwargs)
+
+        return add
+
+
+def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    groups = _Groups(parser)
+
+    add = groups.group("meta-learning")
+    add("--use-meta-learning", action="store_true", help="Train a teacher with the meta-learning rollout.")
+    add("--num-inner-iterations", type=_positive_int, default=3, help="K: student -> grader -> teacher rounds per chain.")
+    add("--n-samples-per-inner-prompt", type=_positive_int, default=4, help="m: student attempts per train problem per round.")
+    add("--inner-loop-train-ratio", type=float, default=0.75, help="Share of each batch used as train problems; the rest is holdout.")
+    add("--heldout-ipb", type=_positive_int, default=None, help="Holdout problems per batch (instead of --inner-loop-train-ratio).")
+    add("--n-problems-per-prompt", type=_positive_int, default=1, help="k: train problems in one teacher prompt; one info serves all k.")
+    add("--additional-info-position", choices=ADDITIONAL_INFO_POSITIONS, default="prefix", help="Where the info goes in the student's prompt.")
+    add("--train-all-inner-steps", action="store_true", help="Also train every earlier inner iteration's info with its group's advantage.")
+    add("--holdout-advantage", choices=HOLDOUT_ADVANTAGE_MODES, default="mean-then-normalize",
+        help="mean-then-normalize: reward = mean holdout grade, GRPO over the G infos. "
+             "normalize-then-mean: normalise each holdout problem's grades across the G infos, then average.")
+    add("--group-key", default=None, help="Dataset column of task families: each teacher prompt and its holdout come from one family.")
+    add("--generator-template", default=None, help="Student prompt: a file, a template text, or module.Class (GeneratorPromptTemplate subclass).")
+    add("--grader-template", default=None, help="Grader prompt: a file, a template text, or module.Class (GraderPromptTemplate subclass).")
+    add("--teacher-template", default=None, help="Teacher prompt: a file, a template text, or module.Class (TeacherPromptTemplate subclass).")
+    add("--trace-sample-rate", type=float, default=0.1, help="Share of chains written in full to traces.jsonl.")
+
+    add = groups.group("data (slime-compatible)")
+    add("--prompt-data", default=None, help="Dataset: .parquet, .jsonl or .json.")
+    add("--input-key", default="prompt", help="Column with the problem text (a `messages` chat column also works).")
+    add("--label-key", default="label", help="Column with the ground truth (a string or a dict such as {\"answer\": ...}).")
+    add("--rubric-key", default="rubric", help="Column with the grading rubric.")
+    add("--rollout-batch-size", type=_positive_int, default=4, help="Teacher prompts (GRPO groups) per outer step.")
+    add("--n-samples-per-prompt", type=_positive_int, default=4, help="G: infos sampled per teacher prompt.")
+    add("--num-rollout", type=_positive_int, default=3, help="Outer steps.")
+    add("--rollout-shuffle", action="store_true", help="Shuffle the dataset (seeded) each epoch.")
+    add("--apply-chat-template", action="store_true", help="Render prompts with the tokenizer's chat template.")
+    add("--rollout-temperature", type=float, default=1.0, help="Student sampling temperature.")
+    add("--rollout-max-response-len", type=_positive_int, default=256, help="Student max new tokens.")
+
+    add = groups.group("teacher sampling")
+    add("--teacher-temperature", type=float, default=0.7)
+    add("--teacher-max-tokens", type=_positive_int, default=256)
+    add("--teacher-concurrency", type=_positive_int, default=64, help="Teacher requests in flight.")
+    add("--student-concurrency", type=_positive_int, default=128, help="Student requests in flight.")
+    add("--request-timeout", type=float, default=300.0, help="Seconds before an inference request is retried.")
+    add("--request-retries", type=int, default=3, help="Retries of a failed inference request (with backoff).")
+
+    add = groups.group("grader")
+    add("--grader", choices=GRADER_KINDS, default="auto",
+        help="auto: an OpenAI-compatible API if --grader-base-url or the key variable is set, else the built-in verifier.")
+    add("--grader-model", default="gpt-4")
+    add("--grader-base-url", default=None, help="A self-hosted OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
+    add("--grader-api-key-env", default="OPENAI_API_KEY", help="Name of the environment variable holding the API key.")
+    add("--grader-temperature", type=float, default=0.0)
+    add("--grader-max-tokens", type=_positive_int, default=512)
+    add("--grader-concurrency", type=_positive_int, default=32)
+    add("--verifier-metric", choices=VERIFIER_METRICS, default="normalized", help="Built-in verifier: how an answer matches the label.")
+
+    add = groups.group("pools and resources (slime-compatible)")
+    add("--hf-checkpoint", default=None, help="Teacher model: a local HF checkpoint directory.")
+    add("--rollout-num-gpus", type=int, default=0)
+    add("--rollout-num-gpus-per-engine", type=_positive_int, default=1)
+    add("--actor-num-nodes", type=_positive_int, default=1)
+    add("--actor-num-gpus-per-node", type=int, default=0)
+    add("--teacher-port", type=int, default=None, help="Port of the teacher's router (local: where to start it).")
+    add("--student-checkpoint", default=None, help="A separate, frozen student pool from this checkpoint.")
+    add("--student-num-gpus", type=int, default=None)
+    add("--student-num-gpus-per-engine", type=_positive_int, default=1)
+    add("--student-router-ip", default=None, help="Use an already running SGLang-API router as the student pool.")
+    add("--student-router-port", type=int, default=None)
+    add("--local-num-workers", type=_positive_int, default=1, help="Local backend: embedded teacher workers.")
+    add("--local-student-num-workers", type=_positive_int, default=1, help="Local backend: embedded student workers.")
+    add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="Local backend: cuda if available, else cpu.")
+    add("--host", default="127.0.0.1", help="Local backend: address workers and routers bind to.")
+
+    add = groups.group("training (slime-compatible)")
+    add("--lr", type=float, default=1e-5)
+    add("--weight-decay", type=float, default=0.0)
+    add("--adam-beta1", type=float, default=0.9)
+    add("--adam-beta2", type=float, default=0.999)
+    add("--clip-grad", type=float, default=1.0)
+    add("--eps-clip", type=float, default=0.2)
+    add("--eps-clip-high", type=float, default=None)
+    add("--micro-batch-size", type=_positive_int, default=8, help="Sequences per forward pass (gradients accumulate).")
+    add("--std-normalize", action=argparse.BooleanOptionalAction, default=True,
+        help="Divide GRPO advantages by the group's std (--no-std-normalize: Dr.GRPO).")
+
+    add = groups.group("checkpoints and tracking")
+    add("--save", default=None, help="Checkpoint directory.")
+    add("--load", default=None, help="Resume from this checkpoint directory.")
+    add("--save-interval", type=_positive_int, default=None, help="Save every N outer steps (and at the end).")
+    add("--run-dir", default=None, help="Where metrics, traces, config and plot go (default runs/<time>).")
+    add("--use-wandb", action="store_true")
+    add("--wandb-project", default="slime-meta")
+    add("--wandb-group", default=None)
+    add("--wandb-mode", choices=("offline", "online", "disabled"), default="offline",
+        help="online needs WANDB_API_KEY in the environment.")
+
+    add = groups.group("program")
+    add("--backend", choices=("local", "slime"), default="local")
+    add("--seed", type=int, default=1234)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="train.py",
+        description="Train a teacher LLM to write additional_info, rewarded by a student's holdout grades.",
+    )
+    return add_meta_learning_arguments(parser)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def _pick(cls, namespace: argparse.Namespace, **overrides):
+    values = {f.name: getattr(namespace, f.name) for f in fields(cls) if f.name not in overrides}
+    return cls(**values, **overrides)
+
+
+def build_config(namespace: argparse.Namespace, *, default_run_dir: str | None = None) -> MetaConfig:
+    """The frozen config from parsed flags, validated; raises UserInputError naming the flag."""
+    validate_flags(namespace)
+    run_dir = namespace.run_dir or default_run_dir or "runs/meta"
+    return MetaConfig(
+        backend=namespace.backend,
+        seed=namespace.seed,
+        data=_pick(DataConfig, namespace),
+        meta=_pick(MetaLearningConfig, namespace),
+        sampling=_pick(SamplingConfig, namespace),
+        grader=_pick(GraderConfig, namespace),
+        pools=_pick(PoolConfig, namespace),
+        train=_pick(TrainConfig, namespace),
+        checkpoint=_pick(CheckpointConfig, namespace),
+        tracking=_pick(TrackingConfig, namespace, run_dir=run_dir),
+    )
+
+
+def validate_flags(ns: argparse.Namespace) -> None:
+    def fail(message: str) -> None:
+        raise UserInputError(message)
+
+    if not ns.use_meta_learning:
+        fail("--use-meta-learning is required: it is the training mode this program runs")
+    if not ns.prompt_data:
+        fail("--prompt-data is required: a .parquet, .jsonl or .json dataset (e.g. data/math_word_problems.jsonl)")
+    if not 0.0 < ns.inner_loop_train_ratio < 1.0:
+        fail(f"--inner-loop-train-ratio {ns.inner_loop_train_ratio}: must be strictly between 0 and 1 (e.g. 0.75)")
+    if not 0.0 <= ns.trace_sample_rate <= 1.0:
+        fail(f"--trace-sample-rate {ns.trace_sample_rate}: must be between 0 and 1")
+    for flag in ("teacher_temperature", "rollout_temperature", "grader_temperature"):
+        if getattr(ns, flag) < 0:
+            fail(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be >= 0")
+    if ns.lr <= 0:
+        fail(f"--lr {ns.lr}: must be > 0")
+    if ns.eps_clip <= 0:
+        fail(f"--eps-clip {ns.eps_clip}: must be > 0")
+    if (ns.student_router_ip is None) != (ns.student_router_port is None):
+        fail("--student-router-ip and --student-router-port go together: give both or neither")
+    if ns.student_router_ip and ns.student_checkpoint:
+        fail("--student-router-ip points at a running student pool; --student-checkpoint starts one: give one of them")
+    if ns.load and not Path(ns.load).exists():
+        fail(f"--load {ns.load}: no such directory; give a --save directory of an earlier run")
+    if ns.save_interval and not ns.save:
+        fail("--save-interval needs --save DIR (where checkpoints go)")
+    if ns.wandb_mode == "online" and ns.use_wandb:
+        import os
+
+        if not os.environ.get("WANDB_API_KEY"):
+            fail("--wandb-mode online needs WANDB_API_KEY in the environment (or use --wandb-mode offline)")
+
+
+def parse_config(argv: Sequence[str] | None = None, *, default_run_dir: str | None = None) -> MetaConfig:
+    parser = build_parser()
+    return build_config(parser.parse_args(argv), default_run_dir=default_run_dir)

@@ -1,0 +1,171 @@
+"""Building the pieces of a local run from the config: run dir, data, pools, roles, grader.
+
+Kept apart from `run.py` so that the outer loop there reads on one screen.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from slime_meta.arguments import MetaConfig
+from slime_meta.data import ProblemSampler, load_problems, split_sizes
+from slime_meta.errors import UserInputError
+from slime_meta.grading import build_grader, default_grader_kind
+from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
+from slime_meta.pools import SGLangPool, check_reachable, post_json_sync
+from slime_meta.prompt_templates import load_template
+from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole
+
+
+def prepare_run_dir(cfg: MetaConfig) -> Path:
+    run_dir = Path(cfg.tracking.run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "weights").mkdir(exist_ok=True)
+    cfg.save(run_dir / "config.json")
+    return run_dir
+
+
+@dataclass
+class Data:
+    sampler: ProblemSampler
+    num_holdout: int
+
+
+def load_data(cfg: MetaConfig) -> Data:
+    problems = load_problems(
+        cfg.data.prompt_data,
+        input_key=cfg.data.input_key,
+        label_key=cfg.data.label_key,
+        rubric_key=cfg.data.rubric_key,
+        group_key=cfg.data.group_key,
+    )
+    meta = cfg.meta
+    _, num_holdout = split_sizes(
+        num_prompts=meta.rollout_batch_size,
+        problems_per_prompt=meta.n_problems_per_prompt,
+        train_ratio=meta.inner_loop_train_ratio,
+        heldout_ipb=meta.heldout_ipb,
+    )
+    sampler = ProblemSampler(
+        problems, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=cfg.data.group_key is not None
+    )
+    sampler.validate(meta.n_problems_per_prompt, num_holdout, meta.rollout_batch_size)
+    return Data(sampler=sampler, num_holdout=num_holdout)
+
+
+def check_model_dir(path: str | None, flag: str) -> str:
+    if not path:
+        raise UserInputError(
+            f"{flag} is required: a local HF checkpoint directory "
+            "(build the small demo model with: python -m slime_meta.models.tiny)"
+        )
+    if not (Path(path) / "config.json").is_file():
+        raise UserInputError(f"{flag} {path}: not an HF checkpoint directory (no config.json in it)")
+    return path
+
+
+def load_tokenizer(model_dir: str):
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def build_rollout(cfg: MetaConfig, teacher_pool: SGLangPool, student_pool: SGLangPool, tokenizer) -> MetaLearningRollout:
+    renderer = PromptRenderer(tokenizer, cfg.data.apply_chat_template)
+    grader_kind = cfg.grader.grader
+    if grader_kind == "auto":
+        grader_kind = default_grader_kind(cfg.grader.grader_api_key_env, cfg.grader.grader_base_url)
+    grader_template = load_template("grader", cfg.meta.grader_template, "--grader-template")
+    if grader_kind == "verifier":
+        grader = build_grader("verifier", metric=cfg.grader.verifier_metric)
+    else:
+        grader = build_grader(
+            "openai",
+            model=cfg.grader.grader_model,
+            base_url=cfg.grader.grader_base_url,
+            api_key_env=cfg.grader.grader_api_key_env,
+            temperature=cfg.grader.grader_temperature,
+            max_tokens=cfg.grader.grader_max_tokens,
+            concurrency=cfg.grader.grader_concurrency,
+            template=grader_template,
+        )
+    student = StudentRole(
+        pool=student_pool,
+        template=load_template("generator", cfg.meta.generator_template, "--generator-template"),
+        renderer=renderer,
+        info_position=cfg.meta.additional_info_position,
+        temperature=cfg.sampling.rollout_temperature,
+        max_new_tokens=cfg.sampling.rollout_max_response_len,
+    )
+    teacher = TeacherRole(
+        pool=teacher_pool,
+        template=load_template("teacher", cfg.meta.teacher_template, "--teacher-template"),
+        renderer=renderer,
+        temperature=cfg.sampling.teacher_temperature,
+        max_new_tokens=cfg.sampling.teacher_max_tokens,
+    )
+    settings = InnerLoopSettings(
+        num_inner_iterations=cfg.meta.num_inner_iterations,
+        n_samples_per_inner_prompt=cfg.meta.n_samples_per_inner_prompt,
+        n_samples_per_prompt=cfg.meta.n_samples_per_prompt,
+        train_all_inner_steps=cfg.meta.train_all_inner_steps,
+        holdout_advantage=cfg.meta.holdout_advantage,
+        std_normalize=cfg.train.std_normalize,
+        trace_sample_rate=cfg.meta.trace_sample_rate,
+    )
+    return MetaLearningRollout(student=student, grader=grader, teacher=teacher, settings=settings)
+
+
+def make_pool(cfg: MetaConfig, name: str, url: str, concurrency: int) -> SGLangPool:
+    return SGLangPool(
+        name=name,
+        base_url=url,
+        concurrency=concurrency,
+        timeout_s=cfg.sampling.request_timeout,
+        max_retries=cfg.sampling.request_retries,
+    )
+
+
+def external_student_url(cfg: MetaConfig) -> str:
+    url = f"http://{cfg.pools.student_router_ip}:{cfg.pools.student_router_port}"
+    check_reachable(url, "--student-router-ip/--student-router-port")
+    return url
+
+
+def push_weights(trainer, worker_urls: list[str], weights_root: Path, version: int) -> None:
+    """Save the trainer's weights and load them into every teacher worker.
+
+    The router does not forward /update_weights_from_disk, so each worker is called directly
+    (as slime does). Older weight directories are removed once every worker has moved on.
+    """
+    directory = trainer.save_weights(weights_root / f"v{version:07d}")
+    for url in worker_urls:
+        reply = post_json_sync(
+            url.rstrip("/") + "/update_weights_from_disk",
+            {"model_path": str(directory.resolve()), "weight_version": str(version)},
+        )
+        if not reply.get("success"):
+            raise RuntimeError(f"weight update of {url} failed: {reply.get('message')}")
+    for old in weights_root.glob("v*"):
+        if old != directory:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def grader_metrics(grader) -> dict[str, float]:
+    """The grader's counters (API retries, unparseable replies), reset per step."""
+    stats = getattr(grader, "stats", None)
+    if stats is None:
+        return {}
+    values = {f"grader/{k}": float(v) for k, v in vars(stats).items() if isinstance(v, (int, float))}
+    for key in vars(stats):
+        if isinstance(getattr(stats, key), (int, float)):
+            setattr(stats, key, type(getattr(stats, key))(0))
+    return values
+
+
+def write_plot(run_dir: Path) -> Path | None:
+    from slime_meta.plot import plot_run
+
+    return plot_run(run_dir)

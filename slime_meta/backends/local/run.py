@@ -1,0 +1,96 @@
+"""The outer loop on one machine: embedded workers behind the real sglang-router, a torch trainer.
+
+Per outer step: draw problems -> meta-learning rollout over the pools -> one GRPO step ->
+weights to the teacher workers -> metrics, traces, checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from slime_meta.arguments import MetaConfig
+from slime_meta.backends.local import components as C
+from slime_meta.backends.local.launcher import LocalProcessGroup
+from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+from slime_meta.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from slime_meta.tracking import Tracker, format_step_line
+
+
+def run(cfg: MetaConfig) -> Path:
+    return asyncio.run(_run(cfg))
+
+
+async def _run(cfg: MetaConfig) -> Path:
+    teacher_model = C.check_model_dir(cfg.pools.hf_checkpoint, "--hf-checkpoint")
+    run_dir = C.prepare_run_dir(cfg)
+    data = C.load_data(cfg)
+    resume = load_checkpoint(Path(cfg.checkpoint.load)) if cfg.checkpoint.load else None
+    if resume:  # the teacher restarts from its trained weights, the data cursor where it stopped
+        teacher_model = str(resume.model_dir)
+        data.sampler.load_state_dict(resume.state["sampler"])
+    start_step = resume.state["next_rollout_id"] if resume else 0
+    tokenizer = C.load_tokenizer(teacher_model)
+    device, weights_root = cfg.pools.device, run_dir / "weights"
+
+    with LocalProcessGroup(log_dir=run_dir / "logs", host=cfg.pools.host) as processes:
+        teacher_endpoints = processes.start_pool(
+            "teacher", teacher_model, cfg.pools.local_num_workers, device=device,
+            weights_root=weights_root, router_port=cfg.pools.teacher_port,
+        )
+        if cfg.pools.student_router_ip:
+            student_url = C.external_student_url(cfg)
+        elif cfg.pools.student_checkpoint:
+            student_model = C.check_model_dir(cfg.pools.student_checkpoint, "--student-checkpoint")
+            student_url = processes.start_pool(
+                "student", student_model, cfg.pools.local_student_num_workers, device=device, weights_root=None
+            ).router_url
+        else:
+            student_url = teacher_endpoints.router_url  # shared pool: the same, evolving model
+        teacher_pool = C.make_pool(cfg, "teacher", teacher_endpoints.router_url, cfg.sampling.teacher_concurrency)
+        student_pool = C.make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
+        rollout = C.build_rollout(cfg, teacher_pool, student_pool, tokenizer)
+
+        trainer = LocalTrainer(teacher_model, TrainerSettings(
+            lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, adam_beta1=cfg.train.adam_beta1,
+            adam_beta2=cfg.train.adam_beta2, clip_grad=cfg.train.clip_grad, eps_clip=cfg.train.eps_clip,
+            eps_clip_high=cfg.train.eps_clip_high, micro_batch_size=cfg.train.micro_batch_size,
+            temperature=cfg.sampling.teacher_temperature, device=device,
+        ), pad_token_id=tokenizer.pad_token_id or 0)
+        if resume:
+            trainer.load_state_dict(resume.trainer_state)
+            set_rng_state(resume.trainer_state["rng"])
+        tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict())
+
+        for rollout_id in range(start_step, cfg.meta.num_rollout):
+            step_started = time.perf_counter()
+            episodes = data.sampler.next_episodes(
+                num_prompts=cfg.meta.rollout_batch_size,
+                problems_per_prompt=cfg.meta.n_problems_per_prompt,
+                num_holdout=data.num_holdout,
+            )
+            result = await rollout.run(episodes, rollout_id, seed=cfg.seed)
+            train_metrics = await asyncio.to_thread(trainer.train_step, result.samples)
+            await asyncio.to_thread(C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1)
+
+            metrics = {**result.metrics, **train_metrics, "perf/step_time": time.perf_counter() - step_started}
+            metrics.update({f"pool/teacher_{k}": v for k, v in teacher_pool.stats.snapshot_and_reset().items()})
+            if student_pool is not teacher_pool:
+                metrics.update({f"pool/student_{k}": v for k, v in student_pool.stats.snapshot_and_reset().items()})
+            metrics.update(C.grader_metrics(rollout.grader))
+            tracker.log(rollout_id, metrics)
+            tracker.write_traces(result.traces)
+            print(format_step_line(rollout_id, metrics), flush=True)
+
+            last_step = rollout_id + 1 == cfg.meta.num_rollout
+            if cfg.checkpoint.save and (last_step or (cfg.checkpoint.save_interval and (rollout_id + 1) % cfg.checkpoint.save_interval == 0)):
+                state = {"next_rollout_id": rollout_id + 1, "sampler": data.sampler.state_dict()}
+                await asyncio.to_thread(save_checkpoint, Path(cfg.checkpoint.save), rollout_id + 1,
+                                        trainer=trainer, tokenizer=tokenizer, state=state)
+
+        await teacher_pool.close()
+        await student_pool.close()
+        tracker.finish()
+    C.write_plot(run_dir)
+    return run_dir

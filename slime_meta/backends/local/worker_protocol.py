@@ -1,0 +1,306 @@
+"""Request parsing and response shaping for the embedded worker's SGLang-style `/generate`.
+
+Kept apart from the HTTP layer and the generation loop so that the wire format (what SGLang
+clients such as slime send and read) lives in one place. Parsing is strict on purpose: a field
+this worker would silently ignore (a penalty, a grammar, `n > 1`) is answered with HTTP 400
+instead of a plausible-looking but different result, because callers train on these outputs.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Below this temperature a request is greedy (SGLang uses the same convention).
+GREEDY_TEMPERATURE_THRESHOLD = 1e-6
+DEFAULT_MAX_NEW_TOKENS = 128
+
+# Sampling fields SGLang accepts that this worker does not implement, with the value that makes
+# them a no-op. A request that sets one to anything else gets HTTP 400.
+_NO_OP_SAMPLING_FIELDS: dict[str, Any] = {
+    "n": 1,
+    "min_new_tokens": 0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "custom_params": None,
+    "logit_bias": None,
+    "sampling_seed": None,
+}
+# Fields that only change detokenisation details we do not distinguish; accepted and ignored.
+_IGNORED_SAMPLING_FIELDS = frozenset({"spaces_between_special_tokens", "stream_interval"})
+_KNOWN_TOP_LEVEL_FIELDS = frozenset(
+    {
+        "text",
+        "input_ids",
+        "sampling_params",
+        "return_logprob",
+        "logprob_start_len",
+        "top_logprobs_num",
+        "rid",
+        "stream",
+        "return_text_in_logprobs",
+        "log_metrics",
+        "custom_logit_processor",
+        "lora_path",
+    }
+)
+
+
+class RequestError(Exception):
+    """A malformed or unsatisfiable request: answered with HTTP 400 and this message."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k cut
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE_THRESHOLD
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """One prompt's worth of work, validated; the generation loop needs nothing else."""
+
+    rid: str
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: output log-probs only
+    top_logprobs_num: int = 0
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and 0 <= self.logprob_start_len < len(self.input_ids)
+
+
+@dataclass
+class FinishedGeneration:
+    """What the generation loop hands back for one spec; `generate_response` makes it JSON."""
+
+    spec: GenerationSpec
+    output_ids: list[int]
+    finish_reason: dict[str, Any]
+    text: str
+    weight_version: str
+    e2e_latency: float
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    # One entry per input position from logprob_start_len on; None where undefined (position 0).
+    input_logprobs: list[float | None] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise RequestError(message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_float(value: Any, name: str) -> float:
+    _require(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+        f"sampling_params.{name} must be a finite number",
+    )
+    return float(value)
+
+
+def parse_sampling_params(raw: Any) -> SamplingParams:
+    if raw is None:
+        return SamplingParams()
+    _require(isinstance(raw, dict), "sampling_params must be an object")
+    for name, no_op_value in _NO_OP_SAMPLING_FIELDS.items():
+        if name in raw and raw[name] is not None and raw[name] != no_op_value:
+            raise RequestError(f"sampling_params.{name}={raw[name]!r} is not supported by this worker")
+    known = {f for f in SamplingParams.__dataclass_fields__} | set(_NO_OP_SAMPLING_FIELDS)
+    unknown = sorted(set(raw) - known - _IGNORED_SAMPLING_FIELDS)
+    _require(not unknown, f"unknown sampling_params field(s): {', '.join(unknown)}")
+
+    max_new_tokens = raw.get("max_new_tokens")
+    if max_new_tokens is None:
+        max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+    _require(_is_int(max_new_tokens) and max_new_tokens >= 0, "sampling_params.max_new_tokens must be an integer >= 0")
+    temperature = _as_float(raw.get("temperature", 1.0), "temperature")
+    _require(temperature >= 0, "sampling_params.temperature must be >= 0")
+    top_p = _as_float(raw.get("top_p", 1.0), "top_p")
+    _require(0 < top_p <= 1, "sampling_params.top_p must be in (0, 1]")
+    top_k = raw.get("top_k", -1)
+    _require(_is_int(top_k) and (top_k == -1 or top_k >= 1), "sampling_params.top_k must be -1 or an integer >= 1")
+
+    stop = raw.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    _require(
+        isinstance(stop, list) and all(isinstance(s, str) for s in stop),
+        "sampling_params.stop must be a string or a list of strings",
+    )
+    stop_token_ids = raw.get("stop_token_ids") or []
+    _require(
+        isinstance(stop_token_ids, list) and all(_is_int(t) for t in stop_token_ids),
+        "sampling_params.stop_token_ids must be a list of integers",
+    )
+    flags = {}
+    for name, default in (("ignore_eos", False), ("skip_special_tokens", True), ("no_stop_trim", False)):
+        value = raw.get(name, default)
+        _require(isinstance(value, bool), f"sampling_params.{name} must be true or false")
+        flags[name] = value
+    return SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        stop=tuple(s for s in stop if s),  # an empty stop string would match everywhere
+        stop_token_ids=frozenset(stop_token_ids),
+        **flags,
+    )
+
+
+def _per_item(value: Any, count: int, name: str, is_batch: bool) -> list[Any]:
+    """SGLang lets batch requests give one value for all items or a list with one per item."""
+    if is_batch and isinstance(value, list):
+        _require(len(value) == count, f"{name} has {len(value)} entries for {count} prompts")
+        return value
+    return [value] * count
+
+
+def parse_generate_request(
+    body: Any,
+    encode: Callable[[str], list[int]],
+    vocab_size: int,
+    max_positions: int | None,
+) -> tuple[list[GenerationSpec], bool]:
+    """Validate a `/generate` body. Returns the specs and whether the caller sent a batch."""
+    _require(isinstance(body, dict), "request body must be a JSON object")
+    unknown = sorted(set(body) - _KNOWN_TOP_LEVEL_FIELDS)
+    _require(not unknown, f"unknown field(s): {', '.join(unknown)}")
+    _require(not body.get("stream"), "stream=true is not supported by this worker")
+    text, input_ids = body.get("text"), body.get("input_ids")
+    _require((text is None) != (input_ids is None), "give exactly one of 'text' or 'input_ids'")
+
+    prompts: list[list[int]]
+    if text is not None:
+        is_batch = isinstance(text, list)
+        texts = text if is_batch else [text]
+        _require(all(isinstance(t, str) for t in texts), "'text' must be a string or a list of strings")
+        prompts = [list(encode(t)) for t in texts]
+    else:
+        is_batch = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
+        prompts = input_ids if is_batch else [input_ids]
+        for prompt in prompts:
+            _require(
+                isinstance(prompt, list) and all(_is_int(t) and 0 <= t < vocab_size for t in prompt),
+                f"'input_ids' must be a list of token ids in [0, {vocab_size}) or a list of such lists",
+            )
+    _require(len(prompts) > 0, "empty batch")
+
+    count = len(prompts)
+    sampling_raw = _per_item(body.get("sampling_params"), count, "sampling_params", is_batch)
+    rids = _per_item(body.get("rid"), count, "rid", is_batch)
+    return_logprob = body.get("return_logprob", False)
+    _require(isinstance(return_logprob, bool), "'return_logprob' must be true or false")
+    logprob_start_len = body.get("logprob_start_len", -1)
+    _require(_is_int(logprob_start_len) and logprob_start_len >= -1, "'logprob_start_len' must be an integer >= -1")
+    top_logprobs_num = body.get("top_logprobs_num", 0) or 0
+    _require(
+        _is_int(top_logprobs_num) and 0 <= top_logprobs_num <= vocab_size,
+        f"'top_logprobs_num' must be an integer in [0, {vocab_size}]",
+    )
+
+    specs = []
+    for prompt, raw_sampling, rid in zip(prompts, sampling_raw, rids):
+        _require(len(prompt) > 0, "a prompt must have at least one token")
+        sampling = parse_sampling_params(raw_sampling)
+        if max_positions is not None:
+            _require(
+                len(prompt) + sampling.max_new_tokens <= max_positions,
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds the "
+                f"model's context length ({max_positions})",
+            )
+        _require(rid is None or isinstance(rid, str), "'rid' must be a string or a list of strings")
+        specs.append(
+            GenerationSpec(
+                rid=rid or uuid.uuid4().hex,
+                input_ids=tuple(prompt),
+                sampling=sampling,
+                return_logprob=return_logprob,
+                logprob_start_len=logprob_start_len,
+                top_logprobs_num=top_logprobs_num if return_logprob else 0,
+            )
+        )
+    return specs, is_batch
+
+
+def render_output_text(
+    decode: Callable[[Sequence[int], bool], str],
+    output_ids: Sequence[int],
+    finish_reason: dict[str, Any],
+    sampling: SamplingParams,
+) -> str:
+    """Text of the output, with the matched stop token or stop string trimmed as SGLang does."""
+    matched = finish_reason.get("matched")
+    trim = finish_reason.get("type") == "stop" and not sampling.no_stop_trim
+    if trim and isinstance(matched, int) and output_ids:
+        return decode(output_ids[:-1], sampling.skip_special_tokens)
+    text = decode(output_ids, sampling.skip_special_tokens)
+    if trim and isinstance(matched, str):
+        cut = text.find(matched)
+        if cut >= 0:
+            text = text[:cut]
+    return text
+
+
+def _triples(pairs: Sequence[tuple[float, int]]) -> list[list[Any]]:
+    return [[logprob, token_id, None] for logprob, token_id in pairs]
+
+
+def generate_response(result: FinishedGeneration) -> dict[str, Any]:
+    spec = result.spec
+    meta_info: dict[str, Any] = {
+        "id": spec.rid,
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": len(spec.input_ids),
+        "completion_tokens": len(result.output_ids),
+        "cached_tokens": 0,
+        "weight_version": result.weight_version,
+        "e2e_latency": result.e2e_latency,
+    }
+    if spec.return_logprob:
+        start = spec.logprob_start_len if spec.wants_input_logprobs else len(spec.input_ids)
+        input_ids = spec.input_ids[start:]
+        meta_info["input_token_logprobs"] = [
+            [logprob, token_id, None] for logprob, token_id in zip(result.input_logprobs, input_ids)
+        ]
+        meta_info["output_token_logprobs"] = [
+            [logprob, token_id, None] for logprob, token_id in zip(result.output_logprobs, result.output_ids)
+        ]
+        if spec.top_logprobs_num > 0:
+            meta_info["input_top_logprobs"] = [
+                None if top is None else _triples(top) for top in result.input_top_logprobs
+            ]
+            meta_info["output_top_logprobs"] = [_triples(top) for top in result.output_top_logprobs]
+    return {"text": result.text, "output_ids": list(result.output_ids), "meta_info": meta_info}
+
+
+def error_body(message: str) -> dict[str, Any]:
+    return {"error": {"message": message}}

@@ -1,0 +1,16 @@
+"""User-facing errors: one line, exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+EXIT_USER_ERROR = 2
+
+
+class UserInputError(Exception):
+    """Bad input from the user (a flag, a file, a row, an unreachable server).
+
+    The message is one line that names the flag, file, row or field and says what to do.
+    `train.py` prints it as `error: <message>` and exits with code 2.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.split()))  # one line, whatever the caller wrote

@@ -1,0 +1,447 @@
+"""Build the tiny tokenizer and model that the embedded demo and the tests run on.
+
+Why build one: no model hub is reachable here, yet the demo needs a real HF checkpoint that the
+local backend loads with AutoTokenizer/AutoModelForCausalLM. This module trains, in well under a
+minute on 2 CPU cores, a 0.6M-parameter Llama on the synthetic suffix task
+(slime_meta/tasks/synthetic.py), in both roles of one shared model:
+  - student: `S{hint}|{word}=` -> `{word}{hint}.`, so it applies whatever hint it is given, and
+    with no hint can only guess the suffix (its behaviour without the teacher is near chance);
+  - teacher: reads graded attempts with their expected answers and writes `{hint}.`; the target
+    is the family's true suffix only with probability `teacher_correct_fraction` (default 0.5),
+    a random suffix otherwise. The prototype found that a teacher pretrained on random hints alone
+    ignores its input and RL must build the inference from nothing; one pretrained on correct
+    hints alone starts perfect and RL has nothing to show. Half and half makes the correct hint
+    the most likely one (greedy decoding finds it) while sampling at temperature 1 gives it about
+    half the time: a behaviour that RL can sharpen.
+
+The tokenizer is character-level (a BPE model with no merges, trained with `tokenizers` on the
+shipped data, printable ASCII always in the vocabulary, byte fallback for anything else), so every
+character is one token and `decode(encode(s)) == s` for any text. Encoding adds no special tokens:
+no BOS is prepended (the post-processor is explicit about it); EOS ends every completion.
+
+Checkpoints are cached by `ensure_tiny_checkpoint`, keyed by the build settings, the data file's
+content and BUILD_VERSION; a build goes to a temporary directory renamed into place at the end,
+so a killed build never leaves a half checkpoint behind.
+
+CLI: python -m slime_meta.models.tiny [--out DIR | --cache-dir DIR] [--steps N] [--device cpu|cuda]
+(the checkpoint's path is the last line on stdout; progress goes to stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import string
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from slime_meta.tasks import synthetic
+from slime_meta.types import Grade, GradedAttempt, Problem
+
+BUILD_VERSION = 1  # bump when the build recipe changes, so cached checkpoints are rebuilt
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_DATA = "data/synthetic_suffix.jsonl"
+DEFAULT_STEPS = 300
+BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
+# Printable ASCII minus the vertical tab and form feed: any ordinary text (the math sample
+# included) tokenises without byte fallback, one token a character.
+ALPHABET = [ch for ch in string.printable if ch not in "\x0b\x0c\r"]
+MODEL_SHAPE = dict(
+    hidden_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    intermediate_size=384,
+    tie_word_embeddings=True,
+    max_position_embeddings=256,
+)
+STUDENT_BATCH, TEACHER_BATCH = 96, 32  # per step, as in the prototype
+EMPTY_HINT_FRACTION = 0.2
+LEARNING_RATE = 2e-3
+Log = Callable[[str], None]
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def resolve_data_path(data_path: str | Path) -> Path:
+    """The data file: as given, or relative to the repository when run from elsewhere."""
+    path = Path(data_path)
+    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
+        return REPO_ROOT / path
+    if not path.exists():
+        raise FileNotFoundError(f"{data_path}: no such data file (python -m slime_meta.tasks.synthetic writes it)")
+    return path
+
+
+def read_rows(data_path: str | Path) -> list[dict[str, str]]:
+    lines = resolve_data_path(data_path).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def row_problem(row: dict[str, str]) -> Problem:
+    return Problem(uid=row["uid"], prompt=row["prompt"], label=row["label"], rubric=row.get("rubric", ""),
+                   group=row.get("family"), metadata={"oracle_hint": row["oracle_hint"]})
+
+
+# ---------------------------------------------------------------------------- formats
+
+
+class Formats:
+    """Renders training sequences through the task's own templates, so formats cannot drift."""
+
+    def __init__(self) -> None:
+        self.student = synthetic.SyntheticGeneratorTemplate()
+        self.teacher = synthetic.SyntheticTeacherTemplate()
+
+    def student_prompt(self, word: str, hint: str) -> str:
+        return self.student.build(Problem(uid="", prompt=word, label=""), hint)[0]["content"]
+
+    def teacher_prompt(self, previous_info: str, problems_K: Sequence[tuple[str, str, Sequence[str]]]) -> str:
+        """problems_K: (word, expected answer, the student's attempts at it) for each train problem."""
+        problems = [Problem(uid="", prompt=word, label=expected) for word, expected, _ in problems_K]
+        attempts_K_M = [[GradedAttempt(p, a + synthetic.ANSWER_END, Grade(float(a == p.label))) for a in attempts]
+                        for p, (_, _, attempts) in zip(problems, problems_K)]
+        return self.teacher.build(problems, attempts_K_M, previous_info)[0]["content"]
+
+
+class ExampleSampler:
+    """Random (prompt, completion) pairs for both roles; words are fresh, not the data's rows."""
+
+    def __init__(self, seed: int, teacher_correct_fraction: float) -> None:
+        self.rng = random.Random(seed)
+        self.formats = Formats()
+        self.teacher_correct_fraction = teacher_correct_fraction
+
+    def word(self) -> str:
+        return "".join(self.rng.choice(synthetic.WORD_ALPHABET) for _ in range(synthetic.WORD_LENGTH))
+
+    def suffix(self) -> str:
+        return self.rng.choice(synthetic.ALL_SUFFIXES)
+
+    def student(self) -> tuple[str, str]:
+        word = self.word()
+        if self.rng.random() < EMPTY_HINT_FRACTION:
+            hint, suffix = "", self.suffix()  # no info: any suffix is as likely, so it learns to guess
+        else:
+            hint = suffix = self.suffix()
+        return self.formats.student_prompt(word, hint), word + suffix + synthetic.ANSWER_END
+
+    def attempt(self, word: str, suffix: str, previous_info: str) -> str:
+        """What a student of unknown quality might have answered."""
+        draw = self.rng.random()
+        if draw < 0.4:
+            return word + self.suffix()  # guessed without a (useful) hint
+        if draw < 0.7 and previous_info:
+            return word + previous_info  # applied the previous hint
+        if draw < 0.9:
+            return word + suffix  # right
+        length = self.rng.randint(0, synthetic.MAX_ATTEMPT_CHARS)  # garbage
+        return "".join(self.rng.choice(synthetic.WORD_ALPHABET) for _ in range(length))
+
+    def teacher(self, n_problems: int, n_attempts: int, previous_info: str) -> tuple[str, str]:
+        suffix = self.suffix()
+        words: list[str] = []
+        while len(words) < n_problems:
+            word = self.word()
+            if word not in words:
+                words.append(word)
+        problems_K = [(w, w + suffix, [self.attempt(w, suffix, previous_info) for _ in range(n_attempts)]) for w in words]
+        target = suffix if self.rng.random() < self.teacher_correct_fraction else self.suffix()
+        return self.formats.teacher_prompt(previous_info, problems_K), target + synthetic.ANSWER_END
+
+    def teacher_batch(self, size: int) -> list[tuple[str, str]]:
+        # One shape per batch (problems, attempts each, previous info or not) keeps padding small;
+        # up to 4 x 2 covers the loop's usual 3-4 train problems and 1-2 student samples.
+        n_problems, n_attempts = self.rng.randint(1, 4), self.rng.randint(1, 2)
+        with_previous = self.rng.random() < 0.5
+        return [self.teacher(n_problems, n_attempts, self.suffix() if with_previous else "") for _ in range(size)]
+
+
+# ---------------------------------------------------------------------------- tokenizer and model
+
+
+def train_char_tokenizer(texts: Sequence[str]):
+    """A character-level PreTrainedTokenizerFast trained on `texts` (plus printable ASCII).
+
+    BPE with exactly as many tokens as specials + characters, hence no merges: one token per
+    character, fixed-length prompts. No normaliser or pre-tokeniser, so spaces and newlines are
+    kept as they are; byte fallback (<0xNN> tokens) covers any other character exactly.
+    """
+    from tokenizers import Tokenizer, decoders, models, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [BOS, EOS, PAD, UNK]
+    probe = Tokenizer(models.BPE(unk_token=UNK))
+    seen = sorted(set(ALPHABET) | {ch for text in texts for ch in text})
+    trainer = trainers.BpeTrainer(vocab_size=len(specials) + len(seen), special_tokens=specials,
+                                  initial_alphabet=ALPHABET, show_progress=False)
+    probe.train_from_iterator(texts, trainer=trainer)
+    characters = sorted(token for token in probe.get_vocab() if token not in specials)
+    # An explicit order (specials, characters, bytes) makes ids independent of trainer internals.
+    vocab = {token: index for index, token in enumerate(specials + characters)}
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, byte_fallback=True))
+    tokenizer.add_special_tokens(specials)
+    tokenizer.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B")  # adds no BOS/EOS
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
+        add_bos_token=False, add_eos_token=False, model_max_length=MODEL_SHAPE["max_position_embeddings"],
+    )
+
+
+def tokenizer_corpus(rows: Sequence[dict[str, str]]) -> list[str]:
+    """Every rendered string of the shipped data: student sequences and one teacher prompt a family."""
+    formats = Formats()
+    texts = [formats.student_prompt(r["prompt"], r["oracle_hint"]) + r["label"] + synthetic.ANSWER_END for r in rows]
+    texts += [formats.student_prompt(r["prompt"], "") for r in rows]
+    for family in sorted({r["family"] for r in rows}):
+        members = [r for r in rows if r["family"] == family][:3]
+        texts.append(formats.teacher_prompt("", [(r["prompt"], r["label"], [r["label"]]) for r in members]))
+    return texts
+
+
+def new_model(tokenizer):
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), **MODEL_SHAPE, **ids))
+    model.generation_config = GenerationConfig(**ids)
+    return model
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def encode_batch(tokenizer, pairs: Sequence[tuple[str, str]], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids_B_T and labels_B_T: loss on completion + EOS only, right-padded.
+
+    Right padding needs no attention mask: causal attention never lets a real token see the pads.
+    """
+    prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
+    completions = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]
+    length = max(len(p) + len(c) + 1 for p, c in zip(prompts, completions))
+    input_ids_B_T = torch.full((len(pairs), length), tokenizer.pad_token_id, dtype=torch.long)
+    labels_B_T = torch.full((len(pairs), length), -100, dtype=torch.long)
+    for row, (prompt, completion) in enumerate(zip(prompts, completions)):
+        target = completion + [tokenizer.eos_token_id]
+        input_ids_B_T[row, : len(prompt) + len(target)] = torch.tensor(prompt + target)
+        labels_B_T[row, len(prompt): len(prompt) + len(target)] = torch.tensor(target)
+    return input_ids_B_T.to(device), labels_B_T.to(device)
+
+
+def pretrain(model, tokenizer, sampler: ExampleSampler, steps: int, device: str, log: Log) -> float:
+    """Supervised pretraining of both roles; returns the last step's loss."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    warmup = max(1, steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    model.train()
+    loss_value = float("nan")
+    for step in range(steps):
+        loss = 0.0
+        for pairs in ([sampler.student() for _ in range(STUDENT_BATCH)], sampler.teacher_batch(TEACHER_BATCH)):
+            input_ids_B_T, labels_B_T = encode_batch(tokenizer, pairs, device)
+            loss = loss + model(input_ids=input_ids_B_T, labels=labels_B_T).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        loss_value = float(loss)
+        if step % 50 == 0 or step == steps - 1:
+            log(f"step {step + 1}/{steps} loss {loss_value:.4f}")
+    model.eval()
+    return loss_value
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, device: str,
+             temperature: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
+    """Greedy (temperature 0) or sampled completions, decoded up to EOS, with a KV cache.
+
+    Prompts are grouped by length so no batch needs padding.
+    """
+    by_length: dict[int, list[int]] = {}
+    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    for index, ids in enumerate(encoded):
+        by_length.setdefault(len(ids), []).append(index)
+    texts = [""] * len(prompts)
+    for indices in by_length.values():
+        input_ids_B_T = torch.tensor([encoded[i] for i in indices], device=device)
+        out = model(input_ids=input_ids_B_T, use_cache=True)
+        new_tokens = []
+        for _ in range(max_new_tokens):
+            logits_B_V = out.logits[:, -1, :].float()
+            if temperature > 0:
+                probs_B_V = torch.softmax(logits_B_V / temperature, dim=-1)
+                next_B = torch.multinomial(probs_B_V.cpu(), 1, generator=generator).squeeze(1).to(device)
+            else:
+                next_B = logits_B_V.argmax(dim=-1)
+            new_tokens.append(next_B)
+            out = model(input_ids=next_B[:, None], past_key_values=out.past_key_values, use_cache=True)
+        for row, index in enumerate(indices):
+            ids = [int(t[row]) for t in new_tokens]
+            if tokenizer.eos_token_id in ids:
+                ids = ids[: ids.index(tokenizer.eos_token_id)]
+            texts[index] = tokenizer.decode(ids, skip_special_tokens=True)
+    return texts
+
+
+def evaluate(model, tokenizer, rows: Sequence[dict[str, str]], seed: int, device: str) -> dict[str, float]:
+    """Student accuracy with the correct, no and a random hint; teacher hint accuracy."""
+    rng = random.Random(seed + 1)
+    formats = Formats()
+    metrics: dict[str, float] = {}
+    conditions = {
+        "correct_hint": [r["oracle_hint"] for r in rows],
+        "no_hint": ["" for _ in rows],
+        "random_hint": [rng.choice([s for s in synthetic.ALL_SUFFIXES if s != r["oracle_hint"]]) for r in rows],
+    }
+    answer_tokens = synthetic.WORD_LENGTH + synthetic.SUFFIX_LENGTH + 2  # answer, `.` and EOS
+    for name, hints in conditions.items():
+        prompts = [formats.student_prompt(r["prompt"], hint) for r, hint in zip(rows, hints)]
+        outputs = generate(model, tokenizer, prompts, answer_tokens, device)
+        metrics[f"student_exact_{name}"] = sum(synthetic.exact_score(o, r["label"]) for o, r in zip(outputs, rows)) / len(rows)
+        metrics[f"student_per_char_{name}"] = sum(synthetic.per_character_score(o, r["label"]) for o, r in zip(outputs, rows)) / len(rows)
+
+    # The teacher's first inner iteration: 3 train problems of a family, attempts made without a hint.
+    teacher_prompts, oracles = [], []
+    for family in sorted({r["family"] for r in rows}):
+        members = [r for r in rows if r["family"] == family][:3]
+        problems_K = [(r["prompt"], r["label"], [r["prompt"] + rng.choice(synthetic.ALL_SUFFIXES)]) for r in members]
+        teacher_prompts.append(formats.teacher_prompt("", problems_K))
+        oracles.append(members[0]["oracle_hint"])
+    parse = synthetic.SyntheticTeacherTemplate().parse_info
+    hint_tokens = synthetic.SUFFIX_LENGTH + 2
+    greedy = [parse(t) for t in generate(model, tokenizer, teacher_prompts, hint_tokens, device)]
+    generator = torch.Generator().manual_seed(seed)
+    sampled = [parse(t) for t in generate(model, tokenizer, teacher_prompts * 8, hint_tokens, device,
+                                          temperature=1.0, generator=generator)]
+    metrics["teacher_hint_exact_greedy"] = sum(h == o for h, o in zip(greedy, oracles)) / len(oracles)
+    metrics["teacher_hint_exact_sampled_t1"] = sum(h == o for h, o in zip(sampled, oracles * 8)) / len(sampled)
+    return metrics
+
+
+# ---------------------------------------------------------------------------- build and cache
+
+
+def build_tiny_checkpoint(out_dir: str | Path, *, data_path: str | Path = DEFAULT_DATA, seed: int = 0,
+                          steps: int = DEFAULT_STEPS, teacher_correct_fraction: float = 0.5,
+                          device: str = "cpu", log: Log = _stderr) -> Path:
+    """Train the tokenizer and the model, save both (HF format) and summary.json into out_dir."""
+    import transformers
+
+    started = time.perf_counter()
+    torch.set_num_threads(min(2, os.cpu_count() or 1))  # this project's machines have 2 cores
+    random.seed(seed)
+    torch.manual_seed(seed)
+    rows = read_rows(data_path)
+    tokenizer = train_char_tokenizer(tokenizer_corpus(rows))
+    model = new_model(tokenizer).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"tiny model: {n_params} parameters, vocabulary {len(tokenizer)}, {steps} steps on {device}")
+    final_loss = pretrain(model, tokenizer, ExampleSampler(seed, teacher_correct_fraction), steps, device, log)
+    train_seconds = time.perf_counter() - started
+    metrics = evaluate(model, tokenizer, rows, seed, device)
+    log(" ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out)
+    model.to("cpu").save_pretrained(out, safe_serialization=True)
+    summary: dict[str, Any] = {
+        "build_version": BUILD_VERSION,
+        "settings": {"data_path": str(data_path), "seed": seed, "steps": steps,
+                     "teacher_correct_fraction": teacher_correct_fraction, "device": device,
+                     "student_batch": STUDENT_BATCH, "teacher_batch": TEACHER_BATCH,
+                     "empty_hint_fraction": EMPTY_HINT_FRACTION, "learning_rate": LEARNING_RATE},
+        "data_sha256": file_sha256(resolve_data_path(data_path)),
+        "parameters": n_params,
+        "vocab_size": len(tokenizer),
+        "final_loss": final_loss,
+        "train_seconds": round(train_seconds, 2),
+        "build_seconds": round(time.perf_counter() - started, 2),
+        "metrics": metrics,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def file_sha256(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def cache_key(*, data_path: str | Path = DEFAULT_DATA, seed: int = 0, steps: int = DEFAULT_STEPS,
+              teacher_correct_fraction: float = 0.5, device: str = "cpu") -> str:
+    """A name for one build: settings, the data's content (not its path) and BUILD_VERSION."""
+    key = {"build_version": BUILD_VERSION, "data_sha256": file_sha256(resolve_data_path(data_path)), "seed": seed,
+           "steps": steps, "teacher_correct_fraction": teacher_correct_fraction, "device": device}
+    return "tiny-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def ensure_tiny_checkpoint(cache_dir: str | Path = ".cache/models", log: Log = _stderr, **settings: Any) -> Path:
+    """The cached checkpoint for these settings (see build_tiny_checkpoint), built if missing."""
+    cache = Path(cache_dir)
+    final = cache / cache_key(**settings)
+    if (final / "summary.json").exists():
+        return final
+    cache.mkdir(parents=True, exist_ok=True)
+    _remove_stale_builds(cache, final.name)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.building-", dir=cache))
+    try:
+        build_tiny_checkpoint(staging, log=log, **settings)
+        try:
+            os.rename(staging, final)  # atomic: the directory appears whole or not at all
+        except OSError:
+            if not (final / "summary.json").exists():  # not a concurrent build that won the race
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def _remove_stale_builds(cache: Path, name: str, older_than_s: float = 3600.0) -> None:
+    """Delete leftovers of killed builds (a live build of this size never runs for an hour)."""
+    for leftover in cache.glob(f".{name}.building-*"):
+        if time.time() - leftover.stat().st_mtime > older_than_s:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Build (or find in the cache) the tiny synthetic-task checkpoint.")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", default=None, help="write the checkpoint to this directory (no cache)")
+    where.add_argument("--cache-dir", default=".cache/models", help="cache root (default .cache/models)")
+    parser.add_argument("--data-path", default=DEFAULT_DATA)
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--teacher-correct-fraction", type=float, default=0.5)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    args = parser.parse_args(argv)
+    settings = dict(data_path=args.data_path, seed=args.seed, steps=args.steps,
+                    teacher_correct_fraction=args.teacher_correct_fraction, device=args.device)
+    path = build_tiny_checkpoint(args.out, **settings) if args.out else ensure_tiny_checkpoint(args.cache_dir, **settings)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

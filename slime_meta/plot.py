@@ -1,0 +1,64 @@
+"""Plot a run: holdout grade with the teacher's info against the no-info control, per step.
+
+    python -m slime_meta.plot RUN_DIR      # writes RUN_DIR/holdout.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from slime_meta.tracking import read_metrics
+
+
+def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on clusters and CI
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    if not records:
+        return None
+    steps = [r["step"] for r in records]
+
+    def series(key: str) -> list[float]:
+        return [r.get(key) if r.get(key) is not None else float("nan") for r in records]
+
+    fig, (ax_holdout, ax_inner) = plt.subplots(1, 2, figsize=(11, 4))
+    ax_holdout.plot(steps, series("meta_learning/avg_holdout_grade"), marker="o", label="with teacher's info")
+    ax_holdout.plot(steps, series("meta_learning/holdout_grade_no_info"), marker="s", linestyle="--", label="no info (control)")
+    ax_holdout.plot(steps, series("meta_learning/best_info_holdout_grade"), marker=".", alpha=0.5, label="best info of group")
+    ax_holdout.set(xlabel="outer step", ylabel="holdout grade", title="Holdout grade", ylim=(-0.02, 1.02))
+    ax_holdout.legend()
+    iteration_keys = sorted(
+        (k for k in records[-1] if k.startswith("meta_learning/inner_grade_iter_")), key=lambda k: int(k.rsplit("_", 1)[1])
+    )
+    for key in iteration_keys:
+        ax_inner.plot(steps, series(key), marker="o", label=f"inner iteration {key.rsplit('_', 1)[1]}")
+    ax_inner.set(xlabel="outer step", ylabel="train-problem grade", title="Grade per inner iteration", ylim=(-0.02, 1.02))
+    if iteration_keys:
+        ax_inner.legend()
+    fig.tight_layout()
+    out = out or Path(run_dir) / "holdout.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not (args.run_dir / "metrics.jsonl").is_file():
+        print(f"error: {args.run_dir}/metrics.jsonl not found; give the run directory of train.py", file=sys.stderr)
+        return 2
+    path = plot_run(args.run_dir, args.out)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

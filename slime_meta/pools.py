@@ -1,0 +1,155 @@
+"""Inference pools: a router URL that speaks SGLang's native `/generate` API.
+
+The same client serves every mode: locally the pool is our embedded workers behind a real
+sglang-router; on a cluster it is SGLang engines behind slime's router. One request per prompt
+(the router rejects batched text lists). Concurrency is bounded per pool; failed requests are
+retried with exponential backoff (the router also retries on another worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import aiohttp
+
+from slime_meta.errors import UserInputError
+from slime_meta.types import Completion
+
+
+@dataclass
+class PoolStats:
+    requests: int = 0
+    retries: int = 0
+    failures: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def snapshot_and_reset(self) -> dict[str, int]:
+        values = dict(self.__dict__)
+        for key in values:
+            setattr(self, key, 0)
+        return values
+
+
+class PoolUnavailable(RuntimeError):
+    """A pool kept failing after every retry."""
+
+
+@dataclass
+class SGLangPool:
+    """Client of one pool. Create inside the event loop that uses it; `close()` at the end."""
+
+    name: str
+    base_url: str
+    concurrency: int = 64
+    timeout_s: float = 300.0
+    max_retries: int = 3
+    stats: PoolStats = field(default_factory=PoolStats)
+
+    def __post_init__(self):
+        self.base_url = self.base_url.rstrip("/")
+        self._semaphore = asyncio.Semaphore(self.concurrency)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # The router holds connections open; a generous pool avoids head-of-line waits.
+            connector = aiohttp.TCPConnector(limit=self.concurrency + 8)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def post(self, path: str, payload: dict[str, Any]) -> Any:
+        session = await self._ensure_session()
+        delay = 0.2
+        async with self._semaphore:
+            for attempt in range(self.max_retries + 1):
+                try:
+                    async with session.post(self.base_url + path, json=payload) as response:
+                        body = await response.text()
+                        if response.status == 200:
+                            self.stats.requests += 1
+                            return json.loads(body)
+                        if response.status < 500 and response.status != 429:
+                            # A request the server refuses will be refused again: do not retry.
+                            raise PoolUnavailable(f"{self.name} pool {path}: HTTP {response.status}: {body[:300]}")
+                        error = f"HTTP {response.status}: {body[:200]}"
+                except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                if attempt < self.max_retries:
+                    self.stats.retries += 1
+                    await asyncio.sleep(delay * (1 + random.random()))
+                    delay = min(delay * 2, 5.0)
+            self.stats.failures += 1
+            raise PoolUnavailable(f"{self.name} pool at {self.base_url}{path} failed after {self.max_retries} retries: {error}")
+
+    async def generate(
+        self,
+        *,
+        text: str | None = None,
+        input_ids: Sequence[int] | None = None,
+        sampling_params: dict[str, Any],
+        return_logprob: bool = False,
+    ) -> Completion:
+        payload: dict[str, Any] = {"sampling_params": sampling_params}
+        if input_ids is not None:
+            payload["input_ids"] = list(input_ids)
+        else:
+            payload["text"] = text
+        if return_logprob:
+            payload["return_logprob"] = True
+        reply = await self.post("/generate", payload)
+        meta = reply.get("meta_info", {})
+        self.stats.prompt_tokens += int(meta.get("prompt_tokens", 0))
+        self.stats.completion_tokens += int(meta.get("completion_tokens", 0))
+        output_ids = tuple(reply.get("output_ids") or ())
+        logprobs = tuple(float(entry[0]) for entry in meta.get("output_token_logprobs") or ())
+        if return_logprob and len(logprobs) != len(output_ids):
+            raise PoolUnavailable(
+                f"{self.name} pool returned {len(logprobs)} log-probs for {len(output_ids)} tokens"
+            )
+        finish = meta.get("finish_reason") or {}
+        return Completion(
+            text=reply.get("text", ""),
+            prompt_ids=tuple(input_ids or ()),
+            output_ids=output_ids,
+            output_logprobs=logprobs,
+            finish_reason=finish.get("type", "stop") if isinstance(finish, dict) else str(finish),
+            weight_version=str(meta.get("weight_version")) if meta.get("weight_version") is not None else None,
+        )
+
+
+def check_reachable(url: str, flag: str, timeout_s: float = 5.0) -> None:
+    """Fail with one line naming the flag when a router given by the user does not answer."""
+    for path in ("/readiness", "/health"):
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout_s) as response:
+                if response.status == 200:
+                    return
+        except urllib.error.HTTPError as exc:
+            if path == "/readiness" and exc.code == 404:
+                continue  # a bare SGLang server has no /readiness; /health decides
+            raise UserInputError(f"{flag}: {url}{path} answered HTTP {exc.code}; start the server or fix the address")
+        except (urllib.error.URLError, OSError) as exc:
+            raise UserInputError(f"{flag}: cannot reach {url} ({getattr(exc, 'reason', exc)}); start the router or fix the address")
+    raise UserInputError(f"{flag}: {url} is not ready; start the router or fix the address")
+
+
+def post_json_sync(url: str, payload: dict[str, Any], timeout_s: float = 120.0) -> dict[str, Any]:
+    """A blocking JSON POST, for control calls outside the event loop (weight updates)."""
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read().decode())

@@ -1,0 +1,81 @@
+"""The three roles over their pools: student (generator), grader and teacher.
+
+Each role turns domain values (problems, attempts, infos) into prompts through its template and
+into requests to its pool. The teacher's prompt is tokenised here and sent as `input_ids`, so the
+trainer later trains on exactly the ids the engine saw and sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from slime_meta.pools import SGLangPool
+from slime_meta.prompt_templates import GeneratorPromptTemplate, Message, TeacherPromptTemplate
+from slime_meta.types import Completion, Grade, GradedAttempt, Problem
+
+
+class Grader(Protocol):
+    async def grade(self, problem: Problem, solution: str) -> Grade: ...
+
+
+class PromptRenderer:
+    """Messages -> prompt text (and ids): the chat template, or the contents joined."""
+
+    def __init__(self, tokenizer: Any | None, apply_chat_template: bool):
+        self.tokenizer = tokenizer
+        self.apply_chat_template = apply_chat_template
+
+    def text(self, messages: Sequence[Message]) -> str:
+        if self.apply_chat_template:
+            return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        return "\n\n".join(m["content"] for m in messages)
+
+    def ids(self, messages: Sequence[Message]) -> list[int]:
+        # A rendered chat template already holds its special tokens; plain text gets the
+        # tokenizer's own (BOS for Llama-style tokenizers, none for Qwen-style ones).
+        return list(self.tokenizer(self.text(messages), add_special_tokens=not self.apply_chat_template)["input_ids"])
+
+
+@dataclass
+class StudentRole:
+    pool: SGLangPool
+    template: GeneratorPromptTemplate
+    renderer: PromptRenderer
+    info_position: str
+    temperature: float
+    max_new_tokens: int
+
+    def prompt(self, problem: Problem, info: str) -> str:
+        return self.renderer.text(self.template.build(problem, info, self.info_position))
+
+    async def solve(self, problem: Problem, info: str) -> tuple[str, str]:
+        """One solution of `problem` given the teacher's info: (prompt, solution)."""
+        prompt = self.prompt(problem, info)
+        completion = await self.pool.generate(
+            text=prompt,
+            sampling_params={"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},
+        )
+        return prompt, completion.text
+
+
+@dataclass
+class TeacherRole:
+    pool: SGLangPool
+    template: TeacherPromptTemplate
+    renderer: PromptRenderer
+    temperature: float
+    max_new_tokens: int
+
+    async def write_info(
+        self, problems: Sequence[Problem], attempts_K_M: Sequence[Sequence[GradedAttempt]], previous_info: str
+    ) -> tuple[str, Completion, str]:
+        """The teacher's next info: (info, the sampled completion, the prompt text)."""
+        messages = self.template.build(problems, attempts_K_M, previous_info)
+        prompt_ids = self.renderer.ids(messages)
+        completion = await self.pool.generate(
+            input_ids=prompt_ids,
+            sampling_params={"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},
+            return_logprob=True,
+        )
+        return self.template.parse_info(completion.text), completion, self.renderer.text(messages)

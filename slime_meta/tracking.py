@@ -1,0 +1,73 @@
+"""Metrics and traces: `metrics.jsonl` always, wandb when asked, `traces.jsonl` for reading runs.
+
+wandb runs offline unless `--wandb-mode online` and WANDB_API_KEY is in the environment; the key
+is read by wandb itself from the environment and never passes through this program's files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from slime_meta.arguments import TrackingConfig
+
+
+def _jsonable(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+class Tracker:
+    def __init__(self, config: TrackingConfig, run_dir: Path, full_config: Mapping[str, Any]):
+        self.run_dir = run_dir
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.traces_path = run_dir / "traces.jsonl"
+        self._wandb = None
+        if config.use_wandb and config.wandb_mode != "disabled":
+            import wandb  # optional dependency: pip install -e .[wandb]
+
+            self._wandb = wandb.init(
+                project=config.wandb_project,
+                group=config.wandb_group,
+                mode=config.wandb_mode,
+                dir=str(run_dir),
+                config=dict(full_config),
+            )
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        record = {"step": step, "time": time.time(), **{k: _jsonable(float(v)) for k, v in metrics.items()}}
+        with self.metrics_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+        if self._wandb is not None:
+            self._wandb.log(dict(metrics), step=step)
+
+    def write_traces(self, traces: Iterable[Mapping[str, Any]]) -> None:
+        with self.traces_path.open("a", encoding="utf-8") as f:
+            for trace in traces:
+                f.write(json.dumps(trace, ensure_ascii=False) + "\n")
+
+    def finish(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def format_step_line(step: int, metrics: Mapping[str, float]) -> str:
+    """A one-line summary of an outer step for the console."""
+    def get(key: str) -> float:
+        return float(metrics.get(key, float("nan")))
+
+    return (
+        f"step {step}: holdout {get('meta_learning/avg_holdout_grade'):.3f} "
+        f"(no info {get('meta_learning/holdout_grade_no_info'):.3f}) "
+        f"inner {get('meta_learning/avg_inner_grade'):.3f} "
+        f"loss {get('train/loss'):+.4f} grad_norm {get('train/grad_norm'):.3f} "
+        f"rollout {get('meta_learning/inner_loop_time'):.1f}s train {get('train/step_time'):.2f}s "
+        f"step {get('perf/step_time'):.1f}s"
+    )

@@ -1,0 +1,36 @@
+"""Train a teacher LLM to write additional_info, rewarded by a student's holdout grades.
+
+    python train.py --use-meta-learning --prompt-data data/math_word_problems.jsonl \
+        --hf-checkpoint /path/to/model ...            # `python train.py --help` lists every flag
+
+Local backend (one machine, embedded workers behind the real sglang-router) by default;
+`--backend slime` runs on a cluster through slime (Ray + Megatron + SGLang).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from slime_meta.arguments import parse_config
+from slime_meta.backends import get_backend
+from slime_meta.errors import EXIT_USER_ERROR, UserInputError
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = parse_config(argv, default_run_dir=time.strftime("runs/%Y%m%d-%H%M%S"))
+        backend = get_backend(config.backend)
+        run_dir = backend(config)
+    except UserInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted: workers and routers stopped", file=sys.stderr)
+        return 130
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
