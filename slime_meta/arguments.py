@@ -284,10 +284,18 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     return parser
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Bad flags end in one line and exit code 2, not a usage dump."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see python train.py --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="train.py",
         description="Train a teacher LLM to write additional_info, rewarded by a student's holdout grades.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     return add_meta_learning_arguments(parser)
 

@@ -203,6 +203,7 @@ class MetaLearningRollout:
     @staticmethod
     def _trace_record(chain: Chain, rollout_id: int) -> dict[str, Any]:
         return {
+            "type": "chain",
             "rollout_id": rollout_id,
             "prompt_index": chain.prompt_index,
             "sample_index": chain.sample_index,
@@ -211,3 +212,15 @@ class MetaLearningRollout:
             "final_info": chain.final_info,
             "reward": chain.reward,
         }
+
+
+def describe_batch(episodes: Sequence[Episode], rollout_id: int) -> dict[str, Any]:
+    """Which problems a step drew (a trace record: resumed runs can be checked against it)."""
+    return {
+        "type": "batch",
+        "rollout_id": rollout_id,
+        "episodes": [
+            {"train": [[p.uid for p in chunk] for chunk in e.train_chunks_P], "holdout": [p.uid for p in e.holdout]}
+            for e in episodes
+        ],
+    }

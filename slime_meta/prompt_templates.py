@@ -179,7 +179,8 @@ def load_template(role: str, spec: str | None, flag: str) -> PromptTemplate:
         return base()
     if os.path.isfile(spec):
         return base(read_template_file(spec), source=spec)
-    if _DOTTED.match(spec):
+    looks_like_path = "/" in spec or spec.endswith((".txt", ".md", ".jinja", ".tmpl"))
+    if _DOTTED.match(spec) and not looks_like_path:
         module_name, _, class_name = spec.rpartition(".")
         try:
             cls = getattr(importlib.import_module(module_name), class_name)

@@ -99,6 +99,9 @@ def test_policy_loss_sample_mean():
     torch.testing.assert_close(out.loss, torch.tensor(-(1.0 + 2.0 + 4.0) / 3))
     with pytest.raises(ValueError):
         policy_loss(logp, logp.detach(), adv, mask, loss_aggregation="seq_sum")
+    mask[1] = 0  # a sample with no tokens is left out of the mean, not counted as 0
+    out = policy_loss(logp, logp.detach(), adv, mask, loss_aggregation="sample_mean")
+    torch.testing.assert_close(out.loss, torch.tensor(-(1.0 + 4.0) / 2))
 
 
 def test_policy_loss_clip_positive_advantage_no_grad():
@@ -224,9 +227,11 @@ def test_entropy_uniform_and_chunked_matches():
     (g_ch,) = torch.autograd.grad(ch.entropy, logits)
     torch.testing.assert_close(ch.entropy, ref.entropy)
     torch.testing.assert_close(g_ch, g_ref)
-    p = torch.softmax(logits.detach(), -1)
-    manual = -(p * p.log()).sum(-1)
-    torch.testing.assert_close(ref.entropy, manual[mask.bool()].mean())
+    p = torch.softmax(logits, -1)
+    manual = (-(p * p.log()).sum(-1))[mask.bool()].mean()
+    (g_manual,) = torch.autograd.grad(manual, logits)
+    torch.testing.assert_close(ref.entropy, manual)
+    torch.testing.assert_close(g_ref, g_manual)
 
 
 def test_sequence_logps_matches_log_softmax_and_chunked():
@@ -242,6 +247,9 @@ def test_sequence_logps_matches_log_softmax_and_chunked():
     torch.testing.assert_close(out.token_logps, expected_tok)
     torch.testing.assert_close(out.seq_logps, expected_tok.sum(1))
     (g,) = torch.autograd.grad(out.seq_logps.sum(), logits)
+    ref_tok = torch.log_softmax(logits / 0.7, -1).gather(-1, safe[..., None]).squeeze(-1)
+    (g_ref,) = torch.autograd.grad((ref_tok * mask).sum(), logits)
+    torch.testing.assert_close(g, g_ref)
     ch = sequence_logps(logits, tokens, mask, temperature=0.7, chunk_size=2)
     (g_ch,) = torch.autograd.grad(ch.seq_logps.sum(), logits)
     torch.testing.assert_close(ch.seq_logps, out.seq_logps)
@@ -369,6 +377,7 @@ def test_jsd_empty_mask_gives_zero():
     assert s.grad.abs().sum().item() == 0.0
 
 
+@pytest.mark.filterwarnings("ignore:.*Profiler clears events")
 def test_jsd_chunked_never_allocates_full_fp32_logits():
     from torch.profiler import ProfilerActivity, profile
 

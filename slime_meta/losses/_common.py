@@ -114,7 +114,7 @@ class _ChunkedRows(torch.autograd.Function):
             with torch.enable_grad():
                 vals = ctx.fn(*chunk)
             wrt = [c for c, need in zip(chunk, needs, strict=True) if need]
-            chunk_grads = iter(torch.autograd.grad(vals, wrt, grad_vals[:n], allow_unused=True))
+            chunk_grads = iter(torch.autograd.grad(vals, wrt, grad_vals[offset : offset + n], allow_unused=True))
             for i, need in enumerate(needs):
                 if need:
                     g = next(chunk_grads)

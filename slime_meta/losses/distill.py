@@ -77,8 +77,11 @@ def generalized_jsd(
     `token_clip`: each token's divergence is capped, `min(d, token_clip)`, before averaging
     (capped tokens give no gradient).
     `chunk_size`: compute `chunk_size` tokens at a time in forward and in backward (recomputed),
-    so float32 temporaries are a handful of `[chunk_size, V]` tensors, never `[N, V]` (the
-    student gradient is one tensor in the logits' dtype). Chunked and unchunked results agree to float32 rounding.
+    so float32 temporaries are about a dozen `[chunk_size, V]` tensors, never `[N, V]`; the
+    student gradient is one tensor in the logits' dtype. Chunked and unchunked results agree to
+    float32 rounding. Measured on an H100 (torch 2.11), N=8192, V=151936, bf16, beta=0.5,
+    forward+backward, memory beyond the inputs: chunk 512: 6.1 GiB / 183 ms; chunk 1024:
+    9.9 GiB / 181 ms; unchunked: 49.8 GiB / 128 ms (the bf16 gradient alone is 2.3 GiB).
     """
     if student_logits.shape != teacher_logits.shape or student_logits.dim() < 2:
         raise ValueError(

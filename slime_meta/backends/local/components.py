@@ -17,7 +17,7 @@ from slime_meta.errors import UserInputError
 from slime_meta.grading import build_grader, default_grader_kind
 from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
 from slime_meta.pools import SGLangPool, check_reachable, post_json_sync
-from slime_meta.prompt_templates import load_template
+from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate, load_template
 from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole
 
 
@@ -72,12 +72,20 @@ def load_tokenizer(model_dir: str):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def build_rollout(cfg: MetaConfig, teacher_pool: SGLangPool, student_pool: SGLangPool, tokenizer) -> MetaLearningRollout:
-    renderer = PromptRenderer(tokenizer, cfg.data.apply_chat_template)
+@dataclass(frozen=True)
+class RolePieces:
+    """What the roles need besides their pools, built before any process starts (bad input fails fast)."""
+
+    generator_template: GeneratorPromptTemplate
+    teacher_template: TeacherPromptTemplate
+    grader: object
+
+
+def build_role_pieces(cfg: MetaConfig) -> RolePieces:
+    grader_template = load_template("grader", cfg.meta.grader_template, "--grader-template")
     grader_kind = cfg.grader.grader
     if grader_kind == "auto":
         grader_kind = default_grader_kind(cfg.grader.grader_api_key_env, cfg.grader.grader_base_url)
-    grader_template = load_template("grader", cfg.meta.grader_template, "--grader-template")
     if grader_kind == "verifier":
         grader = build_grader("verifier", metric=cfg.grader.verifier_metric)
     else:
@@ -91,9 +99,20 @@ def build_rollout(cfg: MetaConfig, teacher_pool: SGLangPool, student_pool: SGLan
             concurrency=cfg.grader.grader_concurrency,
             template=grader_template,
         )
+    return RolePieces(
+        generator_template=load_template("generator", cfg.meta.generator_template, "--generator-template"),
+        teacher_template=load_template("teacher", cfg.meta.teacher_template, "--teacher-template"),
+        grader=grader,
+    )
+
+
+def build_rollout(
+    cfg: MetaConfig, pieces: RolePieces, teacher_pool: SGLangPool, student_pool: SGLangPool, tokenizer
+) -> MetaLearningRollout:
+    renderer = PromptRenderer(tokenizer, cfg.data.apply_chat_template)
     student = StudentRole(
         pool=student_pool,
-        template=load_template("generator", cfg.meta.generator_template, "--generator-template"),
+        template=pieces.generator_template,
         renderer=renderer,
         info_position=cfg.meta.additional_info_position,
         temperature=cfg.sampling.rollout_temperature,
@@ -101,7 +120,7 @@ def build_rollout(cfg: MetaConfig, teacher_pool: SGLangPool, student_pool: SGLan
     )
     teacher = TeacherRole(
         pool=teacher_pool,
-        template=load_template("teacher", cfg.meta.teacher_template, "--teacher-template"),
+        template=pieces.teacher_template,
         renderer=renderer,
         temperature=cfg.sampling.teacher_temperature,
         max_new_tokens=cfg.sampling.teacher_max_tokens,
@@ -115,7 +134,7 @@ def build_rollout(cfg: MetaConfig, teacher_pool: SGLangPool, student_pool: SGLan
         std_normalize=cfg.train.std_normalize,
         trace_sample_rate=cfg.meta.trace_sample_rate,
     )
-    return MetaLearningRollout(student=student, grader=grader, teacher=teacher, settings=settings)
+    return MetaLearningRollout(student=student, grader=pieces.grader, teacher=teacher, settings=settings)
 
 
 def make_pool(cfg: MetaConfig, name: str, url: str, concurrency: int) -> SGLangPool:

@@ -14,6 +14,7 @@ from slime_meta.arguments import MetaConfig
 from slime_meta.backends.local import components as C
 from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+from slime_meta.inner_loop import describe_batch
 from slime_meta.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from slime_meta.tracking import Tracker, format_step_line
 
@@ -24,7 +25,6 @@ def run(cfg: MetaConfig) -> Path:
 
 async def _run(cfg: MetaConfig) -> Path:
     teacher_model = C.check_model_dir(cfg.pools.hf_checkpoint, "--hf-checkpoint")
-    run_dir = C.prepare_run_dir(cfg)
     data = C.load_data(cfg)
     resume = load_checkpoint(Path(cfg.checkpoint.load)) if cfg.checkpoint.load else None
     if resume:  # the teacher restarts from its trained weights, the data cursor where it stopped
@@ -32,6 +32,9 @@ async def _run(cfg: MetaConfig) -> Path:
         data.sampler.load_state_dict(resume.state["sampler"])
     start_step = resume.state["next_rollout_id"] if resume else 0
     tokenizer = C.load_tokenizer(teacher_model)
+    pieces = C.build_role_pieces(cfg)
+    external_student_url = C.external_student_url(cfg) if cfg.pools.student_router_ip else None
+    run_dir = C.prepare_run_dir(cfg)  # only once the input is known to be good
     device, weights_root = cfg.pools.device, run_dir / "weights"
 
     with LocalProcessGroup(log_dir=run_dir / "logs", host=cfg.pools.host) as processes:
@@ -39,8 +42,8 @@ async def _run(cfg: MetaConfig) -> Path:
             "teacher", teacher_model, cfg.pools.local_num_workers, device=device,
             weights_root=weights_root, router_port=cfg.pools.teacher_port,
         )
-        if cfg.pools.student_router_ip:
-            student_url = C.external_student_url(cfg)
+        if external_student_url:
+            student_url = external_student_url
         elif cfg.pools.student_checkpoint:
             student_model = C.check_model_dir(cfg.pools.student_checkpoint, "--student-checkpoint")
             student_url = processes.start_pool(
@@ -50,7 +53,7 @@ async def _run(cfg: MetaConfig) -> Path:
             student_url = teacher_endpoints.router_url  # shared pool: the same, evolving model
         teacher_pool = C.make_pool(cfg, "teacher", teacher_endpoints.router_url, cfg.sampling.teacher_concurrency)
         student_pool = C.make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
-        rollout = C.build_rollout(cfg, teacher_pool, student_pool, tokenizer)
+        rollout = C.build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
 
         trainer = LocalTrainer(teacher_model, TrainerSettings(
             lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, adam_beta1=cfg.train.adam_beta1,
@@ -80,7 +83,7 @@ async def _run(cfg: MetaConfig) -> Path:
                 metrics.update({f"pool/student_{k}": v for k, v in student_pool.stats.snapshot_and_reset().items()})
             metrics.update(C.grader_metrics(rollout.grader))
             tracker.log(rollout_id, metrics)
-            tracker.write_traces(result.traces)
+            tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
             print(format_step_line(rollout_id, metrics), flush=True)
 
             last_step = rollout_id + 1 == cfg.meta.num_rollout

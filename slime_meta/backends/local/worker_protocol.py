@@ -37,22 +37,17 @@ _NO_OP_SAMPLING_FIELDS: dict[str, Any] = {
 }
 # Fields that only change detokenisation details we do not distinguish; accepted and ignored.
 _IGNORED_SAMPLING_FIELDS = frozenset({"spaces_between_special_tokens", "stream_interval"})
-_KNOWN_TOP_LEVEL_FIELDS = frozenset(
-    {
-        "text",
-        "input_ids",
-        "sampling_params",
-        "return_logprob",
-        "logprob_start_len",
-        "top_logprobs_num",
-        "rid",
-        "stream",
-        "return_text_in_logprobs",
-        "log_metrics",
-        "custom_logit_processor",
-        "lora_path",
-    }
+_HANDLED_TOP_LEVEL_FIELDS = frozenset(
+    {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num", "rid"}
 )
+# Accepted whatever their value because they do not change what is generated. (With
+# return_text_in_logprobs the third element of each log-prob triple stays null.)
+_HARMLESS_TOP_LEVEL_FIELDS = frozenset({"model", "log_metrics", "no_logs", "return_text_in_logprobs", "priority"})
+
+
+def _is_unset(value: Any) -> bool:
+    """sglang-router re-serialises requests with every optional field at its default (null/false)."""
+    return value is None or value is False or value == 0 or value == "" or value == [] or value == {}
 
 
 class RequestError(Exception):
@@ -134,8 +129,8 @@ def parse_sampling_params(raw: Any) -> SamplingParams:
         if name in raw and raw[name] is not None and raw[name] != no_op_value:
             raise RequestError(f"sampling_params.{name}={raw[name]!r} is not supported by this worker")
     known = {f for f in SamplingParams.__dataclass_fields__} | set(_NO_OP_SAMPLING_FIELDS)
-    unknown = sorted(set(raw) - known - _IGNORED_SAMPLING_FIELDS)
-    _require(not unknown, f"unknown sampling_params field(s): {', '.join(unknown)}")
+    unknown = sorted(name for name in set(raw) - known - _IGNORED_SAMPLING_FIELDS if not _is_unset(raw[name]))
+    _require(not unknown, f"sampling_params field(s) not supported by this worker: {', '.join(unknown)}")
 
     max_new_tokens = raw.get("max_new_tokens")
     if max_new_tokens is None:
@@ -192,9 +187,12 @@ def parse_generate_request(
 ) -> tuple[list[GenerationSpec], bool]:
     """Validate a `/generate` body. Returns the specs and whether the caller sent a batch."""
     _require(isinstance(body, dict), "request body must be a JSON object")
-    unknown = sorted(set(body) - _KNOWN_TOP_LEVEL_FIELDS)
-    _require(not unknown, f"unknown field(s): {', '.join(unknown)}")
-    _require(not body.get("stream"), "stream=true is not supported by this worker")
+    unsupported = sorted(
+        name
+        for name, value in body.items()
+        if name not in _HANDLED_TOP_LEVEL_FIELDS and name not in _HARMLESS_TOP_LEVEL_FIELDS and not _is_unset(value)
+    )
+    _require(not unsupported, f"field(s) not supported by this worker: {', '.join(unsupported)}")
     text, input_ids = body.get("text"), body.get("input_ids")
     _require((text is None) != (input_ids is None), "give exactly one of 'text' or 'input_ids'")
 

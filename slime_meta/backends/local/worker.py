@@ -1,0 +1,433 @@
+"""Embedded inference worker: an HTTP server speaking a subset of SGLang's native API.
+
+Why it exists: slime-meta drives teachers and students through SGLang's HTTP API behind
+sglang-router. On a laptop, in CI, or for tiny models there is no SGLang; this worker runs any
+local Hugging Face causal LM behind the same endpoints, so the rest of the program (and the real
+router) cannot tell the difference for the calls it makes.
+
+    python -m slime_meta.backends.local.worker --model-path DIR --host 127.0.0.1 --port P \
+        [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16] [--weights-root DIR] \
+        [--max-batch-size 64] [--max-prefill-tokens 16384] [--batch-wait-ms 2] [--seed 0] \
+        [--num-threads N] [--tokenizer-path DIR] [--log-level info]
+
+Endpoints: GET /health, /health_generate, /get_model_info (/model_info), /get_server_info
+(/server_info); POST /generate, /update_weights_from_disk, /abort_request; GET|POST /flush_cache;
+POST /v1/completions, /v1/chat/completions, GET /v1/models.
+
+Log-prob semantics (a contract with the trainer, which recomputes them for the PPO ratio):
+- `output_token_logprobs[i]` = log_softmax(logits / temperature)[token], computed in float32
+  from the distribution the token was sampled from *before* the top-p/top-k cut; greedy requests
+  (temperature < 1e-6) use temperature 1. On-policy, the trainer's ratio is therefore exactly 1.
+- `input_token_logprobs` cover positions `logprob_start_len ..` of the prompt at temperature 1;
+  entry i is log p(ids[i] | ids[:i]) and position 0 is `[null, id, null]`. With the default
+  `logprob_start_len=-1` they are empty (output tokens only).
+- `max_new_tokens=0, logprob_start_len=0, return_logprob=true` is a scoring call: one forward,
+  no sampling, every prompt position's log-prob.
+`output_ids` are exactly the sampled ids (EOS included when it ended the generation); `text` is
+their decoding without the matched stop token or stop string (unless `no_stop_trim`).
+
+The model runs in a single generation thread (see worker_batching.py); the asyncio event loop
+only parses, queues and answers. The line `worker ready on http://HOST:PORT` goes to stdout once
+the socket is listening; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+
+from slime_meta.backends.local.worker_batching import GenerationEngine, GenerationJob
+from slime_meta.backends.local.worker_openai import OpenAIContext, add_openai_routes
+from slime_meta.backends.local.worker_protocol import (
+    FinishedGeneration,
+    GenerationSpec,
+    RequestError,
+    SamplingParams,
+    error_body,
+    generate_response,
+    parse_generate_request,
+)
+from slime_meta.backends.local.worker_weights import (
+    SUPPORTED_LOAD_FORMATS,
+    WeightUpdateError,
+    copy_into_model,
+    read_checkpoint,
+    resolve_update_path,
+)
+
+logger = logging.getLogger("slime_meta.worker")
+_HEALTH_GENERATE_TIMEOUT_S = 60.0
+_MAX_REQUEST_BYTES = 256 * 1024 * 1024  # batched input_ids can be large; aiohttp's default is 1 MiB
+
+
+@dataclass
+class WorkerContext:
+    """Everything the handlers share; one per server, stored on the aiohttp app."""
+
+    engine: GenerationEngine
+    model: torch.nn.Module
+    tokenizer: Any
+    model_path: str
+    tokenizer_path: str
+    weights_root: str | None
+    device: torch.device
+    dtype: torch.dtype
+    max_batch_size: int
+    max_positions: int | None
+    embedding_rows: int
+    in_flight: dict[str, GenerationJob] = field(default_factory=dict)
+    generate_requests: int = 0
+    weight_updates: int = 0
+    update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    async def run_spec(self, spec: GenerationSpec) -> FinishedGeneration:
+        """Queue one spec on the generation thread and wait for its result."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[FinishedGeneration] = loop.create_future()
+
+        def deliver(outcome: FinishedGeneration | BaseException) -> None:
+            if not future.done():
+                if isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+
+        job = GenerationJob(spec, on_done=lambda outcome: loop.call_soon_threadsafe(deliver, outcome))
+        self.in_flight[spec.rid] = job
+        try:
+            self.engine.submit(job)
+            return await future
+        except asyncio.CancelledError:
+            job.cancelled = True  # the client went away: free the batch slot
+            raise
+        finally:
+            if self.in_flight.get(spec.rid) is job:
+                del self.in_flight[spec.rid]
+
+
+CONTEXT_KEY = web.AppKey("worker_context", WorkerContext)
+
+
+async def read_json(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RequestError(f"request body is not valid JSON: {error}") from error
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RequestError as error:
+        return web.json_response(error_body(str(error)), status=400)
+    except web.HTTPException:
+        raise
+    except Exception as error:  # a bug or a failed batch: answer, keep serving
+        logger.exception("error while handling %s %s", request.method, request.path)
+        return web.json_response(error_body(f"{type(error).__name__}: {error}"), status=500)
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def handle_health_generate(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT_KEY]
+    first_token = context.tokenizer.bos_token_id or context.tokenizer.pad_token_id or 0
+    spec = GenerationSpec(rid=f"health-{os.urandom(4).hex()}", input_ids=(first_token,), sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
+    try:
+        await asyncio.wait_for(context.run_spec(spec), _HEALTH_GENERATE_TIMEOUT_S)
+    except Exception as error:
+        return web.json_response(error_body(f"health generation failed: {error!r}"), status=503)
+    return web.Response(status=200)
+
+
+async def handle_model_info(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT_KEY]
+    return web.json_response(
+        {
+            "model_path": context.model_path,
+            "tokenizer_path": context.tokenizer_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": context.engine.weight_version,
+        }
+    )
+
+
+async def handle_server_info(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT_KEY]
+    return web.json_response(
+        {
+            "model_path": context.model_path,
+            "tokenizer_path": context.tokenizer_path,
+            "max_batch_size": context.max_batch_size,
+            "device": str(context.device),
+            "dtype": str(context.dtype).removeprefix("torch."),
+            "context_length": context.max_positions,
+            "weight_version": context.engine.weight_version,
+            "num_generate_requests": context.generate_requests,
+            "num_weight_updates": context.weight_updates,
+            "queue_depth": context.engine.queue_depth(),
+            "engine": dict(context.engine.counters),
+        }
+    )
+
+
+async def handle_generate(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT_KEY]
+    body = await read_json(request)
+    specs, is_batch = parse_generate_request(body, context.encode, context.embedding_rows, context.max_positions)
+    context.generate_requests += 1
+    results = await asyncio.gather(*(context.run_spec(spec) for spec in specs))
+    responses = [generate_response(result) for result in results]
+    return web.json_response(responses if is_batch else responses[0])
+
+
+def _weight_update_reply(success: bool, message: str, status: int = 200) -> web.Response:
+    return web.json_response({"success": success, "message": message, "num_paused_requests": 0}, status=status)
+
+
+async def handle_update_weights_from_disk(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT_KEY]
+    try:
+        body = await read_json(request)
+    except RequestError as error:
+        return _weight_update_reply(False, str(error), 400)
+    model_path = body.get("model_path") if isinstance(body, dict) else None
+    if not isinstance(model_path, str) or not model_path:
+        return _weight_update_reply(False, "body must be an object with a 'model_path' string", 400)
+    if body.get("load_format") not in SUPPORTED_LOAD_FORMATS:
+        return _weight_update_reply(False, f"load_format {body.get('load_format')!r} is not supported (safetensors only)", 400)
+    requested_version = body.get("weight_version")
+    async with context.update_lock:  # one update at a time; versions stay in order
+        try:
+            directory = resolve_update_path(model_path, context.weights_root)
+            # Read and check the files before pausing generation, so the pause is only the copy.
+            tensors = await asyncio.get_running_loop().run_in_executor(None, read_checkpoint, directory, context.model)
+        except WeightUpdateError as error:
+            logger.warning("weight update refused: %s", error)
+            return _weight_update_reply(False, str(error), 400)
+        if body.get("abort_all_requests", False):
+            context.engine.abort_all("aborted for a weight update")
+        new_version = str(requested_version) if requested_version is not None else str(context.weight_updates + 1)
+
+        def swap() -> None:
+            copy_into_model(context.model, tensors)
+            context.engine.weight_version = new_version
+
+        await asyncio.wrap_future(context.engine.run_between_batches(swap))
+        context.weight_updates += 1
+    logger.info("loaded weights from %s (weight_version %s)", directory, new_version)
+    return _weight_update_reply(True, f"loaded weights from {directory}; weight_version {new_version}")
+
+
+async def handle_flush_cache(request: web.Request) -> web.Response:
+    return web.Response(text="Cache flushed.\n")  # no prefix cache to flush
+
+
+async def handle_abort_request(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT_KEY]
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise RequestError("body must be an object with 'rid' or 'abort_all'")
+    if body.get("abort_all"):
+        context.engine.abort_all()
+    elif isinstance(body.get("rid"), str) and body["rid"] in context.in_flight:
+        context.in_flight[body["rid"]].cancelled = True
+    return web.Response(status=200)
+
+
+def build_app(context: WorkerContext) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=_MAX_REQUEST_BYTES)
+    app[CONTEXT_KEY] = context
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/health_generate", handle_health_generate)
+    for path in ("/get_model_info", "/model_info"):
+        app.router.add_get(path, handle_model_info)
+    for path in ("/get_server_info", "/server_info"):
+        app.router.add_get(path, handle_server_info)
+    app.router.add_post("/generate", handle_generate)
+    app.router.add_post("/update_weights_from_disk", handle_update_weights_from_disk)
+    app.router.add_route("*", "/flush_cache", handle_flush_cache)
+    app.router.add_post("/abort_request", handle_abort_request)
+    tokenizer = context.tokenizer
+    add_openai_routes(
+        app,
+        OpenAIContext(
+            model_name=context.model_path,
+            max_positions=context.max_positions,
+            encode=context.encode,
+            render_chat=lambda messages: (
+                tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                if getattr(tokenizer, "chat_template", None)
+                else None
+            ),
+            run_spec=context.run_spec,
+        ),
+        read_json,
+    )
+    return app
+
+
+# ----- process entry point ---------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Serve a local Hugging Face causal LM with SGLang's /generate API.")
+    parser.add_argument("--model-path", required=True, help="local directory written by save_pretrained")
+    parser.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed in the ready line)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    parser.add_argument("--weights-root", default=None, help="only load weight updates from inside this directory")
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--max-prefill-tokens", type=int, default=16384, help="padded prompt tokens per prefill")
+    parser.add_argument("--batch-wait-ms", type=float, default=2.0, help="gather time before an idle worker starts a batch")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
+    parser.add_argument("--weight-version", default="default")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    args = parser.parse_args(argv)
+    if args.max_batch_size < 1 or args.max_prefill_tokens < 1:
+        parser.error("--max-batch-size and --max-prefill-tokens must be >= 1")
+    if not os.path.isdir(args.model_path):
+        parser.error(f"--model-path {args.model_path} is not a local directory (this worker never downloads models)")
+    return args
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def _eos_token_ids(tokenizer: Any, model: torch.nn.Module) -> frozenset[int]:
+    ids: set[int] = set()
+    candidates = [tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)]
+    for candidate in candidates:
+        if isinstance(candidate, int):
+            ids.add(candidate)
+        elif isinstance(candidate, (list, tuple)):
+            ids.update(i for i in candidate if isinstance(i, int))
+    return frozenset(ids)
+
+
+def build_context(args: argparse.Namespace) -> WorkerContext:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if device.type == "cpu":
+        # Several workers usually share a few cores; one thread each avoids oversubscription.
+        torch.set_num_threads(args.num_threads or 1)
+    elif args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    torch.manual_seed(args.seed)
+    tokenizer_path = args.tokenizer_path or args.model_path
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=dtype).to(device).eval()
+    model.requires_grad_(False)  # inference only; also lets weight updates copy in place freely
+    pad_token_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
+    engine = GenerationEngine(
+        model,
+        decode=lambda ids, skip_special: tokenizer.decode(list(ids), skip_special_tokens=skip_special),
+        device=device,
+        eos_token_ids=_eos_token_ids(tokenizer, model),
+        pad_token_id=pad_token_id,
+        max_batch_size=args.max_batch_size,
+        max_prefill_tokens=args.max_prefill_tokens,
+        batch_wait_s=args.batch_wait_ms / 1000.0,
+        seed=args.seed,
+        weight_version=args.weight_version,
+    )
+    text_config = model.config.get_text_config()
+    return WorkerContext(
+        engine=engine,
+        model=model,
+        tokenizer=tokenizer,
+        model_path=args.model_path,
+        tokenizer_path=tokenizer_path,
+        weights_root=args.weights_root,
+        device=device,
+        dtype=dtype,
+        max_batch_size=args.max_batch_size,
+        max_positions=getattr(text_config, "max_position_embeddings", None),
+        embedding_rows=model.get_input_embeddings().num_embeddings,
+    )
+
+
+async def serve(context: WorkerContext, host: str, port: int, access_log: bool) -> None:
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signal_number, stop_requested.set)
+    runner = web.AppRunner(build_app(context), access_log=logger if access_log else None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    context.engine.start()
+    bound_port = runner.addresses[0][1]
+    print(f"worker ready on http://{host}:{bound_port}", flush=True)
+    try:
+        await stop_requested.wait()
+        logger.info("shutting down")
+    finally:
+        context.engine.stop()
+        await runner.cleanup()
+
+
+class _RouterHttp2ProbeFilter(logging.Filter):
+    """Drop aiohttp's error log for sglang-router's HTTP/2 probe.
+
+    When a worker registers, the router first tries an HTTP/2 (gRPC) connection; aiohttp
+    rejects the preface, logs a traceback at ERROR, and the router falls back to HTTP/1.1.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, BadHttpMessage) and "PRI" in str(error))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s worker:{args.port} %(name)s: %(message)s",
+    )
+    logging.getLogger("aiohttp.server").addFilter(_RouterHttp2ProbeFilter())
+    context = build_context(args)
+    logger.info("loaded %s on %s (%s)", args.model_path, context.device, context.dtype)
+    asyncio.run(serve(context, args.host, args.port, access_log=args.log_level == "debug"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

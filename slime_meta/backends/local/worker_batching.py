@@ -1,0 +1,486 @@
+"""The embedded worker's generation loop: one thread that owns the model and batches requests.
+
+Why one thread: the model is not safe to call concurrently, and the HTTP event loop must never
+wait on a forward pass. The HTTP side only puts `GenerationJob`s on a queue and gets each result
+through the job's callback (which hops back onto the event loop).
+
+How batching works (continuous batching on top of HF's `DynamicCache`):
+- A running batch holds, per row, the tokens generated so far and a KV cache, left-padded so
+  that every row's newest token sits in the last column. Position ids come from each row's own
+  token count, so padding never shifts a row's positions.
+- Each loop turn first admits waiting requests (up to `max_batch_size` rows): they are prefilled
+  together in a fresh cache, sample their first token, and are then joined to the running batch
+  by left-padding the shorter cache. Then every row decodes one token.
+- Rows that finish (EOS, stop token, stop string, max_new_tokens, client gone) leave the batch at
+  once; padding columns that no remaining row uses are cut away.
+- Joining and trimming edit the cache tensors directly, which is only valid for plain
+  full-attention layers (`DynamicLayer`). For other cache types (sliding window, hybrid models)
+  the loop falls back to static batching: new requests wait until the running batch is done.
+- Work that must not overlap a generation step (a weight swap) is queued with
+  `run_between_batches`: admission stops, the running batch drains, the operation runs, and
+  admission resumes.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicLayer
+
+from slime_meta.backends.local.worker_protocol import FinishedGeneration, GenerationSpec, render_output_text
+from slime_meta.backends.local.worker_sampling import RowSampling, choose_next_tokens, prompt_logprobs
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Cap on the float32 logits a prompt-scoring prefill may hold at once (B * T * V elements):
+# scoring needs logits at every position, which for large vocabularies dwarfs the KV cache.
+_MAX_SCORING_LOGIT_ELEMENTS = 1 << 28
+
+
+@dataclass
+class GenerationJob:
+    """A request in flight. `on_done` is called exactly once, from the generation thread."""
+
+    spec: GenerationSpec
+    on_done: Callable[[FinishedGeneration | BaseException], None]
+    received_at: float = field(default_factory=time.monotonic)
+    cancelled: bool = False  # set by the HTTP side when the client has gone away
+    _settled: bool = False
+
+    def settle(self, outcome: FinishedGeneration | BaseException) -> None:
+        if not self._settled:
+            self._settled = True
+            self.on_done(outcome)
+
+
+class _Row:
+    """One job's generation state inside the running batch."""
+
+    def __init__(self, job: GenerationJob):
+        self.job = job
+        self.output_ids: list[int] = []
+        self.output_logprobs: list[float] = []
+        self.output_top_logprobs: list[list[tuple[float, int]]] = []
+        self.input_logprobs: list[float | None] = []
+        self.input_top_logprobs: list[list[tuple[float, int]] | None] = []
+        stops = job.spec.sampling.stop
+        # Tokens to decode when looking for a stop string: generous, since one character can
+        # take several byte-level tokens.
+        self.stop_window = 4 * max((len(s) for s in stops), default=0) + 4
+
+
+@dataclass
+class _RunningBatch:
+    rows: list[_Row]
+    cache: Any  # transformers Cache holding every row's tokens except its newest one
+    attention_mask: torch.Tensor  # (B, cache length) int64; 0 marks left padding
+    next_positions: torch.Tensor  # (B,) int64: position id of each row's newest token
+    sampling: RowSampling
+
+
+@dataclass
+class _ControlOp:
+    operation: Callable[[], Any]
+    future: concurrent.futures.Future
+
+
+class GenerationEngine:
+    """Owns the model; thread-safe `submit` / `run_between_batches` / `abort_all` / `stop`."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        decode: Callable[[Sequence[int], bool], str],
+        *,
+        device: torch.device,
+        eos_token_ids: frozenset[int],
+        pad_token_id: int,
+        max_batch_size: int = 64,
+        max_prefill_tokens: int = 16384,
+        batch_wait_s: float = 0.002,
+        seed: int = 0,
+        weight_version: str = "default",
+    ):
+        self._model = model
+        self._decode = decode
+        self._device = device
+        self._eos_token_ids = eos_token_ids
+        self._pad_token_id = pad_token_id
+        self._max_batch_size = max_batch_size
+        self._max_prefill_tokens = max_prefill_tokens
+        self._batch_wait_s = batch_wait_s
+        self._vocab_size = int(model.config.get_text_config().vocab_size)
+        self._generator = torch.Generator(device=device).manual_seed(seed)
+        self._condition = threading.Condition()
+        self._waiting: deque[GenerationJob] = deque()
+        self._control_ops: deque[_ControlOp] = deque()
+        self._stopping = False
+        self._abort_message: str | None = None
+        self._thread = threading.Thread(target=self._run, name="generation-loop", daemon=True)
+        self.weight_version = weight_version
+        self.counters = {"requests_finished": 0, "tokens_generated": 0, "prefill_batches": 0, "decode_steps": 0}
+        self._can_join = self._probe_cache_is_joinable()
+
+    # ----- thread-safe API -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        with self._condition:
+            self._stopping = True
+            self._condition.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def submit(self, job: GenerationJob) -> None:
+        with self._condition:
+            if self._stopping:
+                job.settle(RuntimeError("the worker is shutting down"))
+                return
+            self._waiting.append(job)
+            self._condition.notify_all()
+
+    def run_between_batches(self, operation: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run `operation` in the generation thread once no batch is running."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._condition:
+            if self._stopping:
+                future.set_exception(RuntimeError("the worker is shutting down"))
+            else:
+                self._control_ops.append(_ControlOp(operation, future))
+                self._condition.notify_all()
+        return future
+
+    def abort_all(self, message: str = "aborted by abort_all_requests") -> None:
+        """Finish every waiting and running request now with finish_reason `abort`."""
+        with self._condition:
+            waiting, self._waiting = list(self._waiting), deque()
+            self._abort_message = message
+            self._condition.notify_all()
+        for job in waiting:
+            self._finish(_Row(job), {"type": "abort", "message": message})
+
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    # ----- the loop ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        running: _RunningBatch | None = None
+        while True:
+            jobs, control_op, abort_message = self._take_work(len(running.rows) if running else 0)
+            if self._stopping:
+                break
+            if abort_message is not None and running is not None:
+                for row in running.rows:
+                    self._finish(row, {"type": "abort", "message": abort_message})
+                running = None
+            if control_op is not None:
+                self._run_control_op(control_op)
+                continue
+            try:
+                with torch.inference_mode():
+                    if jobs:
+                        running = self._admit(running, jobs)
+                    if running is not None:
+                        running = self._decode_step(running)
+            except Exception as error:  # keep serving: fail only the requests in this batch
+                logger.exception("generation step failed")
+                for job in jobs:
+                    job.settle(error)
+                for row in running.rows if running else []:
+                    row.job.settle(error)
+                running = None
+                if self._device.type == "cuda":
+                    torch.cuda.empty_cache()
+        self._shut_down(running)
+
+    def _take_work(self, running_rows: int) -> tuple[list[GenerationJob], _ControlOp | None, str | None]:
+        """Block until there is work; returns (jobs to admit, op to run now, abort message)."""
+        with self._condition:
+            while not (
+                self._stopping or self._waiting or self._control_ops or running_rows or self._abort_message
+            ):
+                self._condition.wait()
+            abort_message, self._abort_message = self._abort_message, None
+            if self._stopping:
+                return [], None, abort_message
+            if self._control_ops:
+                if running_rows and abort_message is None:
+                    return [], None, None  # let the running batch drain; admit nothing meanwhile
+                return [], self._control_ops.popleft(), abort_message
+            starting_from_idle = running_rows == 0 and bool(self._waiting)
+        if starting_from_idle and self._batch_wait_s > 0:
+            # Requests sent together arrive a few hundred microseconds apart; a short wait lets
+            # them share one prefill instead of trickling in one by one.
+            time.sleep(self._batch_wait_s)
+        with self._condition:
+            if running_rows and not self._can_join:
+                return [], None, abort_message
+            return self._pop_admissible(running_rows), None, abort_message
+
+    def _pop_admissible(self, running_rows: int) -> list[GenerationJob]:
+        taken: list[GenerationJob] = []
+        longest = 0
+        while self._waiting and running_rows + len(taken) < self._max_batch_size:
+            job = self._waiting[0]
+            if job.cancelled:
+                self._waiting.popleft()
+                job.settle(RuntimeError("request cancelled"))
+                continue
+            new_longest = max(longest, len(job.spec.input_ids))
+            if taken and new_longest * (len(taken) + 1) > self._max_prefill_tokens:
+                break
+            taken.append(self._waiting.popleft())
+            longest = new_longest
+        return taken
+
+    def _run_control_op(self, control_op: _ControlOp) -> None:
+        if not control_op.future.set_running_or_notify_cancel():
+            return
+        try:
+            control_op.future.set_result(control_op.operation())
+        except BaseException as error:
+            control_op.future.set_exception(error)
+
+    def _shut_down(self, running: _RunningBatch | None) -> None:
+        error = RuntimeError("the worker is shutting down")
+        with self._condition:
+            waiting, self._waiting = list(self._waiting), deque()
+            control_ops, self._control_ops = list(self._control_ops), deque()
+        running_jobs = [row.job for row in running.rows] if running is not None else []
+        for job in waiting + running_jobs:
+            job.settle(error)
+        for control_op in control_ops:
+            control_op.future.set_exception(error)
+
+    # ----- model work (generation thread only) ------------------------------------------------
+
+    def _probe_cache_is_joinable(self) -> bool:
+        """One-token forward: doubles as a warm-up and tells which cache layout the model uses."""
+        with torch.inference_mode():
+            probe = torch.tensor([[self._pad_token_id]], device=self._device)
+            cache = self._model(input_ids=probe, use_cache=True).past_key_values
+        layers = getattr(cache, "layers", None)
+        joinable = bool(layers) and all(
+            type(layer) is DynamicLayer and getattr(layer, "keys", None) is not None and layer.keys.dim() == 4
+            for layer in layers
+        )
+        if not joinable:
+            logger.warning("cache type %s cannot be joined: static batching only", type(cache).__name__)
+        return joinable
+
+    def _row_sampling(self, rows: Sequence[_Row]) -> RowSampling:
+        return RowSampling.from_params(
+            [row.job.spec.sampling for row in rows],
+            [row.job.spec.top_logprobs_num for row in rows],
+            self._vocab_size,
+            self._device,
+        )
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache, all_logits: bool):
+        extra = {} if all_logits else {"logits_to_keep": 1}
+        return self._model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            **extra,
+        )
+
+    def _admit(self, running: _RunningBatch | None, jobs: list[GenerationJob]) -> _RunningBatch | None:
+        to_prefill = []
+        for job in jobs:
+            if job.spec.sampling.max_new_tokens == 0 and not job.spec.wants_input_logprobs:
+                self._finish(_Row(job), {"type": "length", "length": 0})  # nothing to compute
+            else:
+                to_prefill.append(job)
+        scoring = [job for job in to_prefill if job.spec.wants_input_logprobs]
+        plain = [job for job in to_prefill if not job.spec.wants_input_logprobs]
+        if not self._can_join:
+            groups = [(to_prefill, bool(scoring))] if to_prefill else []
+        else:
+            groups = [(chunk, True) for chunk in self._chunk_for_scoring(scoring)]
+            if plain:
+                groups.append((plain, False))
+        for group, all_logits in groups:
+            prefilled = self._prefill(group, all_logits)
+            if prefilled is not None:
+                running = prefilled if running is None else self._join(running, prefilled)
+        return running
+
+    def _chunk_for_scoring(self, jobs: list[GenerationJob]) -> list[list[GenerationJob]]:
+        chunks: list[list[GenerationJob]] = []
+        current: list[GenerationJob] = []
+        longest = 0
+        for job in jobs:
+            new_longest = max(longest, len(job.spec.input_ids))
+            if current and new_longest * (len(current) + 1) * self._vocab_size > _MAX_SCORING_LOGIT_ELEMENTS:
+                chunks.append(current)
+                current, new_longest = [], len(job.spec.input_ids)
+            current.append(job)
+            longest = new_longest
+        return chunks + [current] if current else chunks
+
+    def _prefill(self, jobs: list[GenerationJob], all_logits: bool) -> _RunningBatch | None:
+        rows = [_Row(job) for job in jobs]
+        lengths = [len(job.spec.input_ids) for job in jobs]
+        width = max(lengths)
+        padded = [[self._pad_token_id] * (width - n) + list(job.spec.input_ids) for job, n in zip(jobs, lengths)]
+        input_ids = torch.tensor(padded, dtype=torch.int64, device=self._device)
+        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], dtype=torch.int64, device=self._device)
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        output = self._forward(input_ids, mask, positions, cache=None, all_logits=all_logits)
+        self.counters["prefill_batches"] += 1
+        if all_logits:
+            for index, row in enumerate(rows):
+                if row.job.spec.wants_input_logprobs:
+                    self._record_prompt_logprobs(row, output.logits[index], input_ids[index], width - lengths[index])
+        batch = _RunningBatch(
+            rows=rows,
+            cache=output.past_key_values,
+            attention_mask=mask,
+            next_positions=mask.sum(dim=-1),
+            sampling=self._row_sampling(rows),
+        )
+        return self._advance(batch, output.logits[:, -1, :], from_prefill=True)
+
+    @staticmethod
+    def _record_prompt_logprobs(row: _Row, logits: torch.Tensor, input_ids: torch.Tensor, padding: int) -> None:
+        spec = row.job.spec
+        first_scored = max(spec.logprob_start_len, 1)  # position 0 has nothing before it
+        start, end = padding + first_scored, input_ids.shape[0]
+        values, tops = prompt_logprobs(logits[start - 1 : end - 1], input_ids[start:end], spec.top_logprobs_num)
+        leading_none: list[None] = [None] if spec.logprob_start_len == 0 else []
+        row.input_logprobs = leading_none + values
+        if spec.top_logprobs_num > 0:
+            row.input_top_logprobs = leading_none + tops
+
+    def _decode_step(self, batch: _RunningBatch) -> _RunningBatch | None:
+        newest = torch.tensor([[row.output_ids[-1]] for row in batch.rows], dtype=torch.int64, device=self._device)
+        mask = F.pad(batch.attention_mask, (0, 1), value=1)
+        output = self._forward(newest, mask, batch.next_positions.unsqueeze(1), batch.cache, all_logits=False)
+        batch.attention_mask = mask
+        batch.next_positions = batch.next_positions + 1
+        self.counters["decode_steps"] += 1
+        return self._advance(batch, output.logits[:, -1, :], from_prefill=False)
+
+    def _advance(self, batch: _RunningBatch, logits: torch.Tensor, from_prefill: bool) -> _RunningBatch | None:
+        """Append one chosen token to every row, settle finished rows, and drop them."""
+        choice = choose_next_tokens(logits, batch.sampling, self._generator)
+        token_ids = choice.token_ids.tolist()
+        logprobs = choice.logprobs.tolist()
+        top_values = choice.top_logprobs.tolist() if choice.top_logprobs is not None else None
+        top_ids = choice.top_token_ids.tolist() if choice.top_token_ids is not None else None
+        keep: list[int] = []
+        for index, row in enumerate(batch.rows):
+            spec = row.job.spec
+            if row.job.cancelled:
+                self._finish(row, {"type": "abort", "message": "request cancelled"})
+                continue
+            if from_prefill and spec.sampling.max_new_tokens == 0:  # a scoring-only request
+                self._finish(row, {"type": "length", "length": 0})
+                continue
+            token = token_ids[index]
+            row.output_ids.append(token)
+            self.counters["tokens_generated"] += 1
+            if spec.return_logprob:
+                row.output_logprobs.append(logprobs[index])
+                if spec.top_logprobs_num > 0 and top_values is not None and top_ids is not None:
+                    count = spec.top_logprobs_num
+                    row.output_top_logprobs.append(list(zip(top_values[index][:count], top_ids[index][:count])))
+            finish_reason = self._finish_reason(row, token)
+            if finish_reason is None:
+                keep.append(index)
+            else:
+                self._finish(row, finish_reason)
+        return self._compact(batch, keep)
+
+    def _finish_reason(self, row: _Row, token: int) -> dict[str, Any] | None:
+        sampling = row.job.spec.sampling
+        if token in sampling.stop_token_ids or (not sampling.ignore_eos and token in self._eos_token_ids):
+            return {"type": "stop", "matched": token}
+        if sampling.stop:
+            tail = self._decode(row.output_ids[-row.stop_window :], sampling.skip_special_tokens)
+            found = [(tail.find(stop), stop) for stop in sampling.stop if stop in tail]
+            if found:
+                return {"type": "stop", "matched": min(found)[1]}
+        if len(row.output_ids) >= sampling.max_new_tokens:
+            return {"type": "length", "length": len(row.output_ids)}
+        return None
+
+    def _finish(self, row: _Row, finish_reason: dict[str, Any]) -> None:
+        spec = row.job.spec
+        result = FinishedGeneration(
+            spec=spec,
+            output_ids=row.output_ids,
+            finish_reason=finish_reason,
+            text=render_output_text(self._decode, row.output_ids, finish_reason, spec.sampling),
+            weight_version=self.weight_version,
+            e2e_latency=time.monotonic() - row.job.received_at,
+            output_logprobs=row.output_logprobs,
+            output_top_logprobs=row.output_top_logprobs,
+            input_logprobs=row.input_logprobs,
+            input_top_logprobs=row.input_top_logprobs,
+        )
+        self.counters["requests_finished"] += 1
+        row.job.settle(result)
+
+    def _compact(self, batch: _RunningBatch, keep: list[int]) -> _RunningBatch | None:
+        if not keep:
+            return None
+        if len(keep) == len(batch.rows):
+            return batch
+        index = torch.tensor(keep, dtype=torch.int64, device=self._device)
+        batch.cache.batch_select_indices(index)
+        mask = batch.attention_mask.index_select(0, index)
+        if self._can_join:
+            mask = self._trim_unused_columns(batch.cache, mask)
+        rows = [batch.rows[i] for i in keep]
+        return _RunningBatch(rows, batch.cache, mask, batch.next_positions.index_select(0, index), self._row_sampling(rows))
+
+    @staticmethod
+    def _trim_unused_columns(cache: Any, mask: torch.Tensor) -> torch.Tensor:
+        """Drop leading cache columns that are padding for every remaining row."""
+        first_used = int(mask.any(dim=0).to(torch.int8).argmax())
+        if first_used == 0:
+            return mask
+        for layer in cache.layers:
+            layer.keys = layer.keys[:, :, first_used:, :]
+            layer.values = layer.values[:, :, first_used:, :]
+        return mask[:, first_used:]
+
+    def _join(self, older: _RunningBatch, newer: _RunningBatch) -> _RunningBatch:
+        """Merge two batches by left-padding the shorter cache (positions are per row, so safe)."""
+        width = max(older.attention_mask.shape[1], newer.attention_mask.shape[1])
+
+        def left_pad(tensor: torch.Tensor, current_width: int, seq_dim_from_end: int) -> torch.Tensor:
+            missing = width - current_width
+            if missing == 0:
+                return tensor
+            return F.pad(tensor, (0, 0) * (seq_dim_from_end - 1) + (missing, 0))
+
+        older_width, newer_width = older.attention_mask.shape[1], newer.attention_mask.shape[1]
+        for older_layer, newer_layer in zip(older.cache.layers, newer.cache.layers):
+            older_layer.keys = torch.cat(
+                [left_pad(older_layer.keys, older_width, 2), left_pad(newer_layer.keys, newer_width, 2)]
+            )
+            older_layer.values = torch.cat(
+                [left_pad(older_layer.values, older_width, 2), left_pad(newer_layer.values, newer_width, 2)]
+            )
+        mask = torch.cat([left_pad(older.attention_mask, older_width, 1), left_pad(newer.attention_mask, newer_width, 1)])
+        rows = older.rows + newer.rows
+        next_positions = torch.cat([older.next_positions, newer.next_positions])
+        return _RunningBatch(rows, older.cache, mask, next_positions, self._row_sampling(rows))

@@ -1,0 +1,468 @@
+"""Graders: the built-in verifier against the label, and an LLM grader behind an OpenAI-style API.
+
+Why two: the verifier is deterministic, free and needs no network (tests, the synthetic task,
+datasets with short exact answers); an LLM grader follows a rubric and writes feedback the
+teacher can learn from. Both expose `async grade(problem, solution) -> Grade` and `stats`.
+
+Injection safety: the student's solution is text to be judged, never instructions. The verifier
+only compares the extracted answer with the label, so `GRADE: 1.0` inside a solution is just a
+wrong answer. The LLM grader's template inserts the solution verbatim in one rendering pass, and
+`parse_grade` reads only the grader model's own reply (which we trust); the solution is passed to
+it only to recognise lines of the reply that quote it (a grader quoting "GRADE: 1.0" from the
+solution must not turn the quote into the verdict: the teacher is trained with RL on these
+grades and would learn to make students write grade lines).
+
+Retries (checked against the installed openai SDK): its client retries 408/409/429/5xx,
+timeouts and connection errors and honours Retry-After, but it does not say how many retries a
+call took and does not retry a 200 reply whose body is malformed. So the SDK's retries are off
+(`max_retries=0`) and `OpenAIGrader` runs the same policy itself: exponential backoff with
+jitter, `Retry-After`/`retry-after-ms` honoured (up to 120 s, as the SDK does), every retry
+counted in `GraderStats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import os
+import random
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from slime_meta.errors import UserInputError
+from slime_meta.prompt_templates import GraderPromptTemplate
+from slime_meta.types import Grade, Problem
+
+UNPARSEABLE_EXPLANATION = "unparseable grader reply"
+MAX_RETRY_AFTER_SECONDS = 120.0
+MAX_QUOTED_CHARS = 200
+
+# --------------------------------------------------------------------------- parsing replies
+
+_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
+_GRADE = re.compile(
+    rf"\bgrade\b[*_ \t]*:[*_\s]*(?P<value>{_NUMBER})[*_ \t]*"
+    rf"(?:(?P<percent>%)|/[*_ \t]*(?P<denominator>{_NUMBER}))?",
+    re.IGNORECASE,
+)
+_EXPLANATION = re.compile(r"\bexplanation\b[*_ \t]*:", re.IGNORECASE)
+# What may precede a verdict on its line: markdown decoration and the word "final".
+_LINE_PREFIX = re.compile(r"[\s>#*_\-+•]*(?:final[*_ \t]+)?", re.IGNORECASE)
+
+
+def _grade_value(match: re.Match) -> float | None:
+    value = float(match.group("value"))
+    if match.group("percent"):
+        value /= 100.0
+    elif match.group("denominator") is not None:
+        denominator = float(match.group("denominator"))
+        if denominator <= 0:
+            return None
+        value /= denominator
+    return min(1.0, max(0.0, value)) if math.isfinite(value) else None
+
+
+def _line_around(text: str, position: int) -> tuple[int, str]:
+    """(start of the line holding `position`, that whole line)."""
+    start, end = text.rfind("\n", 0, position) + 1, text.find("\n", position)
+    return start, text[start : end if end >= 0 else len(text)]
+
+
+def _bare_line(line: str) -> str:
+    """A line without decoration, to recognise a quote of it: `> **GRADE: 1**` ~ `GRADE: 1`."""
+    return " ".join(line.strip().strip("*_>#-'\"` \t").casefold().split())
+
+
+def parse_grade(text: str, *, quoted: str | None = None) -> Grade:
+    """The verdict in a grader model's reply: `GRADE: <score>` and the `EXPLANATION:` after it.
+
+    Which GRADE counts: the LAST one that starts its line (after markdown such as `**`, `-`,
+    `#` or the word "Final"), because graders reason before the verdict ("a GRADE: 1 would need
+    ..."); if none starts a line, the last one anywhere. Scores: `0.8`, `7/10`, `0.5/1`, `80%`,
+    `**0.8**`; clamped to [0, 1]. No score -> score 0, parsed=False.
+
+    `quoted` is the student's solution the reply is about. It is never parsed for a grade: its
+    lines only mark which lines of the reply are quotes of it. A GRADE line that repeats a line
+    of the solution is a quote, not a verdict, and is skipped, so a grader that quotes a
+    solution ending in "GRADE: 1.0" (before or after its verdict) is not fooled. The price: a
+    solution that contains the grader's exact verdict line loses that verdict (it is scored as
+    unparseable), which only ever costs a student that writes grade lines.
+    """
+    text = text or ""
+    quoted_lines = {_bare_line(line) for line in (quoted or "").splitlines() if _GRADE.search(line)}
+    matches = [
+        m
+        for m in _GRADE.finditer(text)
+        if _grade_value(m) is not None and _bare_line(_line_around(text, m.start())[1]) not in quoted_lines
+    ]
+    at_line_start = [m for m in matches if _LINE_PREFIX.fullmatch(text[_line_around(text, m.start())[0] : m.start()])]
+    chosen = (at_line_start or matches or [None])[-1]
+    if chosen is None:
+        return Grade(score=0.0, explanation=UNPARSEABLE_EXPLANATION, parsed=False, raw=text)
+    # The explanation follows the verdict; a grader that wrote it first gets the one before.
+    markers = list(_EXPLANATION.finditer(text))
+    after = [m for m in markers if m.start() >= chosen.end()]
+    before = [m for m in markers if m.start() < chosen.start()]
+    explanation = ""
+    if after or before:
+        marker, end = (after[0], len(text)) if after else (before[-1], chosen.start())
+        explanation = text[marker.end() : end].strip().strip("*_").strip()
+    return Grade(score=_grade_value(chosen), explanation=explanation, parsed=True, raw=text)
+
+
+# --------------------------------------------------------------------------- the verifier
+
+_ANSWER_LINE = re.compile(r"^[\s>#*_\-]*(?:final[*_ \t]+)?answer[*_ \t]*[:：](?P<rest>.*)$", re.IGNORECASE)
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+")
+_FRACTION = re.compile(r"(?P<num>[+-]?\d+(?:\.\d+)?)\s*/\s*(?P<den>\d+(?:\.\d+)?)")
+_ANY_NUMBER = re.compile(rf"{_FRACTION.pattern}|{_PLAIN_NUMBER.pattern}")
+
+
+def _last_boxed(text: str) -> str | None:
+    """The contents of the last `\\boxed{...}`, braces balanced (answers such as \\frac{3}{4})."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for position in range(begin, len(text)):
+        if text[position] == "{":
+            depth += 1
+        elif text[position] == "}":
+            if depth == 0:
+                return text[begin:position]
+            depth -= 1
+    return None
+
+
+def extract_answer(solution: str) -> str:
+    """The student's final answer: the last `Answer:` line, else the last \\boxed{}, else all."""
+    lines = solution.splitlines()
+    for index in range(len(lines) - 1, -1, -1):
+        match = _ANSWER_LINE.match(lines[index])
+        if match:
+            answer = match.group("rest").strip()
+            if not answer:  # "Answer:" with the value on the next non-empty line
+                answer = next((line.strip() for line in lines[index + 1 :] if line.strip()), "")
+            boxed = _last_boxed(answer)
+            return (boxed if boxed is not None else answer).strip().strip("*_").strip()
+    boxed = _last_boxed(solution)
+    return (boxed if boxed is not None else solution).strip()
+
+
+def normalize_answer(text: str) -> str:
+    """Casefold, drop `$`, collapse whitespace, no spaces around `=`, no trailing period."""
+    text = " ".join(text.replace("$", "").casefold().split())
+    text = re.sub(r"\s*=\s*", "=", text)
+    return text.rstrip(".").strip()
+
+
+def parse_number(text: str) -> float | None:
+    """A whole text as a number: `1,234.5`, `-3`, `3/4`, `$80`, `45%` (-> 45). None otherwise."""
+    cleaned = text.replace("$", "").strip().rstrip(".").rstrip("%").strip()
+    if _PLAIN_NUMBER.fullmatch(cleaned):
+        return float(cleaned.replace(",", ""))
+    fraction = _FRACTION.fullmatch(cleaned)
+    if fraction and float(fraction.group("den")) != 0:
+        return float(fraction.group("num")) / float(fraction.group("den"))
+    return None
+
+
+def _value_of(text: str, *, lenient: bool) -> float | None:
+    """The number a text states: all of it, or the right side of its last `=` (`x = 6`).
+
+    `lenient` (the student's side) also accepts the last number anywhere in the text.
+    """
+    value = parse_number(text)
+    if value is None and "=" in text:
+        value = parse_number(text.rsplit("=", 1)[1])
+    if value is None and lenient:
+        numbers = list(_ANY_NUMBER.finditer(text))
+        if numbers:
+            value = parse_number(numbers[-1].group(0))
+    return value
+
+
+def _quote(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_QUOTED_CHARS else text[: MAX_QUOTED_CHARS - 1] + "…"
+
+
+@dataclass
+class GraderStats:
+    """Counters the training loop logs (ints only: safe to print)."""
+
+    calls: int = 0  # solutions graded
+    api_retries: int = 0  # requests re-sent after an API error
+    parse_retries: int = 0  # re-asks after an unparseable reply
+    parse_failures: int = 0  # solutions scored 0: no reply could be parsed
+    request_errors: int = 0  # solutions scored 0: the API refused that one request (400/413/422)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class VerifierGrader:
+    """Deterministic grading of the extracted answer against `problem.ground_truth`.
+
+    Metrics: `exact` (equal after strip), `normalized` (see `normalize_answer`), `numeric`
+    (equal within 1e-6 relative; falls back to normalized when the label is not a number),
+    `char` (partial credit: equal characters position by position over the longer length,
+    after normalisation). The explanation always names the expected answer, because the teacher
+    reads it to learn what the student got wrong.
+    """
+
+    METRICS = ("exact", "normalized", "numeric", "char")
+
+    def __init__(self, metric: str = "normalized"):
+        if metric not in self.METRICS:
+            raise UserInputError(f"unknown verifier metric '{metric}'; choose one of {', '.join(self.METRICS)}")
+        self.metric = metric
+        self.stats = GraderStats()
+
+    def __repr__(self) -> str:
+        return f"VerifierGrader(metric={self.metric!r})"
+
+    async def grade(self, problem: Problem, solution: str) -> Grade:
+        return self.grade_now(problem, solution)
+
+    def grade_now(self, problem: Problem, solution: str) -> Grade:
+        """The same verdict synchronously (no I/O is involved)."""
+        self.stats.calls += 1
+        expected, answer = problem.ground_truth.strip(), extract_answer(solution or "")
+        detail = ""
+        if self.metric == "exact":
+            score = float(answer == expected)
+        elif self.metric == "char":
+            want, got = normalize_answer(expected), normalize_answer(answer)
+            longest = max(len(want), len(got))
+            same = sum(a == b for a, b in zip(want, got))
+            score = 1.0 if longest == 0 else same / longest
+            detail = f" ({same} of {longest} characters match)" if 0 < score < 1 else ""
+        else:
+            expected_value = _value_of(expected, lenient=False) if self.metric == "numeric" else None
+            if expected_value is None:
+                score = float(normalize_answer(answer) == normalize_answer(expected))
+            else:
+                got_value = _value_of(answer, lenient=True)
+                score = float(
+                    got_value is not None and math.isclose(got_value, expected_value, rel_tol=1e-6, abs_tol=1e-9)
+                )
+        prefix = "Correct. " if score == 1.0 else ""
+        explanation = f'{prefix}Expected "{_quote(expected)}"; got "{_quote(answer)}"{detail}.'
+        return Grade(score=score, explanation=explanation, parsed=True, raw=answer)
+
+
+# --------------------------------------------------------------------------- the LLM grader
+
+
+class GraderUnavailable(UserInputError):
+    """The grader API kept failing after every retry (or refused the configuration)."""
+
+
+REASK_MESSAGE = (
+    "Your reply did not contain a line `GRADE: <a number between 0 and 1>`. "
+    "Reply again in exactly the requested format: a GRADE line, then an EXPLANATION line."
+)
+_RETRYABLE_STATUS = {408, 409, 429}
+_PER_REQUEST_STATUS = {400, 413, 422}  # this one request was rejected (e.g. a too-long solution)
+
+
+def _retry_after_seconds(headers: Any) -> float | None:
+    """Seconds the server asked us to wait (`retry-after-ms` or `retry-after`), if it did."""
+    if headers is None:
+        return None
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / divisor
+        except ValueError:
+            continue  # an HTTP date: rare from LLM servers; fall back to our own backoff
+        if math.isfinite(seconds) and 0 <= seconds <= MAX_RETRY_AFTER_SECONDS:
+            return seconds
+    return None
+
+
+class OpenAIGrader:
+    """An LLM grader behind the OpenAI chat-completions API (OpenAI, vLLM, SGLang, ...).
+
+    The API key is read from the environment variable `api_key_env` only (when the client is
+    made), never kept in this object's own fields, shown by repr or put in an error. With `base_url` (a self-hosted server) and no key set, the
+    dummy key "EMPTY" is sent. A single bad reply never raises: an unparseable one is re-asked
+    up to `parse_retries` times, then scored 0 (parsed=False). API errors (429, 5xx, timeouts,
+    connection errors, malformed bodies) are retried `max_api_retries` times; after that
+    `GraderUnavailable` is raised, as it is at once for 401/403/404 (a configuration error).
+    A 400/413/422 refuses one request (say, a solution too long for the grader's context): it
+    scores 0 (parsed=False, counted in `request_errors`) once the API has answered at least one
+    request; before any success it means the configuration is wrong and raises.
+    `initial_backoff`/`max_backoff` shape the waits when the server sends no Retry-After.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        temperature: float = 0.0,
+        max_tokens: int = 512,
+        concurrency: int = 32,
+        parse_retries: int = 2,
+        request_timeout: float = 60.0,
+        max_api_retries: int = 5,
+        template: GraderPromptTemplate | None = None,
+        initial_backoff: float = 0.5,
+        max_backoff: float = 8.0,
+    ):
+        if not os.environ.get(api_key_env) and not base_url:
+            raise UserInputError(
+                f"the openai grader needs an API key: export it in ${api_key_env} (--grader-api-key-env), "
+                "or give --grader-base-url for a self-hosted server"
+            )
+        self.model, self.base_url, self.api_key_env = model, base_url, api_key_env
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.concurrency, self.parse_retries = max(1, int(concurrency)), max(0, int(parse_retries))
+        self.request_timeout, self.max_api_retries = request_timeout, max(0, int(max_api_retries))
+        self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
+        self.template = template if template is not None else GraderPromptTemplate()
+        self.stats = GraderStats()
+        # The client's connection pool and the semaphore belong to one event loop; a caller that
+        # runs asyncio.run() per step gets fresh ones instead of "attached to a different loop".
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Any = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._successes = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAIGrader(model={self.model!r}, base_url={self.base_url!r}, api_key_env={self.api_key_env!r}, "
+            f"concurrency={self.concurrency})"
+        )
+
+    __str__ = __repr__
+
+    def _where(self) -> str:
+        return self.base_url or "the OpenAI API"
+
+    def _api_key(self) -> str:
+        return os.environ.get(self.api_key_env) or "EMPTY"
+
+    def _resources(self) -> tuple[Any, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            try:
+                from openai import AsyncOpenAI  # lazy: the package imports without openai installed
+            except ImportError:
+                raise UserInputError("the openai grader needs the openai package: pip install 'slime-meta[api]'")
+            self._client = AsyncOpenAI(
+                api_key=self._api_key(), base_url=self.base_url, timeout=self.request_timeout, max_retries=0
+            )
+            self._semaphore = asyncio.Semaphore(self.concurrency)
+            self._loop = loop
+        return self._client, self._semaphore
+
+    async def aclose(self) -> None:
+        if self._client is not None and self._loop is asyncio.get_running_loop():
+            await self._client.close()
+        self._client = self._loop = self._semaphore = None
+
+    def _redact(self, text: str) -> str:
+        key = os.environ.get(self.api_key_env)
+        text = " ".join(str(text).split())
+        if key:
+            text = text.replace(key, "<redacted>")
+        return text[:MAX_QUOTED_CHARS]
+
+    def _unavailable(self, attempts: int, error: BaseException) -> GraderUnavailable:
+        status = getattr(error, "status_code", None)
+        detail = f"{type(error).__name__}" + (f" HTTP {status}" if status else "") + f": {self._redact(error)}"
+        return GraderUnavailable(
+            f"grader at {self._where()} (model {self.model}) failed after {attempts} attempt(s) ({detail}); "
+            f"check that the server is up and --grader-base-url / --grader-model are right, and that "
+            f"${self.api_key_env} holds a valid key"
+        )
+
+    async def _complete(self, client: Any, messages: list[dict]) -> str | None:
+        """One reply's text, retrying API errors. None: this one request was rejected."""
+        import openai
+
+        attempt = 0
+        while True:
+            try:
+                response = await client.chat.completions.create(
+                    model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens
+                )
+                choices = getattr(response, "choices", None)
+                if not choices or choices[0].message is None:
+                    raise ValueError("reply has no message")  # a malformed 200: retried like one
+                self._successes += 1
+                return choices[0].message.content or ""
+            except openai.APIStatusError as error:
+                status = error.status_code
+                if status in _PER_REQUEST_STATUS and self._successes > 0:
+                    return None  # the API works, it refused this one request
+                if status not in _RETRYABLE_STATUS and status < 500:
+                    raise self._unavailable(attempt + 1, error) from None
+                wait = _retry_after_seconds(error.response.headers)
+                last_error: BaseException = error
+            except (openai.APIConnectionError, openai.APIResponseValidationError, ValueError) as error:
+                # Timeouts are APIConnectionErrors; a 200 whose body is not JSON (JSONDecodeError)
+                # or not a completion (pydantic's ValidationError) is a ValueError.
+                wait, last_error = None, error
+            if attempt >= self.max_api_retries:
+                raise self._unavailable(attempt + 1, last_error) from None
+            if wait is None:
+                wait = min(self.initial_backoff * 2.0**attempt, self.max_backoff) * (1.0 - 0.25 * random.random())
+            attempt += 1
+            self.stats.api_retries += 1
+            await asyncio.sleep(wait)
+
+    async def grade(self, problem: Problem, solution: str) -> Grade:
+        client, semaphore = self._resources()
+        messages = list(self.template.build(problem, solution))
+        async with semaphore:
+            self.stats.calls += 1
+            for parse_attempt in range(self.parse_retries + 1):
+                reply = await self._complete(client, messages)
+                if reply is None:
+                    self.stats.request_errors += 1
+                    return Grade(score=0.0, explanation="the grader API rejected this request", parsed=False, raw="")
+                grade = parse_grade(reply, quoted=solution)
+                if grade.parsed:
+                    return grade
+                if parse_attempt < self.parse_retries:
+                    self.stats.parse_retries += 1
+                    messages = messages + [
+                        {"role": "assistant", "content": reply},
+                        {"role": "user", "content": REASK_MESSAGE},
+                    ]
+            self.stats.parse_failures += 1
+            return grade
+
+
+# --------------------------------------------------------------------------- choosing a grader
+
+GRADERS: dict[str, type] = {"verifier": VerifierGrader, "openai": OpenAIGrader}
+
+
+def default_grader_kind(api_key_env: str, base_url: str | None) -> str:
+    """The grader `--grader auto` picks: "openai" with a server or a key, else "verifier"."""
+    return "openai" if base_url or os.environ.get(api_key_env) else "verifier"
+
+
+def build_grader(kind: str, **kwargs: Any) -> VerifierGrader | OpenAIGrader:
+    """A grader by name ("verifier", "openai", or "auto").
+
+    Only the keyword arguments the chosen class accepts are passed on, so one call site can hand
+    over the whole grader configuration (a verifier ignores `model`, an LLM grader `metric`).
+    """
+    if kind == "auto":
+        kind = default_grader_kind(kwargs.get("api_key_env", "OPENAI_API_KEY"), kwargs.get("base_url"))
+    if kind not in GRADERS:
+        raise UserInputError(f"--grader {kind}: unknown grader; choose one of auto, {', '.join(GRADERS)}")
+    grader_class = GRADERS[kind]
+    accepted = inspect.signature(grader_class.__init__).parameters
+    return grader_class(**{name: value for name, value in kwargs.items() if name in accepted})

@@ -1,0 +1,84 @@
+"""Flags: the documented defaults, the frozen config, slime compatibility, one-line errors."""
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+
+from slime_meta.arguments import add_meta_learning_arguments, build_parser, parse_config
+from slime_meta.errors import UserInputError
+
+BASE = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl"]
+
+
+def test_defaults_match_the_documented_ones():
+    cfg = parse_config(BASE)
+    assert cfg.meta.num_inner_iterations == 3
+    assert cfg.meta.n_samples_per_inner_prompt == 4
+    assert cfg.meta.inner_loop_train_ratio == 0.75
+    assert cfg.meta.n_problems_per_prompt == 1
+    assert cfg.meta.holdout_advantage == "mean-then-normalize"
+    assert cfg.meta.additional_info_position == "prefix"
+    assert cfg.data.rubric_key == "rubric"
+    assert cfg.grader.grader_temperature == 0.0
+    assert cfg.sampling.teacher_temperature == 0.7
+    assert cfg.grader.grader_model == "gpt-4"
+    assert cfg.grader.grader_concurrency == 32
+    assert cfg.backend == "local"
+
+
+def test_config_is_frozen_and_saved_without_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-canary-123")
+    cfg = parse_config(BASE + ["--grader-model", "m", "--seed", "7"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.seed = 3  # type: ignore[misc]
+    cfg.save(tmp_path / "config.json")
+    text = (tmp_path / "config.json").read_text()
+    saved = json.loads(text)
+    assert saved["seed"] == 7 and saved["grader"]["grader_model"] == "m"
+    assert saved["grader"]["grader_api_key_env"] == "OPENAI_API_KEY"
+    assert "sk-canary-123" not in text
+
+
+def test_flags_slime_already_defines_are_skipped():
+    # slime's parse_args(add_custom_arguments=fn) hands us a parser that has --lr and --prompt-data.
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument("--prompt-data", nargs="+")
+    add_meta_learning_arguments(parser)
+    ns = parser.parse_args(["--prompt-data", "a", "b", "--num-inner-iterations", "2"])
+    assert ns.lr == 0.5 and ns.prompt_data == ["a", "b"] and ns.num_inner_iterations == 2
+
+
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--inner-loop-train-ratio", "1.0"], "--inner-loop-train-ratio"),
+        (["--inner-loop-train-ratio", "0"], "--inner-loop-train-ratio"),
+        (["--student-router-ip", "127.0.0.1"], "--student-router-port"),
+        (["--save-interval", "2"], "--save"),
+        (["--load", "/nonexistent/ckpt"], "--load"),
+        (["--lr", "-1"], "--lr"),
+        (["--teacher-temperature", "-0.1"], "--teacher-temperature"),
+    ],
+)
+def test_bad_flag_values_name_the_flag(extra, flag):
+    with pytest.raises(UserInputError) as info:
+        parse_config(BASE + extra)
+    assert flag in str(info.value) and "\n" not in str(info.value)
+
+
+def test_missing_required_flags():
+    with pytest.raises(UserInputError, match="--use-meta-learning"):
+        parse_config(["--prompt-data", "x.jsonl"])
+    with pytest.raises(UserInputError, match="--prompt-data"):
+        parse_config(["--use-meta-learning"])
+
+
+def test_argparse_errors_are_one_line_with_exit_code_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(BASE + ["--num-inner-iterations", "0"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--num-inner-iterations" in err

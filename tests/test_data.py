@@ -1,0 +1,277 @@
+"""Tests of loading problems and drawing reproducible episodes (slime_meta.data)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from slime_meta.data import ProblemSampler, load_problems, split_sizes
+from slime_meta.errors import UserInputError
+from slime_meta.types import Problem
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+SAMPLE_JSONL = DATA_DIR / "math_word_problems.jsonl"
+SAMPLE_PARQUET = DATA_DIR / "math_word_problems.parquet"
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+def user_error(call, *args, **kwargs) -> str:
+    """The message of the UserInputError the call raises (asserting that it is one line)."""
+    with pytest.raises(UserInputError) as caught:
+        call(*args, **kwargs)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def make_problems(count: int, groups: dict[str, int] | None = None) -> list[Problem]:
+    if groups is None:
+        return [Problem(uid=str(i), prompt=f"p{i}", label=str(i)) for i in range(count)]
+    problems = []
+    for name, size in groups.items():
+        problems += [Problem(uid=f"{name}-{i}", prompt=f"{name}{i}", label="x", group=name) for i in range(size)]
+    return problems
+
+
+def uids(episodes) -> list[list[list[str]]]:
+    return [[[p.uid for p in chunk] for chunk in e.train_chunks_P] + [[p.uid for p in e.holdout]] for e in episodes]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def test_sample_data_loads_the_same_from_all_three_formats(tmp_path):
+    from_jsonl = load_problems(SAMPLE_JSONL, group_key="topic")
+    from_parquet = load_problems(SAMPLE_PARQUET, group_key="topic")
+    rows = [json.loads(line) for line in SAMPLE_JSONL.read_text().splitlines()]
+    json_path = tmp_path / "problems.json"
+    json_path.write_text(json.dumps(rows))
+    from_json = load_problems(json_path, group_key="topic")
+    assert len(from_jsonl) >= 40
+    assert from_jsonl == from_parquet == from_json
+    assert {p.group for p in from_jsonl} == {"percent", "rates", "fractions", "area"}
+    assert all(p.rubric for p in from_jsonl)
+
+
+def test_labels_numbers_become_strings_and_dicts_stay_dicts(tmp_path):
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [{"prompt": "a", "label": 12}, {"prompt": "b", "label": 2.5}, {"prompt": "c", "label": {"answer": "x = 2"}}],
+    )
+    problems = load_problems(path)
+    assert [p.label for p in problems] == ["12", "2.5", {"answer": "x = 2"}]
+    assert problems[2].ground_truth == "x = 2"
+    # The parquet sample stores dict labels as JSON strings; they come back as dicts.
+    parquet_labels = {p.uid: p.label for p in load_problems(SAMPLE_PARQUET)}
+    assert parquet_labels["7"] == {"answer": "800", "unit": "dollars"}
+    assert load_problems(SAMPLE_PARQUET)[7].ground_truth == "800"
+
+
+def test_messages_column_joins_user_turns_and_input_key_wins(tmp_path):
+    chat = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "First part."},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "Second part."}]},
+    ]
+    path = write_jsonl(tmp_path / "m.jsonl", [{"messages": chat, "label": "1"}])
+    assert load_problems(path)[0].prompt == "First part.\n\nSecond part."
+    both = write_jsonl(tmp_path / "both.jsonl", [{"messages": chat, "prompt": "plain", "label": "1"}])
+    assert load_problems(both)[0].prompt == "plain"
+
+
+def test_uid_metadata_and_missing_rubric_column(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"id": "a7", "prompt": "p", "label": "1", "source": "book"}])
+    [problem] = load_problems(path, id_key="id")
+    assert problem.uid == "a7" and problem.rubric == "" and problem.metadata == {"source": "book"}
+    [by_index] = load_problems(path)
+    assert by_index.uid == "0" and by_index.metadata == {"id": "a7", "source": "book"}
+    [only] = load_problems(path, metadata_keys=["source"])
+    assert only.metadata == {"source": "book"}
+
+
+def test_file_level_errors(tmp_path):
+    assert "no such file" in user_error(load_problems, tmp_path / "missing.jsonl")
+    csv = tmp_path / "d.csv"
+    csv.write_text("prompt,label\n")
+    assert "use .parquet, .jsonl or .json" in user_error(load_problems, csv)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    message = user_error(load_problems, empty)
+    assert str(empty) in message and "no rows" in message
+
+
+def test_unparseable_jsonl_line_is_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt": "a", "label": "1"}\n\n{"prompt": "b", "label": \n')
+    message = user_error(load_problems, path)
+    assert str(path) in message and "line 3" in message
+
+
+def test_missing_columns_name_the_available_ones_and_the_flag(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "1"}])
+    message = user_error(load_problems, path)
+    assert "'prompt'" in message and "question, answer" in message and "--input-key" in message
+    message = user_error(load_problems, path, input_key="question")
+    assert "'label'" in message and "--label-key" in message
+    message = user_error(load_problems, path, input_key="question", label_key="answer", group_key="topic")
+    assert "'topic'" in message and "--group-key" in message
+    assert load_problems(path, input_key="question", label_key="answer")[0].ground_truth == "1"
+
+
+def test_rows_without_text_or_label_are_named(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "ok", "label": "1"}, {"prompt": "  ", "label": "1"}])
+    message = user_error(load_problems, path)
+    assert str(path) in message and "line 2" in message and "'prompt'" in message
+    path = write_jsonl(tmp_path / "e.jsonl", [{"prompt": "ok", "label": "1"}, {"prompt": "b", "label": None}])
+    message = user_error(load_problems, path)
+    assert "line 2" in message and "'label'" in message
+    parquet = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b", "c"], "label": ["1", "2", ""]}), parquet)
+    message = user_error(load_problems, parquet)
+    assert str(parquet) in message and "row 2 (0-based)" in message and "'label'" in message
+
+
+def test_bad_messages_and_empty_group_are_named(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"messages": ["just a string"], "label": "1"}])
+    message = user_error(load_problems, path)
+    assert "line 1" in message and "'messages'" in message and "content" in message
+    path = write_jsonl(tmp_path / "g.jsonl", [{"prompt": "a", "label": "1", "topic": None}])
+    message = user_error(load_problems, path, group_key="topic")
+    assert "line 1" in message and "'topic'" in message
+
+
+def test_duplicate_ids_are_an_error(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"id": 1, "prompt": "a", "label": "1"}, {"id": 1, "prompt": "b", "label": "2"}])
+    message = user_error(load_problems, path, id_key="id")
+    assert "line 2" in message and "line 1" in message
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def test_split_sizes():
+    assert split_sizes(num_prompts=4, problems_per_prompt=2, train_ratio=0.8, heldout_ipb=None) == (8, 2)
+    assert split_sizes(num_prompts=4, problems_per_prompt=2, train_ratio=0.5, heldout_ipb=None) == (8, 8)
+    assert split_sizes(num_prompts=1, problems_per_prompt=1, train_ratio=0.99, heldout_ipb=None) == (1, 1)
+    assert split_sizes(num_prompts=3, problems_per_prompt=1, train_ratio=0.5, heldout_ipb=5) == (3, 5)
+    assert "--inner-loop-train-ratio" in user_error(
+        split_sizes, num_prompts=1, problems_per_prompt=1, train_ratio=0.0, heldout_ipb=None
+    )
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def test_no_group_episode_shape_and_distinct_problems():
+    sampler = ProblemSampler(make_problems(20), seed=1)
+    [episode] = sampler.next_episodes(num_prompts=3, problems_per_prompt=2, num_holdout=4)
+    assert [len(chunk) for chunk in episode.train_chunks_P] == [2, 2, 2] and len(episode.holdout) == 4
+    drawn = [p.uid for chunk in episode.train_chunks_P for p in chunk] + [p.uid for p in episode.holdout]
+    assert len(set(drawn)) == 10
+
+
+def test_sampler_is_deterministic_and_seed_dependent():
+    def draw(seed: int):
+        sampler = ProblemSampler(make_problems(30), seed=seed)
+        return [uids(sampler.next_episodes(num_prompts=2, problems_per_prompt=2, num_holdout=1)) for _ in range(8)]
+
+    assert draw(5) == draw(5)
+    assert draw(5) != draw(6)
+
+
+def test_no_shuffle_uses_file_order():
+    sampler = ProblemSampler(make_problems(6), seed=0, shuffle=False)
+    assert uids(sampler.next_episodes(num_prompts=2, problems_per_prompt=1, num_holdout=2)) == [[["0"], ["1"], ["2", "3"]]]
+
+
+def test_epochs_wrap_and_cover_every_problem_once_per_epoch():
+    sampler = ProblemSampler(make_problems(10), seed=3)
+    drawn = []
+    for _ in range(6):  # 6 steps x 5 problems = 3 epochs of 10
+        [episode] = sampler.next_episodes(num_prompts=2, problems_per_prompt=2, num_holdout=1)
+        step = [p.uid for chunk in episode.train_chunks_P for p in chunk] + [p.uid for p in episode.holdout]
+        assert len(set(step)) == 5
+        drawn += step
+    assert sampler.epoch == 2  # 0-based: the third epoch, just used up (the next draw starts epoch 3)
+    epochs = [drawn[0:10], drawn[10:20], drawn[20:30]]
+    assert all(sorted(epoch, key=int) == [str(i) for i in range(10)] for epoch in epochs)
+    assert epochs[0] != epochs[1]  # a new order each epoch
+
+
+def test_a_step_across_an_epoch_boundary_has_no_repeats():
+    sampler = ProblemSampler(make_problems(7), seed=11)
+    for _ in range(20):
+        [episode] = sampler.next_episodes(num_prompts=1, problems_per_prompt=3, num_holdout=2)
+        step = [p.uid for p in episode.train_chunks_P[0]] + [p.uid for p in episode.holdout]
+        assert len(set(step)) == 5
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_resuming_from_a_saved_state_draws_the_same_batches(grouped):
+    problems = make_problems(0, {"a": 5, "b": 6, "c": 4}) if grouped else make_problems(13)
+    sizes = dict(num_prompts=2, problems_per_prompt=2, num_holdout=1)
+    original = ProblemSampler(problems, seed=9, group_key_used=grouped)
+    for _ in range(3):
+        original.next_episodes(**sizes)
+    state = json.loads(json.dumps(original.state_dict()))  # what a checkpoint stores
+    expected = [uids(original.next_episodes(**sizes)) for _ in range(2)]
+    resumed = ProblemSampler(problems, seed=12345, group_key_used=grouped)  # the saved seed wins
+    resumed.load_state_dict(state)
+    assert [uids(resumed.next_episodes(**sizes)) for _ in range(2)] == expected
+
+
+def test_loading_a_state_from_another_dataset_is_refused():
+    state = ProblemSampler(make_problems(10), seed=0).state_dict()
+    message = user_error(ProblemSampler(make_problems(11), seed=0).load_state_dict, state)
+    assert "different dataset" in message
+
+
+def test_group_mode_keeps_train_and_holdout_in_one_family_and_disjoint():
+    problems = make_problems(0, {"percent": 6, "rates": 5, "area": 7})
+    sampler = ProblemSampler(problems, seed=2, group_key_used=True)
+    families_seen = []
+    for _ in range(5):
+        episodes = sampler.next_episodes(num_prompts=2, problems_per_prompt=2, num_holdout=2)
+        assert len(episodes) == 2
+        for episode in episodes:
+            [train] = episode.train_chunks_P
+            groups = {p.group for p in train} | {p.group for p in episode.holdout}
+            assert len(groups) == 1
+            assert not {p.uid for p in train} & {p.uid for p in episode.holdout}
+            families_seen.append(groups.pop())
+    assert set(families_seen) == {"percent", "rates", "area"}
+    # Each epoch of the family order visits every family once.
+    assert sorted(families_seen[:3]) == ["area", "percent", "rates"]
+
+
+def test_group_mode_on_the_sample_data():
+    problems = load_problems(SAMPLE_JSONL, group_key="topic")
+    sampler = ProblemSampler(problems, seed=0, group_key_used=True)
+    episodes = sampler.next_episodes(num_prompts=4, problems_per_prompt=3, num_holdout=3)
+    assert sorted(e.holdout[0].group for e in episodes) == ["area", "fractions", "percent", "rates"]
+
+
+def test_validate_names_the_small_family_and_the_numbers():
+    sampler = ProblemSampler(make_problems(0, {"big": 8, "tiny": 3}), seed=0, group_key_used=True)
+    sampler.validate(2, 1, num_prompts=5)
+    message = user_error(sampler.validate, 2, 2, 1)
+    assert "'tiny'" in message and "has 3 problems" in message and "needs 4" in message
+    with pytest.raises(UserInputError):
+        sampler.next_episodes(num_prompts=1, problems_per_prompt=3, num_holdout=1)
+    flat = ProblemSampler(make_problems(9), seed=0)
+    message = user_error(flat.validate, 2, 2, 4)
+    assert "has 9 problems" in message and "needs 10" in message
+
+
+def test_group_mode_needs_groups():
+    with pytest.raises(UserInputError):
+        ProblemSampler(make_problems(4), seed=0, group_key_used=True)
