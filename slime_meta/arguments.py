@@ -244,7 +244,8 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--rollout-num-gpus-per-engine", type=_positive_int, default=1)
     add("--actor-num-nodes", type=_positive_int, default=1)
     add("--actor-num-gpus-per-node", type=int, default=0)
-    add("--teacher-port", type=int, default=None, help="Port of the teacher's router (local: where to start it).")
+    add("--teacher-port", type=int, default=None,
+        help="Local: first port of the teacher pool (workers take it and the next ones, then the router); default: free ports.")
     add("--student-checkpoint", default=None, help="A separate, frozen student pool from this checkpoint.")
     add("--student-num-gpus", type=int, default=None)
     add("--student-num-gpus-per-engine", type=_positive_int, default=1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from helpers_tiny import make_random_tiny_checkpoint
 
 

@@ -37,17 +37,19 @@ async def _run(cfg: MetaConfig) -> Path:
     run_dir = C.prepare_run_dir(cfg)  # only once the input is known to be good
     device, weights_root = cfg.pools.device, run_dir / "weights"
 
-    with LocalProcessGroup(log_dir=run_dir / "logs", host=cfg.pools.host) as processes:
+    logs = str(run_dir / "logs")
+    with LocalProcessGroup(host=cfg.pools.host) as processes:
         teacher_endpoints = processes.start_pool(
             "teacher", teacher_model, cfg.pools.local_num_workers, device=device,
-            weights_root=weights_root, router_port=cfg.pools.teacher_port,
+            weights_root=str(weights_root), log_dir=logs, base_port=cfg.pools.teacher_port,
         )
         if external_student_url:
             student_url = external_student_url
         elif cfg.pools.student_checkpoint:
             student_model = C.check_model_dir(cfg.pools.student_checkpoint, "--student-checkpoint")
             student_url = processes.start_pool(
-                "student", student_model, cfg.pools.local_student_num_workers, device=device, weights_root=None
+                "student", student_model, cfg.pools.local_student_num_workers, device=device,
+                weights_root=None, log_dir=logs,
             ).router_url
         else:
             student_url = teacher_endpoints.router_url  # shared pool: the same, evolving model

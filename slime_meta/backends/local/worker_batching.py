@@ -29,14 +29,19 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
-from transformers.cache_utils import DynamicLayer
 
-from slime_meta.backends.local.worker_protocol import FinishedGeneration, GenerationSpec, render_output_text
+from slime_meta.backends.local.worker_cache import (
+    drop_leading_columns,
+    join_caches,
+    left_pad_columns,
+    supports_row_surgery,
+)
+from slime_meta.backends.local.worker_rows import GenerationJob, RowState
 from slime_meta.backends.local.worker_sampling import RowSampling, choose_next_tokens, prompt_logprobs
 
 logger = logging.getLogger(__name__)
@@ -48,40 +53,8 @@ _MAX_SCORING_LOGIT_ELEMENTS = 1 << 28
 
 
 @dataclass
-class GenerationJob:
-    """A request in flight. `on_done` is called exactly once, from the generation thread."""
-
-    spec: GenerationSpec
-    on_done: Callable[[FinishedGeneration | BaseException], None]
-    received_at: float = field(default_factory=time.monotonic)
-    cancelled: bool = False  # set by the HTTP side when the client has gone away
-    _settled: bool = False
-
-    def settle(self, outcome: FinishedGeneration | BaseException) -> None:
-        if not self._settled:
-            self._settled = True
-            self.on_done(outcome)
-
-
-class _Row:
-    """One job's generation state inside the running batch."""
-
-    def __init__(self, job: GenerationJob):
-        self.job = job
-        self.output_ids: list[int] = []
-        self.output_logprobs: list[float] = []
-        self.output_top_logprobs: list[list[tuple[float, int]]] = []
-        self.input_logprobs: list[float | None] = []
-        self.input_top_logprobs: list[list[tuple[float, int]] | None] = []
-        stops = job.spec.sampling.stop
-        # Tokens to decode when looking for a stop string: generous, since one character can
-        # take several byte-level tokens.
-        self.stop_window = 4 * max((len(s) for s in stops), default=0) + 4
-
-
-@dataclass
 class _RunningBatch:
-    rows: list[_Row]
+    rows: list[RowState]
     cache: Any  # transformers Cache holding every row's tokens except its newest one
     attention_mask: torch.Tensor  # (B, cache length) int64; 0 marks left padding
     next_positions: torch.Tensor  # (B,) int64: position id of each row's newest token
@@ -128,6 +101,7 @@ class GenerationEngine:
         self._abort_message: str | None = None
         self._thread = threading.Thread(target=self._run, name="generation-loop", daemon=True)
         self.weight_version = weight_version
+        self.running_rows = 0  # written by the generation thread, read for /get_server_info
         self.counters = {"requests_finished": 0, "tokens_generated": 0, "prefill_batches": 0, "decode_steps": 0}
         self._can_join = self._probe_cache_is_joinable()
 
@@ -169,7 +143,7 @@ class GenerationEngine:
             self._abort_message = message
             self._condition.notify_all()
         for job in waiting:
-            self._finish(_Row(job), {"type": "abort", "message": message})
+            self._finish(RowState(job), {"type": "abort", "message": message})
 
     def queue_depth(self) -> int:
         return len(self._waiting)
@@ -204,14 +178,13 @@ class GenerationEngine:
                 running = None
                 if self._device.type == "cuda":
                     torch.cuda.empty_cache()
+            self.running_rows = len(running.rows) if running is not None else 0
         self._shut_down(running)
 
     def _take_work(self, running_rows: int) -> tuple[list[GenerationJob], _ControlOp | None, str | None]:
         """Block until there is work; returns (jobs to admit, op to run now, abort message)."""
         with self._condition:
-            while not (
-                self._stopping or self._waiting or self._control_ops or running_rows or self._abort_message
-            ):
+            while not (self._stopping or self._waiting or self._control_ops or running_rows or self._abort_message):
                 self._condition.wait()
             abort_message, self._abort_message = self._abort_message, None
             if self._stopping:
@@ -272,16 +245,12 @@ class GenerationEngine:
         with torch.inference_mode():
             probe = torch.tensor([[self._pad_token_id]], device=self._device)
             cache = self._model(input_ids=probe, use_cache=True).past_key_values
-        layers = getattr(cache, "layers", None)
-        joinable = bool(layers) and all(
-            type(layer) is DynamicLayer and getattr(layer, "keys", None) is not None and layer.keys.dim() == 4
-            for layer in layers
-        )
-        if not joinable:
+        if not supports_row_surgery(cache):
             logger.warning("cache type %s cannot be joined: static batching only", type(cache).__name__)
-        return joinable
+            return False
+        return True
 
-    def _row_sampling(self, rows: Sequence[_Row]) -> RowSampling:
+    def _row_sampling(self, rows: Sequence[RowState]) -> RowSampling:
         return RowSampling.from_params(
             [row.job.spec.sampling for row in rows],
             [row.job.spec.top_logprobs_num for row in rows],
@@ -304,7 +273,7 @@ class GenerationEngine:
         to_prefill = []
         for job in jobs:
             if job.spec.sampling.max_new_tokens == 0 and not job.spec.wants_input_logprobs:
-                self._finish(_Row(job), {"type": "length", "length": 0})  # nothing to compute
+                self._finish(RowState(job), {"type": "length", "length": 0})  # nothing to compute
             else:
                 to_prefill.append(job)
         scoring = [job for job in to_prefill if job.spec.wants_input_logprobs]
@@ -335,7 +304,7 @@ class GenerationEngine:
         return chunks + [current] if current else chunks
 
     def _prefill(self, jobs: list[GenerationJob], all_logits: bool) -> _RunningBatch | None:
-        rows = [_Row(job) for job in jobs]
+        rows = [RowState(job) for job in jobs]
         lengths = [len(job.spec.input_ids) for job in jobs]
         width = max(lengths)
         padded = [[self._pad_token_id] * (width - n) + list(job.spec.input_ids) for job, n in zip(jobs, lengths)]
@@ -358,7 +327,7 @@ class GenerationEngine:
         return self._advance(batch, output.logits[:, -1, :], from_prefill=True)
 
     @staticmethod
-    def _record_prompt_logprobs(row: _Row, logits: torch.Tensor, input_ids: torch.Tensor, padding: int) -> None:
+    def _record_prompt_logprobs(row: RowState, logits: torch.Tensor, input_ids: torch.Tensor, padding: int) -> None:
         spec = row.job.spec
         first_scored = max(spec.logprob_start_len, 1)  # position 0 has nothing before it
         start, end = padding + first_scored, input_ids.shape[0]
@@ -393,50 +362,23 @@ class GenerationEngine:
             if from_prefill and spec.sampling.max_new_tokens == 0:  # a scoring-only request
                 self._finish(row, {"type": "length", "length": 0})
                 continue
-            token = token_ids[index]
-            row.output_ids.append(token)
+            row.record_token(
+                token_ids[index],
+                logprobs[index],
+                top_values[index] if top_values is not None else None,
+                top_ids[index] if top_ids is not None else None,
+            )
             self.counters["tokens_generated"] += 1
-            if spec.return_logprob:
-                row.output_logprobs.append(logprobs[index])
-                if spec.top_logprobs_num > 0 and top_values is not None and top_ids is not None:
-                    count = spec.top_logprobs_num
-                    row.output_top_logprobs.append(list(zip(top_values[index][:count], top_ids[index][:count])))
-            finish_reason = self._finish_reason(row, token)
+            finish_reason = row.finish_reason(self._eos_token_ids, self._decode)
             if finish_reason is None:
                 keep.append(index)
             else:
                 self._finish(row, finish_reason)
         return self._compact(batch, keep)
 
-    def _finish_reason(self, row: _Row, token: int) -> dict[str, Any] | None:
-        sampling = row.job.spec.sampling
-        if token in sampling.stop_token_ids or (not sampling.ignore_eos and token in self._eos_token_ids):
-            return {"type": "stop", "matched": token}
-        if sampling.stop:
-            tail = self._decode(row.output_ids[-row.stop_window :], sampling.skip_special_tokens)
-            found = [(tail.find(stop), stop) for stop in sampling.stop if stop in tail]
-            if found:
-                return {"type": "stop", "matched": min(found)[1]}
-        if len(row.output_ids) >= sampling.max_new_tokens:
-            return {"type": "length", "length": len(row.output_ids)}
-        return None
-
-    def _finish(self, row: _Row, finish_reason: dict[str, Any]) -> None:
-        spec = row.job.spec
-        result = FinishedGeneration(
-            spec=spec,
-            output_ids=row.output_ids,
-            finish_reason=finish_reason,
-            text=render_output_text(self._decode, row.output_ids, finish_reason, spec.sampling),
-            weight_version=self.weight_version,
-            e2e_latency=time.monotonic() - row.job.received_at,
-            output_logprobs=row.output_logprobs,
-            output_top_logprobs=row.output_top_logprobs,
-            input_logprobs=row.input_logprobs,
-            input_top_logprobs=row.input_top_logprobs,
-        )
+    def _finish(self, row: RowState, finish_reason: dict[str, Any]) -> None:
         self.counters["requests_finished"] += 1
-        row.job.settle(result)
+        row.job.settle(row.result(finish_reason, self._decode, self.weight_version))
 
     def _compact(self, batch: _RunningBatch, keep: list[int]) -> _RunningBatch | None:
         if not keep:
@@ -449,7 +391,9 @@ class GenerationEngine:
         if self._can_join:
             mask = self._trim_unused_columns(batch.cache, mask)
         rows = [batch.rows[i] for i in keep]
-        return _RunningBatch(rows, batch.cache, mask, batch.next_positions.index_select(0, index), self._row_sampling(rows))
+        return _RunningBatch(
+            rows, batch.cache, mask, batch.next_positions.index_select(0, index), self._row_sampling(rows)
+        )
 
     @staticmethod
     def _trim_unused_columns(cache: Any, mask: torch.Tensor) -> torch.Tensor:
@@ -457,30 +401,20 @@ class GenerationEngine:
         first_used = int(mask.any(dim=0).to(torch.int8).argmax())
         if first_used == 0:
             return mask
-        for layer in cache.layers:
-            layer.keys = layer.keys[:, :, first_used:, :]
-            layer.values = layer.values[:, :, first_used:, :]
+        drop_leading_columns(cache, first_used)
         return mask[:, first_used:]
 
     def _join(self, older: _RunningBatch, newer: _RunningBatch) -> _RunningBatch:
         """Merge two batches by left-padding the shorter cache (positions are per row, so safe)."""
-        width = max(older.attention_mask.shape[1], newer.attention_mask.shape[1])
-
-        def left_pad(tensor: torch.Tensor, current_width: int, seq_dim_from_end: int) -> torch.Tensor:
-            missing = width - current_width
-            if missing == 0:
-                return tensor
-            return F.pad(tensor, (0, 0) * (seq_dim_from_end - 1) + (missing, 0))
-
         older_width, newer_width = older.attention_mask.shape[1], newer.attention_mask.shape[1]
-        for older_layer, newer_layer in zip(older.cache.layers, newer.cache.layers):
-            older_layer.keys = torch.cat(
-                [left_pad(older_layer.keys, older_width, 2), left_pad(newer_layer.keys, newer_width, 2)]
-            )
-            older_layer.values = torch.cat(
-                [left_pad(older_layer.values, older_width, 2), left_pad(newer_layer.values, newer_width, 2)]
-            )
-        mask = torch.cat([left_pad(older.attention_mask, older_width, 1), left_pad(newer.attention_mask, newer_width, 1)])
+        width = max(older_width, newer_width)
+        cache = join_caches(older.cache, older_width, newer.cache, newer_width)
+        mask = torch.cat(
+            [
+                left_pad_columns(older.attention_mask, width - older_width, 1),
+                left_pad_columns(newer.attention_mask, width - newer_width, 1),
+            ]
+        )
         rows = older.rows + newer.rows
         next_positions = torch.cat([older.next_positions, newer.next_positions])
-        return _RunningBatch(rows, older.cache, mask, next_positions, self._row_sampling(rows))
+        return _RunningBatch(rows, cache, mask, next_positions, self._row_sampling(rows))

@@ -22,7 +22,13 @@ from slime_meta.backends.local.worker_protocol import (
     parse_sampling_params,
 )
 
-_OPENAI_TO_SAMPLING = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop": "stop"}
+_OPENAI_TO_SAMPLING = {
+    "max_tokens": "max_new_tokens",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "stop": "stop",
+}
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,9 @@ def _message_text(message: Any) -> str:
     return content
 
 
-def add_openai_routes(app: web.Application, context: OpenAIContext, read_json: Callable[[web.Request], Awaitable[Any]]) -> None:
+def add_openai_routes(
+    app: web.Application, context: OpenAIContext, read_json: Callable[[web.Request], Awaitable[Any]]
+) -> None:
     async def completions(request: web.Request) -> web.Response:
         body = await read_json(request)
         if not isinstance(body, dict) or "prompt" not in body:
@@ -146,7 +154,10 @@ def add_openai_routes(app: web.Application, context: OpenAIContext, read_json: C
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response(
-            {"object": "list", "data": [{"id": context.model_name, "object": "model", "created": 0, "owned_by": "slime-meta"}]}
+            {
+                "object": "list",
+                "data": [{"id": context.model_name, "object": "model", "created": 0, "owned_by": "slime-meta"}],
+            }
         )
 
     app.router.add_post("/v1/completions", completions)

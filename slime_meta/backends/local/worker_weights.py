@@ -33,7 +33,9 @@ def resolve_update_path(model_path: str, weights_root: str | None) -> Path:
     if weights_root is not None:
         root = os.path.realpath(weights_root)
         if os.path.commonpath([real_path, root]) != root:
-            raise WeightUpdateError(f"refusing to load weights from {model_path}: it is outside the weights root {root}")
+            raise WeightUpdateError(
+                f"refusing to load weights from {model_path}: it is outside the weights root {root}"
+            )
     if not os.path.isdir(real_path):
         raise WeightUpdateError(f"{model_path} is not a directory")
     return Path(real_path)
@@ -59,7 +61,9 @@ def _check_fits(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> Non
         )
     # Tied weights (lm_head = embeddings) are saved once; they are covered if their storage is.
     loaded_storage = {targets[name].data_ptr() for name in tensors}
-    missing = sorted(name for name, target in targets.items() if name not in tensors and target.data_ptr() not in loaded_storage)
+    missing = sorted(
+        name for name, target in targets.items() if name not in tensors and target.data_ptr() not in loaded_storage
+    )
     if missing:
         raise WeightUpdateError(f"{len(missing)} tensor(s) of the running model are missing, e.g. {missing[:3]}")
     for name, tensor in tensors.items():

@@ -1,0 +1,141 @@
+"""`train.py` end to end: real worker processes behind the real sglang-router, a real small model.
+
+The model is the random-init tiny Llama of `helpers_tiny` (what it writes is noise, which is all
+these tests need: they check the plumbing, not learning). Each run starts and stops its own
+processes; afterwards none may be left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED_METRICS = (
+    "meta_learning/inner_loop_time",
+    "meta_learning/avg_inner_grade",
+    "meta_learning/avg_holdout_grade",
+    "meta_learning/num_train_problems",
+    "meta_learning/num_holdout_evals",
+)
+
+
+def synthetic_args(checkpoint: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--use-meta-learning",
+        "--hf-checkpoint", str(checkpoint),
+        "--prompt-data", str(ROOT / "data/synthetic_suffix.jsonl"),
+        "--group-key", "family", "--rollout-shuffle",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "3",
+        "--n-problems-per-prompt", "2", "--heldout-ipb", "2",
+        "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
+        "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+        "--teacher-temperature", "1.0", "--teacher-max-tokens", "4", "--rollout-max-response-len", "8",
+        "--grader", "verifier", "--verifier-metric", "char",
+        "--lr", "1e-3", "--trace-sample-rate", "0.5", "--seed", "3",
+        "--run-dir", str(run_dir),
+        *extra,
+    ]  # fmt: skip
+
+
+def run_train(args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("OPENAI_API_KEY", None)  # the verifier, whatever the developer's shell holds
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and int(entry.name) != os.getpid():
+                pids.append(int(entry.name))
+    return pids
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def batches(run_dir: Path) -> dict[int, list]:
+    return {r["rollout_id"]: r["episodes"] for r in read_jsonl(run_dir / "traces.jsonl") if r["type"] == "batch"}
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_checkpoint, tmp_path_factory):
+    """Three outer steps with a checkpoint after each, the reference for the tests below."""
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    result = run_train(
+        synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "3", "--save", str(run_dir / "ckpt"), "--save-interval", "1")
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir, result
+
+
+def test_outer_steps_write_metrics_traces_plot_config_and_checkpoint(full_run):
+    run_dir, result = full_run
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for record in records:
+        for name in SEED_METRICS:
+            assert isinstance(record[name], float), name
+        assert record["meta_learning/num_train_problems"] == 4.0  # 2 prompts x k=2
+        assert record["meta_learning/num_holdout_evals"] == 2 * 3 * 2  # prompts x G x holdout
+        assert record["train/logprob_abs_diff"] < 1e-3  # trained on the very tokens the engine sampled
+        assert 0.0 <= record["meta_learning/avg_holdout_grade"] <= 1.0
+    chains = [r for r in read_jsonl(run_dir / "traces.jsonl") if r["type"] == "chain"]
+    assert chains, "trace sample rate 0.5 must trace some chains"
+    first = chains[0]["steps"][0]
+    assert {"info_in", "attempts", "teacher_prompt", "teacher_response", "info_out"} <= set(first)
+    assert "holdout" in chains[0]["steps"][-1]
+    assert (run_dir / "holdout.png").stat().st_size > 1000
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["meta"]["num_inner_iterations"] == 2 and config["seed"] == 3
+    assert (run_dir / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert (run_dir / "ckpt" / "iter_0000003" / "model" / "model.safetensors").is_file()
+    assert "step 2: holdout" in result.stdout
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def test_resume_draws_the_batches_an_uninterrupted_run_would(full_run, tiny_checkpoint, tmp_path):
+    reference_dir, _ = full_run
+    # A run that stopped after step 2: its checkpoint directory holds iter 2 as the latest.
+    stopped = tmp_path / "stopped-ckpt"
+    stopped.mkdir()
+    shutil.copytree(reference_dir / "ckpt" / "iter_0000002", stopped / "iter_0000002")
+    (stopped / "latest_checkpointed_iteration.txt").write_text("2\n")
+
+    run_dir = tmp_path / "resumed"
+    result = run_train(synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "3", "--load", str(stopped)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [2]
+    assert batches(run_dir)[2] == batches(reference_dir)[2]
+
+
+def test_separate_student_pool_is_started_and_used(tiny_checkpoint, tmp_path):
+    run_dir = tmp_path / "separate"
+    result = run_train(
+        synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "1", "--student-checkpoint", str(tiny_checkpoint))
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = read_jsonl(run_dir / "metrics.jsonl")
+    # Teacher pool: only teacher calls (2 prompts x G=3 x K=2); student pool: every attempt.
+    assert record["pool/teacher_requests"] == 2 * 3 * 2
+    attempts = 2 * 3 * (2 * 2 * 2 + 2)  # prompts x G x (K x k x m + holdout)
+    control = 2 * 2
+    assert record["pool/student_requests"] == attempts + control
+    assert (run_dir / "logs" / "student-worker-0.log").is_file()
+    assert processes_mentioning(str(run_dir)) == []

@@ -1,0 +1,511 @@
+"""The embedded worker over real HTTP, checked against an independent Hugging Face forward pass.
+
+One worker process serves the whole module (starting one costs seconds). The weight-update
+test puts the original weights back before it ends, so test order does not matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STARTUP_TIMEOUT_S = 120
+# The same checks can run against a GPU worker (the reference stays on the CPU, in float32).
+WORKER_DEVICE = os.environ.get("SLIME_META_TEST_WORKER_DEVICE", "cpu")
+
+
+def post(url: str, body: Any, raw: bytes | None = None) -> tuple[int, Any]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+@pytest.fixture(scope="module")
+def weights_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("weights-root")
+
+
+@pytest.fixture(scope="module")
+def worker_url(tiny_checkpoint: Path, weights_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
+    command = [
+        sys.executable, "-m", "slime_meta.backends.local.worker", "--model-path", str(tiny_checkpoint),
+        "--host", "127.0.0.1", "--port", "0", "--device", WORKER_DEVICE, "--dtype", "float32",
+        "--weights-root", str(weights_root),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
+    ready_line: list[str] = []
+    reader = threading.Thread(target=lambda: ready_line.append(process.stdout.readline().decode()), daemon=True)
+    reader.start()
+    reader.join(STARTUP_TIMEOUT_S)
+    try:
+        assert ready_line and ready_line[0].startswith("worker ready on http://127.0.0.1:"), log_path.read_text()
+        yield ready_line[0].split()[-1]
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def reference_model(tiny_checkpoint: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_checkpoint)
+
+
+def full_logprobs(model, ids: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """log_softmax(logits / T) at every position of `ids`, computed without any cache or padding."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits / temperature, dim=-1)
+
+
+def greedy(url: str, ids: list[int], max_new_tokens: int) -> list[int]:
+    status, body = post(
+        f"{url}/generate",
+        {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}},
+    )
+    assert status == 200, body
+    return body["output_ids"]
+
+
+def test_health_and_info_endpoints(worker_url: str, tiny_checkpoint: Path) -> None:
+    assert get(f"{worker_url}/health")[0] == 200
+    assert get(f"{worker_url}/health_generate")[0] == 200
+    for path in ("/get_model_info", "/model_info"):
+        status, raw = get(worker_url + path)
+        info = json.loads(raw)
+        assert status == 200 and info["model_path"] == str(tiny_checkpoint) and info["is_generation"] is True
+        assert {"tokenizer_path", "preferred_sampling_params", "weight_version"} <= set(info)
+    status, raw = get(f"{worker_url}/get_server_info")
+    assert status == 200 and {"max_batch_size", "device", "dtype", "num_generate_requests"} <= set(json.loads(raw))
+    assert get(f"{worker_url}/flush_cache")[0] == 200
+
+
+def test_generate_single_and_batched(worker_url: str, tokenizer) -> None:
+    sampling = {"max_new_tokens": 7, "temperature": 0, "ignore_eos": True}
+    status, single = post(f"{worker_url}/generate", {"text": "hello", "sampling_params": sampling})
+    assert status == 200
+    assert len(single["output_ids"]) == 7
+    assert single["text"] == tokenizer.decode(single["output_ids"], skip_special_tokens=True)
+    meta = single["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 7}
+    assert meta["prompt_tokens"] == 5 and meta["completion_tokens"] == 7 and meta["cached_tokens"] == 0
+    assert {"id", "weight_version", "e2e_latency"} <= set(meta)
+
+    status, batch = post(
+        f"{worker_url}/generate", {"text": ["hello", "a", "longer prompt"], "sampling_params": sampling}
+    )
+    assert status == 200 and isinstance(batch, list) and len(batch) == 3
+    assert [r["meta_info"]["prompt_tokens"] for r in batch] == [5, 1, 13]
+    assert batch[0]["output_ids"] == single["output_ids"]
+
+    ids = [tokenizer.encode(t) for t in ("xy", "hello world")]
+    status, by_ids = post(
+        f"{worker_url}/generate",
+        {"input_ids": ids, "sampling_params": [sampling, {**sampling, "max_new_tokens": 3}], "rid": ["a", "b"]},
+    )
+    assert status == 200
+    assert [len(r["output_ids"]) for r in by_ids] == [7, 3]
+    assert [r["meta_info"]["id"] for r in by_ids] == ["a", "b"]
+
+
+def test_greedy_under_concurrency_equals_alone(worker_url: str, tokenizer, reference_model) -> None:
+    prompts = [tokenizer.encode("p" + "abcdefghij"[: i % 10] + str(i) * (i % 4)) for i in range(20)]
+    lengths = [3 + (i * 7) % 13 for i in range(20)]
+    alone = [greedy(worker_url, ids, n) for ids, n in zip(prompts, lengths)]
+    assert alone[0] == greedy(worker_url, prompts[0], lengths[0])  # deterministic
+
+    async def all_at_once() -> list[list[int]]:
+        async with aiohttp.ClientSession() as session:
+
+            async def one(ids: list[int], n: int) -> list[int]:
+                body = {
+                    "input_ids": ids,
+                    "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+                }
+                async with session.post(f"{worker_url}/generate", json=body) as response:
+                    assert response.status == 200
+                    return (await response.json())["output_ids"]
+
+            return await asyncio.gather(*(one(ids, n) for ids, n in zip(prompts, lengths)))
+
+    assert asyncio.run(all_at_once()) == alone
+    # And greedy decoding matches an independent cache-free reference, token by token.
+    for ids, output in list(zip(prompts, alone))[:3]:
+        sequence = list(ids)
+        for token in output:
+            assert int(full_logprobs(reference_model, sequence)[-1].argmax()) == token
+            sequence.append(token)
+
+
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 0.7, "top_p": 0.9, "top_k": 20}, {"temperature": 0.0}, {"temperature": 1.3}]
+)
+def test_output_logprobs_match_reference(worker_url: str, tokenizer, reference_model, sampling) -> None:
+    ids = tokenizer.encode("logprob check")
+    status, body = post(
+        f"{worker_url}/generate",
+        {
+            "input_ids": ids,
+            "sampling_params": {**sampling, "max_new_tokens": 12, "ignore_eos": True},
+            "return_logprob": True,
+            "top_logprobs_num": 3,
+        },
+    )
+    assert status == 200
+    meta = body["meta_info"]
+    assert meta["input_token_logprobs"] == []  # logprob_start_len=-1: output tokens only
+    temperature = sampling["temperature"] if sampling["temperature"] > 1e-6 else 1.0
+    expected = full_logprobs(reference_model, ids + body["output_ids"], temperature)
+    for step, (logprob, token_id, text) in enumerate(meta["output_token_logprobs"]):
+        assert token_id == body["output_ids"][step] and text is None
+        assert logprob == pytest.approx(float(expected[len(ids) - 1 + step, token_id]), abs=1e-4)
+        top = meta["output_top_logprobs"][step]
+        assert len(top) == 3 and top[0][0] >= top[1][0] >= top[2][0]
+
+
+def test_scoring_call_equals_full_forward(worker_url: str, tokenizer, reference_model) -> None:
+    prompts = [tokenizer.encode(text) for text in ("score me please", "a", "two words")]
+    status, results = post(
+        f"{worker_url}/generate",
+        {
+            "input_ids": prompts,
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 2,
+        },
+    )
+    assert status == 200
+    for ids, result in zip(prompts, results):
+        meta = result["meta_info"]
+        assert result["output_ids"] == [] and meta["finish_reason"] == {"type": "length", "length": 0}
+        assert meta["output_token_logprobs"] == []
+        entries = meta["input_token_logprobs"]
+        assert len(entries) == len(ids) and entries[0] == [None, ids[0], None]
+        assert meta["input_top_logprobs"][0] is None
+        expected = full_logprobs(reference_model, ids)
+        for position in range(1, len(ids)):
+            assert entries[position][1] == ids[position]
+            assert entries[position][0] == pytest.approx(float(expected[position - 1, ids[position]]), abs=1e-4)
+            top_ids = [entry[1] for entry in meta["input_top_logprobs"][position]]
+            assert top_ids == expected[position - 1].topk(2).indices.tolist()
+
+    # A later start skips the first positions.
+    status, partial = post(
+        f"{worker_url}/generate",
+        {
+            "input_ids": prompts[0],
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": 3,
+        },
+    )
+    assert [entry[1] for entry in partial["meta_info"]["input_token_logprobs"]] == prompts[0][3:]
+
+
+def test_stop_strings_stop_tokens_and_lengths(worker_url: str, tokenizer) -> None:
+    ids = tokenizer.encode("stop test")
+    reference = greedy(worker_url, ids, 24)
+    reference_text = tokenizer.decode(reference, skip_special_tokens=True)
+    assert len(reference_text) == 24, "the tiny model happened to emit special tokens; pick another prompt"
+    stop = reference_text[5:7]
+    first = reference_text.find(stop)
+    base = {"input_ids": ids}
+    sampling = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+
+    _, trimmed = post(f"{worker_url}/generate", {**base, "sampling_params": {**sampling, "stop": [stop, "\x00never"]}})
+    assert trimmed["text"] == reference_text[:first]
+    assert trimmed["output_ids"] == reference[: first + len(stop)]
+    assert trimmed["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+
+    _, untrimmed = post(
+        f"{worker_url}/generate", {**base, "sampling_params": {**sampling, "stop": stop, "no_stop_trim": True}}
+    )
+    assert untrimmed["text"] == reference_text[: first + len(stop)]
+
+    stop_token = reference[4]
+    _, by_token = post(
+        f"{worker_url}/generate", {**base, "sampling_params": {**sampling, "stop_token_ids": [stop_token]}}
+    )
+    cut = reference.index(stop_token)
+    assert by_token["output_ids"] == reference[: cut + 1]  # the stop token is kept in output_ids ...
+    assert by_token["text"] == tokenizer.decode(reference[:cut])  # ... but not in the text
+    assert by_token["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_token}
+
+    _, short = post(f"{worker_url}/generate", {**base, "sampling_params": {**sampling, "max_new_tokens": 2}})
+    assert short["output_ids"] == reference[:2] and short["meta_info"]["finish_reason"] == {
+        "type": "length",
+        "length": 2,
+    }
+
+
+def test_truncated_sampling_with_one_candidate_is_greedy(worker_url: str, tokenizer) -> None:
+    ids = tokenizer.encode("top k")
+    expected = greedy(worker_url, ids, 10)
+    for cut in ({"top_k": 1}, {"top_p": 1e-6}):
+        status, body = post(
+            f"{worker_url}/generate",
+            {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": 10, "temperature": 1.0, "ignore_eos": True, **cut},
+            },
+        )
+        assert status == 200 and body["output_ids"] == expected
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"text": "a", "input_ids": [1]},
+        {},
+        {"text": "a", "sampling_params": {"max_new_tokens": 300}},  # beyond 256 positions
+        {"text": "a", "sampling_params": {"n": 2}},
+        {"text": "a", "sampling_params": {"temperature": -1}},
+        {"input_ids": [100000]},
+        {"input_ids": []},
+        {"text": "a", "return_hidden_states": True},
+    ],
+)
+def test_bad_requests_get_400(worker_url: str, body: dict) -> None:
+    status, reply = post(f"{worker_url}/generate", body)
+    assert status == 400 and isinstance(reply["error"]["message"], str)
+
+
+def test_malformed_json_gets_400(worker_url: str) -> None:
+    status, reply = post(f"{worker_url}/generate", None, raw=b"{not json")
+    assert status == 400 and "JSON" in reply["error"]["message"]
+
+
+def test_router_style_defaults_are_accepted(worker_url: str) -> None:
+    # sglang-router re-serialises requests with these fields at their defaults.
+    body = {"text": "a", "model": None, "stream": False, "return_hidden_states": False, "log_metrics": True,
+            "background": False, "no_logs": False, "return_bytes": False, "return_entropy": False,
+            "sampling_params": {"max_new_tokens": 1}}  # fmt: skip
+    assert post(f"{worker_url}/generate", body)[0] == 200
+
+
+@pytest.fixture(scope="module")
+def checkpoints_in_root(tiny_checkpoint: Path, weights_root: Path) -> dict[str, Path]:
+    """A perturbed copy of the tiny model and a copy of the original, both inside the weights root."""
+    from transformers import AutoModelForCausalLM
+
+    perturbed = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in perturbed.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.3)
+    perturbed.save_pretrained(weights_root / "perturbed")
+    shutil.copytree(tiny_checkpoint, weights_root / "original")
+    return {"perturbed": weights_root / "perturbed", "original": weights_root / "original"}
+
+
+def update_weights(url: str, model_path: Path | str, **extra: Any) -> tuple[int, Any]:
+    return post(f"{url}/update_weights_from_disk", {"model_path": str(model_path), **extra})
+
+
+def test_update_weights_from_disk(
+    worker_url: str, tiny_checkpoint: Path, weights_root: Path, checkpoints_in_root: dict[str, Path], tokenizer
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    ids = tokenizer.encode("update me")
+    before = greedy(worker_url, ids, 16)
+    status, reply = update_weights(worker_url, checkpoints_in_root["perturbed"], weight_version="7")
+    assert status == 200 and reply["success"] is True and reply["num_paused_requests"] == 0
+    status, body = post(
+        f"{worker_url}/generate",
+        {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+        },
+    )
+    assert body["output_ids"] != before
+    assert body["meta_info"]["weight_version"] == "7"
+    assert json.loads(get(f"{worker_url}/get_model_info")[1])["weight_version"] == "7"
+    perturbed = AutoModelForCausalLM.from_pretrained(checkpoints_in_root["perturbed"]).eval()
+    expected = full_logprobs(perturbed, ids + body["output_ids"])
+    for step, (logprob, token_id, _) in enumerate(body["meta_info"]["output_token_logprobs"]):
+        assert logprob == pytest.approx(float(expected[len(ids) - 1 + step, token_id]), abs=1e-4)
+
+    # Outside the weights root, directly or through a symlink: refused, weights unchanged.
+    (weights_root / "escape").symlink_to(tiny_checkpoint, target_is_directory=True)
+    for outside in (tiny_checkpoint, weights_root / "escape", weights_root / ".." / tiny_checkpoint.name):
+        status, reply = update_weights(worker_url, outside)
+        assert status == 400 and reply["success"] is False, outside
+    status, reply = update_weights(worker_url, weights_root / "missing")
+    assert status == 400 and reply["success"] is False
+    assert greedy(worker_url, ids, 16) == body["output_ids"]
+
+    status, reply = update_weights(worker_url, checkpoints_in_root["original"])
+    assert status == 200 and reply["success"] is True
+    assert greedy(worker_url, ids, 16) == before
+
+
+def test_weight_swap_waits_for_running_generations(
+    worker_url: str, checkpoints_in_root: dict[str, Path], tokenizer
+) -> None:
+    """A swap requested mid-generation lands between batches: running requests finish on the old weights."""
+    prompts = [tokenizer.encode(f"long generation {i}") for i in range(8)]
+    body = {"input_ids": prompts, "sampling_params": {"max_new_tokens": 230, "temperature": 0, "ignore_eos": True}}
+    status, reference = post(f"{worker_url}/generate", body)
+    assert status == 200
+
+    async def generate_while_swapping() -> tuple[list[dict], dict]:
+        async with aiohttp.ClientSession() as session:
+            generation = asyncio.create_task(session.post(f"{worker_url}/generate", json=body))
+            for _ in range(500):  # wait until the batch is running, then ask for the swap
+                async with session.get(f"{worker_url}/get_server_info") as response:
+                    if (await response.json())["running_requests"] > 0:
+                        break
+            update = {"model_path": str(checkpoints_in_root["perturbed"]), "weight_version": "swapped"}
+            async with session.post(f"{worker_url}/update_weights_from_disk", json=update) as response:
+                swap_reply = await response.json()
+            async with await generation as response:
+                return await response.json(), swap_reply
+
+    during, swap_reply = asyncio.run(generate_while_swapping())
+    try:
+        assert swap_reply["success"] is True
+        assert [r["output_ids"] for r in during] == [r["output_ids"] for r in reference]
+        assert {r["meta_info"]["weight_version"] for r in during} == {reference[0]["meta_info"]["weight_version"]}
+        assert greedy(worker_url, prompts[0], 20) != reference[0]["output_ids"][:20]
+    finally:
+        assert update_weights(worker_url, checkpoints_in_root["original"])[1]["success"] is True
+
+
+def test_openai_compatible_endpoints(worker_url: str) -> None:
+    status, chat = post(
+        f"{worker_url}/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    )
+    assert status == 200 and chat["choices"][0]["message"]["role"] == "assistant"
+    assert chat["usage"]["completion_tokens"] <= 4
+    status, completion = post(f"{worker_url}/v1/completions", {"prompt": "hi", "max_tokens": 3, "temperature": 0})
+    assert status == 200 and completion["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_abort_all_requests(worker_url: str, tokenizer) -> None:
+    body = {
+        "input_ids": [tokenizer.encode(f"to abort {i}") for i in range(4)],
+        "sampling_params": {"max_new_tokens": 230, "temperature": 0, "ignore_eos": True},
+    }
+
+    async def generate_then_abort() -> list[dict]:
+        async with aiohttp.ClientSession() as session:
+            generation = asyncio.create_task(session.post(f"{worker_url}/generate", json=body))
+            for _ in range(500):
+                async with session.get(f"{worker_url}/get_server_info") as response:
+                    if (await response.json())["running_requests"] > 0:
+                        break
+            async with session.post(f"{worker_url}/abort_request", json={"abort_all": True}) as response:
+                assert response.status == 200
+            async with await generation as response:
+                return await response.json()
+
+    results = asyncio.run(generate_then_abort())
+    assert all(result["meta_info"]["finish_reason"]["type"] == "abort" for result in results)
+    assert all(len(result["output_ids"]) < 230 for result in results)
+    assert len(greedy(worker_url, body["input_ids"][0], 3)) == 3  # still serving
+
+
+# ----- the generation loop in-process: EOS handling ------------------------------------------------
+
+
+def run_in_engine(engine, spec):
+    from slime_meta.backends.local.worker_rows import GenerationJob
+
+    outcomes: list = []
+    finished = threading.Event()
+    engine.submit(GenerationJob(spec, on_done=lambda outcome: (outcomes.append(outcome), finished.set())))
+    assert finished.wait(60)
+    if isinstance(outcomes[0], BaseException):
+        raise outcomes[0]
+    return outcomes[0]
+
+
+def test_eos_ends_generation_and_is_kept_in_ids_not_text(reference_model, tokenizer) -> None:
+    from slime_meta.backends.local.worker_batching import GenerationEngine
+    from slime_meta.backends.local.worker_protocol import GenerationSpec, SamplingParams
+
+    def make_engine(eos_token_ids: frozenset[int]) -> GenerationEngine:
+        return GenerationEngine(
+            reference_model,
+            decode=lambda ids, skip: tokenizer.decode(list(ids), skip_special_tokens=skip),
+            device=torch.device("cpu"),
+            eos_token_ids=eos_token_ids,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+
+    ids = tuple(tokenizer.encode("eos test"))
+    free_run = make_engine(frozenset())
+    free_run.start()
+    try:
+        unconstrained = run_in_engine(
+            free_run, GenerationSpec("a", ids, SamplingParams(max_new_tokens=12, temperature=0))
+        ).output_ids
+    finally:
+        free_run.stop()
+    eos = unconstrained[5]  # pretend this token is EOS (the random model rarely emits the real one)
+    cut = unconstrained.index(eos)
+
+    engine = make_engine(frozenset({eos}))
+    engine.start()
+    try:
+        stopped = run_in_engine(engine, GenerationSpec("b", ids, SamplingParams(max_new_tokens=12, temperature=0)))
+        assert stopped.output_ids == unconstrained[: cut + 1]
+        assert stopped.finish_reason == {"type": "stop", "matched": eos}
+        assert stopped.text == tokenizer.decode(unconstrained[:cut])
+        ignoring = run_in_engine(
+            engine, GenerationSpec("c", ids, SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True))
+        )
+        assert ignoring.output_ids == unconstrained
+    finally:
+        engine.stop()
+
+
+def test_eos_ids_come_from_tokenizer_and_generation_config(reference_model, tokenizer) -> None:
+    from slime_meta.backends.local.worker import _eos_token_ids
+
+    original = reference_model.generation_config.eos_token_id
+    reference_model.generation_config.eos_token_id = [tokenizer.eos_token_id, 7]
+    try:
+        assert _eos_token_ids(tokenizer, reference_model) == frozenset({tokenizer.eos_token_id, 7})
+    finally:
+        reference_model.generation_config.eos_token_id = original
