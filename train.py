@@ -18,6 +18,7 @@ from slime_meta.errors import EXIT_USER_ERROR, UserInputError
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_library_progress_bars()
     try:
         config = parse_config(argv, default_run_dir=time.strftime("runs/%Y%m%d-%H%M%S"))
         backend = get_backend(config.backend)
@@ -30,6 +31,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"run directory: {run_dir}")
     return 0
+
+
+def quiet_library_progress_bars() -> None:
+    """Weight saves every step would each draw a transformers progress bar; ours is enough."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 if __name__ == "__main__":

@@ -20,10 +20,14 @@ def _jsonable(value: float) -> float | None:
 
 
 class Tracker:
-    def __init__(self, config: TrackingConfig, run_dir: Path, full_config: Mapping[str, Any]):
+    def __init__(self, config: TrackingConfig, run_dir: Path, full_config: Mapping[str, Any], *, start_step: int = 0):
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.traces_path = run_dir / "traces.jsonl"
+        if start_step > 0:
+            # A resumed run redoes the steps after its checkpoint: their old records give way.
+            _keep_records_before(self.metrics_path, start_step, key="step")
+            _keep_records_before(self.traces_path, start_step, key="rollout_id")
         self._wandb = None
         if config.use_wandb and config.wandb_mode != "disabled":
             import wandb  # optional dependency: pip install -e .[wandb]
@@ -51,6 +55,20 @@ class Tracker:
     def finish(self) -> None:
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _keep_records_before(path: Path, step: int, *, key: str) -> None:
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line).get(key, -1) < step]
+    if len(kept) == len(lines):
+        return
+    backup = path.with_name(path.name + ".before-resume")
+    backup.write_text("\n".join(lines) + "\n", encoding="utf-8")  # nothing is lost
+    tmp = path.with_name("." + path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    tmp.replace(path)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -31,6 +31,13 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+def used_run_dir(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "used"
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+    return run_dir
+
+
 def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], str]:
     """Flags for one bad-input case and a string the error line must contain."""
     good = write_jsonl(tmp_path / "good.jsonl", GOOD_ROWS)
@@ -65,6 +72,7 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
         "bad template class": (["--prompt-data", str(good), "--teacher-template", "json.JSONDecoder"], "--teacher-template"),
         "unknown template slot": (["--prompt-data", str(good), "--generator-template", "Q: {question}"], "{question}"),
         "load without checkpoint": (["--prompt-data", str(good), "--load", str(tmp_path)], "--load"),
+        "run dir of another run": (["--prompt-data", str(good), "--run-dir", str(used_run_dir(tmp_path))], "--run-dir"),
     }
     extra, needle = cases[name]
     return base + extra, needle
@@ -74,7 +82,7 @@ CASES = [
     "missing file", "unknown format", "missing column", "empty dataset", "row without problem",
     "row without label", "broken jsonl line", "batch too small to split", "family too small",
     "missing group column", "ratio outside (0, 1)", "unreachable router", "no checkpoint",
-    "bad template class", "unknown template slot", "load without checkpoint",
+    "bad template class", "unknown template slot", "load without checkpoint", "run dir of another run",
 ]  # fmt: skip
 
 
@@ -86,7 +94,7 @@ def test_bad_input_gives_exit_code_2_and_one_line(name, tmp_path, tiny_checkpoin
     assert code == 2, err
     assert err.startswith("error: ") and "\n" not in err, err
     assert needle in err, err
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run").exists()  # nothing written for a run that never started
 
 
 def test_a_real_process_prints_one_line_and_exits_2(tmp_path, tiny_checkpoint):

@@ -143,7 +143,10 @@ def test_children_die_with_their_parent(tiny_checkpoint: Path, tmp_path: Path) -
             # kernel's SIGTERM still needs a moment to land.
             patience_s = 10 if parent_signal == signal.SIGKILL else 0
             pids = child_pids[parent_signal]
-            assert wait_until(lambda: all(is_gone(pid) for pid in pids), patience_s), (parent_signal.name, pids)
+            assert wait_until(lambda pids=pids: all(is_gone(pid) for pid in pids), patience_s), (
+                parent_signal.name,
+                pids,
+            )
     finally:
         for parent in parents.values():
             if parent.poll() is None:

@@ -118,11 +118,18 @@ def test_resume_draws_the_batches_an_uninterrupted_run_would(full_run, tiny_chec
     shutil.copytree(reference_dir / "ckpt" / "iter_0000002", stopped / "iter_0000002")
     (stopped / "latest_checkpointed_iteration.txt").write_text("2\n")
 
+    # The same run directory, as after a kill during step 2: its records of steps 0-2 exist.
     run_dir = tmp_path / "resumed"
+    run_dir.mkdir()
+    for name in ("metrics.jsonl", "traces.jsonl"):
+        shutil.copy(reference_dir / name, run_dir / name)
     result = run_train(synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "3", "--load", str(stopped)))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == [2]
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[2]["time"] > read_jsonl(reference_dir / "metrics.jsonl")[2]["time"]  # step 2 was redone
     assert batches(run_dir)[2] == batches(reference_dir)[2]
+    assert len(read_jsonl(run_dir / "metrics.jsonl.before-resume")) == 3  # nothing lost
 
 
 def test_separate_student_pool_is_started_and_used(tiny_checkpoint, tmp_path):

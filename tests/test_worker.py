@@ -145,33 +145,46 @@ def test_generate_single_and_batched(worker_url: str, tokenizer) -> None:
     assert [r["meta_info"]["id"] for r in by_ids] == ["a", "b"]
 
 
+def assert_same_generation(got: dict, expected: dict) -> None:
+    """Same tokens, and log-probs equal to float noise: a position or padding mistake that leaves
+    greedy tokens unchanged (the tiny model leans on the previous token) still shows up here."""
+    assert got["output_ids"] == expected["output_ids"]
+    got_logprobs = [entry[0] for entry in got["meta_info"]["output_token_logprobs"]]
+    expected_logprobs = [entry[0] for entry in expected["meta_info"]["output_token_logprobs"]]
+    assert got_logprobs == pytest.approx(expected_logprobs, abs=1e-4)
+
+
 def test_greedy_under_concurrency_equals_alone(worker_url: str, tokenizer, reference_model) -> None:
     prompts = [tokenizer.encode("p" + "abcdefghij"[: i % 10] + str(i) * (i % 4)) for i in range(20)]
-    lengths = [3 + (i * 7) % 13 for i in range(20)]
-    alone = [greedy(worker_url, ids, n) for ids, n in zip(prompts, lengths)]
-    assert alone[0] == greedy(worker_url, prompts[0], lengths[0])  # deterministic
+    bodies = [
+        {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 3 + (i * 7) % 13, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+        }
+        for i, ids in enumerate(prompts)
+    ]
+    alone = [post(f"{worker_url}/generate", body)[1] for body in bodies]
+    assert post(f"{worker_url}/generate", bodies[0])[1]["output_ids"] == alone[0]["output_ids"]  # deterministic
 
-    async def all_at_once() -> list[list[int]]:
+    async def all_at_once() -> list[dict]:
         async with aiohttp.ClientSession() as session:
 
-            async def one(ids: list[int], n: int) -> list[int]:
-                body = {
-                    "input_ids": ids,
-                    "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
-                }
+            async def one(body: dict) -> dict:
                 async with session.post(f"{worker_url}/generate", json=body) as response:
                     assert response.status == 200
-                    return (await response.json())["output_ids"]
+                    return await response.json()
 
-            return await asyncio.gather(*(one(ids, n) for ids, n in zip(prompts, lengths)))
+            return await asyncio.gather(*(one(body) for body in bodies))
 
-    assert asyncio.run(all_at_once()) == alone
+    for together, by_itself in zip(asyncio.run(all_at_once()), alone):
+        assert_same_generation(together, by_itself)
     # And greedy decoding matches an independent cache-free reference, token by token.
-    for ids, output in list(zip(prompts, alone))[:3]:
-        sequence = list(ids)
-        for token in output:
-            assert int(full_logprobs(reference_model, sequence)[-1].argmax()) == token
-            sequence.append(token)
+    for ids, result in list(zip(prompts, alone))[:3]:
+        expected = full_logprobs(reference_model, ids + result["output_ids"])
+        for step, (logprob, token, _) in enumerate(result["meta_info"]["output_token_logprobs"]):
+            assert int(expected[len(ids) - 1 + step].argmax()) == token
+            assert logprob == pytest.approx(float(expected[len(ids) - 1 + step, token]), abs=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -509,3 +522,71 @@ def test_eos_ids_come_from_tokenizer_and_generation_config(reference_model, toke
         assert _eos_token_ids(tokenizer, reference_model) == frozenset({tokenizer.eos_token_id, 7})
     finally:
         reference_model.generation_config.eos_token_id = original
+
+
+def test_requests_joining_a_running_batch_match_running_alone(reference_model, tokenizer) -> None:
+    """Continuous batching: rows joined mid-generation (cache re-padded) and rows leaving early
+    (cache trimmed) must not change anyone's greedy tokens."""
+    from slime_meta.backends.local.worker_batching import GenerationEngine
+    from slime_meta.backends.local.worker_protocol import GenerationSpec, SamplingParams
+
+    engine = GenerationEngine(
+        reference_model,
+        decode=lambda ids, skip: tokenizer.decode(list(ids), skip_special_tokens=skip),
+        device=torch.device("cpu"),
+        eos_token_ids=frozenset(),
+        pad_token_id=tokenizer.pad_token_id,
+        batch_wait_s=0.0,
+    )
+    long_spec = GenerationSpec(
+        "long", tuple(tokenizer.encode("a long one")), SamplingParams(max_new_tokens=200, temperature=0), True
+    )
+    joiners = [
+        GenerationSpec(
+            f"j{i}",
+            tuple(tokenizer.encode("j" * (1 + 3 * i))),
+            SamplingParams(max_new_tokens=5 + 7 * i, temperature=0),
+            True,
+        )
+        for i in range(5)
+    ]
+    engine.start()
+    try:
+        alone = {spec.rid: run_in_engine(engine, spec) for spec in [long_spec, *joiners]}
+        from slime_meta.backends.local.worker_rows import GenerationJob
+
+        results: dict = {}
+        finished = threading.Semaphore(0)
+
+        def submit(spec: GenerationSpec) -> None:
+            def on_done(outcome) -> None:
+                results[spec.rid] = outcome
+                finished.release()
+
+            engine.submit(GenerationJob(spec, on_done=on_done))
+
+        assert wait_for(lambda: engine.running_rows == 0)  # the gauge lags the last result a little
+        steps_before = engine.counters["decode_steps"]
+        submit(long_spec)
+        assert wait_for(lambda: engine.counters["decode_steps"] >= steps_before + 10)  # long is mid-way
+        for spec in joiners:
+            submit(spec)
+        for _ in range(len(joiners) + 1):
+            assert finished.acquire(timeout=60)
+        assert engine.counters["decode_steps"] - steps_before < 200  # the joiners rode along
+    finally:
+        engine.stop()
+    for rid, result in results.items():
+        assert result.output_ids == alone[rid].output_ids, rid
+        assert result.output_logprobs == pytest.approx(alone[rid].output_logprobs, abs=1e-4), rid
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.0005)
+    return True

@@ -23,6 +23,10 @@ from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole
 
 def prepare_run_dir(cfg: MetaConfig) -> Path:
     run_dir = Path(cfg.tracking.run_dir)
+    if (run_dir / "metrics.jsonl").exists() and not cfg.checkpoint.load:
+        raise UserInputError(
+            f"--run-dir {run_dir}: holds an earlier run's metrics.jsonl; give a new --run-dir, or --load its checkpoints to resume"
+        )
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "weights").mkdir(exist_ok=True)
     cfg.save(run_dir / "config.json")

@@ -66,7 +66,7 @@ async def _run(cfg: MetaConfig) -> Path:
         if resume:
             trainer.load_state_dict(resume.trainer_state)
             set_rng_state(resume.trainer_state["rng"])
-        tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict())
+        tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict(), start_step=start_step)
 
         for rollout_id in range(start_step, cfg.meta.num_rollout):
             step_started = time.perf_counter()

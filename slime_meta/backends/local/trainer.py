@@ -81,7 +81,7 @@ class LocalTrainer:
         self.settings = settings
         self.device = resolve_device(settings.device)
         self.pad_token_id = pad_token_id
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).to(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),

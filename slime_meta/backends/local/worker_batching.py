@@ -41,6 +41,7 @@ from slime_meta.backends.local.worker_cache import (
     left_pad_columns,
     supports_row_surgery,
 )
+from slime_meta.backends.local.worker_protocol import FinishedGeneration
 from slime_meta.backends.local.worker_rows import GenerationJob, RowState
 from slime_meta.backends.local.worker_sampling import RowSampling, choose_next_tokens, prompt_logprobs
 
@@ -101,7 +102,9 @@ class GenerationEngine:
         self._abort_message: str | None = None
         self._thread = threading.Thread(target=self._run, name="generation-loop", daemon=True)
         self.weight_version = weight_version
-        self.running_rows = 0  # written by the generation thread, read for /get_server_info
+        # Admitted and not yet answered; only the generation thread writes it, and it drops before
+        # the answer goes out, so a client holding its result never sees itself counted.
+        self.running_rows = 0
         self.counters = {"requests_finished": 0, "tokens_generated": 0, "prefill_batches": 0, "decode_steps": 0}
         self._can_join = self._probe_cache_is_joinable()
 
@@ -143,7 +146,8 @@ class GenerationEngine:
             self._abort_message = message
             self._condition.notify_all()
         for job in waiting:
-            self._finish(RowState(job), {"type": "abort", "message": message})
+            finish_reason = {"type": "abort", "message": message}
+            job.settle(RowState(job).result(finish_reason, self._decode, self.weight_version))
 
     def queue_depth(self) -> int:
         return len(self._waiting)
@@ -171,42 +175,40 @@ class GenerationEngine:
                         running = self._decode_step(running)
             except Exception as error:  # keep serving: fail only the requests in this batch
                 logger.exception("generation step failed")
-                for job in jobs:
-                    job.settle(error)
-                for row in running.rows if running else []:
-                    row.job.settle(error)
+                batch_jobs = [row.job for row in running.rows] if running is not None else []
+                for job in jobs + batch_jobs:
+                    self._release(job, error)
                 running = None
                 if self._device.type == "cuda":
                     torch.cuda.empty_cache()
-            self.running_rows = len(running.rows) if running is not None else 0
         self._shut_down(running)
 
-    def _take_work(self, running_rows: int) -> tuple[list[GenerationJob], _ControlOp | None, str | None]:
+    def _take_work(self, rows_in_batch: int) -> tuple[list[GenerationJob], _ControlOp | None, str | None]:
         """Block until there is work; returns (jobs to admit, op to run now, abort message)."""
         with self._condition:
-            while not (self._stopping or self._waiting or self._control_ops or running_rows or self._abort_message):
+            while not (self._stopping or self._waiting or self._control_ops or rows_in_batch or self._abort_message):
                 self._condition.wait()
             abort_message, self._abort_message = self._abort_message, None
             if self._stopping:
                 return [], None, abort_message
             if self._control_ops:
-                if running_rows and abort_message is None:
+                if rows_in_batch and abort_message is None:
                     return [], None, None  # let the running batch drain; admit nothing meanwhile
                 return [], self._control_ops.popleft(), abort_message
-            starting_from_idle = running_rows == 0 and bool(self._waiting)
+            starting_from_idle = rows_in_batch == 0 and bool(self._waiting)
         if starting_from_idle and self._batch_wait_s > 0:
             # Requests sent together arrive a few hundred microseconds apart; a short wait lets
             # them share one prefill instead of trickling in one by one.
             time.sleep(self._batch_wait_s)
         with self._condition:
-            if running_rows and not self._can_join:
+            if rows_in_batch and not self._can_join:
                 return [], None, abort_message
-            return self._pop_admissible(running_rows), None, abort_message
+            return self._pop_admissible(rows_in_batch), None, abort_message
 
-    def _pop_admissible(self, running_rows: int) -> list[GenerationJob]:
+    def _pop_admissible(self, rows_in_batch: int) -> list[GenerationJob]:
         taken: list[GenerationJob] = []
         longest = 0
-        while self._waiting and running_rows + len(taken) < self._max_batch_size:
+        while self._waiting and rows_in_batch + len(taken) < self._max_batch_size:
             job = self._waiting[0]
             if job.cancelled:
                 self._waiting.popleft()
@@ -232,9 +234,10 @@ class GenerationEngine:
         with self._condition:
             waiting, self._waiting = list(self._waiting), deque()
             control_ops, self._control_ops = list(self._control_ops), deque()
-        running_jobs = [row.job for row in running.rows] if running is not None else []
-        for job in waiting + running_jobs:
+        for job in waiting:
             job.settle(error)
+        for row in running.rows if running is not None else []:
+            self._release(row.job, error)
         for control_op in control_ops:
             control_op.future.set_exception(error)
 
@@ -270,6 +273,7 @@ class GenerationEngine:
         )
 
     def _admit(self, running: _RunningBatch | None, jobs: list[GenerationJob]) -> _RunningBatch | None:
+        self.running_rows += len(jobs)
         to_prefill = []
         for job in jobs:
             if job.spec.sampling.max_new_tokens == 0 and not job.spec.wants_input_logprobs:
@@ -378,7 +382,13 @@ class GenerationEngine:
 
     def _finish(self, row: RowState, finish_reason: dict[str, Any]) -> None:
         self.counters["requests_finished"] += 1
-        row.job.settle(row.result(finish_reason, self._decode, self.weight_version))
+        self._release(row.job, row.result(finish_reason, self._decode, self.weight_version))
+
+    def _release(self, job: GenerationJob, outcome: FinishedGeneration | BaseException) -> None:
+        """Answer an admitted job (once), taking it off the running gauge first."""
+        if not job.settled:
+            self.running_rows -= 1
+            job.settle(outcome)
 
     def _compact(self, batch: _RunningBatch, keep: list[int]) -> _RunningBatch | None:
         if not keep:

@@ -24,11 +24,11 @@ class GenerationJob:
     on_done: Callable[[FinishedGeneration | BaseException], None]
     received_at: float = field(default_factory=time.monotonic)
     cancelled: bool = False  # set by the HTTP side when the client has gone away
-    _settled: bool = False
+    settled: bool = False
 
     def settle(self, outcome: FinishedGeneration | BaseException) -> None:
-        if not self._settled:
-            self._settled = True
+        if not self.settled:
+            self.settled = True
             self.on_done(outcome)
 
 
