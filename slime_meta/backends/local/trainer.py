@@ -81,6 +81,10 @@ class LocalTrainer:
         self.settings = settings
         self.device = resolve_device(settings.device)
         self.pad_token_id = pad_token_id
+        if self.device.type == "cuda":
+            # cuDNN attention plans per input shape, and every rollout brings new lengths (the
+            # workers measured 60-190 ms per new shape on an H100); the flash/efficient kernels don't.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(

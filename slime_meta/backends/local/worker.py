@@ -8,7 +8,7 @@ router) cannot tell the difference for the calls it makes.
     python -m slime_meta.backends.local.worker --model-path DIR --host 127.0.0.1 --port P \
         [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16] [--weights-root DIR] \
         [--max-batch-size 64] [--max-prefill-tokens 16384] [--batch-wait-ms 2] [--seed 0] \
-        [--num-threads N] [--tokenizer-path DIR] [--log-level info]
+        [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info]
 
 Endpoints: GET /health, /health_generate, /get_model_info (/model_info), /get_server_info
 (/server_info); POST /generate, /update_weights_from_disk, /abort_request; GET|POST /flush_cache;
@@ -24,7 +24,10 @@ Log-prob semantics (a contract with the trainer, which recomputes them for the P
 - `max_new_tokens=0, logprob_start_len=0, return_logprob=true` is a scoring call: one forward,
   no sampling, every prompt position's log-prob.
 `output_ids` are exactly the sampled ids (EOS included when it ended the generation); `text` is
-their decoding without the matched stop token or stop string (unless `no_stop_trim`).
+their decoding without the matched stop token or stop string (unless `no_stop_trim`). Where a
+stop token or string comes on the last allowed token, finish_reason is `stop` (SGLang says
+`length`), so a complete answer is never taken for a truncated one. The third element of every
+log-prob triple is null (`return_text_in_logprobs` is accepted but not honoured).
 
 The model runs in a single generation thread (see worker_batching.py); the asyncio event loop
 only parses, queues and answers. The line `worker ready on http://HOST:PORT` goes to stdout once
