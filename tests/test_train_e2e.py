@@ -26,7 +26,10 @@ SEED_METRICS = (
 )
 
 
-def synthetic_args(checkpoint: Path, run_dir: Path, *extra: str) -> list[str]:
+VERIFIER = ("--grader", "verifier", "--verifier-metric", "char")
+
+
+def synthetic_args(checkpoint: Path, run_dir: Path, *extra: str, grader: tuple[str, ...] = VERIFIER) -> list[str]:
     return [
         "--use-meta-learning",
         "--hf-checkpoint", str(checkpoint),
@@ -38,7 +41,7 @@ def synthetic_args(checkpoint: Path, run_dir: Path, *extra: str) -> list[str]:
         "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
         "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
         "--teacher-temperature", "1.0", "--teacher-max-tokens", "4", "--rollout-max-response-len", "8",
-        "--grader", "verifier", "--verifier-metric", "char",
+        *grader,
         "--lr", "1e-3", "--trace-sample-rate", "0.5", "--seed", "3",
         "--run-dir", str(run_dir),
         *extra,
@@ -146,3 +149,31 @@ def test_separate_student_pool_is_started_and_used(tiny_checkpoint, tmp_path):
     assert record["pool/student_requests"] == attempts + control
     assert (run_dir / "logs" / "student-worker-0.log").is_file()
     assert processes_mentioning(str(run_dir)) == []
+
+
+def test_openai_compatible_grader_with_faults_and_a_key_that_never_reaches_disk(tiny_checkpoint, tmp_path):
+    """The grader as a real local OpenAI-compatible server that fails 20% of calls."""
+    from openai_server import run_openai_server
+
+    canary = "sk-canary-4f1c9a0e"
+    run_dir = tmp_path / "api-grader"
+    with run_openai_server(rate_limit=0.1, server_error=0.05, unparseable=0.05, seed=1) as (base_url, state):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADER_KEY": canary}
+        grader = ("--grader", "openai", "--grader-base-url", base_url, "--grader-api-key-env", "GRADER_KEY",
+                  "--grader-model", "judge-1")  # fmt: skip
+        args = synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "1", grader=grader)
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert state.requests and all(r.authorization == f"Bearer {canary}" for r in state.requests)
+        assert {r.model for r in state.requests} == {"judge-1"}
+        assert sum(state.fault_counts.values()) > 0
+    (record,) = read_jsonl(run_dir / "metrics.jsonl")
+    assert record["grader/api_retries"] > 0  # the faults were met and retried
+    # every attempt was graded once: prompts x G x (K x k x m + holdout) + the no-info control
+    assert record["grader/calls"] == 2 * 3 * (2 * 2 * 2 + 2) + 2 * 2
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert canary.encode() not in path.read_bytes(), path
+    assert canary not in result.stdout + result.stderr
