@@ -240,19 +240,24 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
 
     add = groups.group("pools and resources (slime-compatible)")
     add("--hf-checkpoint", default=None, help="Teacher model: a local HF checkpoint directory.")
-    add("--rollout-num-gpus", type=int, default=0)
-    add("--rollout-num-gpus-per-engine", type=_positive_int, default=1)
+    add("--rollout-num-gpus", type=int, default=0,
+        help="GPUs of the teacher's inference pool (local backend on GPUs: one worker per engine, GPUs 0..N-1).")
+    add("--rollout-num-gpus-per-engine", type=_positive_int, default=1,
+        help="GPUs per inference engine (the local worker uses one GPU per engine).")
     add("--actor-num-nodes", type=_positive_int, default=1)
     add("--actor-num-gpus-per-node", type=int, default=0)
     add("--teacher-port", type=int, default=None,
         help="Local: first port of the teacher pool (workers take it and the next ones, then the router); default: free ports.")
     add("--student-checkpoint", default=None, help="A separate, frozen student pool from this checkpoint.")
-    add("--student-num-gpus", type=int, default=None)
+    add("--student-num-gpus", type=int, default=None,
+        help="GPUs of a separate student pool (local backend on GPUs: placed after the teacher's).")
     add("--student-num-gpus-per-engine", type=_positive_int, default=1)
     add("--student-router-ip", default=None, help="Use an already running SGLang-API router as the student pool.")
     add("--student-router-port", type=int, default=None)
-    add("--local-num-workers", type=_positive_int, default=1, help="Local backend: embedded teacher workers.")
-    add("--local-student-num-workers", type=_positive_int, default=1, help="Local backend: embedded student workers.")
+    add("--local-num-workers", type=_positive_int, default=1,
+        help="Local backend: embedded teacher workers when --rollout-num-gpus is not given (CPU, or sharing one GPU).")
+    add("--local-student-num-workers", type=_positive_int, default=1,
+        help="Local backend: embedded student workers when --student-num-gpus is not given.")
     add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="Local backend: cuda if available, else cpu.")
     add("--host", default="127.0.0.1", help="Local backend: address workers and routers bind to.")
 

@@ -9,7 +9,8 @@ only guess the suffix (1 in 64); with the family's suffix as `additional_info` i
 grader's feedback on a few train problems reveals the suffix, so a teacher can infer it. The
 family is the group key (`--group-key family`), so a batch's train and holdout problems share it.
 
-Formats are character-level with fixed lengths, so the tiny model needs no padding logic:
+Formats are character-level, one token a character in the tiny model; a student prompt has a
+fixed length (7 characters, 9 with a 2-letter hint):
   student prompt   `S{hint}|{word}=`                        completion `{word}{hint}.` + EOS
   teacher prompt   `T{previous_info}#{word}:{attempt}!{expected};...>`  completion `{hint}.` + EOS
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from slime_meta.arguments import MetaConfig
+from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
 from slime_meta.data import ProblemSampler, load_problems, split_sizes
 from slime_meta.errors import UserInputError
 from slime_meta.grading import build_grader, default_grader_kind
@@ -141,6 +142,72 @@ def build_rollout(
     return MetaLearningRollout(student=student, grader=pieces.grader, teacher=teacher, settings=settings)
 
 
+@dataclass(frozen=True)
+class WorkerLayout:
+    num_workers: int
+    gpu_ids: tuple[int, ...] | None  # None: every worker sees the machine's devices as they are
+
+
+def worker_layouts(cfg: MetaConfig) -> tuple[WorkerLayout, WorkerLayout]:
+    """Teacher and student workers: from the slime GPU flags on GPUs, else the local counts.
+
+    The local worker runs one engine per GPU, so a pool of G GPUs with E GPUs per engine gets
+    G // E workers; the student's GPUs follow the teacher's. Without GPU flags, workers share
+    whatever device they find (CPU, or one GPU with the trainer).
+    """
+    p = cfg.pools
+    if p.rollout_num_gpus > 0:
+        teacher_engines = max(1, p.rollout_num_gpus // p.rollout_num_gpus_per_engine)
+        teacher = WorkerLayout(teacher_engines, tuple(range(0, p.rollout_num_gpus, p.rollout_num_gpus_per_engine)))
+    else:
+        teacher = WorkerLayout(p.local_num_workers, None)
+    if p.student_num_gpus:
+        first = p.rollout_num_gpus
+        engines = max(1, p.student_num_gpus // p.student_num_gpus_per_engine)
+        student = WorkerLayout(engines, tuple(range(first, first + p.student_num_gpus, p.student_num_gpus_per_engine)))
+    else:
+        student = WorkerLayout(p.local_student_num_workers, None)
+    return teacher, student
+
+
+def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, external_student_url: str | None):
+    """Start the teacher pool (and a separate student pool if asked): (teacher endpoints, student URL)."""
+    logs, (teacher_layout, student_layout) = str(run_dir / "logs"), worker_layouts(cfg)
+    teacher = processes.start_pool(
+        "teacher", teacher_model, teacher_layout.num_workers, device=cfg.pools.device, gpu_ids=teacher_layout.gpu_ids,
+        weights_root=str(run_dir / "weights"), log_dir=logs, base_port=cfg.pools.teacher_port,
+    )  # fmt: skip
+    if external_student_url:
+        return teacher, external_student_url
+    if cfg.pools.student_checkpoint:
+        student_model = check_model_dir(cfg.pools.student_checkpoint, "--student-checkpoint")
+        student = processes.start_pool(
+            "student", student_model, student_layout.num_workers, device=cfg.pools.device,
+            gpu_ids=student_layout.gpu_ids, weights_root=None, log_dir=logs,
+        )  # fmt: skip
+        return teacher, student.router_url
+    return teacher, teacher.router_url  # shared pool: the student is the same, evolving model
+
+
+def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
+    t = cfg.train
+    settings = TrainerSettings(
+        lr=t.lr, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2,
+        clip_grad=t.clip_grad, eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high,
+        micro_batch_size=t.micro_batch_size, device=cfg.pools.device,
+        temperature=cfg.sampling.teacher_temperature,  # log-probs under the distribution sampled from
+    )  # fmt: skip
+    pad_token_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
+    return LocalTrainer(model_dir, settings, pad_token_id=pad_token_id)
+
+
+def should_save(cfg: MetaConfig, rollout_id: int) -> bool:
+    """At every --save-interval steps and after the last step, when --save is given."""
+    done = rollout_id + 1
+    interval = cfg.checkpoint.save_interval
+    return bool(cfg.checkpoint.save) and (done == cfg.meta.num_rollout or bool(interval and done % interval == 0))
+
+
 def make_pool(cfg: MetaConfig, name: str, url: str, concurrency: int) -> SGLangPool:
     return SGLangPool(
         name=name,
@@ -174,6 +241,14 @@ def push_weights(trainer, worker_urls: list[str], weights_root: Path, version: i
     for old in weights_root.glob("v*"):
         if old != directory:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def counter_metrics(teacher_pool: SGLangPool, student_pool: SGLangPool, grader) -> dict[str, float]:
+    """Per-step counters of the pools (requests, retries, tokens) and of the grader; reset after reading."""
+    metrics = {f"pool/teacher_{k}": float(v) for k, v in teacher_pool.stats.snapshot_and_reset().items()}
+    metrics.update({f"pool/student_{k}": float(v) for k, v in student_pool.stats.snapshot_and_reset().items()})
+    metrics.update(grader_metrics(grader))
+    return metrics
 
 
 def grader_metrics(grader) -> dict[str, float]:

@@ -13,7 +13,6 @@ from pathlib import Path
 from slime_meta.arguments import MetaConfig
 from slime_meta.backends.local import components as C
 from slime_meta.backends.local.launcher import LocalProcessGroup
-from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
 from slime_meta.inner_loop import describe_batch
 from slime_meta.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from slime_meta.tracking import Tracker, format_step_line
@@ -35,34 +34,14 @@ async def _run(cfg: MetaConfig) -> Path:
     pieces = C.build_role_pieces(cfg)
     external_student_url = C.external_student_url(cfg) if cfg.pools.student_router_ip else None
     run_dir = C.prepare_run_dir(cfg)  # only once the input is known to be good
-    device, weights_root = cfg.pools.device, run_dir / "weights"
+    weights_root = run_dir / "weights"
 
-    logs = str(run_dir / "logs")
     with LocalProcessGroup(host=cfg.pools.host) as processes:
-        teacher_endpoints = processes.start_pool(
-            "teacher", teacher_model, cfg.pools.local_num_workers, device=device,
-            weights_root=str(weights_root), log_dir=logs, base_port=cfg.pools.teacher_port,
-        )
-        if external_student_url:
-            student_url = external_student_url
-        elif cfg.pools.student_checkpoint:
-            student_model = C.check_model_dir(cfg.pools.student_checkpoint, "--student-checkpoint")
-            student_url = processes.start_pool(
-                "student", student_model, cfg.pools.local_student_num_workers, device=device,
-                weights_root=None, log_dir=logs,
-            ).router_url
-        else:
-            student_url = teacher_endpoints.router_url  # shared pool: the same, evolving model
+        teacher_endpoints, student_url = C.start_pools(cfg, processes, teacher_model, run_dir, external_student_url)
         teacher_pool = C.make_pool(cfg, "teacher", teacher_endpoints.router_url, cfg.sampling.teacher_concurrency)
         student_pool = C.make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
         rollout = C.build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
-
-        trainer = LocalTrainer(teacher_model, TrainerSettings(
-            lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, adam_beta1=cfg.train.adam_beta1,
-            adam_beta2=cfg.train.adam_beta2, clip_grad=cfg.train.clip_grad, eps_clip=cfg.train.eps_clip,
-            eps_clip_high=cfg.train.eps_clip_high, micro_batch_size=cfg.train.micro_batch_size,
-            temperature=cfg.sampling.teacher_temperature, device=device,
-        ), pad_token_id=tokenizer.pad_token_id or 0)
+        trainer = C.make_trainer(cfg, teacher_model, tokenizer)
         if resume:
             trainer.load_state_dict(resume.trainer_state)
             set_rng_state(resume.trainer_state["rng"])
@@ -80,16 +59,12 @@ async def _run(cfg: MetaConfig) -> Path:
             await asyncio.to_thread(C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1)
 
             metrics = {**result.metrics, **train_metrics, "perf/step_time": time.perf_counter() - step_started}
-            metrics.update({f"pool/teacher_{k}": v for k, v in teacher_pool.stats.snapshot_and_reset().items()})
-            if student_pool is not teacher_pool:
-                metrics.update({f"pool/student_{k}": v for k, v in student_pool.stats.snapshot_and_reset().items()})
-            metrics.update(C.grader_metrics(rollout.grader))
+            metrics.update(C.counter_metrics(teacher_pool, student_pool, rollout.grader))
             tracker.log(rollout_id, metrics)
             tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
             print(format_step_line(rollout_id, metrics), flush=True)
 
-            last_step = rollout_id + 1 == cfg.meta.num_rollout
-            if cfg.checkpoint.save and (last_step or (cfg.checkpoint.save_interval and (rollout_id + 1) % cfg.checkpoint.save_interval == 0)):
+            if C.should_save(cfg, rollout_id):
                 state = {"next_rollout_id": rollout_id + 1, "sampler": data.sampler.state_dict()}
                 await asyncio.to_thread(save_checkpoint, Path(cfg.checkpoint.save), rollout_id + 1,
                                         trainer=trainer, tokenizer=tokenizer, state=state)
