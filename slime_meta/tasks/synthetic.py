@@ -225,7 +225,8 @@ class SyntheticTeacherTemplate(TeacherPromptTemplate):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Write the synthetic suffix task (deterministic for a seed).")
+    parser = argparse.ArgumentParser(prog="python -m slime_meta.tasks.synthetic",
+                                     description="Write the synthetic suffix task (deterministic for a seed).")
     parser.add_argument("--out", default="data/synthetic_suffix.jsonl", help="JSON-lines file to write")
     parser.add_argument("--parquet", default=None, help="also write the rows to this parquet file")
     parser.add_argument("--seed", type=int, default=0)
