@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The meta-learning loop on the synthetic suffix task, on one machine (CPU or one GPU, picked
+# automatically). Expects an environment with slime-meta importable (scripts/demo.sh makes one).
+#
+# The task (data/synthetic_suffix.jsonl): each family of words hides a two-letter suffix; the
+# student appends the suffix the teacher's hint names. A good hint is worth everything here, so
+# the holdout grade shows what the teacher learned. slime_meta/tasks/synthetic.py has the details.
+#
+#   bash scripts/run_synthetic.sh                        # 4 outer steps
+#   NUM_ROLLOUT=40 bash scripts/run_synthetic.sh         # longer
+#   MODEL_DIR=/path/to/ckpt bash scripts/run_synthetic.sh --lr 3e-4   # any extra train.py flags
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+RUN_DIR=${RUN_DIR:-runs/demo-$(date +%Y%m%d-%H%M%S)}
+NUM_ROLLOUT=${NUM_ROLLOUT:-4}
+
+if [ -z "${MODEL_DIR:-}" ]; then
+  echo "[demo] building (or reusing) the small model"
+  MODEL_DIR=$(${PYTHON:-python} -m slime_meta.models.tiny --cache-dir "${MODEL_CACHE:-.cache/models}" ${MODEL_BUILD_ARGS:-} | tail -n 1)
+fi
+
+MODEL_ARGS=(--hf-checkpoint "$MODEL_DIR")
+DATA_ARGS=(
+  --prompt-data data/synthetic_suffix.jsonl
+  --input-key prompt --label-key label --rubric-key rubric
+  --group-key family        # a teacher prompt and its holdout problems share one hidden rule
+  --rollout-shuffle
+)
+META_ARGS=(
+  --use-meta-learning
+  --rollout-batch-size 4          # teacher prompts (GRPO groups) per step, one family each
+  --n-samples-per-prompt 8        # G infos per teacher prompt
+  --n-problems-per-prompt 3       # k train problems the teacher sees together
+  --heldout-ipb 4                 # holdout problems of the same family per teacher prompt
+  --num-inner-iterations 2        # K
+  --n-samples-per-inner-prompt 2  # m
+  --num-rollout "$NUM_ROLLOUT"
+)
+TEMPLATE_ARGS=(
+  --generator-template slime_meta.tasks.synthetic.SyntheticGeneratorTemplate
+  --teacher-template slime_meta.tasks.synthetic.SyntheticTeacherTemplate
+)
+SAMPLING_ARGS=(
+  --teacher-temperature 1.0 --teacher-max-tokens 4
+  --rollout-temperature 1.0 --rollout-max-response-len 10
+)
+GRADER_ARGS=(--grader verifier --verifier-metric char)   # partial credit per character
+TRAIN_ARGS=(--lr 1e-4 --micro-batch-size 32)
+OUTPUT_ARGS=(--run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 2)
+
+${PYTHON:-python} train.py "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${TEMPLATE_ARGS[@]}" \
+  "${SAMPLING_ARGS[@]}" "${GRADER_ARGS[@]}" "${TRAIN_ARGS[@]}" "${OUTPUT_ARGS[@]}" "$@"
+
+echo
+echo "[demo] done"
+echo "  metrics:    $RUN_DIR/metrics.jsonl"
+echo "  traces:     $RUN_DIR/traces.jsonl"
+echo "  plot:       $RUN_DIR/holdout.png"
+echo "  checkpoint: $RUN_DIR/checkpoints/$(cat "$RUN_DIR/checkpoints/latest_checkpointed_iteration.txt" | xargs printf 'iter_%07d')"
+echo "  config:     $RUN_DIR/config.json"
