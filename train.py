@@ -14,7 +14,11 @@ import time
 
 from slime_meta.arguments import parse_config
 from slime_meta.backends import get_backend
+from slime_meta.backends.local.launcher import LaunchError
 from slime_meta.errors import EXIT_USER_ERROR, UserInputError
+from slime_meta.pools import PoolUnavailable
+
+RUNTIME_FAULTS = (LaunchError, PoolUnavailable)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except RUNTIME_FAULTS as fault:
+        # Not the user's input, but still one readable line: the message names the log to read.
+        print(f"error: {fault}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted: workers and routers stopped", file=sys.stderr)
         return 130

@@ -6,14 +6,14 @@
 # student appends the suffix the teacher's hint names. A good hint is worth everything here, so
 # the holdout grade shows what the teacher learned. slime_meta/tasks/synthetic.py has the details.
 #
-#   bash scripts/run_synthetic.sh                        # 4 outer steps
+#   bash scripts/run_synthetic.sh                        # 20 outer steps
 #   NUM_ROLLOUT=40 bash scripts/run_synthetic.sh         # longer
 #   MODEL_DIR=/path/to/ckpt bash scripts/run_synthetic.sh --lr 3e-4   # any extra train.py flags
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUN_DIR=${RUN_DIR:-runs/demo-$(date +%Y%m%d-%H%M%S)}
-NUM_ROLLOUT=${NUM_ROLLOUT:-4}
+NUM_ROLLOUT=${NUM_ROLLOUT:-20}
 
 if [ -z "${MODEL_DIR:-}" ]; then
   echo "[demo] building (or reusing) the small model"
