@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
 
+from slime_meta.arguments_objectives import ObjectivesConfig, add_objective_arguments, validate_objective_flags
 from slime_meta.errors import UserInputError
 
 ADDITIONAL_INFO_POSITIONS = ("prefix", "suffix", "system")
@@ -141,6 +142,7 @@ class MetaConfig:
     grader: GraderConfig
     pools: PoolConfig
     train: TrainConfig
+    objectives: ObjectivesConfig
     checkpoint: CheckpointConfig
     tracking: TrackingConfig
 
@@ -273,6 +275,8 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--std-normalize", action=argparse.BooleanOptionalAction, default=True,
         help="Divide GRPO advantages by the group's std (--no-std-normalize: Dr.GRPO).")
 
+    add_objective_arguments(groups.group)
+
     add = groups.group("checkpoints and tracking")
     add("--save", default=None, help="Checkpoint directory.")
     add("--load", default=None, help="Resume from this checkpoint directory.")
@@ -327,6 +331,7 @@ def build_config(namespace: argparse.Namespace, *, default_run_dir: str | None =
         grader=_pick(GraderConfig, namespace),
         pools=_pick(PoolConfig, namespace),
         train=_pick(TrainConfig, namespace),
+        objectives=_pick(ObjectivesConfig, namespace, replay_teachers=tuple(namespace.replay_teachers)),
         checkpoint=_pick(CheckpointConfig, namespace),
         tracking=_pick(TrackingConfig, namespace, run_dir=run_dir),
     )
@@ -359,6 +364,7 @@ def validate_flags(ns: argparse.Namespace) -> None:
         fail(f"--load {ns.load}: no such directory; give a --save directory of an earlier run")
     if ns.save_interval and not ns.save:
         fail("--save-interval needs --save DIR (where checkpoints go)")
+    validate_objective_flags(ns)
     if ns.wandb_mode == "online" and ns.use_wandb:
         import os
 

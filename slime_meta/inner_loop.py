@@ -39,6 +39,7 @@ class InnerLoopSettings:
     trace_sample_rate: float
     control_samples_per_problem: int = 1
     show_progress: bool = True
+    keep_solver_attempts: bool = False
 
 
 @dataclass
@@ -106,18 +107,23 @@ class MetaLearningRollout:
 
     # ------------------------------------------------------------------ one chain
 
-    async def _attempt(self, problem: Problem, info: str) -> tuple[str, GradedAttempt]:
-        prompt, solution = await self.student.solve(problem, info)
-        grade = await self.grader.grade(problem, solution)
-        return prompt, GradedAttempt(problem=problem, solution=solution, grade=grade)
+    async def _attempt(self, problem: Problem, info: str, with_tokens: bool = False) -> tuple[str, GradedAttempt]:
+        prompt, completion = await self.student.solve(problem, info, with_tokens=with_tokens)
+        grade = await self.grader.grade(problem, completion.text)
+        return prompt, GradedAttempt(problem=problem, solution=completion.text, grade=grade, completion=completion)
 
     async def _run_chain(self, chain: Chain) -> None:
         m = self.settings.n_samples_per_inner_prompt
         info = ""
         for iteration in range(self.settings.num_inner_iterations):
+            # The first round's no-info attempts are the policy's own solver samples when it is the
+            # student (shared pool): keep their tokens for the solver-role channels.
+            keep_tokens = iteration == 0 and self.settings.keep_solver_attempts
             results_K_M = await asyncio.gather(
-                *[asyncio.gather(*[self._attempt(p, info) for _ in range(m)]) for p in chain.problems]
+                *[asyncio.gather(*[self._attempt(p, info, keep_tokens) for _ in range(m)]) for p in chain.problems]
             )
+            if keep_tokens:
+                chain.solver_attempts_K_M = [[attempt for _, attempt in results_M] for results_M in results_K_M]
             attempts_K_M = [[attempt for _, attempt in results_M] for results_M in results_K_M]
             avg_grade = fmean(a.grade.score for attempts_M in attempts_K_M for a in attempts_M)
             chain.grades_per_iteration.append(avg_grade)

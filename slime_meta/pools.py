@@ -2,19 +2,29 @@
 
 The same client serves every mode: locally the pool is our embedded workers behind a real
 sglang-router; on a cluster it is SGLang engines behind slime's router. One request per prompt
-(the router rejects batched text lists). Concurrency is bounded per pool; failed requests are
-retried with exponential backoff (the router also retries on another worker).
+(the router rejects batched text lists). Concurrency is bounded per pool.
+
+Retries: the router already re-sends a request whose worker failed to another worker; what
+still reaches this client (5xx, 429, a dropped connection, a timeout, a truncated body) is
+retried up to `max_retries` times. The wait before retry n is `initial_backoff_s * 2**n`, capped
+at `max_backoff_s`, times a random factor in [0.5, 1.5) drawn per request, so that requests
+that failed together do not come back together. A `Retry-After` header (seconds or an HTTP
+date; also `retry-after-ms`) replaces that wait: the retry goes no earlier than asked (plus up
+to 10% spread), capped at `MAX_RETRY_AFTER_S`. Other 4xx replies are not retried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
+import math
 import random
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import aiohttp
 
@@ -41,6 +51,37 @@ class PoolUnavailable(RuntimeError):
     """A pool kept failing after every retry."""
 
 
+MAX_RETRY_AFTER_S = 60.0
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
+    """Seconds a server asked us to wait (`retry-after-ms`, or `Retry-After` in seconds or as an
+    HTTP date), capped at `MAX_RETRY_AFTER_S`; None when it did not ask or the value is unusable."""
+    if not headers:
+        return None
+    headers = {str(name).lower(): value for name, value in headers.items()}
+    seconds = None
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds is not None:
+        try:
+            seconds = float(milliseconds) / 1000.0
+        except ValueError:
+            seconds = None
+    value = headers.get("retry-after") if seconds is None else None
+    if value is not None:
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError, IndexError):
+                return None
+            seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
 @dataclass
 class SGLangPool:
     """Client of one pool. Create inside the event loop that uses it; `close()` at the end."""
@@ -51,6 +92,8 @@ class SGLangPool:
     timeout_s: float = 300.0
     max_retries: int = 3
     stats: PoolStats = field(default_factory=PoolStats)
+    initial_backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
 
     def __post_init__(self):
         self.base_url = self.base_url.rstrip("/")
@@ -70,27 +113,33 @@ class SGLangPool:
         if self._session is not None:
             await self._session.close()
 
+    def backoff_s(self, attempt: int, retry_after: float | None = None) -> float:
+        """The wait before retry `attempt` (0-based): the server's Retry-After, else jittered backoff."""
+        if retry_after is not None:
+            return retry_after * (1.0 + 0.1 * random.random())
+        return min(self.initial_backoff_s * 2.0**attempt, self.max_backoff_s) * (0.5 + random.random())
+
     async def post(self, path: str, payload: dict[str, Any]) -> Any:
         session = await self._ensure_session()
-        delay = 0.2
         async with self._semaphore:
             for attempt in range(self.max_retries + 1):
+                retry_after = None
                 try:
                     async with session.post(self.base_url + path, json=payload) as response:
                         body = await response.text()
                         if response.status == 200:
                             self.stats.requests += 1
                             return json.loads(body)
-                        if response.status < 500 and response.status != 429:
+                        if response.status < 500 and response.status not in (408, 429):
                             # A request the server refuses will be refused again: do not retry.
                             raise PoolUnavailable(f"{self.name} pool {path}: HTTP {response.status}: {body[:300]}")
                         error = f"HTTP {response.status}: {body[:200]}"
+                        retry_after = retry_after_seconds(response.headers)
                 except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
                     error = f"{type(exc).__name__}: {exc}"
                 if attempt < self.max_retries:
                     self.stats.retries += 1
-                    await asyncio.sleep(delay * (1 + random.random()))
-                    delay = min(delay * 2, 5.0)
+                    await asyncio.sleep(self.backoff_s(attempt, retry_after))
             self.stats.failures += 1
             raise PoolUnavailable(f"{self.name} pool at {self.base_url}{path} failed after {self.max_retries} retries: {error}")
 

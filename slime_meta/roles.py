@@ -49,14 +49,31 @@ class StudentRole:
     def prompt(self, problem: Problem, info: str) -> str:
         return self.renderer.text(self.template.build(problem, info, self.info_position))
 
-    async def solve(self, problem: Problem, info: str) -> tuple[str, str]:
-        """One solution of `problem` given the teacher's info: (prompt, solution)."""
+    def prompt_ids(self, problem: Problem, info: str) -> list[int]:
+        return self.renderer.ids(self.template.build(problem, info, self.info_position))
+
+    async def solve(self, problem: Problem, info: str, *, with_tokens: bool = False) -> tuple[str, Completion]:
+        """One solution of `problem` given the teacher's info: (prompt text, completion).
+
+        `with_tokens`: send the prompt as ids and ask for log-probs, so the solution can be trained
+        on as the policy's own sample (solver-role channels); otherwise plain text is enough.
+        """
         prompt = self.prompt(problem, info)
-        completion = await self.pool.generate(
-            text=prompt,
-            sampling_params={"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},
-        )
-        return prompt, completion.text
+        sampling = {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens}
+        if with_tokens:
+            ids = self.prompt_ids(problem, info)
+            return prompt, await self.pool.generate(input_ids=ids, sampling_params=sampling, return_logprob=True)
+        return prompt, await self.pool.generate(text=prompt, sampling_params=sampling)
+
+    async def score(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+        """log p(response | prompt) per response token, by SGLang's scoring call (no generation)."""
+        reply = await self.pool.post(
+            "/generate",
+            {"input_ids": list(prompt_ids) + list(response_ids), "sampling_params": {"max_new_tokens": 0},
+             "return_logprob": True, "logprob_start_len": 0},
+        )  # fmt: skip
+        entries = reply["meta_info"]["input_token_logprobs"]
+        return [float(e[0]) for e in entries[len(entries) - len(response_ids) :]]
 
 
 @dataclass

@@ -57,11 +57,12 @@ class Grade:
 
 @dataclass(frozen=True)
 class GradedAttempt:
-    """One student solution of one problem, with its grade."""
+    """One student solution of one problem, with its grade (and the engine's tokens when kept)."""
 
     problem: Problem
     solution: str
     grade: Grade
+    completion: "Completion | None" = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Chain:
     reward: float = 0.0
     traced: bool = False
     trace: list[dict] = field(default_factory=list)
+    solver_attempts_K_M: list[list[GradedAttempt]] = field(default_factory=list)
 
     @property
     def final_info(self) -> str:
@@ -136,3 +138,36 @@ class Episode:
 
     train_chunks_P: tuple[tuple[Problem, ...], ...]
     holdout: tuple[Problem, ...]
+
+
+@dataclass(frozen=True)
+class SolverSample:
+    """The policy answering a problem itself (solver role): trained by distillation, SDPO, replay.
+
+    `context_prompt_ids` is the same problem's prompt with the distillation context injected,
+    `hint_prompt_ids` with the SDPO hint; `teacher_logprobs` are log p(response | context prompt)
+    from the pool's scoring call, aligned to `response_ids`.
+    """
+
+    problem_uid: str
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    rollout_logprobs: tuple[float, ...]
+    temperature: float
+    grade: float
+    task_advantage: float
+    prompt_text: str
+    solution_text: str
+    context_prompt_ids: tuple[int, ...] | None = None
+    teacher_logprobs: tuple[float, ...] | None = None
+    hint_prompt_ids: tuple[int, ...] | None = None
+    is_error_site: bool = False
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """A DPO pair over one solver prompt: chosen and rejected response ids."""
+
+    prompt_ids: tuple[int, ...]
+    chosen_ids: tuple[int, ...]
+    rejected_ids: tuple[int, ...]

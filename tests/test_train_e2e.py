@@ -177,3 +177,39 @@ def test_openai_compatible_grader_with_faults_and_a_key_that_never_reaches_disk(
         if path.is_file():
             assert canary.encode() not in path.read_bytes(), path
     assert canary not in result.stdout + result.stderr
+
+
+def test_all_three_channels_and_context_distillation_in_one_run(tiny_checkpoint, tmp_path):
+    """GRPO + SDPO + N-teacher replay DPO + context distillation + TIS + KL: 2 outer steps."""
+    from openai_server import run_openai_server
+
+    def teacher_reply(messages: list[dict]) -> str:
+        # The solver prompt is `S|word=`: both replay teachers answer word + "ab".
+        prompt = messages[-1]["content"]
+        word = prompt.split("|", 1)[1].rstrip("=")
+        return f"{word}ab."
+
+    run_dir = tmp_path / "channels"
+    with run_openai_server(reply_fn=teacher_reply) as (url_a, _), run_openai_server(reply_fn=teacher_reply) as (url_b, _):
+        result = run_train(
+            synthetic_args(
+                tiny_checkpoint, run_dir, "--num-rollout", "2",
+                "--distill-context", "additional_info", "--teacher-tau", "0.5", "--student-tau", "0.5",
+                "--sdpo-alpha", "0.5", "--sdpo-on", "all", "--sdpo-top-k", "8",
+                "--replay-beta", "0.5", "--replay-teachers", f"ta@{url_a}", f"tb@{url_b}", "--replay-min-agree", "2",
+                "--use-tis", "--kl-loss-coef", "0.01", "--kl-loss-type", "k3", "--entropy-coef", "0.001",
+            )  # fmt: skip
+        )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1]
+    for r in records:
+        for key in ("loss/grpo", "loss/sdpo_kl", "loss/trace_replay_dpo", "loss/total", "combined_advantage"):
+            assert r[key] is not None and r[key] == r[key], key  # present and not NaN
+        assert r["solver/num_samples"] == 2 * 3 * 2 * 2  # prompts x G x k x m first-round attempts
+        assert r["train/sdpo_tokens"] > 0 and r["train/kl_ref"] >= 0.0
+        assert r["train/replay_pairs"] > 0  # the teachers agree on "ab", the random policy does not
+        assert r["loss/total"] == pytest.approx(r["loss/grpo"] + 0.5 * r["loss/sdpo_kl"] + 0.5 * r["loss/trace_replay_dpo"], rel=1e-5)
+        assert "distill/teacher_minus_student_logp" in r
+    cached = read_jsonl(run_dir / "replay_pairs.jsonl")
+    assert cached, "replay decisions are cached in the run dir"

@@ -12,7 +12,10 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from slime_meta.arguments import MetaConfig
-from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+from slime_meta.arguments_objectives import read_context
+from slime_meta.backends.local.channels import LossSettings
+from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
+from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
 from slime_meta.data import ProblemSampler, load_problems, split_sizes
 from slime_meta.errors import UserInputError
 from slime_meta.grading import build_grader, default_grader_kind
@@ -20,6 +23,7 @@ from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
 from slime_meta.pools import SGLangPool, check_reachable, post_json_sync
 from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate, load_template
 from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole
+from slime_meta.types import PreferencePair
 
 
 def prepare_run_dir(cfg: MetaConfig) -> Path:
@@ -138,6 +142,7 @@ def build_rollout(
         holdout_advantage=cfg.meta.holdout_advantage,
         std_normalize=cfg.train.std_normalize,
         trace_sample_rate=cfg.meta.trace_sample_rate,
+        keep_solver_attempts=cfg.objectives.needs_solver_samples and not cfg.separate_student,
     )
     return MetaLearningRollout(student=student, grader=pieces.grader, teacher=teacher, settings=settings)
 
@@ -190,15 +195,88 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
 
 
 def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
-    t = cfg.train
+    t, o = cfg.train, cfg.objectives
+    loss = LossSettings(
+        eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high, eps_clip_c=o.eps_clip_c, use_tis=o.use_tis,
+        tis_clip=o.tis_clip, tis_clip_low=o.tis_clip_low, aipo_delta=o.aipo_delta, kl_loss_coef=o.kl_loss_coef,
+        kl_loss_type=o.kl_loss_type, entropy_coef=o.entropy_coef, sdpo_alpha=o.sdpo_alpha, sdpo_beta=o.sdpo_beta,
+        sdpo_temperature=o.sdpo_temperature, sdpo_top_k=o.sdpo_top_k, sdpo_token_clip=o.sdpo_token_clip,
+        replay_beta=o.replay_beta, replay_dpo_beta=o.replay_dpo_beta,
+    )  # fmt: skip
     settings = TrainerSettings(
         lr=t.lr, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2,
-        clip_grad=t.clip_grad, eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high,
-        micro_batch_size=t.micro_batch_size, device=cfg.pools.device,
+        clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size, device=cfg.pools.device,
         temperature=cfg.sampling.teacher_temperature,  # log-probs under the distribution sampled from
+        loss=loss, distill=DistillSettings(o.adv_tau, o.teacher_tau, o.student_tau),
     )  # fmt: skip
     pad_token_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
-    return LocalTrainer(model_dir, settings, pad_token_id=pad_token_id)
+    # The reference is the run's starting checkpoint, also after a resume.
+    reference = cfg.pools.hf_checkpoint if o.kl_loss_coef != 0.0 else None
+    return LocalTrainer(model_dir, settings, pad_token_id=pad_token_id, reference_path=reference)
+
+
+def make_solver_builder(cfg: MetaConfig, pieces: "RolePieces", teacher_pool: SGLangPool, tokenizer):
+    """The solver-role sample producer, when a channel needs the policy's own solutions."""
+    o = cfg.objectives
+    if not o.needs_solver_samples:
+        return None
+    source = "fixed" if o.teacher_context else "column" if o.context_key else o.distill_context
+    policy_as_student = StudentRole(
+        pool=teacher_pool, template=pieces.generator_template, renderer=PromptRenderer(tokenizer, cfg.data.apply_chat_template),
+        info_position=cfg.meta.additional_info_position, temperature=cfg.sampling.rollout_temperature,
+        max_new_tokens=cfg.sampling.rollout_max_response_len,
+    )  # fmt: skip
+    settings = SolverSettings(
+        attempts_per_problem=cfg.meta.n_samples_per_inner_prompt, reuse_chain_attempts=not cfg.separate_student,
+        distill_context=source, fixed_context=read_context(o.teacher_context), context_key=o.context_key,
+        distill=o.distillation_on, sdpo=o.sdpo_on_any, sdpo_hint=o.sdpo_hint, sdpo_grade_threshold=o.sdpo_grade_threshold,
+        sdpo_on=o.sdpo_on, skip_verification=o.skip_verification, std_normalize=cfg.train.std_normalize,
+    )  # fmt: skip
+    return SolverSampleBuilder(policy_as_student, pieces.grader, settings)
+
+
+def make_replayer(cfg: MetaConfig, run_dir: Path):
+    """Channel 3's pair maker, its decisions cached in the run dir (a resume never pays twice)."""
+    o = cfg.objectives
+    if not o.replay_on:
+        return None
+    from slime_meta.replay import ReplayPairer, parse_replay_teachers
+
+    return ReplayPairer(
+        parse_replay_teachers(o.replay_teachers), min_agree=o.replay_min_agree, cache_path=run_dir / "replay_pairs.jsonl"
+    )
+
+
+async def solver_channel_inputs(builder, replayer, chains, tokenizer) -> tuple[list, list, dict[str, float]]:
+    """The policy's own solutions (distillation, SDPO) and the replay pairs built on them."""
+    if builder is None:
+        return [], [], {}
+    solver_samples, metrics = await builder.build(chains)
+    pairs = []
+    if replayer is not None:
+        from slime_meta.replay import ReplayRequest
+
+        requests = [ReplayRequest.build(x.prompt_text, x.solution_text, x.problem_uid) for x in solver_samples]
+        by_key = {r.key: x for r, x in zip(requests, solver_samples)}
+        for pair in await replayer.pairs_for(requests):
+            sample = by_key[pair.key]
+            # The chosen answer is another model's text: tokenised here, it is DPO's off-policy data by design.
+            chosen_ids = tuple(tokenizer(pair.chosen, add_special_tokens=False)["input_ids"])
+            if tokenizer.eos_token_id is not None:
+                chosen_ids += (tokenizer.eos_token_id,)
+            pairs.append(PreferencePair(sample.prompt_ids, chosen_ids, sample.response_ids))
+        # Counters since the start of this process (a resume starts them again).
+        metrics.update({f"replay/{k}": float(v) for k, v in replayer.stats.as_dict().items()})
+    return solver_samples, pairs, metrics
+
+
+async def close_clients(*clients) -> None:
+    """Close the HTTP sessions of pools, grader and replay teachers (those that have any)."""
+    for client in clients:
+        for method in ("close", "aclose"):
+            if client is not None and hasattr(client, method):
+                await getattr(client, method)()
+                break
 
 
 def should_save(cfg: MetaConfig, rollout_id: int) -> bool:

@@ -14,22 +14,46 @@ Not leaving processes behind is the main job here:
 - SIGKILL of the parent cannot be caught: on Linux each child asks the kernel for SIGTERM when
   its parent dies (PR_SET_PDEATHSIG, set in `preexec_fn`). The kernel ties this to the *thread*
   that forked the child, so call `start_pool`/`restart_worker` from the main thread or a thread
-  that lives as long as the pool (a warning is logged otherwise).
+  that lives as long as the pool (a warning is logged otherwise). The supervisor thread (below)
+  lives until `stop()`, so the workers it restarts are covered too.
 - Children stay in the parent's process group and session (no `start_new_session`): Ctrl-C in a
   terminal, a hangup, or a job controller signalling the group (`timeout`, CI, schedulers) then
   reaches the whole tree at once, so nothing outlives the terminal or the job. The price is that
   on Ctrl-C the workers shut down in parallel with the parent's own cleanup; that is what Ctrl-C
   means here. `stop()` tolerates children that are already gone.
 
-Not thread-safe: use one group from one thread.
+Keeping a pool whole while it runs (`supervise=True`, the default): a daemon thread polls the
+workers every `supervise_interval_s` (0.5 s). A worker whose process has exited (SIGKILL by the
+OOM killer, a crash, a GPU fault) is
+  1. removed from its router at once (`DELETE /workers/{id}`), so nothing is routed to it (the
+     router's own retries already moved the requests that were in flight to another worker);
+  2. started again with the same command on the same port, and waited for until `/health` is 200;
+  3. given the pool's current weights (the last `update_weights` call), so it never serves the
+     starting checkpoint next to trained workers;
+  4. registered with the router again (`POST /workers`): a fresh entry, so the circuit breaker the
+     dead worker opened (60 s by default) does not keep the healthy new process idle;
+  5. counted: `restarts(pool_name)`.
+A worker that died by SIGINT/SIGTERM/SIGHUP is restarted only after a 2 s grace period: those
+signals usually reach the whole process group (Ctrl-C, a job scheduler), and this process then
+stops the group itself. A worker that dies more than `max_restarts` times within
+`restart_window_s` is left down (an error is logged; the router keeps using the others). Routers
+are not restarted. `stop()` first tells the supervisor to stop, waits for it (a restart in
+progress is abandoned, its process terminated with the rest), so nothing is restarted during or
+after `stop()`.
+
+Thread safety: `start_pool`, `restart_worker`, `stop` belong to one thread (normally the main
+one); `update_weights`, `restarts`, `router_retries`, `pool`, `child_pids` may be called from
+any thread (the run loop calls `update_weights` from a worker thread).
 """
 
 from __future__ import annotations
 
 import atexit
 import ctypes
+import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -39,20 +63,32 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _POLL_INTERVAL_S = 0.2
 _LOG_TAIL_LINES = 25
+_POLITE_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+_POLITE_DEATH_GRACE_S = 2.0
+_ROUTER_CALL_TIMEOUT_S = 10.0
+_ROUTER_SYNC_TIMEOUT_S = 15.0
+# Prometheus counters of the router's own retries: `smg_worker_retries_total` (sglang-router
+# 0.3.x), `sgl_router_retries_total` (older releases).
+_RETRIES_METRIC = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*retries_total)(?:\{[^}]*\})?\s+(?P<value>[0-9.eE+-]+)\s*$")
 # The repository root, so children can import slime_meta even when it is not installed.
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
 
 
 class LaunchError(RuntimeError):
     """A worker or router died or never became ready; the message names its log file."""
+
+
+class _Stopping(Exception):
+    """The group is stopping: a restart in progress gives up."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +109,10 @@ class _Child:
     url: str
     ready_path: str  # GET path that answers 200 once the process is usable
     process: subprocess.Popen | None = None
+    restarting: bool = False  # a new process is starting; not yet back in its router
+    seen_dead_at: float | None = None
+    restart_times: list[float] = field(default_factory=list)
+    given_up: bool = False
 
 
 @dataclass
@@ -80,6 +120,10 @@ class _Pool:
     endpoints: PoolEndpoints
     workers: list[_Child]
     router: _Child
+    metrics_url: str
+    restarts: int = 0
+    weights: tuple[str, str] | None = None  # (model_path, weight_version) of the last update
+    router_dead_logged: bool = False
 
 
 def _die_with_parent_hook() -> Callable[[], None] | None:
@@ -97,14 +141,31 @@ def _die_with_parent_hook() -> Callable[[], None] | None:
     return set_parent_death_signal
 
 
+# No proxies: these are loopback addresses, and an http_proxy variable must not reroute them.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
-    # No proxies: these are loopback addresses, and an http_proxy variable must not reroute them.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(url, timeout=timeout_s) as response:
+        with _OPENER.open(url, timeout=timeout_s) as response:
             return response.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+def _http_json(method: str, url: str, body: Any = None, timeout_s: float = _ROUTER_CALL_TIMEOUT_S) -> tuple[int, Any]:
+    """(status, parsed JSON body or None) of one request; HTTP errors are returned, not raised."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with _OPENER.open(request, timeout=timeout_s) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read()
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, None
 
 
 def _log_tail(path: Path) -> str:
@@ -113,6 +174,15 @@ def _log_tail(path: Path) -> str:
     except OSError:
         return "(log unreadable)"
     return "\n".join(lines[-_LOG_TAIL_LINES:])
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
 
 
 class LocalProcessGroup:
@@ -125,15 +195,28 @@ class LocalProcessGroup:
         startup_timeout_s: float = 300.0,
         stop_timeout_s: float = 5.0,
         handle_sigterm: bool = True,
+        supervise: bool = True,
+        supervise_interval_s: float = 0.5,
+        max_restarts: int = 5,
+        restart_window_s: float = 600.0,
     ):
         self._host = host
         self._startup_timeout_s = startup_timeout_s
         self._stop_timeout_s = stop_timeout_s
         self._handle_sigterm = handle_sigterm
+        self._supervise = supervise
+        self._supervise_interval_s = supervise_interval_s
+        self._max_restarts = max_restarts
+        self._restart_window_s = restart_window_s
         self._pools: dict[str, _Pool] = {}
         self._reserved_ports: set[int] = set()
         self._previous_sigterm_handler: object = None
         self._child_setup = _die_with_parent_hook()
+        # Guards the pools' state between the caller's threads and the supervisor; held only for
+        # quick steps (spawn, weight load, router calls), never while a process starts.
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
         atexit.register(self.stop)
 
     def __enter__(self) -> LocalProcessGroup:
@@ -170,6 +253,7 @@ class LocalProcessGroup:
             raise ValueError("num_workers must be >= 1")
         self._warn_if_not_main_thread()
         self._install_sigterm_handler()
+        self._stopping.clear()  # a group may be used again after stop()
         log_directory = Path(log_dir)
         log_directory.mkdir(parents=True, exist_ok=True)
         ports = self._choose_ports(num_workers + 2, base_port)
@@ -226,44 +310,111 @@ class LocalProcessGroup:
             url=f"http://{self._host}:{router_port}",
             ready_path="/readiness",
         )
-        pool = _Pool(PoolEndpoints(name, router.url, worker_urls), workers, router)
-        self._pools[name] = pool
+        pool = _Pool(
+            PoolEndpoints(name, router.url, worker_urls), workers, router, metrics_url=f"http://{self._host}:{metrics_port}/metrics"
+        )
         started_at = time.monotonic()
         try:
-            for worker in workers:
-                self._spawn(worker)
+            with self._lock:
+                self._pools[name] = pool
+                for worker in workers:
+                    self._spawn(worker)
             self._wait_until_ready(workers)
             workers_ready_s = time.monotonic() - started_at
-            self._spawn(router)
+            with self._lock:
+                self._spawn(router)
             self._wait_until_ready([router])
         except BaseException:
-            self._terminate([router, *workers])
-            del self._pools[name]
+            with self._lock:
+                self._terminate([router, *workers])
+                self._pools.pop(name, None)
             raise
         logger.info(
             "pool %s ready: router %s, workers %s (workers %.1fs, router %.1fs)",
             name, router.url, ", ".join(worker_urls), workers_ready_s, time.monotonic() - started_at - workers_ready_s,
         )  # fmt: skip
+        self._start_supervisor()
         return pool.endpoints
 
     def restart_worker(self, pool_name: str, index: int) -> str:
         """Stop worker `index` if it runs, start it again on the same port, wait until healthy.
 
-        The router notices the worker is back through its health checks (about 2 s).
+        Like an automatic restart: the worker is taken out of its router first, gets the pool's
+        current weights, is registered again, and counts in `restarts(pool_name)`.
         """
         self._warn_if_not_main_thread()
-        worker = self._pools[pool_name].workers[index]
-        self._terminate([worker])
-        self._spawn(worker)
-        self._wait_until_ready([worker])
+        pool = self._pools[pool_name]
+        worker = pool.workers[index]
+        with self._lock:
+            worker.restarting = True
+            self._deregister(pool, worker)
+            self._terminate([worker])
+            self._spawn(worker)
+        try:
+            self._wait_until_ready([worker], abort=self._stopping)
+            self._finish_restart(pool, worker)
+        except _Stopping:
+            raise LaunchError(f"{worker.role}: the group stopped during the restart") from None
+        finally:
+            worker.restarting = False
         return worker.url
 
     def kill_worker(self, pool_name: str, index: int, signal_number: int = signal.SIGKILL) -> None:
-        """Send a signal to worker `index` and reap it (for failure tests)."""
+        """Send a signal to worker `index` and reap it (for failure tests; the supervisor restarts it)."""
         worker = self._pools[pool_name].workers[index]
-        if worker.process is not None and worker.process.poll() is None:
-            worker.process.send_signal(signal_number)
-            worker.process.wait()
+        process = worker.process
+        if process is not None and process.poll() is None:
+            process.send_signal(signal_number)
+            process.wait()
+
+    def update_weights(self, pool_name: str, model_path: str, weight_version: str | int) -> list[str]:
+        """Load `model_path` into every live worker of the pool (`/update_weights_from_disk`).
+
+        The path is remembered first: a worker that is down or restarting is skipped and gets
+        these weights when it is back, before the router sends it anything. Returns the URLs
+        updated now. Raises RuntimeError when a live worker refuses the update.
+        """
+        with self._lock:
+            pool = self._pools[pool_name]
+            pool.weights = (str(model_path), str(weight_version))
+            updated = []
+            for worker in pool.workers:
+                if worker.restarting or worker.process is None or worker.process.poll() is not None:
+                    logger.warning("%s is down: it gets weights %s when it is back", worker.role, weight_version)
+                    continue
+                try:
+                    self._load_weights(worker, pool.weights)
+                except (urllib.error.URLError, OSError) as error:
+                    if worker.process.poll() is None:
+                        time.sleep(0.2)  # a worker dying right now: let its exit show
+                    if worker.process.poll() is not None:
+                        logger.warning("%s died during a weight update: it gets the weights when it is back", worker.role)
+                        continue
+                    raise RuntimeError(f"weight update of {worker.url} failed: {error}") from None
+                updated.append(worker.url)
+            return updated
+
+    def restarts(self, pool_name: str) -> int:
+        """Worker restarts of this pool so far (automatic and `restart_worker`)."""
+        return self._pools[pool_name].restarts
+
+    def router_retries(self, pool_name: str) -> int:
+        """Requests the pool's router re-sent to another worker so far (its Prometheus counter); 0 if unknown."""
+        pool = self._pools[pool_name]
+        try:
+            with _OPENER.open(pool.metrics_url, timeout=5) as response:
+                text = response.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError, ValueError):
+            return 0
+        total = 0.0
+        for line in text.splitlines():
+            match = _RETRIES_METRIC.match(line)
+            if match:
+                total += float(match.group("value"))
+        return int(total)
+
+    def pool_names(self) -> list[str]:
+        return list(self._pools)
 
     def pool(self, name: str) -> PoolEndpoints:
         return self._pools[name].endpoints
@@ -278,14 +429,169 @@ class LocalProcessGroup:
 
     def stop(self) -> None:
         """Terminate every router and worker (routers first) and reap them. Idempotent."""
-        pools, self._pools = list(self._pools.values()), {}
-        self._terminate([pool.router for pool in pools] + [worker for pool in pools for worker in pool.workers])
+        self._stopping.set()  # no restart from now on; a restart in progress gives up
+        supervisor, self._supervisor = self._supervisor, None
+        if supervisor is not None and supervisor is not threading.current_thread():
+            supervisor.join(timeout=self._stop_timeout_s + _ROUTER_CALL_TIMEOUT_S)
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+            self._terminate([pool.router for pool in pools] + [worker for pool in pools for worker in pool.workers])
         self._restore_sigterm_handler()
+
+    # ----- supervision ---------------------------------------------------------------------------
+
+    def _start_supervisor(self) -> None:
+        if not self._supervise or (self._supervisor is not None and self._supervisor.is_alive()):
+            return
+        self._supervisor = threading.Thread(target=self._supervise_loop, name="worker-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def _supervise_loop(self) -> None:
+        while not self._stopping.wait(self._supervise_interval_s):
+            try:
+                self._check_pools()
+            except _Stopping:
+                return
+            except Exception:  # the supervisor must outlive any one failure: its children die with it
+                logger.exception("worker supervisor: unexpected error (continuing)")
+
+    def _check_pools(self) -> None:
+        with self._lock:
+            pools = list(self._pools.values())
+        for pool in pools:
+            if pool.router.process is not None and pool.router.process.poll() is not None:
+                if not pool.router_dead_logged:
+                    pool.router_dead_logged = True
+                    logger.error(
+                        "%s %s; its workers are not restarted (log %s)",
+                        pool.router.role, _describe_exit(pool.router.process.returncode), pool.router.log_path,
+                    )  # fmt: skip
+                continue
+            for worker in pool.workers:
+                if self._stopping.is_set():
+                    raise _Stopping
+                if self._needs_restart(worker):
+                    self._restart_dead_worker(pool, worker)
+
+    def _needs_restart(self, worker: _Child) -> bool:
+        process = worker.process
+        if worker.restarting or worker.given_up or process is None or process.poll() is None:
+            worker.seen_dead_at = None
+            return False
+        now = time.monotonic()
+        if worker.seen_dead_at is None:
+            worker.seen_dead_at = now
+        if process.returncode is not None and -process.returncode in _POLITE_SIGNALS:
+            return now - worker.seen_dead_at >= _POLITE_DEATH_GRACE_S
+        return True
+
+    def _restart_dead_worker(self, pool: _Pool, worker: _Child) -> None:
+        now = time.monotonic()
+        worker.restart_times = [t for t in worker.restart_times if now - t < self._restart_window_s]
+        exit_text = _describe_exit(worker.process.returncode)
+        if len(worker.restart_times) >= self._max_restarts:
+            worker.given_up = True
+            logger.error(
+                "%s %s; it died %d times within %.0fs, so it is left down (log %s)",
+                worker.role, exit_text, len(worker.restart_times) + 1, self._restart_window_s, worker.log_path,
+            )  # fmt: skip
+            with self._lock:
+                self._deregister(pool, worker)
+            return
+        worker.restart_times.append(now)
+        logger.warning("%s %s; restarting it on %s (log %s)", worker.role, exit_text, worker.url, worker.log_path)
+        with self._lock:
+            if self._stopping.is_set():
+                raise _Stopping
+            worker.restarting = True
+            self._deregister(pool, worker)
+            self._spawn(worker)
+        try:
+            self._wait_until_ready([worker], abort=self._stopping)
+            self._finish_restart(pool, worker)
+        except LaunchError as error:  # it failed to come back: the next poll tries again
+            logger.error("restart of %s failed: %s", worker.role, error)
+            with self._lock:
+                self._terminate([worker])
+        finally:
+            worker.restarting = False
+            worker.seen_dead_at = None
+
+    def _finish_restart(self, pool: _Pool, worker: _Child) -> None:
+        """A restarted worker is up: current weights in, back into its router, counted."""
+        with self._lock:
+            if self._stopping.is_set():
+                raise _Stopping
+            if pool.weights is not None:
+                try:
+                    self._load_weights(worker, pool.weights)
+                except (urllib.error.URLError, OSError, RuntimeError) as error:
+                    raise LaunchError(f"{worker.role} came back but did not take weights {pool.weights[0]}: {error}")
+            self._register(pool, worker)
+            pool.restarts += 1
+        logger.warning("%s is back on %s (restart %d of pool %s)", worker.role, worker.url, pool.restarts, pool.endpoints.name)
+
+    @staticmethod
+    def _load_weights(worker: _Child, weights: tuple[str, str]) -> None:
+        status, reply = _http_json(
+            "POST", worker.url + "/update_weights_from_disk", {"model_path": weights[0], "weight_version": weights[1]},
+            timeout_s=600.0,
+        )  # fmt: skip
+        if status != 200 or not (reply or {}).get("success"):
+            raise RuntimeError(f"weight update of {worker.url} failed: {(reply or {}).get('message', status)}")
+
+    # Router registration. sglang-router 0.3.x manages workers through `/workers` (list, POST to
+    # add, DELETE /workers/{id} to remove; both are queued, so each call waits until the listing
+    # shows the change). A router without that API (404) still takes a restarted worker back
+    # through its health checks, once the circuit breaker of the dead worker closes again.
+
+    def _router_worker_ids(self, pool: _Pool, url: str) -> list[str] | None:
+        status, reply = _http_json("GET", pool.router.url + "/workers")
+        if status != 200 or not isinstance(reply, dict):
+            return None
+        return [str(w.get("id")) for w in reply.get("workers", []) if w.get("url") == url]
+
+    def _deregister(self, pool: _Pool, worker: _Child) -> None:
+        try:
+            ids = self._router_worker_ids(pool, worker.url)
+            if not ids:
+                return
+            for worker_id in ids:
+                _http_json("DELETE", f"{pool.router.url}/workers/{worker_id}")
+            self._wait_for_router(pool, worker.url, present=False)
+        except (urllib.error.URLError, OSError) as error:
+            logger.warning("could not take %s out of its router: %s", worker.role, error)
+
+    def _register(self, pool: _Pool, worker: _Child) -> None:
+        try:
+            if self._router_worker_ids(pool, worker.url) is None:
+                logger.info("router of pool %s has no /workers API: its health checks take %s back", pool.endpoints.name, worker.url)
+                return
+            status, reply = _http_json("POST", pool.router.url + "/workers", {"url": worker.url})
+            if status not in (200, 201, 202):
+                raise LaunchError(f"router {pool.router.url} refused to add {worker.url}: HTTP {status} {reply}")
+            self._wait_for_router(pool, worker.url, present=True)
+        except (urllib.error.URLError, OSError) as error:
+            raise LaunchError(f"could not register {worker.role} with router {pool.router.url}: {error}") from None
+
+    def _wait_for_router(self, pool: _Pool, url: str, *, present: bool) -> None:
+        deadline = time.monotonic() + _ROUTER_SYNC_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status, reply = _http_json("GET", pool.router.url + "/workers")
+            entries = [w for w in (reply or {}).get("workers", []) if w.get("url") == url] if status == 200 else []
+            if (present and entries and all(w.get("is_healthy", True) for w in entries)) or (not present and not entries):
+                return
+            if self._stopping.is_set():
+                raise _Stopping
+            time.sleep(0.1)
+        action = "add" if present else "remove"
+        raise LaunchError(f"router {pool.router.url} did not {action} {url} within {_ROUTER_SYNC_TIMEOUT_S:.0f}s")
 
     # ----- internals -------------------------------------------------------------------------------
 
     def _children(self) -> list[_Child]:
-        return [child for pool in self._pools.values() for child in (pool.router, *pool.workers)]
+        with self._lock:
+            return [child for pool in self._pools.values() for child in (pool.router, *pool.workers)]
 
     @staticmethod
     def _child_env() -> dict[str, str]:
@@ -333,10 +639,12 @@ class LocalProcessGroup:
                 preexec_fn=self._child_setup,  # noqa: PLW1509 - only a prctl call, see module docstring
             )
 
-    def _wait_until_ready(self, children: list[_Child]) -> None:
+    def _wait_until_ready(self, children: list[_Child], abort: threading.Event | None = None) -> None:
         deadline = time.monotonic() + self._startup_timeout_s
         pending = list(children)
         while pending:
+            if abort is not None and abort.is_set():
+                raise _Stopping
             for child in list(pending):
                 assert child.process is not None
                 if child.process.poll() is not None:

@@ -41,36 +41,39 @@ async def _run(cfg: MetaConfig) -> Path:
         teacher_pool = C.make_pool(cfg, "teacher", teacher_endpoints.router_url, cfg.sampling.teacher_concurrency)
         student_pool = C.make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
         rollout = C.build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
+        solver_builder = C.make_solver_builder(cfg, pieces, teacher_pool, tokenizer)
+        replayer = C.make_replayer(cfg, run_dir)
         trainer = C.make_trainer(cfg, teacher_model, tokenizer)
         if resume:
             trainer.load_state_dict(resume.trainer_state)
             set_rng_state(resume.trainer_state["rng"])
         tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict(), start_step=start_step)
 
-        for rollout_id in range(start_step, cfg.meta.num_rollout):
-            step_started = time.perf_counter()
-            episodes = data.sampler.next_episodes(
-                num_prompts=cfg.meta.rollout_batch_size,
-                problems_per_prompt=cfg.meta.n_problems_per_prompt,
-                num_holdout=data.num_holdout,
-            )
-            result = await rollout.run(episodes, rollout_id, seed=cfg.seed)
-            train_metrics = await asyncio.to_thread(trainer.train_step, result.samples)
-            await asyncio.to_thread(C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1)
+        try:
+            for rollout_id in range(start_step, cfg.meta.num_rollout):
+                step_started = time.perf_counter()
+                episodes = data.sampler.next_episodes(
+                    num_prompts=cfg.meta.rollout_batch_size,
+                    problems_per_prompt=cfg.meta.n_problems_per_prompt,
+                    num_holdout=data.num_holdout,
+                )
+                result = await rollout.run(episodes, rollout_id, seed=cfg.seed)
+                solver, pairs, solver_metrics = await C.solver_channel_inputs(solver_builder, replayer, result.chains, tokenizer)
+                train_metrics = await asyncio.to_thread(trainer.train_step, result.samples, solver, pairs)
+                await asyncio.to_thread(C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1)
 
-            metrics = {**result.metrics, **train_metrics, "perf/step_time": time.perf_counter() - step_started}
-            metrics.update(C.counter_metrics(teacher_pool, student_pool, rollout.grader))
-            tracker.log(rollout_id, metrics)
-            tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
-            print(format_step_line(rollout_id, metrics), flush=True)
+                metrics = {**result.metrics, **solver_metrics, **train_metrics, "perf/step_time": time.perf_counter() - step_started}
+                metrics.update(C.counter_metrics(teacher_pool, student_pool, rollout.grader))
+                tracker.log(rollout_id, metrics)
+                tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
+                print(format_step_line(rollout_id, metrics), flush=True)
 
-            if C.should_save(cfg, rollout_id):
-                state = {"next_rollout_id": rollout_id + 1, "sampler": data.sampler.state_dict()}
-                await asyncio.to_thread(save_checkpoint, Path(cfg.checkpoint.save), rollout_id + 1,
-                                        trainer=trainer, tokenizer=tokenizer, state=state)
-
-        await teacher_pool.close()
-        await student_pool.close()
-        tracker.finish()
+                if C.should_save(cfg, rollout_id):
+                    state = {"next_rollout_id": rollout_id + 1, "sampler": data.sampler.state_dict()}
+                    await asyncio.to_thread(save_checkpoint, Path(cfg.checkpoint.save), rollout_id + 1,
+                                            trainer=trainer, tokenizer=tokenizer, state=state)
+        finally:
+            await C.close_clients(teacher_pool, student_pool, pieces.grader, replayer)
+            tracker.finish()
     C.write_plot(run_dir)
     return run_dir

@@ -1,26 +1,30 @@
-"""The local trainer: the teacher as an HF causal LM, AdamW, GRPO with PPO clipping.
+"""The local trainer: the teacher as an HF causal LM, AdamW, one optimizer step per rollout.
 
 It trains on exactly the token ids the engine sampled (prompt ids + output ids), with the
-behaviour log-probs the engine returned as the PPO "old" log-probs. Re-tokenising the generated
-text would drift from what was sampled and break the ratio. Log-probs are taken under
-logits / temperature, the distribution the engine sampled from, so the ratio is 1 on-policy.
+behaviour log-probs the engine returned. Re-tokenising the generated text would drift from what
+was sampled and break the ratio. Log-probs are taken under logits / temperature, the
+distribution the engine sampled from, so the ratio is 1 on-policy.
 
-fp32 on CPU; on a GPU fp32 master weights with bf16 autocast.
+The loss channels (policy gradient, SDPO, trace-replay DPO) live in `channels.py`. fp32 on CPU;
+on a GPU fp32 master weights with bf16 autocast.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from slime_meta.losses import policy_loss
-from slime_meta.types import TeacherSample
+from slime_meta.backends.local.batching import PolicySequence
+from slime_meta.backends.local.channels import LossSettings, policy_gradient_pass, replay_dpo_pass, sdpo_pass
+from slime_meta.losses import ThreeChannelInputs, context_distillation_advantages, total_loss
+from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
 
 def resolve_device(device: str) -> torch.device:
@@ -30,54 +34,54 @@ def resolve_device(device: str) -> torch.device:
 
 
 @dataclass(frozen=True)
+class DistillSettings:
+    adv_tau: float = 1.0
+    teacher_tau: float = 0.0
+    student_tau: float = 0.0
+
+    @property
+    def on(self) -> bool:
+        return self.teacher_tau != 0.0 or self.student_tau != 0.0
+
+
+@dataclass(frozen=True)
 class TrainerSettings:
     lr: float
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     clip_grad: float = 1.0
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None
     micro_batch_size: int = 8
     temperature: float = 1.0  # the teacher's sampling temperature
     device: str = "auto"
+    loss: LossSettings = field(default_factory=LossSettings)
+    distill: DistillSettings = field(default_factory=DistillSettings)
 
 
-@dataclass
-class MicroBatch:
-    tokens_B_T: torch.Tensor
-    attention_mask_B_T: torch.Tensor
-    loss_mask_B_T: torch.Tensor  # 1 where the target token (position t+1) was sampled by the teacher
-    rollout_logp_B_T: torch.Tensor
-    advantages_B: torch.Tensor
+def teacher_sequences(samples: Sequence[TeacherSample], temperature: float) -> list[PolicySequence]:
+    return [
+        PolicySequence(s.prompt_ids, s.response_ids, s.rollout_logprobs, (s.advantage,) * len(s.response_ids), temperature)
+        for s in samples
+        if s.response_ids
+    ]
 
 
-def make_micro_batches(samples: Sequence[TeacherSample], micro_batch_size: int, pad_id: int) -> list[MicroBatch]:
-    """Right-padded micro-batches; positions are the targets' (shifted by one)."""
-    # Similar lengths together waste less padding.
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
-    batches = []
-    for start in range(0, len(order), micro_batch_size):
-        chunk = [samples[i] for i in order[start : start + micro_batch_size]]
-        length = max(len(s.prompt_ids) + len(s.response_ids) for s in chunk)
-        tokens = torch.full((len(chunk), length), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(chunk), length), dtype=torch.long)
-        loss_mask = torch.zeros((len(chunk), length - 1), dtype=torch.float32)
-        rollout_logp = torch.zeros((len(chunk), length - 1), dtype=torch.float32)
-        for row, sample in enumerate(chunk):
-            ids = list(sample.prompt_ids) + list(sample.response_ids)
-            tokens[row, : len(ids)] = torch.tensor(ids)
-            attention[row, : len(ids)] = 1
-            first = len(sample.prompt_ids) - 1  # logits at t predict token t+1
-            loss_mask[row, first : first + len(sample.response_ids)] = 1.0
-            rollout_logp[row, first : first + len(sample.response_ids)] = torch.tensor(sample.rollout_logprobs)
-        advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32)
-        batches.append(MicroBatch(tokens, attention, loss_mask, rollout_logp, advantages))
-    return batches
+def distillation_sequences(samples: Sequence[SolverSample], d: DistillSettings) -> list[PolicySequence]:
+    """The policy's own solutions with context-distillation token advantages (teacher terms detached)."""
+    out = []
+    for s in samples:
+        if not s.response_ids or s.teacher_logprobs is None:
+            continue
+        advantages_T = context_distillation_advantages(
+            torch.tensor([s.task_advantage]), torch.tensor([s.teacher_logprobs]), torch.tensor([s.rollout_logprobs]),
+            adv_tau=d.adv_tau, teacher_tau=d.teacher_tau, student_tau=d.student_tau,
+        )[0]  # fmt: skip
+        out.append(PolicySequence(s.prompt_ids, s.response_ids, s.rollout_logprobs, tuple(advantages_T.tolist()), s.temperature))
+    return out
 
 
 class LocalTrainer:
-    def __init__(self, model_path: str, settings: TrainerSettings, pad_token_id: int = 0):
+    def __init__(self, model_path: str, settings: TrainerSettings, pad_token_id: int = 0, reference_path: str | None = None):
         self.settings = settings
         self.device = resolve_device(settings.device)
         self.pad_token_id = pad_token_id
@@ -87,68 +91,70 @@ class LocalTrainer:
             torch.backends.cuda.enable_cudnn_sdp(False)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         self.model.train()
+        self.reference = None
+        if reference_path is not None:  # frozen initial weights: KL anchor and DPO reference
+            self.reference = AutoModelForCausalLM.from_pretrained(reference_path, dtype=torch.float32).to(self.device)
+            self.reference.eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=settings.lr,
-            betas=(settings.adam_beta1, settings.adam_beta2),
+            self.model.parameters(), lr=settings.lr, betas=(settings.adam_beta1, settings.adam_beta2),
             weight_decay=settings.weight_decay,
-        )
+        )  # fmt: skip
         self.steps_done = 0
 
-    def _autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-        return torch.autocast(device_type="cpu", enabled=False)
+    def _forward(self, model):
+        def forward(tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor) -> torch.Tensor:
+            autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+            with autocast:
+                return model(input_ids=tokens_B_T, attention_mask=attention_B_T).logits
 
-    def train_step(self, samples: Sequence[TeacherSample]) -> dict[str, float]:
-        """One optimizer step over all samples of a rollout (gradient accumulation over micro-batches)."""
+        return forward
+
+    def train_step(
+        self,
+        teacher_samples: Sequence[TeacherSample],
+        solver_samples: Sequence[SolverSample] = (),
+        pairs: Sequence[PreferencePair] = (),
+    ) -> dict[str, float]:
+        """One optimizer step over a rollout's samples, every channel accumulating into the gradient."""
         started = time.perf_counter()
-        samples = [s for s in samples if s.response_ids]
-        total_tokens = sum(len(s.response_ids) for s in samples)
-        if total_tokens == 0:
+        s = self.settings
+        sequences = teacher_sequences(teacher_samples, s.temperature)
+        if s.distill.on:
+            sequences += distillation_sequences(solver_samples, s.distill)
+        if not sequences:
             return {"train/skipped_empty_batch": 1.0}
-        sums = {"loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "entropy": 0.0, "logprob_abs_diff": 0.0}
-        for batch in make_micro_batches(samples, self.settings.micro_batch_size, self.pad_token_id):
-            batch = MicroBatch(*(t.to(self.device) for t in vars(batch).values()))
-            with self._autocast():
-                logits_B_T_V = self.model(input_ids=batch.tokens_B_T, attention_mask=batch.attention_mask_B_T).logits
-            logits_B_T_V = logits_B_T_V[:, :-1].float() / max(self.settings.temperature, 1e-6)
-            log_z_B_T = torch.logsumexp(logits_B_T_V, dim=-1)
-            logp_B_T = logits_B_T_V.gather(-1, batch.tokens_B_T[:, 1:, None]).squeeze(-1) - log_z_B_T
-            out = policy_loss(
-                logp_B_T,
-                batch.rollout_logp_B_T,
-                batch.advantages_B,
-                batch.loss_mask_B_T,
-                eps_clip=self.settings.eps_clip,
-                eps_clip_high=self.settings.eps_clip_high,
-            )
-            # policy_loss is a token mean over this micro-batch; weight it to a mean over the step.
-            share = batch.loss_mask_B_T.sum().item() / total_tokens
-            (out.loss * share).backward()
-            with torch.no_grad():
-                mask = batch.loss_mask_B_T
-                probs = torch.softmax(logits_B_T_V, dim=-1)
-                entropy_B_T = log_z_B_T - (probs * logits_B_T_V).sum(-1)
-                sums["entropy"] += ((entropy_B_T * mask).sum() / total_tokens).item()
-                sums["logprob_abs_diff"] += (((logp_B_T - batch.rollout_logp_B_T).abs() * mask).sum() / total_tokens).item()
-            sums["loss"] += out.loss.item() * share
-            sums["clipfrac"] += float(out.metrics.get("clipfrac", 0.0)) * share
-            sums["approx_kl"] += float(out.metrics.get("approx_kl", 0.0)) * share
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.clip_grad).item()
+        policy, reference = self._forward(self.model), self._forward(self.reference) if self.reference else None
+        pg = policy_gradient_pass(policy, reference, sequences, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+        metrics = {f"train/{k}": v for k, v in pg.items()}
+        channels = ThreeChannelInputs(grpo=torch.tensor(pg["loss"]))
+        sdpo_samples = [x for x in solver_samples if x.is_error_site and x.hint_prompt_ids and x.response_ids]
+        if s.loss.sdpo_alpha and sdpo_samples:
+            sdpo = sdpo_pass(policy, sdpo_samples, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+            metrics.update({f"train/{k}": v for k, v in sdpo.items()})
+            channels.sdpo_jsd = torch.tensor(sdpo["sdpo_jsd"])
+        if s.loss.replay_beta and pairs:
+            # Without a loaded reference the behaviour policy (these very weights, before the step) is the reference.
+            dpo = replay_dpo_pass(policy, reference or policy, pairs, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+            metrics.update({f"train/{k}": v for k, v in dpo.items()})
+            channels.replay_dpo = torch.tensor(dpo["replay_dpo"])
+        combined = total_loss(channels, alpha=s.loss.sdpo_alpha, beta=s.loss.replay_beta)
+        metrics.update({k: float(v) for k, v in combined.metrics.items()})
+        metrics["combined_advantage"] = sum(sum(x.advantages) for x in sequences) / sum(len(x.advantages) for x in sequences)
+
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.clip_grad).item()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_done += 1
         elapsed = time.perf_counter() - started
-        metrics = {f"train/{k}": v for k, v in sums.items()}
         metrics.update(
             {
                 "train/grad_norm": grad_norm if math.isfinite(grad_norm) else float("nan"),
                 "train/step_time": elapsed,
-                "train/tokens_per_s": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples) / elapsed,
-                "train/num_sequences": float(len(samples)),
-                "train/response_tokens": float(total_tokens),
-                "train/advantage_abs_mean": sum(abs(s.advantage) for s in samples) / len(samples),
+                "train/tokens_per_s": sum(len(x.prompt_ids) + len(x.response_ids) for x in sequences) / elapsed,
+                "train/num_sequences": float(len(sequences)),
+                "train/response_tokens": float(sum(len(x.response_ids) for x in sequences)),
+                "train/advantage_abs_mean": sum(abs(x.advantage) for x in teacher_samples) / max(len(teacher_samples), 1),
+                "train/replay_pairs": float(len(pairs)),
             }
         )
         return metrics

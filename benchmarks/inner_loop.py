@@ -1,0 +1,495 @@
+"""Inner-loop orchestration: one outer step's rollout against its lower bound and two baselines.
+
+    python benchmarks/inner_loop.py            # N=32 prompts, G=4, K=3, m=4 (about 2 minutes)
+    python benchmarks/inner_loop.py --quick    # a small step, for the test suite (a few seconds)
+
+What runs: the real `MetaLearningRollout` with the real student and teacher roles over the real
+`SGLangPool` client, the real `OpenAIGrader`, and the real sglang-router in front of each pool.
+Only the workers are stand-ins (`fake_sglang.py`): each holds a request for a latency drawn from a
+lognormal (median 50 ms, heavy right tail, as generation lengths are) and serves at most
+`capacity` requests at once, queueing the rest. Three pools: student, teacher, grader.
+
+What it reports, per scenario (ample capacity: latency bound; little capacity: capacity bound):
+- ours: wall time of one rollout, and the lower bound for that very run,
+      bound = max(critical path, max over pools of work / capacity),
+  where the critical path is the longest chain given the service times the workers really
+  applied (per chain: sum over K iterations of [max over its attempts of (generate + grade) +
+  teach], plus max over its holdout attempts of (generate + grade); the no-info control counts
+  as a chain of one stage), and work is the sum of service times sent to a pool.
+  The rollout is instrumented by a subclass that only records which chain and attempt each
+  request belongs to (context variables), and a pool subclass that reads the service time
+  from each reply: the orchestration code itself is the project's.
+- stage_synchronous: the published slime meta-learning module's schedule over the same roles
+  and pools: per inner iteration all generations, barrier, all grades, barrier, all teacher
+  calls, barrier; then all holdout generations, barrier, all holdout grades.
+- sequential: one request at a time. It is slow (the sum of all latencies), so by default it
+  runs a few chains and is scaled by the request count (marked `extrapolated`).
+- client CPU per request: this process's CPU time over the step / requests sent. The routers'
+  and fake workers' CPU is reported beside it (they share this machine's cores).
+Each design runs `--repeats` times with the same latency seeds (the workers restart their
+random streams before each run); medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextvars
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import _common as C  # noqa: E402 (puts the repo root on sys.path)
+
+from slime_meta.grading import OpenAIGrader
+from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
+from slime_meta.pools import SGLangPool
+from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate
+from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole
+from slime_meta.types import Episode, GradedAttempt, Problem
+
+ROLES = ("student", "teacher", "grader")
+TARGETS = {"latency_bound_ratio": 0.9, "capacity_bound_ratio": 0.85, "client_cpu_ms_per_request": 0.5}
+
+# ----------------------------------------------------------------------------- recording
+
+
+@dataclass
+class ChainRecord:
+    """Service times of one chain's requests, grouped as the chain's dependencies run."""
+
+    stages: list[float] = field(default_factory=list)  # closed inner iterations
+    attempts: list[float] = field(default_factory=list)  # generate + grade of the open stage
+
+    def close_iteration(self, teach_s: float) -> None:
+        self.stages.append(max(self.attempts, default=0.0) + teach_s)
+        self.attempts = []
+
+    def path(self) -> float:
+        return sum(self.stages) + max(self.attempts, default=0.0)
+
+
+_CHAIN: contextvars.ContextVar[ChainRecord | None] = contextvars.ContextVar("bench_chain", default=None)
+_ATTEMPT: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("bench_attempt", default=None)
+_SERVICE_MS = re.compile(r"service_ms=([0-9.]+)")
+
+
+class Ledger:
+    """Per pool: requests and summed service seconds; per chain: its record."""
+
+    def __init__(self) -> None:
+        self.work_s = {role: 0.0 for role in ROLES}
+        self.requests = {role: 0 for role in ROLES}
+        self.chains: list[ChainRecord] = []
+
+    def add(self, role: str, service_s: float) -> None:
+        self.work_s[role] += service_s
+        self.requests[role] += 1
+        attempt = _ATTEMPT.get()
+        if attempt is not None:
+            attempt.append(service_s)
+        elif role == "teacher" and (chain := _CHAIN.get()) is not None:
+            chain.close_iteration(service_s)
+
+
+class RecordingPool(SGLangPool):
+    """The project's pool client; reads the service time each fake worker reports."""
+
+    ledger: Ledger | None = None
+
+    async def post(self, path: str, payload: dict[str, Any]) -> Any:
+        reply = await super().post(path, payload)
+        if self.ledger is not None:
+            self.ledger.add(self.name, float(reply.get("meta_info", {}).get("e2e_latency", 0.0)))
+        return reply
+
+
+class RecordingGrader:
+    """The project's OpenAI grader; reads the service time the fake grader writes in its reply."""
+
+    def __init__(self, inner: OpenAIGrader):
+        self.inner = inner
+        self.ledger: Ledger | None = None
+
+    async def grade(self, problem: Problem, solution: str):
+        grade = await self.inner.grade(problem, solution)
+        if self.ledger is not None:
+            match = _SERVICE_MS.search(grade.explanation)
+            self.ledger.add("grader", float(match.group(1)) / 1000.0 if match else 0.0)
+        return grade
+
+
+class InstrumentedRollout(MetaLearningRollout):
+    """Tags each chain and attempt with a context variable; the orchestration is the parent's."""
+
+    ledger: Ledger
+
+    async def _run_chain(self, chain, *args, **kwargs) -> None:
+        record = ChainRecord()
+        self.ledger.chains.append(record)
+        _CHAIN.set(record)  # this chain's task (and the attempt tasks it starts) see it
+        await super()._run_chain(chain, *args, **kwargs)
+
+    async def _attempt(self, *args, **kwargs):
+        service: list[float] = []
+        _ATTEMPT.set(service)  # each attempt runs in its own task (asyncio.gather)
+        result = await super()._attempt(*args, **kwargs)
+        chain = _CHAIN.get()
+        if chain is not None:
+            chain.attempts.append(sum(service))
+        return result
+
+    async def _control_grades(self, *args, **kwargs) -> list[float]:
+        record = ChainRecord()
+        self.ledger.chains.append(record)
+        _CHAIN.set(record)
+        return await super()._control_grades(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------- baselines
+
+
+async def _solve(student: StudentRole, problem: Problem, info: str) -> str:
+    """The solution text (`solve` returns (prompt, text) or (prompt, Completion))."""
+    _, solution = await student.solve(problem, info)
+    return solution if isinstance(solution, str) else solution.text
+
+
+@dataclass
+class Roles:
+    student: StudentRole
+    teacher: TeacherRole
+    grader: RecordingGrader
+    settings: InnerLoopSettings
+
+
+async def stage_synchronous(roles: Roles, episode: Episode) -> None:
+    """All generations, barrier, all grades, barrier, all teacher calls, barrier; K times; holdout."""
+    s = roles.settings
+    chains = [(chunk, g) for chunk in episode.train_chunks_P for g in range(s.n_samples_per_prompt)]
+    infos = [""] * len(chains)
+    for _ in range(s.num_inner_iterations):
+        jobs = [(c, p) for c, (chunk, _) in enumerate(chains) for p in chunk for _ in range(s.n_samples_per_inner_prompt)]
+        solutions = await asyncio.gather(*[_solve(roles.student, p, infos[c]) for c, p in jobs])
+        grades = await asyncio.gather(*[roles.grader.grade(p, sol) for (c, p), sol in zip(jobs, solutions)])
+        attempts: list[dict[str, list[GradedAttempt]]] = [{} for _ in chains]
+        for (c, p), sol, grade in zip(jobs, solutions, grades):
+            attempts[c].setdefault(p.uid, []).append(GradedAttempt(problem=p, solution=sol, grade=grade))
+        replies = await asyncio.gather(
+            *[
+                roles.teacher.write_info(chunk, [attempts[c][p.uid] for p in chunk], infos[c])
+                for c, (chunk, _) in enumerate(chains)
+            ]
+        )
+        infos = [info for info, _, _ in replies]
+    holdout_jobs = [(info, h) for info in infos for h in episode.holdout] + [("", h) for h in episode.holdout]
+    solutions = await asyncio.gather(*[_solve(roles.student, h, info) for info, h in holdout_jobs])
+    await asyncio.gather(*[roles.grader.grade(h, sol) for (_, h), sol in zip(holdout_jobs, solutions)])
+
+
+async def sequential(roles: Roles, episode: Episode, max_chains: int | None) -> int:
+    """One request at a time; returns how many chains it ran."""
+    s = roles.settings
+    chains = [(chunk, g) for chunk in episode.train_chunks_P for g in range(s.n_samples_per_prompt)]
+    chains = chains[:max_chains] if max_chains else chains
+    for chunk, _ in chains:
+        info = ""
+        for _ in range(s.num_inner_iterations):
+            attempts = []
+            for p in chunk:
+                row = []
+                for _ in range(s.n_samples_per_inner_prompt):
+                    sol = await _solve(roles.student, p, info)
+                    row.append(GradedAttempt(problem=p, solution=sol, grade=await roles.grader.grade(p, sol)))
+                attempts.append(row)
+            info, _, _ = await roles.teacher.write_info(chunk, attempts, info)
+        for h in episode.holdout:
+            await roles.grader.grade(h, await _solve(roles.student, h, info))
+    if not max_chains or max_chains >= len(chains):
+        for h in episode.holdout:  # the control, when the whole step ran
+            await roles.grader.grade(h, await _solve(roles.student, h, ""))
+    return len(chains)
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+def make_episode(prompts: int, per_prompt: int, holdout: int) -> Episode:
+    rows = [r for r in _read_rows(C.REPO_ROOT / "data" / "math_word_problems.jsonl")]
+    problems = [
+        Problem(uid=f"p{i:04d}", prompt=r["prompt"], label=r["label"], rubric=r.get("rubric", ""))
+        for i, r in enumerate(rows[i % len(rows)] for i in range(prompts * per_prompt + holdout))
+    ]
+    train = tuple(tuple(problems[p * per_prompt : (p + 1) * per_prompt]) for p in range(prompts))
+    return Episode(train_chunks_P=train, holdout=tuple(problems[prompts * per_prompt :]))
+
+
+def _read_rows(path: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def expected_requests(args: argparse.Namespace) -> dict[str, int]:
+    chains = args.prompts * args.samples
+    attempts = chains * (args.iterations * args.per_prompt * args.attempts + args.holdout) + args.holdout
+    return {"student": attempts, "grader": attempts, "teacher": chains * args.iterations}
+
+
+@dataclass
+class Pools:
+    routers: dict[str, str]
+    workers: dict[str, list[str]]
+
+
+def start_pools(children: C.Children, args: argparse.Namespace) -> Pools:
+    ports = C.free_ports(3 * (args.workers + 2))
+    routers, workers, ready = {}, {}, []
+    for i, role in enumerate(ROLES):
+        block = ports[i * (args.workers + 2) : (i + 1) * (args.workers + 2)]
+        worker_ports, router_port, metrics_port = block[: args.workers], block[-2], block[-1]
+        children.start(
+            f"fake-{role}",
+            [sys.executable, str(Path(__file__).parent / "fake_sglang.py"), "--role", role,
+             "--ports", *map(str, worker_ports), "--capacity", str(args.capacity_latency_bound),
+             "--median-ms", str(args.median_ms), "--sigma", str(args.sigma), "--seed", str(args.seed)],
+        )  # fmt: skip
+        workers[role] = [f"http://127.0.0.1:{p}" for p in worker_ports]
+        ready += [u + "/health" for u in workers[role]]
+    children.wait_ready(ready)
+    for i, role in enumerate(ROLES):
+        block = ports[i * (args.workers + 2) : (i + 1) * (args.workers + 2)]
+        children.start(f"router-{role}", C.router_command("127.0.0.1", block[-2], block[-1], workers[role]))
+        routers[role] = f"http://127.0.0.1:{block[-2]}"
+    children.wait_ready([u + "/readiness" for u in routers.values()], timeout_s=60)
+    return Pools(routers=routers, workers=workers)
+
+
+def reset_workers(pools: Pools, seed: int, capacity: int) -> None:
+    for urls in pools.workers.values():
+        for url in urls:
+            C.http_json(url + "/bench/reset", {"seed": seed, "capacity": capacity})
+
+
+def worker_stats(pools: Pools) -> dict[str, dict[str, float]]:
+    out = {}
+    for role, urls in pools.workers.items():
+        stats = [C.http_json(url + "/bench/stats") for url in urls]
+        out[role] = {
+            "requests": sum(s["requests"] for s in stats),
+            "queue_s_mean": sum(s["queue_s"] for s in stats) / max(1, sum(s["requests"] for s in stats)),
+            "max_in_flight_per_worker": max(s["max_in_flight"] for s in stats),
+        }
+    return out
+
+
+_TOKENIZER: list[Any] = []
+
+
+def char_tokenizer() -> Any:
+    """The demo model's kind of tokenizer (one token a character), built once."""
+    if not _TOKENIZER:
+        from slime_meta.models.tiny import train_char_tokenizer
+
+        tokenizer = train_char_tokenizer([])
+        tokenizer.model_max_length = 10**9  # prompts here are longer than the tiny model's context
+        _TOKENIZER.append(tokenizer)
+    return _TOKENIZER[0]
+
+
+async def build_roles(pools: Pools, args: argparse.Namespace, ledger: Ledger) -> tuple[Roles, list[SGLangPool]]:
+    tokenizer = char_tokenizer()
+    renderer = PromptRenderer(tokenizer, apply_chat_template=False)
+    concurrency = args.workers * args.capacity_latency_bound  # the client never binds before the pool
+    student_pool = RecordingPool(name="student", base_url=pools.routers["student"], concurrency=concurrency)
+    teacher_pool = RecordingPool(name="teacher", base_url=pools.routers["teacher"], concurrency=concurrency)
+    for pool in (student_pool, teacher_pool):
+        pool.ledger = ledger
+    grader = RecordingGrader(
+        OpenAIGrader(model="fake-grader", base_url=pools.routers["grader"] + "/v1", concurrency=concurrency,
+                     max_tokens=64, api_key_env="SLIME_META_BENCH_NO_KEY")
+    )  # fmt: skip
+    grader.ledger = ledger
+    settings = InnerLoopSettings(
+        num_inner_iterations=args.iterations, n_samples_per_inner_prompt=args.attempts,
+        n_samples_per_prompt=args.samples, train_all_inner_steps=False, holdout_advantage="mean-then-normalize",
+        std_normalize=True, trace_sample_rate=0.0, show_progress=False,
+    )  # fmt: skip
+    student = StudentRole(pool=student_pool, template=GeneratorPromptTemplate(), renderer=renderer,
+                          info_position="prefix", temperature=1.0, max_new_tokens=256)  # fmt: skip
+    teacher = TeacherRole(pool=teacher_pool, template=TeacherPromptTemplate(), renderer=renderer,
+                          temperature=1.0, max_new_tokens=128)  # fmt: skip
+    return Roles(student, teacher, grader, settings), [student_pool, teacher_pool]
+
+
+async def run_design(design: str, roles: Roles, episode: Episode, ledger: Ledger, max_chains: int | None) -> dict:
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    chains_run = None
+    if design == "ours":
+        rollout = InstrumentedRollout(roles.student, roles.grader, roles.teacher, roles.settings)
+        rollout.ledger = ledger
+        await rollout.run([episode], rollout_id=0)
+    elif design == "stage_synchronous":
+        await stage_synchronous(roles, episode)
+    else:
+        chains_run = await sequential(roles, episode, max_chains)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    requests = sum(ledger.requests.values())
+    return {"wall_s": wall, "client_cpu_s": cpu, "requests": requests, "chains_run": chains_run}
+
+
+async def scenario(name: str, capacity: int, pools: Pools, children: C.Children, args: argparse.Namespace) -> dict:
+    episode = make_episode(args.prompts, args.per_prompt, args.holdout)
+    total_chains = args.prompts * args.samples
+    results: dict[str, Any] = {"capacity_per_worker": capacity, "workers_per_pool": args.workers,
+                               "capacity_per_pool": capacity * args.workers}  # fmt: skip
+    designs = ["ours", "stage_synchronous", "sequential"]
+    runs: dict[str, list[dict]] = {d: [] for d in designs}
+    # Warm-up, not recorded: imports (the openai SDK loads on first use), connections, caches.
+    reset_workers(pools, args.seed, capacity)
+    roles, client_pools = await build_roles(pools, args, Ledger())
+    await run_design("stage_synchronous", roles, episode, Ledger(), None)
+    for pool in client_pools:
+        await pool.close()
+    await roles.grader.inner.aclose()
+    for repeat in range(args.repeats):
+        for design in designs:
+            if design == "sequential" and repeat > 0:
+                continue  # slow and deterministic in its wall time: one run
+            reset_workers(pools, args.seed + repeat, capacity)
+            ledger = Ledger()
+            roles, client_pools = await build_roles(pools, args, ledger)
+            cpu_children0 = children.cpu_seconds()
+            max_chains = None if args.full_sequential else args.sequential_chains
+            outcome = await run_design(design, roles, episode, ledger, max_chains)
+            cpu_children = {k: v - cpu_children0[k] for k, v in children.cpu_seconds().items()}
+            for pool in client_pools:
+                await pool.close()
+            await roles.grader.inner.aclose()
+            outcome["worker_stats"] = worker_stats(pools)
+            outcome["requests_by_pool"] = dict(ledger.requests)
+            outcome["router_cpu_s"] = sum(v for k, v in cpu_children.items() if k.startswith("router"))
+            outcome["fake_worker_cpu_s"] = sum(v for k, v in cpu_children.items() if k.startswith("fake"))
+            if design == "ours":
+                critical = max(c.path() for c in ledger.chains)
+                work_bounds = {r: ledger.work_s[r] / (capacity * args.workers) for r in ROLES}
+                outcome.update(
+                    critical_path_s=critical, work_bound_s=work_bounds,
+                    bound_s=max(critical, *work_bounds.values()), work_s=dict(ledger.work_s),
+                    chains_recorded=len(ledger.chains),
+                )  # fmt: skip
+                outcome["bound_over_achieved"] = outcome["bound_s"] / outcome["wall_s"]
+                expected = expected_requests(args)
+                if ledger.requests != expected:
+                    raise RuntimeError(f"ours sent {ledger.requests} requests, expected {expected}")
+            if design == "sequential" and outcome["chains_run"] < total_chains:
+                scale = sum(expected_requests(args).values()) / outcome["requests"]
+                outcome.update(extrapolated=True, measured_wall_s=outcome["wall_s"], wall_s=outcome["wall_s"] * scale)
+            runs[design].append(outcome)
+            print(f"  [{name}] {design:18s} run {repeat}: {outcome['wall_s']:.3f} s"
+                  + (f"  bound {outcome['bound_s']:.3f} s" if design == "ours" else ""), file=sys.stderr, flush=True)  # fmt: skip
+    for design, outcomes in runs.items():
+        best = sorted(outcomes, key=lambda o: o["wall_s"])[len(outcomes) // 2]  # the median run
+        summary = dict(best)
+        summary["wall_s_runs"] = [o["wall_s"] for o in outcomes]
+        summary["client_cpu_ms_per_request"] = 1000.0 * best["client_cpu_s"] / max(1, best["requests"])
+        summary["router_cpu_ms_per_request"] = 1000.0 * best["router_cpu_s"] / max(1, best["requests"])
+        summary["fake_worker_cpu_ms_per_request"] = 1000.0 * best["fake_worker_cpu_s"] / max(1, best["requests"])
+        if design == "ours":
+            summary["bound_over_achieved_runs"] = [o["bound_over_achieved"] for o in outcomes]
+            summary["bound_over_achieved"] = statistics.median(summary["bound_over_achieved_runs"])
+        results[design] = summary
+    ours = statistics.median(results["ours"]["wall_s_runs"])
+    results["speedup_vs_stage_synchronous"] = statistics.median(results["stage_synchronous"]["wall_s_runs"]) / ours
+    results["speedup_vs_sequential"] = results["sequential"]["wall_s"] / ours
+    return results
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="a small step (the test suite runs this)")
+    p.add_argument("--prompts", type=int, default=32, help="N: teacher prompts (GRPO groups)")
+    p.add_argument("--samples", type=int, default=4, help="G: infos per teacher prompt")
+    p.add_argument("--iterations", type=int, default=3, help="K: inner iterations")
+    p.add_argument("--attempts", type=int, default=4, help="m: student attempts per problem per iteration")
+    p.add_argument("--per-prompt", type=int, default=1, help="k: train problems per teacher prompt")
+    p.add_argument("--holdout", type=int, default=4, help="holdout problems")
+    p.add_argument("--median-ms", type=float, default=50.0)
+    p.add_argument("--sigma", type=float, default=0.6, help="lognormal shape of the latency")
+    p.add_argument("--workers", type=int, default=4, help="workers per pool")
+    p.add_argument("--capacity-latency-bound", type=int, default=None,
+                   help="requests at once per worker, latency-bound scenario (default: no queueing at all)")
+    p.add_argument("--capacity-bound", type=int, default=8, help="requests at once per worker, capacity-bound scenario")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sequential-chains", type=int, default=4, help="chains the sequential baseline runs (then scaled)")
+    p.add_argument("--full-sequential", action="store_true", help="run the sequential baseline over the whole step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="JSON path (default runs/benchmarks/inner_loop.json)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.prompts, args.samples, args.iterations, args.attempts, args.holdout = 4, 2, 2, 2, 2
+        args.workers, args.median_ms, args.repeats, args.sequential_chains = 2, 20.0, 1, 1
+        args.capacity_bound = 2
+    if args.capacity_latency_bound is None:  # every request of the widest stage in service at once
+        widest = args.prompts * args.samples * max(args.per_prompt * args.attempts, args.holdout) + args.holdout
+        args.capacity_latency_bound = -(-widest // args.workers)
+    return args
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    import tempfile
+
+    report = C.report_header("inner_loop", {k: v for k, v in vars(args).items() if k != "out"})
+    with tempfile.TemporaryDirectory(prefix="bench-inner-") as logs, C.Children(Path(logs)) as children:
+        started = time.perf_counter()
+        pools = start_pools(children, args)
+        report["startup_s"] = time.perf_counter() - started
+        report["latency_bound"] = await scenario("latency bound", args.capacity_latency_bound, pools, children, args)
+        report["capacity_bound"] = await scenario("capacity bound", args.capacity_bound, pools, children, args)
+    lat, cap = report["latency_bound"], report["capacity_bound"]
+    report["targets"] = TARGETS
+    report["meets"] = {
+        "latency_bound_ratio": lat["ours"]["bound_over_achieved"] >= TARGETS["latency_bound_ratio"],
+        "capacity_bound_ratio": cap["ours"]["bound_over_achieved"] >= TARGETS["capacity_bound_ratio"],
+        "faster_than_stage_synchronous": lat["speedup_vs_stage_synchronous"] > 1 and cap["speedup_vs_stage_synchronous"] > 1,
+        "client_cpu_ms_per_request": max(lat["ours"]["client_cpu_ms_per_request"], cap["ours"]["client_cpu_ms_per_request"])
+        <= TARGETS["client_cpu_ms_per_request"],
+    }
+    return report
+
+
+def print_table(report: dict) -> None:
+    rows = []
+    for key in ("latency_bound", "capacity_bound"):
+        s = report[key]
+        ours = s["ours"]
+        rows.append([f"{key} (cap {s['capacity_per_pool']}/pool)", "ours", ours["wall_s"], ours["bound_s"],
+                     ours["bound_over_achieved"], 1.0, ours["client_cpu_ms_per_request"]])  # fmt: skip
+        for design in ("stage_synchronous", "sequential"):
+            d = s[design]
+            name = design + (" (extrapolated)" if d.get("extrapolated") else "")
+            rows.append(["", name, d["wall_s"], None, ours["bound_s"] / d["wall_s"], d["wall_s"] / ours["wall_s"],
+                         d["client_cpu_ms_per_request"]])  # fmt: skip
+    st = report["settings"]
+    print(f"\ninner loop: N={st['prompts']} G={st['samples']} K={st['iterations']} m={st['attempts']} "
+          f"k={st['per_prompt']} holdout={st['holdout']}, latency lognormal median {st['median_ms']} ms sigma {st['sigma']}, "
+          f"{st['workers']} workers/pool, median of {st['repeats']} run(s)")  # fmt: skip
+    print(C.table(rows, ["scenario", "design", "wall s", "bound s", "bound/wall", "wall/ours", "client CPU ms/req"]))
+    print("meets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in report["meets"].items()))
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    report = asyncio.run(main_async(args))
+    path = C.write_json(report, args.out or C.default_out("inner_loop" + ("_quick" if args.quick else "")))
+    print_table(report)
+    print(f"json: {path}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Flags and config of the training objectives beyond plain GRPO.
+
+  off-policy correction  --use-tis / --tis-clip / --tis-clip-low, --aipo-delta, --eps-clip-c
+  regularisers           --kl-loss-coef / --kl-loss-type against a frozen reference, --entropy-coef
+  context distillation   --teacher-tau / --student-tau / --adv-tau with a context: --teacher-context,
+                         --context-key, or the meta-teacher's own info (--distill-context additional_info)
+  channel 2 (SDPO)       --sdpo-alpha ...: JSD to the same model with the hint in its prompt
+  channel 3 (replay)     --replay-beta ...: DPO on pairs where N external teachers agree
+
+Every weight at zero (the defaults) leaves the plain GRPO loss unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from slime_meta.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class ObjectivesConfig:
+    use_tis: bool
+    tis_clip: float
+    tis_clip_low: float
+    aipo_delta: float | None
+    eps_clip_c: float | None
+    kl_loss_coef: float
+    kl_loss_type: str
+    entropy_coef: float
+    # context distillation
+    teacher_context: str | None
+    context_key: str | None
+    distill_context: str
+    adv_tau: float
+    teacher_tau: float
+    student_tau: float
+    skip_verification: bool
+    eval_baseline: bool
+    # channel 2: hint self-distillation
+    sdpo_alpha: float
+    sdpo_beta: float
+    sdpo_temperature: float
+    sdpo_top_k: int | None
+    sdpo_token_clip: float | None
+    sdpo_grade_threshold: float
+    sdpo_on: str
+    sdpo_hint: str | None
+    # channel 3: N-teacher trace replay
+    replay_beta: float
+    replay_teachers: tuple[str, ...]
+    replay_min_agree: int
+    replay_dpo_beta: float
+
+    @property
+    def distillation_on(self) -> bool:
+        return self.teacher_tau != 0.0 or self.student_tau != 0.0
+
+    @property
+    def sdpo_on_any(self) -> bool:
+        return self.sdpo_alpha != 0.0
+
+    @property
+    def replay_on(self) -> bool:
+        return self.replay_beta != 0.0
+
+    @property
+    def needs_solver_samples(self) -> bool:
+        """Channels that train the policy in its solver role need its own solutions."""
+        return self.distillation_on or self.sdpo_on_any or self.replay_on
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_loss_coef != 0.0 or self.replay_on
+
+
+def add_objective_arguments(add_group) -> None:
+    """`add_group(title)` returns an `add(*flags, **kwargs)` that skips flags the parser has."""
+    add = add_group("objectives: off-policy correction and regularisers")
+    add("--use-tis", action="store_true", help="Truncated importance sampling: weight each token by clamp(pi_old/pi_rollout).")
+    add("--tis-clip", type=float, default=2.0, help="Upper clamp of the TIS weight.")
+    add("--tis-clip-low", type=float, default=0.0, help="Lower clamp of the TIS weight.")
+    add("--aipo-delta", type=float, default=None, help="AIPO: loss = -min(pi/mu, delta) * A instead of the PPO clip (e.g. 8).")
+    add("--eps-clip-c", type=float, default=None, help="Dual-clip bound (> 1) for negative advantages.")
+    add("--kl-loss-coef", type=float, default=0.0, help="KL penalty to a frozen copy of the initial weights.")
+    add("--kl-loss-type", choices=("k1", "k3"), default="k1")
+    add("--entropy-coef", type=float, default=0.0, help="Entropy bonus (subtracted from the loss).")
+
+    add = add_group("objectives: context distillation")
+    add("--teacher-context", default=None, help="Context for the teacher distribution: a text, or @path to read it from a file.")
+    add("--context-key", default=None, help="Dataset column holding a per-row context.")
+    add("--distill-context", choices=("none", "additional_info"), default="none",
+        help="additional_info: the meta-teacher's own final info for that problem is the context.")
+    add("--adv-tau", type=float, default=1.0, help="Weight of the task advantage in the distillation advantage.")
+    add("--teacher-tau", type=float, default=0.0, help="Weight of log p(token | context + prompt).")
+    add("--student-tau", type=float, default=0.0, help="Weight of -log p(token | prompt).")
+    add("--skip-verification", action="store_true", help="Pure distillation: the solver samples get no task advantage.")
+    add("--eval-baseline", action="store_true", help="Before training, grade the student with and without the context.")
+
+    add = add_group("objectives: channel 2, hint self-distillation (SDPO)")
+    add("--sdpo-alpha", type=float, default=0.0, help="Weight of the JSD to the hint-conditioned self.")
+    add("--sdpo-beta", type=float, default=0.5, help="JSD mixture: 0 forward KL(teacher||student), 1 reverse KL.")
+    add("--sdpo-temperature", type=float, default=1.0)
+    add("--sdpo-top-k", type=int, default=None, help="Restrict the JSD to the hint-conditioned model's top-k tokens.")
+    add("--sdpo-token-clip", type=float, default=None, help="Cap each token's divergence.")
+    add("--sdpo-grade-threshold", type=float, default=1.0, help="Error sites: attempts graded below this.")
+    add("--sdpo-on", choices=("errors", "all"), default="errors")
+    add("--sdpo-hint", default=None, help="A fixed hint text instead of the meta-teacher's final info.")
+
+    add = add_group("objectives: channel 3, N-teacher trace replay (DPO)")
+    add("--replay-beta", type=float, default=0.0, help="Weight of the DPO term.")
+    add("--replay-teachers", nargs="*", default=[], help="OpenAI-compatible teachers, each name@base_url[#KEY_ENV_VAR].")
+    add("--replay-min-agree", type=int, default=2, help="Teachers that must agree on an answer for a pair.")
+    add("--replay-dpo-beta", type=float, default=0.1, help="DPO's beta (strength of the implicit KL).")
+
+
+def read_context(value: str | None) -> str | None:
+    if value is None or not value.startswith("@"):
+        return value
+    path = Path(value[1:])
+    if not path.is_file():
+        raise UserInputError(f"--teacher-context {value}: no such file; give @path to a text file or the text itself")
+    return path.read_text(encoding="utf-8")
+
+
+def validate_objective_flags(ns: argparse.Namespace) -> None:
+    def fail(message: str) -> None:
+        raise UserInputError(message)
+
+    if ns.use_tis and not ns.tis_clip > ns.tis_clip_low >= 0:
+        fail(f"--tis-clip {ns.tis_clip} / --tis-clip-low {ns.tis_clip_low}: need tis_clip > tis_clip_low >= 0")
+    if ns.aipo_delta is not None and (ns.aipo_delta <= 0 or ns.use_tis or ns.eps_clip_c):
+        fail("--aipo-delta: must be > 0 and replaces --use-tis and --eps-clip-c; give one form of correction")
+    if ns.eps_clip_c is not None and ns.eps_clip_c <= 1.0:
+        fail(f"--eps-clip-c {ns.eps_clip_c}: the dual-clip bound must be > 1 (e.g. 3)")
+    distill = ns.teacher_tau != 0.0 or ns.student_tau != 0.0
+    sources = [s for s in (ns.teacher_context, ns.context_key) if s] + (["info"] if ns.distill_context != "none" else [])
+    if distill and not sources:
+        fail("--teacher-tau/--student-tau need a context: --teacher-context, --context-key or --distill-context additional_info")
+    if len(sources) > 1:
+        fail("give one context source: --teacher-context, --context-key or --distill-context additional_info")
+    if ns.sdpo_top_k is not None and ns.sdpo_top_k < 1:
+        fail(f"--sdpo-top-k {ns.sdpo_top_k}: must be >= 1")
+    if not 0.0 <= ns.sdpo_beta <= 1.0:
+        fail(f"--sdpo-beta {ns.sdpo_beta}: must be in [0, 1]")
+    if ns.replay_beta != 0.0 and len(ns.replay_teachers) < max(ns.replay_min_agree, 1):
+        fail(f"--replay-beta needs at least --replay-min-agree ({ns.replay_min_agree}) --replay-teachers (name@base_url)")
+    if ns.replay_min_agree < 1:
+        fail(f"--replay-min-agree {ns.replay_min_agree}: must be >= 1")

@@ -1,0 +1,108 @@
+"""`python train.py --backend slime ...` (or `python -m slime_meta.backends.slime ...`).
+
+The command line goes through slime's own parser (Megatron's and SGLang's flags are slime's to
+read), after `plan.translate` has checked ours and added the plugin flags. `--dry-run` stops
+after printing the plan, so it needs neither GPUs nor slime.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from typing import Sequence
+
+from slime_meta.backends.slime.plan import LaunchPlan, describe, meta_parser, translate
+from slime_meta.errors import EXIT_USER_ERROR, UserInputError
+
+INSTALL_HINT = (
+    "install it one of two ways: run inside slime's docker image (docker pull slimerl/slime:latest; "
+    "slime is in /root/slime) and `pip install -e .` this repository there, or install slime from source "
+    "(git clone https://github.com/THUDM/slime && pip install -e ./slime --no-deps, plus Megatron-LM and SGLang "
+    "as slime's docs say); the PyPI package named `slime` is unrelated; see docs/cluster.md"
+)
+
+
+def requested_backend(argv: Sequence[str]) -> str | None:
+    """The value of --backend in `argv`, read before any parser (slime's flags are not ours)."""
+    for index, token in enumerate(argv):
+        if token == "--backend" and index + 1 < len(argv):
+            return argv[index + 1]
+        if token.startswith("--backend="):
+            return token.split("=", 1)[1]
+    return None
+
+
+def missing_slime() -> str | None:
+    """None when THUDM's slime and the stack it runs on import; else the one line that says what to do."""
+    try:
+        spec = importlib.util.find_spec("slime")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return f"--backend slime needs slime (THUDM/slime), which is not importable here: {INSTALL_HINT}"
+    for module in ("slime.ray.placement_group", "slime.utils.arguments", "slime.rollout.base_types"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and (exc.name == "slime" or exc.name.startswith("slime.")):
+                return f"--backend slime: the importable `slime` is not THUDM/slime (no {exc.name}); {INSTALL_HINT}"
+            return f"--backend slime: slime is there but {exc.name} is missing (slime runs on Ray, Megatron-LM and SGLang); {INSTALL_HINT}"
+    return None
+
+
+def parse_slime_args(slime_argv: Sequence[str]):
+    """slime's parse_args over `slime_argv` with our flag groups (slime and Megatron read sys.argv)."""
+    from slime.utils.arguments import parse_args
+
+    from slime_meta.backends.slime.flags import arguments_for_slime
+
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "train.py", *slime_argv]
+    try:
+        return parse_args(add_custom_arguments=arguments_for_slime)
+    finally:
+        sys.argv = saved
+
+
+def run(plan: LaunchPlan) -> None:
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
+    plan.write_sglang_config()
+    plan.config.save(plan.run_dir / "config.json")
+    args = parse_slime_args(plan.slime_argv)
+
+    from slime_meta.backends.slime.loop import train
+
+    train(args)
+
+
+def print_help() -> None:
+    print(meta_parser().format_help())
+    print(
+        "Every other flag is slime's (Megatron's, SGLang's, Ray placement): see `python train.py --help` "
+        "in your slime checkout. `--dry-run` prints what would run without GPUs or slime."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print_help()
+        return 0
+    try:
+        plan = translate(argv, default_run_dir=time.strftime("runs/%Y%m%d-%H%M%S"))
+        if plan.dry_run:
+            print(describe(plan))
+            return 0
+        problem = missing_slime()
+        if problem:
+            raise UserInputError(problem)
+        run(plan)
+    except UserInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    print(f"run directory: {plan.run_dir}")
+    return 0

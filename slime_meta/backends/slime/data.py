@@ -1,0 +1,57 @@
+"""A dataset for slime's data source: the rubric (and every other column) moved into `metadata`.
+
+slime's data source keeps three things of a row: the prompt (`--input-key`), the label
+(`--label-key`) and the dict under `--metadata-key` (default `metadata`); other columns are
+dropped. Our rollout reads the rubric, the id and any `--context-key` column from that dict.
+This converter reads any dataset our loader reads (.parquet, .jsonl, .json, with the same
+row-level checks) and writes the jsonl slime wants:
+
+    python -m slime_meta.backends.slime.data data/math_word_problems.jsonl runs/prompts.slime.jsonl
+    # then: --prompt-data runs/prompts.slime.jsonl --input-key prompt --label-key label
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from slime_meta.data import load_problems
+from slime_meta.errors import EXIT_USER_ERROR, UserInputError
+
+
+def convert(source: str | Path, target: str | Path, *, input_key: str = "prompt", label_key: str = "label",
+            rubric_key: str = "rubric") -> int:  # fmt: skip
+    """Write `target` (jsonl: prompt, label, metadata{uid, rubric, other columns}); return the row count."""
+    problems = load_problems(source, input_key=input_key, label_key=label_key, rubric_key=rubric_key)
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with target.open("w", encoding="utf-8") as handle:
+        for problem in problems:
+            metadata = {**problem.metadata, "uid": problem.uid, "rubric": problem.rubric}
+            row = {"prompt": problem.prompt, "label": problem.label, "metadata": metadata}
+            handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    return len(problems)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", help="a .parquet, .jsonl or .json dataset")
+    parser.add_argument("target", help="the .jsonl to write for slime's --prompt-data")
+    parser.add_argument("--input-key", default="prompt")
+    parser.add_argument("--label-key", default="label")
+    parser.add_argument("--rubric-key", default="rubric")
+    ns = parser.parse_args(argv)
+    try:
+        count = convert(ns.source, ns.target, input_key=ns.input_key, label_key=ns.label_key, rubric_key=ns.rubric_key)
+    except UserInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(f"{count} rows -> {ns.target} (use --input-key prompt --label-key label)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,410 @@
+"""From our command line to slime's: the plugin flags, the pools as --sglang-config, GPU accounting.
+
+`translate(argv)` needs no slime: it parses our flags (slime's pass through untouched), checks
+them, works out how many GPUs each role gets and writes nothing. The result is what a real run
+hands to slime's `parse_args` and what `--dry-run` prints.
+
+GPU facts this follows (slime, `slime/ray/placement_group.py` and `slime/ray/rollout.py`):
+  - training (Megatron) takes actor_num_nodes x actor_num_gpus_per_node GPUs;
+  - slime's --rollout-num-gpus is the sum over every SGLang model of --sglang-config (it asserts
+    that), so with a separate student it is teacher GPUs + student GPUs;
+  - --colocate: one placement group of max(training, rollout) GPUs, inference on the training
+    GPUs first (offloaded while training runs); otherwise training + rollout GPUs, rollout after;
+  - the first model of --sglang-config gets the router at --sglang-router-port and receives the
+    weight updates (`update_weights: true`); a frozen model gets its own router.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+
+from slime_meta.arguments import MetaConfig, add_meta_learning_arguments, build_config
+from slime_meta.backends.slime.flags import add_slime_backend_arguments
+from slime_meta.errors import UserInputError
+from slime_meta.grading import default_grader_kind
+
+PLUGINS = {
+    "--rollout-function-path": "slime_meta.backends.slime.rollout.generate_rollout",
+    "--custom-reward-post-process-path": "slime_meta.backends.slime.rollout.post_process_rewards",
+    "--custom-loss-function-path": "slime_meta.backends.slime.loss.meta_loss",
+    "--custom-advantage-function-path": "slime_meta.backends.slime.advantages.context_distillation",
+}
+TEACHER_MODEL = "actor"  # slime's name for the trained model's pool in its own examples
+STUDENT_MODEL = "student"
+SGLANG_CONFIG_NAME = "sglang_config.yaml"
+SLIME_DEFAULT_GPUS_PER_NODE = 8  # slime's default --actor-num-gpus-per-node and --num-gpus-per-node
+
+# Our flags the translation rewrites: flag -> whether it takes a value.
+_REWRITTEN = {
+    "--backend": True, "--dry-run": False, "--run-dir": True,
+    "--rollout-num-gpus": True, "--actor-num-nodes": True, "--actor-num-gpus-per-node": True,
+    "--rollout-temperature": True, "--student-temperature": True,
+    "--apply-chat-template": False, "--meta-apply-chat-template": False,
+    "--input-key": True, "--label-key": True, "--rollout-batch-size": True, "--n-samples-per-prompt": True,
+    "--num-rollout": True,
+}  # fmt: skip
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad flags become one UserInputError line, like everywhere else."""
+
+    def error(self, message: str):
+        raise UserInputError(f"{message} (see python train.py --backend slime --help)")
+
+
+def meta_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="train.py --backend slime", add_help=False, allow_abbrev=False,
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    return add_slime_backend_arguments(add_meta_learning_arguments(parser))
+
+
+def _slime_side_parser() -> argparse.ArgumentParser:
+    """The few slime flags the translation reads or guards (slime parses them for real)."""
+    parser = _Parser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--colocate", action="store_true")
+    parser.add_argument("--num-gpus-per-node", type=int, default=SLIME_DEFAULT_GPUS_PER_NODE)
+    parser.add_argument("--sglang-config", default=None)
+    parser.add_argument("--sglang-router-port", type=int, default=None)
+    parser.add_argument("--loss-type", default=None)
+    for flag in PLUGINS:
+        parser.add_argument(flag, default=None)
+    parser.add_argument("--custom-convert-samples-to-train-data-path", default=None)
+    parser.add_argument("--custom-tis-function-path", default=None)
+    parser.add_argument("--advantage-estimator", default="grpo")
+    parser.add_argument("--release-train", action="store_true")
+    parser.add_argument("--disable-rollout-global-dataset", action="store_true")
+    parser.add_argument("--global-batch-size", type=int, default=None)
+    parser.add_argument("--num-steps-per-rollout", type=int, default=None)
+    parser.add_argument("--num-epoch", type=int, default=None)
+    return parser
+
+
+def given(argv: Sequence[str], flag: str) -> bool:
+    return any(token == flag or token.startswith(flag + "=") for token in argv)
+
+
+def without(argv: Sequence[str], flags: dict[str, bool]) -> list[str]:
+    """`argv` minus every occurrence of `flags` (flag -> takes a value), as `--f v` or `--f=v`."""
+    out, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        name = token.split("=", 1)[0]
+        if name in flags:
+            skip = flags[name] and "=" not in token
+            continue
+        out.append(token)
+    return out
+
+
+# ----------------------------------------------------------------------------- GPUs
+
+
+@dataclass(frozen=True)
+class InferencePool:
+    model: str  # the model's name in --sglang-config (its router's key in args.sglang_model_routers)
+    model_path: str | None
+    num_gpus: int
+    gpus_per_engine: int
+    update_weights: bool
+
+    @property
+    def engines(self) -> int:
+        return self.num_gpus // self.gpus_per_engine
+
+    def as_sglang_model(self) -> dict:
+        return {
+            "name": self.model,
+            "model_path": self.model_path,
+            "update_weights": self.update_weights,
+            "server_groups": [
+                {"worker_type": "regular", "num_gpus": self.num_gpus, "num_gpus_per_engine": self.gpus_per_engine}
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class GpuLayout:
+    actor_num_nodes: int
+    actor_num_gpus_per_node: int
+    num_gpus_per_node: int
+    colocate: bool
+    teacher: InferencePool
+    student: InferencePool | None  # a separate pool slime starts; None: shared or external
+    user_sglang_config: str | None = None  # the user's own --sglang-config: not generated, not split by role
+
+    @property
+    def training_gpus(self) -> int:
+        return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+    @property
+    def rollout_gpus(self) -> int:
+        return self.teacher.num_gpus + (self.student.num_gpus if self.student else 0)
+
+    @property
+    def total_gpus(self) -> int:
+        if self.colocate:
+            return max(self.training_gpus, self.rollout_gpus)
+        return self.training_gpus + self.rollout_gpus
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.total_gpus / self.num_gpus_per_node)
+
+    def sglang_config(self) -> dict | None:
+        """The --sglang-config we generate: only for a separate student pool (else slime's default)."""
+        if self.student is None or self.user_sglang_config:
+            return None
+        return {"sglang": [self.teacher.as_sglang_model(), self.student.as_sglang_model()]}
+
+
+def _positive(value: int | None, flag: str, what: str) -> int:
+    if value is None or value < 1:
+        raise UserInputError(f"{flag} {value}: {what} must be >= 1")
+    return value
+
+
+def _divisible(gpus: int, per_engine: int, gpus_flag: str, engine_flag: str) -> None:
+    if gpus % per_engine:
+        raise UserInputError(
+            f"{gpus_flag} {gpus} is not a multiple of {engine_flag} {per_engine}: every engine needs all its GPUs"
+        )
+
+
+def plan_gpus(ns: argparse.Namespace, slime_ns: argparse.Namespace, argv: Sequence[str]) -> GpuLayout:
+    nodes = _positive(ns.actor_num_nodes, "--actor-num-nodes", "training nodes")
+    per_node = ns.actor_num_gpus_per_node if given(argv, "--actor-num-gpus-per-node") else SLIME_DEFAULT_GPUS_PER_NODE
+    per_node = _positive(per_node, "--actor-num-gpus-per-node", "training GPUs per node")
+    colocate = slime_ns.colocate
+    if given(argv, "--rollout-num-gpus"):
+        teacher_gpus = ns.rollout_num_gpus
+    elif colocate:
+        teacher_gpus = nodes * per_node  # slime's own default under --colocate
+    else:
+        raise UserInputError(
+            "--rollout-num-gpus is required without --colocate: the teacher's inference GPUs "
+            "(training and inference then use separate GPUs)"
+        )
+    teacher_gpus = _positive(teacher_gpus, "--rollout-num-gpus", "the teacher's inference GPUs")
+    _divisible(teacher_gpus, ns.rollout_num_gpus_per_engine, "--rollout-num-gpus", "--rollout-num-gpus-per-engine")
+    teacher = InferencePool(TEACHER_MODEL, ns.hf_checkpoint, teacher_gpus, ns.rollout_num_gpus_per_engine, True)
+
+    student = None
+    if ns.student_checkpoint:
+        if slime_ns.sglang_config:
+            raise UserInputError(
+                "--sglang-config and --student-checkpoint: give one; the student pool is generated from "
+                "--student-checkpoint/--student-num-gpus, or name a 'student' model in your own --sglang-config"
+            )
+        student_gpus = _positive(ns.student_num_gpus, "--student-num-gpus", "the student pool's GPUs (with --student-checkpoint)")
+        _divisible(student_gpus, ns.student_num_gpus_per_engine, "--student-num-gpus", "--student-num-gpus-per-engine")
+        student = InferencePool(STUDENT_MODEL, ns.student_checkpoint, student_gpus, ns.student_num_gpus_per_engine, False)
+    elif ns.student_num_gpus:
+        raise UserInputError("--student-num-gpus sizes the pool of --student-checkpoint: give the checkpoint too")
+    return GpuLayout(
+        actor_num_nodes=nodes, actor_num_gpus_per_node=per_node, num_gpus_per_node=slime_ns.num_gpus_per_node,
+        colocate=colocate, teacher=teacher, student=student, user_sglang_config=slime_ns.sglang_config,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    slime_argv: tuple[str, ...]
+    config: MetaConfig
+    layout: GpuLayout
+    run_dir: Path
+    dry_run: bool
+
+    @property
+    def sglang_config_path(self) -> Path | None:
+        return self.run_dir / SGLANG_CONFIG_NAME if self.layout.sglang_config() else None
+
+    def sglang_config_yaml(self) -> str | None:
+        config = self.layout.sglang_config()
+        return yaml.safe_dump(config, sort_keys=False) if config else None
+
+    def write_sglang_config(self) -> Path | None:
+        text, path = self.sglang_config_yaml(), self.sglang_config_path
+        if text is None or path is None:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return path
+
+
+def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
+    """What this backend cannot do (yet), each refused in one line that says why and what instead."""
+
+    def fail(message: str) -> None:
+        raise UserInputError(message)
+
+    for flag, value in ((f, getattr(slime_ns, f[2:].replace("-", "_"))) for f in PLUGINS):
+        if value is not None:
+            fail(f"{flag} is set by --backend slime (to {PLUGINS[flag]}); leave it out")
+    if slime_ns.loss_type not in (None, "custom_loss"):
+        fail(f"--loss-type {slime_ns.loss_type}: --backend slime trains with its own loss (custom_loss); leave it out")
+    if slime_ns.custom_convert_samples_to_train_data_path or slime_ns.custom_tis_function_path:
+        fail("--custom-convert-samples-to-train-data-path / --custom-tis-function-path: not supported with --backend slime")
+    if slime_ns.advantage_estimator != "grpo":
+        fail(f"--advantage-estimator {slime_ns.advantage_estimator}: --backend slime computes GRPO advantages over "
+             "holdout rewards in the rollout; leave it at grpo")  # fmt: skip
+    if slime_ns.release_train:
+        fail("--release-train: not supported by the slime-meta loop; leave it out")
+    if slime_ns.disable_rollout_global_dataset:
+        fail("--disable-rollout-global-dataset: the rollout draws its problems from slime's data source; leave it out")
+    if ns.group_key:
+        fail("--group-key: slime's data source draws rows in its own order, not per task family; "
+             "run --group-key on the local backend, or leave it out")  # fmt: skip
+    if ns.sdpo_alpha != 0.0 or ns.replay_beta != 0.0:
+        fail("--sdpo-alpha / --replay-beta: slime forwards a fixed set of batch keys to a custom loss, so top-k "
+             "SDPO targets and replay pairs cannot reach it; use the local backend for channels 2 and 3")  # fmt: skip
+    if ns.distill_context == "additional_info":
+        fail("--distill-context additional_info: on slime the trained samples are the teacher's infos; "
+             "give the distillation context with --teacher-context or --context-key")  # fmt: skip
+    if ns.teacher_temperature <= 0:
+        fail(f"--teacher-temperature {ns.teacher_temperature}: must be > 0 on slime (the trained policy samples with it)")
+    if ns.student_router_ip and ns.student_checkpoint:
+        fail("--student-router-ip points at a running student pool; --student-checkpoint starts one: give one of them")
+
+
+# Flags whose relative paths are made absolute: slime's actors do not run in our directory.
+_PATH_FLAGS = (
+    "--prompt-data", "--hf-checkpoint", "--student-checkpoint", "--generator-template", "--grader-template",
+    "--teacher-template",
+)  # fmt: skip
+
+
+def absolute_paths(argv: Sequence[str]) -> list[str]:
+    """`argv` with the relative paths of `_PATH_FLAGS` that exist here made absolute."""
+
+    def fix(value: str) -> str:
+        path = Path(value)
+        return str(path.resolve()) if not path.is_absolute() and path.exists() else value
+
+    out, pending = [], False
+    for token in argv:
+        name, eq, value = token.partition("=")
+        if pending:
+            out.append(fix(token))
+        elif eq and name in _PATH_FLAGS:
+            out.append(f"{name}={fix(value)}")
+        else:
+            out.append(token)
+        pending = not eq and token in _PATH_FLAGS
+    return out
+
+
+def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> LaunchPlan:
+    """Our argv -> slime's argv (no slime needed). Raises UserInputError naming the flag."""
+    argv = absolute_paths(argv)
+    ns, rest = meta_parser().parse_known_args(argv)
+    slime_ns, _ = _slime_side_parser().parse_known_args(rest)
+    ns.backend = "slime"
+    _unsupported(ns, slime_ns)
+    layout = plan_gpus(ns, slime_ns, argv)
+    run_dir = Path(ns.run_dir or default_run_dir).resolve()  # the rollout manager's cwd is not ours
+
+    # Validated with our own rules; --load/--save are Megatron's checkpoints here (slime checks them).
+    checked = argparse.Namespace(**{**vars(ns), "load": None, "save": None, "save_interval": None, "run_dir": str(run_dir)})
+    config = build_config(checked)
+
+    out = without(argv, _REWRITTEN)
+    out += ["--actor-num-nodes", str(layout.actor_num_nodes), "--actor-num-gpus-per-node", str(layout.actor_num_gpus_per_node)]
+    out += ["--rollout-num-gpus", str(layout.rollout_gpus)]
+    plan = LaunchPlan((), config, layout, run_dir, ns.dry_run)
+    if plan.sglang_config_path is not None:
+        out += ["--sglang-config", str(plan.sglang_config_path)]
+    if ns.teacher_port is not None and slime_ns.sglang_router_port is None:
+        out += ["--sglang-router-port", str(ns.teacher_port)]
+    out += ["--input-key", ns.input_key, "--label-key", ns.label_key]
+    out += ["--rollout-batch-size", str(ns.rollout_batch_size), "--n-samples-per-prompt", str(ns.n_samples_per_prompt)]
+    if given(argv, "--num-rollout") or slime_ns.num_epoch is None:
+        out += ["--num-rollout", str(ns.num_rollout)]
+    # The trained model is the teacher: slime's temperature is the teacher's (its log-probs divide by it).
+    out += ["--rollout-temperature", repr(float(ns.teacher_temperature)), "--student-temperature", repr(float(ns.rollout_temperature))]
+    if ns.apply_chat_template or ns.meta_apply_chat_template:
+        out += ["--meta-apply-chat-template"]
+    if slime_ns.global_batch_size is None and slime_ns.num_steps_per_rollout is None:
+        out += ["--num-steps-per-rollout", "1"]  # one optimizer step per outer step, as on one machine
+    out += ["--run-dir", str(run_dir)]
+    out += ["--rollout-function-path", PLUGINS["--rollout-function-path"]]
+    out += ["--custom-reward-post-process-path", PLUGINS["--custom-reward-post-process-path"]]
+    out += ["--loss-type", "custom_loss", "--custom-loss-function-path", PLUGINS["--custom-loss-function-path"]]
+    if config.objectives.distillation_on:
+        out += ["--custom-advantage-function-path", PLUGINS["--custom-advantage-function-path"]]
+    return LaunchPlan(tuple(out), config, layout, run_dir, ns.dry_run)
+
+
+# ----------------------------------------------------------------------------- the dry run
+
+
+def _grader_line(cfg: MetaConfig) -> str:
+    g = cfg.grader
+    kind = g.grader if g.grader != "auto" else default_grader_kind(g.grader_api_key_env, g.grader_base_url)
+    if kind == "verifier":
+        return f"built-in verifier against the label ({g.verifier_metric})"
+    where = f"self-hosted OpenAI-compatible server {g.grader_base_url}" if g.grader_base_url else "the OpenAI API"
+    key = "set" if os.environ.get(g.grader_api_key_env) else "NOT set"
+    return f"{g.grader_model} on {where} (key from ${g.grader_api_key_env}: {key} here)"
+
+
+def describe(plan: LaunchPlan) -> str:
+    """What --dry-run prints: GPUs per role, where each pool is, the sglang-config, slime's flags."""
+    lay, cfg = plan.layout, plan.config
+    t, s = lay.teacher, lay.student
+    lines = [f"slime-meta --backend slime: dry run, nothing started (run dir {plan.run_dir})", ""]
+    lines.append(f"GPUs: {lay.total_gpus} in the Ray placement group, {lay.nodes} node(s) of {lay.num_gpus_per_node}")
+    lines.append(f"  {'role':<20}{'GPUs':>5}  layout")
+    lines.append(f"  {'teacher training':<20}{lay.training_gpus:>5}  Megatron, {lay.actor_num_nodes} node(s) x {lay.actor_num_gpus_per_node}")
+    if lay.user_sglang_config:
+        lines.append(f"  {'inference':<20}{lay.rollout_gpus:>5}  as your --sglang-config {lay.user_sglang_config} says")
+    else:
+        lines.append(f"  {'teacher inference':<20}{t.num_gpus:>5}  SGLang model '{t.model}': {t.engines} engine(s) x {t.gpus_per_engine} GPU, weights follow training")
+    if s is not None:
+        lines.append(f"  {'student inference':<20}{s.num_gpus:>5}  SGLang model '{s.model}': {s.engines} engine(s) x {s.gpus_per_engine} GPU, frozen {s.model_path}")
+    placement = ("colocated: inference shares the training GPUs (offloaded while training runs)" if lay.colocate
+                 else "separate: training GPUs first, inference GPUs after them")  # fmt: skip
+    lines += [f"  placement: {placement}", ""]
+
+    lines.append("pools")
+    first = "the first model's router (args.sglang_router_ip/port)"
+    lines.append(f"  teacher  {first}" + (f", port {cfg.pools.teacher_port}" if cfg.pools.teacher_port else ""))
+    if cfg.pools.student_router_ip:
+        lines.append(f"  student  external router http://{cfg.pools.student_router_ip}:{cfg.pools.student_router_port}")
+    elif s is not None or lay.user_sglang_config:
+        lines.append(f"  student  router of model '{STUDENT_MODEL}' (args.sglang_model_routers['{STUDENT_MODEL}'])")
+    else:
+        lines.append("  student  the teacher's router (shared pool: the same, evolving model)")
+    lines += [f"  grader   {_grader_line(cfg)}", ""]
+
+    text = plan.sglang_config_yaml()
+    if text:
+        lines.append(f"--sglang-config {plan.sglang_config_path} (written when the run starts)")
+        lines += ["  " + line for line in text.rstrip().splitlines()] + [""]
+    else:
+        lines += ["--sglang-config: none generated (" + ("yours" if lay.user_sglang_config else "one shared pool: slime's default") + ")", ""]
+
+    lines.append("slime arguments")
+    argv = list(plan.slime_argv)
+    groups, current = [], []
+    for token in argv:
+        if token.startswith("--") and current:
+            groups.append(current)
+            current = []
+        current.append(token)
+    if current:
+        groups.append(current)
+    lines += ["  " + " ".join(shlex.quote(x) for x in group) + (" \\" if i < len(groups) - 1 else "") for i, group in enumerate(groups)]
+    return "\n".join(lines)
