@@ -45,6 +45,7 @@ from typing import Any, Sequence
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 
+from aiohttp_grader import AiohttpChatGrader  # noqa: E402
 from slime_meta.grading import OpenAIGrader
 from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
 from slime_meta.pools import SGLangPool
@@ -109,9 +110,9 @@ class RecordingPool(SGLangPool):
 
 
 class RecordingGrader:
-    """The project's OpenAI grader; reads the service time the fake grader writes in its reply."""
+    """A grader (the project's OpenAIGrader); reads the service time the fake grader writes in its reply."""
 
-    def __init__(self, inner: OpenAIGrader):
+    def __init__(self, inner: OpenAIGrader | AiohttpChatGrader):
         self.inner = inner
         self.ledger: Ledger | None = None
 
@@ -301,7 +302,44 @@ def char_tokenizer() -> Any:
     return _TOKENIZER[0]
 
 
-async def build_roles(pools: Pools, args: argparse.Namespace, ledger: Ledger) -> tuple[Roles, list[SGLangPool]]:
+class KeepAliveOpenAIGrader(OpenAIGrader):
+    """The project's grader, its SDK client allowed `keepalive` idle connections (default 100).
+
+    Above 100 requests in flight the SDK's default client closes every connection beyond 100
+    when its request ends and opens a new one for the next: this variant measures that cost.
+    """
+
+    keepalive = 1024
+
+    def _resources(self):
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            import openai
+
+            limits = type(openai.DEFAULT_CONNECTION_LIMITS)(
+                max_connections=max(1000, self.keepalive), max_keepalive_connections=self.keepalive, keepalive_expiry=5.0
+            )
+            self._client = openai.AsyncOpenAI(
+                api_key=self._api_key(), base_url=self.base_url, timeout=self.request_timeout, max_retries=0,
+                http_client=openai.DefaultAsyncHttpxClient(limits=limits),
+            )  # fmt: skip
+            self._semaphore = asyncio.Semaphore(self.concurrency)
+            self._loop = loop
+        return self._client, self._semaphore
+
+
+GRADER_CLIENTS = {"openai": OpenAIGrader, "openai_keepalive": KeepAliveOpenAIGrader, "aiohttp": AiohttpChatGrader}
+
+
+def make_grader(kind: str, url: str, concurrency: int):
+    """The project's OpenAIGrader ("openai"), its keep-alive variant, or the aiohttp candidate."""
+    return GRADER_CLIENTS[kind](model="fake-grader", base_url=url + "/v1", concurrency=concurrency, max_tokens=64,
+                                api_key_env="SLIME_META_BENCH_NO_KEY")  # fmt: skip
+
+
+async def build_roles(
+    pools: Pools, args: argparse.Namespace, ledger: Ledger, grader_kind: str = "openai"
+) -> tuple[Roles, list[SGLangPool]]:
     tokenizer = char_tokenizer()
     renderer = PromptRenderer(tokenizer, apply_chat_template=False)
     concurrency = args.workers * args.capacity_latency_bound  # the client never binds before the pool
@@ -309,10 +347,7 @@ async def build_roles(pools: Pools, args: argparse.Namespace, ledger: Ledger) ->
     teacher_pool = RecordingPool(name="teacher", base_url=pools.routers["teacher"], concurrency=concurrency)
     for pool in (student_pool, teacher_pool):
         pool.ledger = ledger
-    grader = RecordingGrader(
-        OpenAIGrader(model="fake-grader", base_url=pools.routers["grader"] + "/v1", concurrency=concurrency,
-                     max_tokens=64, api_key_env="SLIME_META_BENCH_NO_KEY")
-    )  # fmt: skip
+    grader = RecordingGrader(make_grader(grader_kind, pools.routers["grader"], concurrency))
     grader.ledger = ledger
     settings = InnerLoopSettings(
         num_inner_iterations=args.iterations, n_samples_per_inner_prompt=args.attempts,

@@ -1,0 +1,345 @@
+"""slime plugins of the rollout: `--rollout-function-path` and `--custom-reward-post-process-path`.
+
+    generate_rollout(args, rollout_id, data_source, evaluation=False)
+        -> RolloutFnTrainOutput | RolloutFnEvalOutput
+
+Training: draws rollout_batch_size x k train problems plus the holdout problems from slime's data
+source (so the train split yields exactly rollout_batch_size GRPO groups, as slime's trainer
+expects), runs our inner loop against slime's routers and returns one group of
+n_samples_per_prompt samples per teacher prompt: each the teacher's final info, its reward the
+mean holdout grade. With --train-all-inner-steps each member of a group is the list of that
+chain's K infos, one rollout (they share `Sample.rollout_id`, so slime counts it once).
+
+Pools: the teacher is the first SGLang model (`args.sglang_router_ip/port`; --teacher-port
+becomes --sglang-router-port); the student is --student-router-ip/port, else the 'student' model
+of --sglang-config, else the teacher's router (shared pool).
+
+Evaluation: the same loop on a fixed draw of problems (the first --eval-prompt-data set, else
+--prompt-data), reported as two data sets: the holdout grade with each final info, and without.
+
+slime's rollout manager is one long-lived Ray actor calling this function once per step, so the
+pieces (tokenizer, templates, grader, pool clients) are built on the first call and kept with
+an event loop of their own, keyed by the `args` object they were built from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+import time
+from argparse import Namespace
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Awaitable, Sequence, TypeVar
+
+from slime_meta.arguments import MetaConfig
+from slime_meta.arguments_objectives import read_context
+from slime_meta.backends.slime.flags import config_from_slime_args
+from slime_meta.backends.slime.samples import (
+    advantage_of,
+    apply_fields,
+    problem_from_sample,
+    status_value,
+    teacher_sample_fields,
+)
+from slime_meta.data import ProblemSampler, load_problems, split_sizes
+from slime_meta.inner_loop import MetaLearningRollout, RolloutResult, describe_batch
+from slime_meta.pools import SGLangPool
+from slime_meta.types import Episode, Problem, TeacherSample
+
+T = TypeVar("T")
+STUDENT_MODEL = "student"
+
+
+class _LoopThread:
+    """An asyncio loop in a daemon thread: pool sessions and grader clients live across calls."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="slime-meta-rollout", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
+def router_urls(args: Namespace, cfg: MetaConfig) -> tuple[str, str]:
+    """(teacher URL, student URL) from what slime wrote into `args` after starting its routers."""
+    teacher = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+    if cfg.pools.student_router_ip:
+        return teacher, f"http://{cfg.pools.student_router_ip}:{cfg.pools.student_router_port}"
+    routers = getattr(args, "sglang_model_routers", None) or {}
+    if STUDENT_MODEL in routers:
+        ip, port = routers[STUDENT_MODEL]
+        return teacher, f"http://{ip}:{port}"
+    return teacher, teacher  # shared pool: the student is the evolving teacher
+
+
+def context_prompt_ids(tokenizer, context: str, prompt_ids: Sequence[int]) -> list[int]:
+    """The teacher's prompt with the distillation context in front (after a leading BOS)."""
+    context_ids = list(tokenizer(context.strip() + "\n\n", add_special_tokens=False)["input_ids"])
+    bos = tokenizer.bos_token_id
+    if prompt_ids and bos is not None and prompt_ids[0] == bos:
+        return [bos, *context_ids, *prompt_ids[1:]]
+    return [*context_ids, *prompt_ids]
+
+
+async def score(pool: SGLangPool, prompt_ids: Sequence[int], response_ids: Sequence[int], temperature: float) -> list[float]:
+    """log p(response | prompt) per response token, by SGLang's scoring call (no generation)."""
+    reply = await pool.post(
+        "/generate",
+        {"input_ids": [*prompt_ids, *response_ids], "return_logprob": True, "logprob_start_len": 0,
+         "sampling_params": {"max_new_tokens": 0, "temperature": temperature}},
+    )  # fmt: skip
+    entries = reply["meta_info"]["input_token_logprobs"]
+    return [float(entry[0]) for entry in entries[len(entries) - len(response_ids) :]]
+
+
+@dataclass
+class _Runtime:
+    args: Namespace
+    cfg: MetaConfig
+    loop: _LoopThread
+    tokenizer: Any
+    rollout: MetaLearningRollout
+    teacher_pool: SGLangPool
+    student_pool: SGLangPool
+    run_dir: Path
+    tracker: Any
+    fixed_context: str | None
+    eval_problems: list[Problem] | None = None
+
+    def close(self) -> None:
+        async def close_pools() -> None:
+            await self.teacher_pool.close()
+            if self.student_pool is not self.teacher_pool:
+                await self.student_pool.close()
+            aclose = getattr(self.rollout.grader, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+        self.loop.run(close_pools())
+        self.loop.stop()
+
+
+_runtimes: dict[int, _Runtime] = {}
+
+
+def _build_runtime(args: Namespace) -> _Runtime:
+    from slime_meta.backends.local import components as C
+    from slime_meta.tracking import Tracker
+
+    cfg = config_from_slime_args(args)
+    tokenizer = C.load_tokenizer(cfg.pools.hf_checkpoint)
+    pieces = C.build_role_pieces(cfg)
+    teacher_url, student_url = router_urls(args, cfg)
+    loop = _LoopThread()
+
+    async def make_pools() -> tuple[SGLangPool, SGLangPool]:
+        teacher = C.make_pool(cfg, "teacher", teacher_url, cfg.sampling.teacher_concurrency)
+        student = teacher if student_url == teacher_url else C.make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
+        return teacher, student
+
+    teacher_pool, student_pool = loop.run(make_pools())
+    rollout = C.build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
+    # On slime the trained samples are the teacher's infos: no solver-role tokens to keep; and no
+    # progress bar inside a Ray actor's log.
+    rollout.settings = replace(rollout.settings, keep_solver_attempts=False, show_progress=False)
+    run_dir = Path(cfg.tracking.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict())
+    return _Runtime(
+        args=args, cfg=cfg, loop=loop, tokenizer=tokenizer, rollout=rollout, teacher_pool=teacher_pool,
+        student_pool=student_pool, run_dir=run_dir, tracker=tracker, fixed_context=read_context(cfg.objectives.teacher_context),
+    )  # fmt: skip
+
+
+def runtime(args: Namespace) -> _Runtime:
+    found = _runtimes.get(id(args))
+    if found is None or found.args is not args:
+        found = _runtimes[id(args)] = _build_runtime(args)
+    return found
+
+
+def close_runtimes() -> None:
+    """Close every pool client and loop (tests; the rollout manager just exits)."""
+    while _runtimes:
+        _, rt = _runtimes.popitem()
+        rt.close()
+
+
+# ----------------------------------------------------------------------------- the plugins
+
+
+def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False):
+    """slime's --rollout-function-path: our meta-learning rollout over slime's pools."""
+    rt = runtime(args)
+    if evaluation:
+        return rt.loop.run(_evaluate(rt, rollout_id))
+    cfg = rt.cfg
+    num_train, num_holdout = split_sizes(
+        num_prompts=cfg.meta.rollout_batch_size, problems_per_prompt=cfg.meta.n_problems_per_prompt,
+        train_ratio=cfg.meta.inner_loop_train_ratio, heldout_ipb=cfg.meta.heldout_ipb,
+    )  # fmt: skip
+    groups = data_source.get_samples(num_train + num_holdout)
+    return rt.loop.run(_train_rollout(rt, rollout_id, groups, num_train))
+
+
+def post_process_rewards(args: Namespace, samples: Sequence[Any]) -> tuple[list[float], list[float]]:
+    """slime's --custom-reward-post-process-path: (raw rewards, the rollout's GRPO advantages).
+
+    The advantages were computed over each group's holdout rewards by the inner loop (either
+    --holdout-advantage mode); slime's own group normalisation would redo (and for
+    normalize-then-mean, change) them.
+    """
+    raw = [float(s.reward) for s in samples]
+    advantages = [advantage_of(s) for s in samples]
+    return raw, [r if a is None else a for r, a in zip(raw, advantages)]
+
+
+# ----------------------------------------------------------------------------- training step
+
+
+def _episode(problems: Sequence[Problem], num_prompts: int, k: int, num_train: int) -> Episode:
+    return Episode(
+        train_chunks_P=tuple(tuple(problems[p * k : (p + 1) * k]) for p in range(num_prompts)),
+        holdout=tuple(problems[num_train:]),
+    )
+
+
+async def _teacher_log_probs(rt: _Runtime, samples: Sequence[TeacherSample], chunks_P) -> list[list[float] | None]:
+    """Context distillation: log p(info | context + teacher prompt) of each trained sample."""
+    o = rt.cfg.objectives
+    if not o.distillation_on:
+        return [None] * len(samples)
+
+    async def one(sample: TeacherSample) -> list[float]:
+        if rt.fixed_context is not None:
+            context = rt.fixed_context
+        else:  # --context-key: the contexts of the prompt's problems
+            contexts = [str(p.metadata.get(o.context_key or "", "") or "") for p in chunks_P[sample.group_index]]
+            context = "\n\n".join(c for c in contexts if c)
+        prompt_ids = context_prompt_ids(rt.tokenizer, context, sample.prompt_ids) if context else list(sample.prompt_ids)
+        return await score(rt.teacher_pool, prompt_ids, sample.response_ids, rt.cfg.sampling.teacher_temperature)
+
+    return list(await asyncio.gather(*[one(s) for s in samples]))
+
+
+def _traces_by_chain(result: RolloutResult) -> dict[tuple[int, int], dict]:
+    return {(t["prompt_index"], t["sample_index"]): t for t in result.traces}
+
+
+async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int):
+    from slime.rollout.base_types import RolloutFnTrainOutput
+
+    from slime_meta.backends.local.components import counter_metrics
+
+    cfg, started = rt.cfg, time.perf_counter()
+    k, num_prompts = cfg.meta.n_problems_per_prompt, cfg.meta.rollout_batch_size
+    problems = [problem_from_sample(g[0], rubric_key=cfg.data.rubric_key, fallback_uid=f"row-{g[0].group_index}") for g in groups]
+    episode = _episode(problems, num_prompts, k, num_train)
+    result = await rt.rollout.run([episode], rollout_id, seed=cfg.seed)
+    teacher_log_probs = await _teacher_log_probs(rt, result.samples, episode.train_chunks_P)
+    traces = _traces_by_chain(result)
+
+    # One output group per teacher prompt p, built on the data source's n copies of its first problem.
+    steps_P_G: list[list[list[tuple[TeacherSample, list[float] | None]]]] = [
+        [[] for _ in range(cfg.meta.n_samples_per_prompt)] for _ in range(num_prompts)
+    ]
+    for sample, logps in zip(result.samples, teacher_log_probs):
+        steps_P_G[sample.group_index][sample.sample_index].append((sample, logps))
+    output = []
+    for p, steps_G in enumerate(steps_P_G):
+        base_G = groups[p * k]
+        group = []
+        for g, steps in enumerate(steps_G):
+            base = base_G[g]
+            rollout_key = base.index if cfg.meta.train_all_inner_steps else None
+            members = [
+                apply_fields(
+                    base if len(steps) == 1 else copy.deepcopy(base),
+                    teacher_sample_fields(
+                        sample, prompt=rt.tokenizer.decode(sample.prompt_ids), response=rt.tokenizer.decode(sample.response_ids),
+                        base_metadata=base.metadata, teacher_log_probs=logps, rollout_id=rollout_key,
+                        trace=traces.get((p, g)) if sample is steps[-1][0] else None,
+                    ),
+                )  # fmt: skip
+                for sample, logps in steps
+            ]
+            group.append(members if cfg.meta.train_all_inner_steps else members[0])
+        output.append(group)
+
+    metrics = {**result.metrics, **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader)}
+    metrics["perf/meta_rollout_time"] = time.perf_counter() - started
+    rt.tracker.log(rollout_id, metrics)
+    rt.tracker.write_traces([describe_batch([episode], rollout_id), *result.traces])
+    return RolloutFnTrainOutput(samples=output, metrics=metrics)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def _eval_problems(rt: _Runtime) -> list[Problem]:
+    if rt.eval_problems is None:
+        datasets = getattr(rt.args, "eval_prompt_data", None) or []
+        path = datasets[1] if len(datasets) >= 2 else rt.cfg.data.prompt_data
+        d = rt.cfg.data
+        loaded = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
+        # A file converted for slime's data source keeps rubric and id under `metadata`.
+        rt.eval_problems = [
+            replace(p, rubric=p.rubric or str(p.metadata["metadata"].get("rubric", "")), metadata={**p.metadata, **p.metadata["metadata"]})
+            if isinstance(p.metadata.get("metadata"), dict) else p
+            for p in loaded
+        ]  # fmt: skip
+    return rt.eval_problems
+
+
+async def _evaluate(rt: _Runtime, rollout_id: int):
+    from slime.rollout.base_types import RolloutFnEvalOutput
+    from slime.utils.types import Sample
+
+    cfg, meta = rt.cfg, rt.cfg.meta
+    _, num_holdout = split_sizes(
+        num_prompts=meta.rollout_batch_size, problems_per_prompt=meta.n_problems_per_prompt,
+        train_ratio=meta.inner_loop_train_ratio, heldout_ipb=meta.heldout_ipb,
+    )  # fmt: skip
+    # A fresh sampler with the run's seed: every evaluation sees the same problems.
+    episodes = ProblemSampler(_eval_problems(rt), seed=cfg.seed, shuffle=True).next_episodes(
+        num_prompts=meta.rollout_batch_size, problems_per_prompt=meta.n_problems_per_prompt, num_holdout=num_holdout
+    )
+    result = await rt.rollout.run(episodes, rollout_id, seed=cfg.seed)
+    finals = [s for s in result.samples if s.inner_iteration == meta.num_inner_iterations - 1]
+    with_info = [
+        apply_fields(Sample(group_index=s.group_index, index=i), teacher_sample_fields(
+            s, prompt=rt.tokenizer.decode(s.prompt_ids), response=rt.tokenizer.decode(s.response_ids)))
+        for i, s in enumerate(finals)
+    ]  # fmt: skip
+
+    async def no_info(problem: Problem, index: int):
+        prompt, completion = await rt.rollout.student.solve(problem, "", with_tokens=True)
+        grade = await rt.rollout.grader.grade(problem, completion.text)
+        return Sample(
+            index=index, prompt=prompt, tokens=[*map(int, completion.prompt_ids), *map(int, completion.output_ids)],
+            response=completion.text, response_length=len(completion.output_ids), label=problem.ground_truth,
+            reward=float(grade.score), status=Sample.Status(status_value(completion.finish_reason)),
+            metadata={"problem_uid": problem.uid},
+        )  # fmt: skip
+
+    holdout = [h for e in episodes for h in e.holdout]
+    without = list(await asyncio.gather(*[no_info(h, i) for i, h in enumerate(holdout)]))
+
+    def dataset(samples):
+        return {
+            "rewards": [s.reward for s in samples],
+            "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
+            "samples": samples,
+        }
+
+    data = {"meta_holdout_with_info": dataset(with_info), "meta_holdout_no_info": dataset(without)}
+    return RolloutFnEvalOutput(data=data, metrics={f"eval_{k}": v for k, v in result.metrics.items()})

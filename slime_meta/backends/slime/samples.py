@@ -1,0 +1,114 @@
+"""Between slime's `Sample` and ours: problems from the data source, trained samples back to slime.
+
+Pure functions: a slime `Sample` is read and written through its attributes and its own
+`Status` enum, so nothing here imports slime.
+
+What a trained teacher sample becomes (slime's trainer reads these fields):
+  tokens             teacher prompt ids + the info's sampled ids, exactly as the engine used them
+  response_length    number of sampled ids; loss_mask all ones over them
+  rollout_log_probs  the engine's log-probs of those ids (the behaviour policy)
+  reward             the mean holdout grade of the chain (raw reward, what slime logs)
+  status             from the engine's finish reason (length -> TRUNCATED)
+  metadata["meta_learning"]  the GRPO advantage over the holdout rewards (read back by the
+                     reward post-process plugin), the info, the inner-loop trace when sampled
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from slime_meta.types import Problem, TeacherSample
+
+META_KEY = "meta_learning"
+_STATUS_BY_FINISH = {"stop": "completed", "length": "truncated", "abort": "aborted"}
+
+
+def prompt_text(prompt: Any) -> str:
+    """A data-source prompt as plain text: a string as is, a chat list as its user turns."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)):
+        texts = []
+        for message in prompt:
+            if not isinstance(message, Mapping) or message.get("role", "user") != "user":
+                continue
+            content = message.get("content")
+            if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}]
+                content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+            if content:
+                texts.append(str(content))
+        return "\n\n".join(texts)
+    return "" if prompt is None else str(prompt)
+
+
+def problem_from_sample(sample: Any, *, rubric_key: str, fallback_uid: str) -> Problem:
+    """A problem from a data-source sample: prompt, label, and rubric/uid from its metadata."""
+    metadata = dict(getattr(sample, "metadata", None) or {})
+    rubric = metadata.get(rubric_key, metadata.get("rubric", ""))
+    uid = metadata.get("uid")
+    return Problem(
+        uid=str(uid) if uid is not None else fallback_uid,
+        prompt=prompt_text(getattr(sample, "prompt", "")),
+        label=getattr(sample, "label", None),
+        rubric="" if rubric is None else str(rubric),
+        metadata=metadata,
+    )
+
+
+def status_value(finish_reason: str | None) -> str:
+    """slime's `Sample.Status` value for an engine finish reason."""
+    return _STATUS_BY_FINISH.get(finish_reason or "stop", "completed")
+
+
+def teacher_sample_fields(
+    sample: TeacherSample,
+    *,
+    prompt: str,
+    response: str,
+    base_metadata: Mapping[str, Any] | None = None,
+    trace: Mapping[str, Any] | None = None,
+    teacher_log_probs: Sequence[float] | None = None,
+    rollout_id: int | None = None,
+) -> dict[str, Any]:
+    """The slime `Sample` fields of one trained teacher sample (`status` as its enum value)."""
+    meta = {
+        "advantage": float(sample.advantage),
+        "group_index": sample.group_index,
+        "sample_index": sample.sample_index,
+        "inner_iteration": sample.inner_iteration,
+        **{k: v for k, v in sample.metadata.items()},
+    }
+    if trace is not None:
+        meta["trace"] = dict(trace)
+    fields: dict[str, Any] = {
+        "prompt": prompt,
+        "tokens": [int(t) for t in sample.prompt_ids] + [int(t) for t in sample.response_ids],
+        "response": response,
+        "response_length": len(sample.response_ids),
+        "loss_mask": [1] * len(sample.response_ids),
+        "rollout_log_probs": [float(x) for x in sample.rollout_logprobs],
+        "reward": float(sample.reward),
+        "status": status_value(sample.metadata.get("finish_reason")),
+        "weight_versions": [sample.weight_version] if sample.weight_version is not None else [],
+        "metadata": {**dict(base_metadata or {}), META_KEY: meta},
+    }
+    if teacher_log_probs is not None:
+        if len(teacher_log_probs) != len(sample.response_ids):
+            raise ValueError(f"{len(teacher_log_probs)} teacher log-probs for {len(sample.response_ids)} response tokens")
+        fields["teacher_log_probs"] = [float(x) for x in teacher_log_probs]
+    if rollout_id is not None:
+        fields["rollout_id"] = rollout_id
+    return fields
+
+
+def apply_fields(sample: Any, fields: Mapping[str, Any]) -> Any:
+    """Set `fields` on a slime `Sample` (the status through the sample's own enum); returns it."""
+    for name, value in fields.items():
+        setattr(sample, name, type(sample).Status(value) if name == "status" else value)
+    return sample
+
+
+def advantage_of(sample: Any) -> float | None:
+    meta = (getattr(sample, "metadata", None) or {}).get(META_KEY) or {}
+    value = meta.get("advantage")
+    return None if value is None else float(value)

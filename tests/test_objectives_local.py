@@ -1,0 +1,148 @@
+"""The local trainer's channels: zero weights give plain GRPO bit for bit; each channel moves the
+weights alone; distillation log-probs align to the student's tokens on a chat prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from slime_meta.backends.local.channels import LossSettings
+from slime_meta.backends.local.launcher import LocalProcessGroup
+from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
+from slime_meta.pools import SGLangPool
+from slime_meta.prompt_templates import GeneratorPromptTemplate
+from slime_meta.roles import PromptRenderer, StudentRole
+from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
+from slime_meta.types import Chain, Grade, PreferencePair, Problem, SolverSample, TeacherSample
+
+
+def random_ids(generator: torch.Generator, n: int, vocab: int = 60) -> tuple[int, ...]:
+    return tuple(int(x) for x in torch.randint(4, vocab, (n,), generator=generator))
+
+
+@pytest.fixture(scope="module")
+def batch():
+    g = torch.Generator().manual_seed(0)
+    teacher = [
+        TeacherSample(random_ids(g, 12), random_ids(g, 5), tuple((-torch.rand(5, generator=g) * 3).tolist()),
+                      reward=r, advantage=a, group_index=0, sample_index=i, inner_iteration=0)
+        for i, (r, a) in enumerate([(1.0, 1.0), (0.0, -1.0), (0.5, 0.3)])
+    ]  # fmt: skip
+    solver = [
+        SolverSample(
+            problem_uid=str(i), prompt_ids=random_ids(g, 8), response_ids=random_ids(g, 4),
+            rollout_logprobs=tuple((-torch.rand(4, generator=g) * 3).tolist()), temperature=1.0, grade=0.0,
+            task_advantage=0.5 - i, prompt_text="p", solution_text="s", context_prompt_ids=random_ids(g, 15),
+            teacher_logprobs=tuple((-torch.rand(4, generator=g)).tolist()), hint_prompt_ids=random_ids(g, 11),
+            is_error_site=True,
+        )
+        for i in range(2)
+    ]  # fmt: skip
+    pairs = [PreferencePair(random_ids(g, 8), random_ids(g, 5), random_ids(g, 4)) for _ in range(2)]
+    return teacher, solver, pairs
+
+
+def trained_parameters(checkpoint, settings: TrainerSettings, teacher, solver=(), pairs=(), reference=None):
+    torch.manual_seed(0)
+    trainer = LocalTrainer(str(checkpoint), settings, reference_path=reference)
+    metrics = trainer.train_step(teacher, solver, pairs)
+    return [p.detach().clone() for p in trainer.model.parameters()], metrics
+
+
+def max_change(params_a, params_b) -> float:
+    return max((a - b).abs().max().item() for a, b in zip(params_a, params_b))
+
+
+def test_zero_weights_give_the_plain_grpo_update_bit_for_bit(tiny_checkpoint, batch):
+    teacher, solver, pairs = batch
+    plain = TrainerSettings(lr=1e-2, device="cpu")
+    zero = dataclasses.replace(plain, loss=LossSettings(sdpo_alpha=0.0, replay_beta=0.0), distill=DistillSettings(1.0, 0.0, 0.0))
+    base, base_metrics = trained_parameters(tiny_checkpoint, plain, teacher)
+    same, same_metrics = trained_parameters(tiny_checkpoint, zero, teacher, solver, pairs)
+    assert all(torch.equal(a, b) for a, b in zip(base, same))
+    assert same_metrics["loss/total"] == base_metrics["loss/grpo"] == same_metrics["loss/grpo"]
+    assert "loss/sdpo_kl" not in same_metrics and "loss/trace_replay_dpo" not in same_metrics
+
+
+@pytest.mark.parametrize(
+    "channel",
+    ["sdpo", "replay", "distill", "kl"],
+)
+def test_each_channel_alone_changes_the_update(tiny_checkpoint, batch, channel):
+    teacher, solver, pairs = batch
+    plain = TrainerSettings(lr=1e-2, device="cpu")
+    base, _ = trained_parameters(tiny_checkpoint, plain, teacher)
+    reference = None
+    if channel == "sdpo":
+        settings = dataclasses.replace(plain, loss=LossSettings(sdpo_alpha=1.0, sdpo_top_k=5))
+    elif channel == "replay":
+        settings = dataclasses.replace(plain, loss=LossSettings(replay_beta=1.0))
+    elif channel == "distill":
+        settings = dataclasses.replace(plain, distill=DistillSettings(adv_tau=1.0, teacher_tau=1.0, student_tau=1.0))
+    else:
+        # A reference unlike the policy: the KL term's gradient is then nonzero at the first step.
+        settings, reference = dataclasses.replace(plain, loss=LossSettings(kl_loss_coef=1.0, kl_loss_type="k3")), "ref"
+    if reference == "ref":
+        reference_dir = tiny_checkpoint.parent / "perturbed-reference"
+        if not reference_dir.exists():
+            model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+            model.save_pretrained(reference_dir)
+        reference = str(reference_dir)
+    changed, metrics = trained_parameters(tiny_checkpoint, settings, teacher, solver, pairs, reference=reference)
+    assert max_change(base, changed) > 1e-7
+    expected_key = {"sdpo": "loss/sdpo_kl", "replay": "loss/trace_replay_dpo", "distill": "loss/grpo", "kl": "train/kl_ref"}[channel]
+    assert metrics[expected_key] == metrics[expected_key] and metrics[expected_key] != 0.0
+
+
+def test_distillation_logprobs_align_to_the_students_tokens_on_a_chat_prompt(tiny_checkpoint, tmp_path):
+    """The context prompt is longer than the student's; the pool's scoring call must still give
+    log p(response token | context prompt + earlier response tokens), token for token."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()
+    context = "Remember: the suffix is always 'ab'. " * 4  # a long context, prepended to the user turn
+    problem = Problem(uid="0", prompt="word", label="wordab", metadata={})
+
+    async def build():
+        pool = SGLangPool(name="policy", base_url=endpoints.router_url)
+        student = StudentRole(pool=pool, template=GeneratorPromptTemplate("Q: {problem}"),
+                              renderer=PromptRenderer(tokenizer, apply_chat_template=True), info_position="prefix",
+                              temperature=1.0, max_new_tokens=6)  # fmt: skip
+
+        class ExactGrader:
+            async def grade(self, p, solution):
+                return Grade(score=float(solution.strip() == p.ground_truth))
+
+        settings = SolverSettings(
+            attempts_per_problem=2, reuse_chain_attempts=False, distill_context="fixed", fixed_context=context,
+            context_key=None, distill=True, sdpo=True, sdpo_hint=None, sdpo_grade_threshold=1.0, sdpo_on="errors",
+            skip_verification=False, std_normalize=True,
+        )  # fmt: skip
+        chain = Chain(prompt_index=0, sample_index=0, problems=[problem])
+        samples, metrics = await SolverSampleBuilder(student, ExactGrader(), settings).build([chain])
+        await pool.close()
+        return samples, metrics
+
+    with LocalProcessGroup() as group:
+        endpoints = group.start_pool("policy", str(tiny_checkpoint), 1, device="cpu", weights_root=None, log_dir=str(tmp_path))
+        samples, metrics = asyncio.run(build())
+    assert len(samples) == 2 and metrics["solver/num_samples"] == 2.0
+    for sample in samples:
+        assert len(sample.context_prompt_ids) > len(sample.prompt_ids) + 50
+        assert tokenizer.decode(sample.context_prompt_ids).count("Remember") == 4
+        # The context went into the user turn, before the question, inside the chat template.
+        for ids in (sample.context_prompt_ids, sample.prompt_ids):
+            assert tokenizer.decode(ids).startswith("user: ") and tokenizer.decode(ids).endswith("Q: word\nassistant: ")
+        ids = torch.tensor([sample.context_prompt_ids + sample.response_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, :-1].double(), dim=-1)
+        start = len(sample.context_prompt_ids) - 1
+        expected = [logp[start + i, token].item() for i, token in enumerate(sample.response_ids)]
+        assert sample.teacher_logprobs == pytest.approx(expected, abs=1e-4)
+        assert sample.hint_prompt_ids is not None and sample.is_error_site == (sample.grade < 1.0)
