@@ -361,14 +361,23 @@ async def build_roles(
     return Roles(student, teacher, grader, settings), [student_pool, teacher_pool]
 
 
+DESIGNS = {  # name: (orchestration, grader client)
+    "ours": ("ours", "openai"),
+    "ours_aiohttp_grader": ("ours", "aiohttp"),
+    "stage_synchronous": ("stage_synchronous", "openai"),
+    "sequential": ("sequential", "openai"),
+}
+
+
 async def run_design(design: str, roles: Roles, episode: Episode, ledger: Ledger, max_chains: int | None) -> dict:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     chains_run = None
-    if design == "ours":
+    orchestration = DESIGNS[design][0]
+    if orchestration == "ours":
         rollout = InstrumentedRollout(roles.student, roles.grader, roles.teacher, roles.settings)
         rollout.ledger = ledger
         await rollout.run([episode], rollout_id=0)
-    elif design == "stage_synchronous":
+    elif orchestration == "stage_synchronous":
         await stage_synchronous(roles, episode)
     else:
         chains_run = await sequential(roles, episode, max_chains)
@@ -377,39 +386,41 @@ async def run_design(design: str, roles: Roles, episode: Episode, ledger: Ledger
     return {"wall_s": wall, "client_cpu_s": cpu, "requests": requests, "chains_run": chains_run}
 
 
+async def close_roles(roles: Roles, client_pools: list[SGLangPool]) -> None:
+    for pool in client_pools:
+        await pool.close()
+    await roles.grader.inner.aclose()
+
+
 async def scenario(name: str, capacity: int, pools: Pools, children: C.Children, args: argparse.Namespace) -> dict:
     episode = make_episode(args.prompts, args.per_prompt, args.holdout)
     total_chains = args.prompts * args.samples
     results: dict[str, Any] = {"capacity_per_worker": capacity, "workers_per_pool": args.workers,
                                "capacity_per_pool": capacity * args.workers}  # fmt: skip
-    designs = ["ours", "stage_synchronous", "sequential"]
-    runs: dict[str, list[dict]] = {d: [] for d in designs}
+    runs: dict[str, list[dict]] = {d: [] for d in DESIGNS}
     # Warm-up, not recorded: imports (the openai SDK loads on first use), connections, caches.
-    reset_workers(pools, args.seed, capacity)
-    roles, client_pools = await build_roles(pools, args, Ledger())
-    await run_design("stage_synchronous", roles, episode, Ledger(), None)
-    for pool in client_pools:
-        await pool.close()
-    await roles.grader.inner.aclose()
+    for kind in ("openai", "aiohttp"):
+        reset_workers(pools, args.seed, capacity)
+        roles, client_pools = await build_roles(pools, args, Ledger(), kind)
+        await run_design("stage_synchronous", roles, episode, Ledger(), None)
+        await close_roles(roles, client_pools)
     for repeat in range(args.repeats):
-        for design in designs:
-            if design == "sequential" and repeat > 0:
-                continue  # slow and deterministic in its wall time: one run
+        for design, (orchestration, grader_kind) in DESIGNS.items():
+            if orchestration == "sequential" and repeat > 0:
+                continue  # slow, and its wall time is the sum of the latencies: one run
             reset_workers(pools, args.seed + repeat, capacity)
             ledger = Ledger()
-            roles, client_pools = await build_roles(pools, args, ledger)
+            roles, client_pools = await build_roles(pools, args, ledger, grader_kind)
             cpu_children0 = children.cpu_seconds()
             max_chains = None if args.full_sequential else args.sequential_chains
             outcome = await run_design(design, roles, episode, ledger, max_chains)
             cpu_children = {k: v - cpu_children0[k] for k, v in children.cpu_seconds().items()}
-            for pool in client_pools:
-                await pool.close()
-            await roles.grader.inner.aclose()
+            await close_roles(roles, client_pools)
             outcome["worker_stats"] = worker_stats(pools)
             outcome["requests_by_pool"] = dict(ledger.requests)
             outcome["router_cpu_s"] = sum(v for k, v in cpu_children.items() if k.startswith("router"))
             outcome["fake_worker_cpu_s"] = sum(v for k, v in cpu_children.items() if k.startswith("fake"))
-            if design == "ours":
+            if orchestration == "ours":
                 critical = max(c.path() for c in ledger.chains)
                 work_bounds = {r: ledger.work_s[r] / (capacity * args.workers) for r in ROLES}
                 outcome.update(
@@ -420,28 +431,77 @@ async def scenario(name: str, capacity: int, pools: Pools, children: C.Children,
                 outcome["bound_over_achieved"] = outcome["bound_s"] / outcome["wall_s"]
                 expected = expected_requests(args)
                 if ledger.requests != expected:
-                    raise RuntimeError(f"ours sent {ledger.requests} requests, expected {expected}")
-            if design == "sequential" and outcome["chains_run"] < total_chains:
+                    raise RuntimeError(f"{design} sent {ledger.requests} requests, expected {expected}")
+            if orchestration == "sequential" and outcome["chains_run"] < total_chains:
                 scale = sum(expected_requests(args).values()) / outcome["requests"]
                 outcome.update(extrapolated=True, measured_wall_s=outcome["wall_s"], wall_s=outcome["wall_s"] * scale)
             runs[design].append(outcome)
-            print(f"  [{name}] {design:18s} run {repeat}: {outcome['wall_s']:.3f} s"
-                  + (f"  bound {outcome['bound_s']:.3f} s" if design == "ours" else ""), file=sys.stderr, flush=True)  # fmt: skip
+            print(f"  [{name}] {design:20s} run {repeat}: {outcome['wall_s']:.3f} s"
+                  + (f"  bound {outcome['bound_s']:.3f} s" if "bound_s" in outcome else "")
+                  + f"  client CPU {1000 * outcome['client_cpu_s'] / max(1, outcome['requests']):.2f} ms/req",
+                  file=sys.stderr, flush=True)  # fmt: skip
     for design, outcomes in runs.items():
         best = sorted(outcomes, key=lambda o: o["wall_s"])[len(outcomes) // 2]  # the median run
         summary = dict(best)
         summary["wall_s_runs"] = [o["wall_s"] for o in outcomes]
+        summary["wall_s"] = statistics.median(summary["wall_s_runs"])
         summary["client_cpu_ms_per_request"] = 1000.0 * best["client_cpu_s"] / max(1, best["requests"])
         summary["router_cpu_ms_per_request"] = 1000.0 * best["router_cpu_s"] / max(1, best["requests"])
         summary["fake_worker_cpu_ms_per_request"] = 1000.0 * best["fake_worker_cpu_s"] / max(1, best["requests"])
-        if design == "ours":
+        if "bound_s" in best:
             summary["bound_over_achieved_runs"] = [o["bound_over_achieved"] for o in outcomes]
             summary["bound_over_achieved"] = statistics.median(summary["bound_over_achieved_runs"])
         results[design] = summary
-    ours = statistics.median(results["ours"]["wall_s_runs"])
-    results["speedup_vs_stage_synchronous"] = statistics.median(results["stage_synchronous"]["wall_s_runs"]) / ours
+    ours = results["ours"]["wall_s"]
+    for design in DESIGNS:
+        results[design]["wall_over_ours"] = results[design]["wall_s"] / ours
+    results["speedup_vs_stage_synchronous"] = results["stage_synchronous"]["wall_s"] / ours
     results["speedup_vs_sequential"] = results["sequential"]["wall_s"] / ours
     return results
+
+
+async def client_costs(pools: Pools, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Client CPU per request of each call the loop makes, `requests` of them `in_flight` at a time."""
+    reset_workers(pools, args.seed, args.capacity_latency_bound)
+    episode = make_episode(args.prompts, args.per_prompt, args.holdout)
+    problems = [p for chunk in episode.train_chunks_P for p in chunk]
+    solution = "Reasoning xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\nAnswer: 42"
+    out = {}
+    for label, grader_kind, call in (
+        ("student.solve (SGLangPool, text)", "openai", "solve"),
+        ("teacher.write_info (SGLangPool, ids + log-probs)", "openai", "teach"),
+        ("OpenAIGrader.grade (openai SDK, default client)", "openai", "grade"),
+        ("OpenAIGrader.grade (SDK, 1024 keep-alive)", "openai_keepalive", "grade"),
+        ("AiohttpChatGrader.grade (candidate)", "aiohttp", "grade"),
+    ):
+        roles, client_pools = await build_roles(pools, args, Ledger(), grader_kind)
+        from slime_meta.types import Grade
+
+        attempts = [[GradedAttempt(problem=problems[0], solution=solution, grade=Grade(0.5, "fake")) for _ in range(args.attempts)]]
+
+        def one(i: int):
+            p = problems[i % len(problems)]
+            if call == "solve":
+                return roles.student.solve(p, "Check the units.")
+            if call == "teach":
+                return roles.teacher.write_info([p], attempts, "Check the units.")
+            return roles.grader.grade(p, solution)
+
+        gate = asyncio.Semaphore(args.cost_in_flight)
+
+        async def gated(i: int):
+            async with gate:
+                return await one(i)
+
+        await asyncio.gather(*[gated(i) for i in range(max(16, args.cost_requests // 10))])  # warm-up
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(*[gated(i) for i in range(args.cost_requests)])
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        await close_roles(roles, client_pools)
+        out[label] = {"cpu_ms_per_request": 1000.0 * cpu / args.cost_requests, "wall_s": wall,
+                      "requests": args.cost_requests, "in_flight": args.cost_in_flight}  # fmt: skip
+        print(f"  [client cost] {label}: {out[label]['cpu_ms_per_request']:.3f} ms/req", file=sys.stderr, flush=True)
+    return out
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -462,13 +522,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sequential-chains", type=int, default=4, help="chains the sequential baseline runs (then scaled)")
     p.add_argument("--full-sequential", action="store_true", help="run the sequential baseline over the whole step")
+    p.add_argument("--cost-requests", type=int, default=2000, help="requests per client in the client-cost table")
+    p.add_argument("--cost-in-flight", type=int, default=256, help="requests in flight in the client-cost table")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON path (default runs/benchmarks/inner_loop.json)")
     args = p.parse_args(argv)
     if args.quick:
         args.prompts, args.samples, args.iterations, args.attempts, args.holdout = 4, 2, 2, 2, 2
         args.workers, args.median_ms, args.repeats, args.sequential_chains = 2, 20.0, 1, 1
-        args.capacity_bound = 2
+        args.capacity_bound, args.cost_requests, args.cost_in_flight = 2, 100, 16
     if args.capacity_latency_bound is None:  # every request of the widest stage in service at once
         widest = args.prompts * args.samples * max(args.per_prompt * args.attempts, args.holdout) + args.holdout
         args.capacity_latency_bound = -(-widest // args.workers)
@@ -485,6 +547,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         report["startup_s"] = time.perf_counter() - started
         report["latency_bound"] = await scenario("latency bound", args.capacity_latency_bound, pools, children, args)
         report["capacity_bound"] = await scenario("capacity bound", args.capacity_bound, pools, children, args)
+        report["client_cost"] = await client_costs(pools, args)
     lat, cap = report["latency_bound"], report["capacity_bound"]
     report["targets"] = TARGETS
     report["meets"] = {
@@ -501,19 +564,22 @@ def print_table(report: dict) -> None:
     rows = []
     for key in ("latency_bound", "capacity_bound"):
         s = report[key]
-        ours = s["ours"]
-        rows.append([f"{key} (cap {s['capacity_per_pool']}/pool)", "ours", ours["wall_s"], ours["bound_s"],
-                     ours["bound_over_achieved"], 1.0, ours["client_cpu_ms_per_request"]])  # fmt: skip
-        for design in ("stage_synchronous", "sequential"):
+        bound = s["ours"]["bound_s"]
+        for i, design in enumerate(DESIGNS):
             d = s[design]
             name = design + (" (extrapolated)" if d.get("extrapolated") else "")
-            rows.append(["", name, d["wall_s"], None, ours["bound_s"] / d["wall_s"], d["wall_s"] / ours["wall_s"],
-                         d["client_cpu_ms_per_request"]])  # fmt: skip
+            rows.append([f"{key} ({s['capacity_per_pool']}/pool)" if i == 0 else "", name, d["wall_s"],
+                         d.get("bound_s"), d.get("bound_over_achieved", bound / d["wall_s"]), d["wall_over_ours"],
+                         d["client_cpu_ms_per_request"],
+                         d["router_cpu_ms_per_request"] + d["fake_worker_cpu_ms_per_request"]])  # fmt: skip
     st = report["settings"]
+    print(f"\nclient CPU per request, {st['cost_requests']} requests, {st['cost_in_flight']} in flight:")
+    print(C.table([[k, v["cpu_ms_per_request"]] for k, v in report["client_cost"].items()], ["call", "CPU ms/req"]))
     print(f"\ninner loop: N={st['prompts']} G={st['samples']} K={st['iterations']} m={st['attempts']} "
           f"k={st['per_prompt']} holdout={st['holdout']}, latency lognormal median {st['median_ms']} ms sigma {st['sigma']}, "
-          f"{st['workers']} workers/pool, median of {st['repeats']} run(s)")  # fmt: skip
-    print(C.table(rows, ["scenario", "design", "wall s", "bound s", "bound/wall", "wall/ours", "client CPU ms/req"]))
+          f"{st['workers']} workers/pool, median of {st['repeats']} run(s); bound/wall of a baseline uses ours' bound")  # fmt: skip
+    print(C.table(rows, ["scenario (capacity)", "design", "wall s", "bound s", "bound/wall", "wall/ours",
+                         "client CPU ms/req", "router+workers CPU ms/req"]))  # fmt: skip
     print("meets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in report["meets"].items()))
 
 

@@ -61,12 +61,25 @@ def test_flags_slime_already_defines_are_skipped():
         (["--load", "/nonexistent/ckpt"], "--load"),
         (["--lr", "-1"], "--lr"),
         (["--teacher-temperature", "-0.1"], "--teacher-temperature"),
+        (["--teacher-tau", "0.5"], "--teacher-tau"),
+        (["--teacher-tau", "0.5", "--teacher-context", "x", "--context-key", "c"], "one context source"),
+        (["--aipo-delta", "8", "--use-tis"], "--aipo-delta"),
+        (["--eps-clip-c", "0.5"], "--eps-clip-c"),
+        (["--replay-beta", "0.1", "--replay-teachers", "a@http://x"], "--replay-min-agree"),
+        (["--sdpo-beta", "1.5"], "--sdpo-beta"),
+        (["--sdpo-top-k", "0"], "--sdpo-top-k"),
     ],
 )
 def test_bad_flag_values_name_the_flag(extra, flag):
     with pytest.raises(UserInputError) as info:
         parse_config(BASE + extra)
     assert flag in str(info.value) and "\n" not in str(info.value)
+
+
+def test_objective_defaults_leave_plain_grpo():
+    o = parse_config(BASE).objectives
+    assert not (o.distillation_on or o.sdpo_on_any or o.replay_on or o.needs_solver_samples or o.needs_reference)
+    assert o.kl_loss_type == "k1" and o.replay_min_agree == 2 and o.sdpo_grade_threshold == 1.0
 
 
 def test_missing_required_flags():

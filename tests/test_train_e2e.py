@@ -213,3 +213,17 @@ def test_all_three_channels_and_context_distillation_in_one_run(tiny_checkpoint,
         assert "distill/teacher_minus_student_logp" in r
     cached = read_jsonl(run_dir / "replay_pairs.jsonl")
     assert cached, "replay decisions are cached in the run dir"
+
+
+def test_distillation_from_a_context_column_with_baseline_eval(tiny_checkpoint, tmp_path):
+    run_dir = tmp_path / "column-context"
+    result = run_train(
+        synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "1", "--context-key", "oracle_hint",
+                       "--teacher-tau", "1.0", "--student-tau", "1.0", "--eval-baseline")  # fmt: skip
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = read_jsonl(run_dir / "metrics.jsonl")
+    student, teacher = record["eval/synthetic_suffix/baseline_student/avg"], record["eval/synthetic_suffix/baseline_teacher/avg"]
+    assert 0.0 <= student <= 1.0 and 0.0 <= teacher <= 1.0
+    assert record["eval/synthetic_suffix/baseline_diff"] == pytest.approx(teacher - student)
+    assert record["solver/num_samples"] > 0 and "distill/teacher_minus_student_logp" in record

@@ -18,9 +18,12 @@ def _local(config):
 
 
 def _slime(config):
+    # slime's flags (Megatron, SGLang, Ray placement) are not ours, so this backend takes the
+    # command line, not a config: train.py hands `--backend slime` argv to the slime CLI first.
     raise UserInputError(
-        "--backend slime: the cluster backend is not part of this release yet; use --backend local "
-        "(one machine, CPU or one GPU)"
+        "--backend slime parses its command line with slime's own parser: run it as "
+        "`python train.py --backend slime ...` or `python -m slime_meta.backends.slime ...` "
+        "(add --dry-run to see the plan without GPUs)"
     )
 
 

@@ -5,6 +5,7 @@ Kept apart from `run.py` so that the outer loop there reads on one screen.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,12 @@ def load_data(cfg: MetaConfig) -> Data:
         problems, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=cfg.data.group_key is not None
     )
     sampler.validate(meta.n_problems_per_prompt, num_holdout, meta.rollout_batch_size)
+    context_key = cfg.objectives.context_key
+    if context_key and context_key not in problems[0].metadata:
+        raise UserInputError(
+            f"--context-key {context_key}: no such column in {cfg.data.prompt_data} "
+            f"(columns besides problem and label: {', '.join(sorted(problems[0].metadata)) or 'none'})"
+        )
     return Data(sampler=sampler, num_holdout=num_holdout)
 
 
@@ -268,6 +275,37 @@ async def solver_channel_inputs(builder, replayer, chains, tokenizer) -> tuple[l
         # Counters since the start of this process (a resume starts them again).
         metrics.update({f"replay/{k}": float(v) for k, v in replayer.stats.as_dict().items()})
     return solver_samples, pairs, metrics
+
+
+async def baseline_eval(cfg: MetaConfig, rollout: MetaLearningRollout, problems, limit: int = 32) -> dict[str, float]:
+    """`--eval-baseline`: the student with and without the distillation context, before training.
+
+    Needs a context that exists before training (--teacher-context or --context-key); the
+    meta-teacher's own info (--distill-context additional_info) does not exist yet, so nothing is
+    measured for it.
+    """
+    o = cfg.objectives
+    if not o.eval_baseline or not (o.teacher_context or o.context_key):
+        return {}
+    fixed = read_context(o.teacher_context)
+    chosen = list(problems)[:limit]
+
+    async def graded(problem, context: str) -> float:
+        _, completion = await rollout.student.solve(problem, context)
+        return (await rollout.grader.grade(problem, completion.text)).score
+
+    def context_of(problem) -> str:
+        return fixed if fixed is not None else str(problem.metadata.get(o.context_key, "") or "")
+
+    plain = await asyncio.gather(*[graded(p, "") for p in chosen])
+    with_context = await asyncio.gather(*[graded(p, context_of(p)) for p in chosen])
+    name = Path(cfg.data.prompt_data).stem
+    student, teacher = sum(plain) / len(plain), sum(with_context) / len(with_context)
+    return {
+        f"eval/{name}/baseline_student/avg": student,
+        f"eval/{name}/baseline_teacher/avg": teacher,
+        f"eval/{name}/baseline_diff": teacher - student,
+    }
 
 
 async def close_clients(*clients) -> None:

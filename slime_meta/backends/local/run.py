@@ -48,6 +48,7 @@ async def _run(cfg: MetaConfig) -> Path:
             trainer.load_state_dict(resume.trainer_state)
             set_rng_state(resume.trainer_state["rng"])
         tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict(), start_step=start_step)
+        baseline = await C.baseline_eval(cfg, rollout, data.sampler.problems) if start_step == 0 else {}
 
         try:
             for rollout_id in range(start_step, cfg.meta.num_rollout):
@@ -64,6 +65,7 @@ async def _run(cfg: MetaConfig) -> Path:
 
                 metrics = {**result.metrics, **solver_metrics, **train_metrics, "perf/step_time": time.perf_counter() - step_started}
                 metrics.update(C.counter_metrics(teacher_pool, student_pool, rollout.grader))
+                metrics.update(baseline if rollout_id == start_step else {})
                 tracker.log(rollout_id, metrics)
                 tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
                 print(format_step_line(rollout_id, metrics), flush=True)
