@@ -1,0 +1,94 @@
+"""Learning efficacy on the synthetic suffix task, through the real train.py loop.
+
+    python benchmarks/efficacy.py                      # 60 outer steps on this machine
+    python benchmarks/efficacy.py --steps 20 --quick   # a short check
+
+Normalised gain = (R - R_no_info) / (R_oracle - R_no_info), where R is the holdout grade with the
+teacher's info (mean of the last `--window` steps), R_no_info the no-info control measured in the
+same steps, and R_oracle the student's grade with the perfect hint (the `oracle_hint` column,
+measured before training by `--eval-baseline`). Writes JSON and the run's curve (PNG) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import fmean
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(args: argparse.Namespace) -> dict:
+    out = Path(args.out)
+    run_dir = out / f"efficacy-{time.strftime('%Y%m%d-%H%M%S')}"
+    command = [
+        "bash", str(ROOT / "scripts/run_synthetic.sh"),
+        "--context-key", "oracle_hint", "--eval-baseline",  # R_oracle and R_no_info before training
+        "--trace-sample-rate", "0", *args.extra,
+    ]  # fmt: skip
+    env = {"RUN_DIR": str(run_dir), "NUM_ROLLOUT": str(args.steps), "PYTHON": sys.executable}
+    if args.model_dir:
+        env["MODEL_DIR"] = args.model_dir
+    started = time.perf_counter()
+    subprocess.run(command, cwd=ROOT, env={**__import__("os").environ, **env}, check=True)
+    wall = time.perf_counter() - started
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = records[0]
+    name = "synthetic_suffix"
+    r_oracle = first[f"eval/{name}/baseline_teacher/avg"]
+    window = records[-args.window :]
+    r_final = fmean(r["meta_learning/avg_holdout_grade"] for r in window)
+    r_start = fmean(r["meta_learning/avg_holdout_grade"] for r in records[: args.window])
+    r_no_info = fmean(r["meta_learning/holdout_grade_no_info"] for r in records)
+
+    def gain(r: float) -> float:
+        return (r - r_no_info) / (r_oracle - r_no_info) if r_oracle > r_no_info else float("nan")
+
+    result = {
+        "benchmark": "efficacy",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.node()} {platform.machine()} ({__import__('os').cpu_count()} cpus)",
+        "command": " ".join(sys.argv),
+        "steps": len(records),
+        "wall_s": wall,
+        "r_oracle": r_oracle,
+        "r_no_info": r_no_info,
+        "r_first_steps": r_start,
+        "r_last_steps": r_final,
+        "normalised_gain_first_steps": gain(r_start),
+        "normalised_gain_last_steps": gain(r_final),
+        "run_dir": str(run_dir),
+        "plot": str(run_dir / "holdout.png"),
+    }
+    (out / "efficacy.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--window", type=int, default=10, help="Steps averaged for the first and last grades.")
+    parser.add_argument("--out", default="runs/benchmarks")
+    parser.add_argument("--model-dir", default=None, help="A built tiny checkpoint (default: build or reuse the cached one).")
+    parser.add_argument("--quick", action="store_true", help="3 steps, window 1: checks that it runs.")
+    parser.add_argument("extra", nargs="*", help="Extra train.py flags after --, e.g. -- --lr 3e-4")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.window = 3, 1
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    r = run(args)
+    print()
+    print(f"{'steps':>6} {'wall s':>7} {'R_no_info':>9} {'R_oracle':>8} {'R first':>7} {'R last':>7} {'gain first':>10} {'gain last':>9}")
+    print(
+        f"{r['steps']:>6} {r['wall_s']:>7.0f} {r['r_no_info']:>9.3f} {r['r_oracle']:>8.3f} {r['r_first_steps']:>7.3f} "
+        f"{r['r_last_steps']:>7.3f} {r['normalised_gain_first_steps']:>10.3f} {r['normalised_gain_last_steps']:>9.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
