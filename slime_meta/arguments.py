@@ -54,6 +54,7 @@ class MetaLearningConfig:
     train_all_inner_steps: bool
     holdout_advantage: str
     num_rollout: int
+    max_async_level: int
     generator_template: str | None
     grader_template: str | None
     teacher_template: str | None
@@ -202,6 +203,8 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--holdout-advantage", choices=HOLDOUT_ADVANTAGE_MODES, default="mean-then-normalize",
         help="mean-then-normalize: reward = mean holdout grade, GRPO over the G infos. "
              "normalize-then-mean: normalise each holdout problem's grades across the G infos, then average.")
+    add("--max-async-level", type=int, default=0,
+        help="Rollouts may run this many steps ahead of training (0: synchronous; 1: step t+1's rollout overlaps step t's training).")
     add("--group-key", default=None, help="Dataset column of task families: each teacher prompt and its holdout come from one family.")
     add("--generator-template", default=None, help="Student prompt: a file, a template text, or module.Class (GeneratorPromptTemplate subclass).")
     add("--grader-template", default=None, help="Grader prompt: a file, a template text, or module.Class (GraderPromptTemplate subclass).")
@@ -352,6 +355,8 @@ def validate_flags(ns: argparse.Namespace) -> None:
     for flag in ("teacher_temperature", "rollout_temperature", "grader_temperature"):
         if getattr(ns, flag) < 0:
             fail(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be >= 0")
+    if ns.max_async_level < 0:
+        fail(f"--max-async-level {ns.max_async_level}: must be >= 0")
     if ns.lr <= 0:
         fail(f"--lr {ns.lr}: must be > 0")
     if ns.eps_clip <= 0:

@@ -43,6 +43,7 @@ def prepare_run_dir(cfg: MetaConfig) -> Path:
 class Data:
     sampler: ProblemSampler
     num_holdout: int
+    draw_sizes: dict  # keyword arguments of sampler.next_episodes for one step
 
 
 def load_data(cfg: MetaConfig) -> Data:
@@ -70,7 +71,8 @@ def load_data(cfg: MetaConfig) -> Data:
             f"--context-key {context_key}: no such column in {cfg.data.prompt_data} "
             f"(columns besides problem and label: {', '.join(sorted(problems[0].metadata)) or 'none'})"
         )
-    return Data(sampler=sampler, num_holdout=num_holdout)
+    sizes = {"num_prompts": meta.rollout_batch_size, "problems_per_prompt": meta.n_problems_per_prompt, "num_holdout": num_holdout}
+    return Data(sampler=sampler, num_holdout=num_holdout, draw_sizes=sizes)
 
 
 def check_model_dir(path: str | None, flag: str) -> str:
@@ -315,6 +317,19 @@ async def close_clients(*clients) -> None:
             if client is not None and hasattr(client, method):
                 await getattr(client, method)()
                 break
+
+
+def staleness_metrics(samples, rollout_id: int, start_step: int) -> dict[str, float]:
+    """How many optimizer steps behind the trained policy the rollout's weights were."""
+    versions = []
+    for sample in samples:
+        try:
+            versions.append(int(sample.weight_version))
+        except (TypeError, ValueError):  # the weights a worker started with
+            versions.append(start_step)
+    if not versions:
+        return {}
+    return {"async/max_staleness": float(rollout_id - min(versions)), "async/mean_staleness": rollout_id - sum(versions) / len(versions)}
 
 
 def should_save(cfg: MetaConfig, rollout_id: int) -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 from slime_meta.arguments import MetaConfig
 from slime_meta.backends.local import components as C
 from slime_meta.backends.local.launcher import LocalProcessGroup
+from slime_meta.backends.local.pipeline import RolloutPipeline
 from slime_meta.inner_loop import describe_batch
 from slime_meta.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from slime_meta.tracking import Tracker, format_step_line
@@ -50,31 +51,36 @@ async def _run(cfg: MetaConfig) -> Path:
         tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict(), start_step=start_step)
         baseline = await C.baseline_eval(cfg, rollout, data.sampler.problems) if start_step == 0 else {}
 
+        async def produce(step: int, episodes: list):
+            result = await rollout.run(episodes, step, seed=cfg.seed)
+            return episodes, result, *await C.solver_channel_inputs(solver_builder, replayer, result.chains, tokenizer)
+
+        pipeline = RolloutPipeline(
+            produce, lambda: data.sampler.next_episodes(**data.draw_sizes), data.sampler.state_dict,
+            max_async_level=cfg.meta.max_async_level, start_step=start_step, end_step=cfg.meta.num_rollout,
+        )  # fmt: skip
         try:
             for rollout_id in range(start_step, cfg.meta.num_rollout):
                 step_started = time.perf_counter()
-                episodes = data.sampler.next_episodes(
-                    num_prompts=cfg.meta.rollout_batch_size,
-                    problems_per_prompt=cfg.meta.n_problems_per_prompt,
-                    num_holdout=data.num_holdout,
-                )
-                result = await rollout.run(episodes, rollout_id, seed=cfg.seed)
-                solver, pairs, solver_metrics = await C.solver_channel_inputs(solver_builder, replayer, result.chains, tokenizer)
+                # The pool serves weights of version rollout_id: one push per finished step.
+                episodes, result, solver, pairs, solver_metrics = await pipeline.result(rollout_id, weights_version=rollout_id)
                 train_metrics = await asyncio.to_thread(trainer.train_step, result.samples, solver, pairs)
                 await asyncio.to_thread(C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1)
 
                 metrics = {**result.metrics, **solver_metrics, **train_metrics, "perf/step_time": time.perf_counter() - step_started}
                 metrics.update(C.counter_metrics(teacher_pool, student_pool, rollout.grader))
+                metrics.update(C.staleness_metrics(result.samples, rollout_id, start_step))
                 metrics.update(baseline if rollout_id == start_step else {})
                 tracker.log(rollout_id, metrics)
                 tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
                 print(format_step_line(rollout_id, metrics), flush=True)
 
                 if C.should_save(cfg, rollout_id):
-                    state = {"next_rollout_id": rollout_id + 1, "sampler": data.sampler.state_dict()}
+                    state = {"next_rollout_id": rollout_id + 1, "sampler": pipeline.sampler_state_for_resume(rollout_id + 1)}
                     await asyncio.to_thread(save_checkpoint, Path(cfg.checkpoint.save), rollout_id + 1,
                                             trainer=trainer, tokenizer=tokenizer, state=state)
         finally:
+            await pipeline.cancel()
             await C.close_clients(teacher_pool, student_pool, pieces.grader, replayer)
             tracker.finish()
     C.write_plot(run_dir)
