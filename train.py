@@ -14,6 +14,7 @@ import time
 
 from slime_meta.arguments import parse_config
 from slime_meta.backends import get_backend
+from slime_meta.backends.slime.cli import requested_backend
 from slime_meta.backends.local.launcher import LaunchError
 from slime_meta.errors import EXIT_USER_ERROR, UserInputError
 from slime_meta.pools import PoolUnavailable
@@ -22,6 +23,12 @@ RUNTIME_FAULTS = (LaunchError, PoolUnavailable)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if requested_backend(argv) == "slime":
+        # Megatron's, SGLang's and Ray's flags are slime's: slime's own parser reads this command line.
+        from slime_meta.backends.slime.cli import main as slime_main
+
+        return slime_main(argv)
     quiet_library_progress_bars()
     try:
         config = parse_config(argv, default_run_dir=time.strftime("runs/%Y%m%d-%H%M%S"))

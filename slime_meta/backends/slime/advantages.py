@@ -28,7 +28,11 @@ from slime_meta.losses import context_distillation_advantages
 def context_distillation(args: Namespace, rollout_data: dict[str, Any]) -> None:
     rewards, shapes = rollout_data["rewards"], rollout_data["kl"]  # kl: one [R_i] tensor per sample
     teacher = rollout_data.get("teacher_log_probs")
-    student = rollout_data.get("rollout_log_probs") if getattr(args, "use_rollout_logprobs", False) else rollout_data.get("log_probs")
+    student = (
+        rollout_data.get("rollout_log_probs")
+        if getattr(args, "use_rollout_logprobs", False)
+        else rollout_data.get("log_probs")
+    )
     student = student or rollout_data.get("rollout_log_probs")
     taus = {
         "adv_tau": float(getattr(args, "adv_tau", 1.0)),

@@ -36,18 +36,20 @@ def requested_backend(argv: Sequence[str]) -> str | None:
 def missing_slime() -> str | None:
     """None when THUDM's slime and the stack it runs on import; else the one line that says what to do."""
     try:
-        spec = importlib.util.find_spec("slime")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None:
+        importlib.import_module("slime")
+    except ImportError:
         return f"--backend slime needs slime (THUDM/slime), which is not importable here: {INSTALL_HINT}"
-    for module in ("slime.ray.placement_group", "slime.utils.arguments", "slime.rollout.base_types"):
+    for module in ("slime.rollout.base_types", "slime.ray.placement_group", "slime.utils.arguments",
+                   "slime.backends.megatron_utils.arguments"):  # fmt: skip
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name and (exc.name == "slime" or exc.name.startswith("slime.")):
-                return f"--backend slime: the importable `slime` is not THUDM/slime (no {exc.name}); {INSTALL_HINT}"
-            return f"--backend slime: slime is there but {exc.name} is missing (slime runs on Ray, Megatron-LM and SGLang); {INSTALL_HINT}"
+                return (
+                    f"--backend slime: the importable `slime` is not THUDM/slime (it has no {exc.name}); {INSTALL_HINT}"
+                )
+            return (f"--backend slime: slime is there but {exc.name} is missing (slime runs on Ray, Megatron-LM "
+                    f"and SGLang); {INSTALL_HINT}")  # fmt: skip
     return None
 
 

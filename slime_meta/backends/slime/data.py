@@ -30,7 +30,7 @@ def convert(source: str | Path, target: str | Path, *, input_key: str = "prompt"
     target.parent.mkdir(parents=True, exist_ok=True)
     with target.open("w", encoding="utf-8") as handle:
         for problem in problems:
-            metadata = {**problem.metadata, "uid": problem.uid, "rubric": problem.rubric}
+            metadata = {"uid": problem.uid, **problem.metadata, "rubric": problem.rubric}  # a `uid` column wins
             row = {"prompt": problem.prompt, "label": problem.label, "metadata": metadata}
             handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     return len(problems)

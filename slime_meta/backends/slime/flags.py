@@ -34,14 +34,24 @@ def add_slime_backend_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         if flag not in existing:
             group.add_argument(flag, **kwargs)
 
-    add("--dry-run", action="store_true",
-        help="--backend slime: print the slime arguments, the generated --sglang-config and the GPUs per role; start nothing.")
-    add("--student-temperature", type=float, default=None,
+    add(
+        "--dry-run",
+        action="store_true",
+        help="--backend slime: print the slime arguments, the generated --sglang-config and the GPUs per role; start nothing.",
+    )
+    add(
+        "--student-temperature",
+        type=float,
+        default=None,
         help="Set by --backend slime from --rollout-temperature (the student's temperature); slime's own "
-             "--rollout-temperature then holds the teacher's.")
-    add("--meta-apply-chat-template", action="store_true",
+        "--rollout-temperature then holds the teacher's.",
+    )
+    add(
+        "--meta-apply-chat-template",
+        action="store_true",
         help="Set by --backend slime from --apply-chat-template: our roles render with the chat template, "
-             "slime's data source keeps the raw problem text.")
+        "slime's data source keeps the raw problem text.",
+    )
     return parser
 
 

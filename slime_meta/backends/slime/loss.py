@@ -87,7 +87,9 @@ def single_rank_log_probs(args: Namespace, batch: dict[str, Any], logits: Tensor
     _require_single_rank(args, "the log-probs without Megatron")
     temperature = float(getattr(args, "rollout_temperature", 1.0) or 1.0)
     log_probs, entropies = [], []
-    for rows_R_V, tokens, response in zip(response_logits(batch, logits), batch["unconcat_tokens"], batch["response_lengths"]):
+    for rows_R_V, tokens, response in zip(
+        response_logits(batch, logits), batch["unconcat_tokens"], batch["response_lengths"]
+    ):
         response = int(response)
         targets = torch.as_tensor(tokens, device=rows_R_V.device)[len(tokens) - response :].long()
         if response == 0:
@@ -146,7 +148,11 @@ def grpo_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tensor]
         ratio = torch.exp(logp.detach() - old)
         eps_high = args.eps_clip if getattr(args, "eps_clip_high", None) is None else args.eps_clip_high
         clipped = -torch.clamp(ratio, 1 - args.eps_clip, 1 + eps_high) * advantages > -ratio * advantages
-    metrics = {"pg_loss": pg_loss.detach(), "pg_clipfrac": reduce(clipped.float()), "ppo_kl": reduce(old - logp.detach())}
+    metrics = {
+        "pg_loss": pg_loss.detach(),
+        "pg_clipfrac": reduce(clipped.float()),
+        "ppo_kl": reduce(old - logp.detach()),
+    }
 
     loss = pg_loss
     entropy_coef = float(getattr(args, "entropy_coef", 0.0) or 0.0)
@@ -161,8 +167,11 @@ def grpo_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tensor]
         metrics["kl_loss"] = kl_loss.detach()
     if batch.get("rollout_log_probs"):
         metrics["train_rollout_logprob_abs_diff"] = reduce((old - _cat(batch["rollout_log_probs"], like)).abs())
-    if "tis_weight_mean" in out.metrics:
-        metrics["tis_weight_mean"] = out.metrics["tis_weight_mean"]
+    if use_tis:
+        with torch.no_grad():
+            metrics["tis"] = reduce(
+                torch.exp(old - rollout).clamp(float(getattr(args, "tis_clip_low", 0.0) or 0.0), args.tis_clip)
+            )
     metrics["advantage"] = reduce(advantages)
     return loss, metrics
 
@@ -194,7 +203,10 @@ def replay_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tenso
     _require_single_rank(args, "the replay channel")
     masks = batch["loss_masks"]
     sequences = [(lp * m.to(lp.dtype)).sum() for lp, m in zip(log_probs, masks)]
-    references = [(r.to(lp.device, torch.float32) * m.to(lp.device, torch.float32)).sum() for lp, r, m in zip(log_probs, ref, masks)]
+    references = [
+        (r.to(lp.device, torch.float32) * m.to(lp.device, torch.float32)).sum()
+        for lp, r, m in zip(log_probs, ref, masks)
+    ]
     members: dict[int, dict[bool, int]] = {}
     for i, (pid, chosen) in enumerate(zip(pair_index, is_chosen)):
         if int(pid) >= 0:
@@ -222,8 +234,8 @@ def meta_loss(
         alpha=float(getattr(args, "sdpo_alpha", 0.0) or 0.0), beta=float(getattr(args, "replay_beta", 0.0) or 0.0),
     )  # fmt: skip
     loss = out.loss
-    if sum(int(r) for r in batch["response_lengths"]) == 0:
-        loss = loss + 0 * logits.sum()  # no response token here: keep the graph connected (as slime does)
+    if sum(lp.numel() for lp in log_probs) == 0:
+        loss = loss + 0 * logits.sum()  # no response token on this rank: keep the graph connected (as slime does)
     metrics = {"loss": loss.detach(), **metrics, **out.metrics}
     if replay is not None:
         metrics["replay_pairs"] = torch.tensor(float(num_pairs), device=logits.device)

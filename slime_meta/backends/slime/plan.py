@@ -205,9 +205,13 @@ def plan_gpus(ns: argparse.Namespace, slime_ns: argparse.Namespace, argv: Sequen
                 "--sglang-config and --student-checkpoint: give one; the student pool is generated from "
                 "--student-checkpoint/--student-num-gpus, or name a 'student' model in your own --sglang-config"
             )
-        student_gpus = _positive(ns.student_num_gpus, "--student-num-gpus", "the student pool's GPUs (with --student-checkpoint)")
+        student_gpus = _positive(
+            ns.student_num_gpus, "--student-num-gpus", "the student pool's GPUs (with --student-checkpoint)"
+        )
         _divisible(student_gpus, ns.student_num_gpus_per_engine, "--student-num-gpus", "--student-num-gpus-per-engine")
-        student = InferencePool(STUDENT_MODEL, ns.student_checkpoint, student_gpus, ns.student_num_gpus_per_engine, False)
+        student = InferencePool(
+            STUDENT_MODEL, ns.student_checkpoint, student_gpus, ns.student_num_gpus_per_engine, False
+        )
     elif ns.student_num_gpus:
         raise UserInputError("--student-num-gpus sizes the pool of --student-checkpoint: give the checkpoint too")
     return GpuLayout(
@@ -256,7 +260,9 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
     if slime_ns.loss_type not in (None, "custom_loss"):
         fail(f"--loss-type {slime_ns.loss_type}: --backend slime trains with its own loss (custom_loss); leave it out")
     if slime_ns.custom_convert_samples_to_train_data_path or slime_ns.custom_tis_function_path:
-        fail("--custom-convert-samples-to-train-data-path / --custom-tis-function-path: not supported with --backend slime")
+        fail(
+            "--custom-convert-samples-to-train-data-path / --custom-tis-function-path: not supported with --backend slime"
+        )
     if slime_ns.advantage_estimator != "grpo":
         fail(f"--advantage-estimator {slime_ns.advantage_estimator}: --backend slime computes GRPO advantages over "
              "holdout rewards in the rollout; leave it at grpo")  # fmt: skip
@@ -273,8 +279,19 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
     if ns.distill_context == "additional_info":
         fail("--distill-context additional_info: on slime the trained samples are the teacher's infos; "
              "give the distillation context with --teacher-context or --context-key")  # fmt: skip
+    if ns.eval_baseline:
+        fail("--eval-baseline: local backend only; on slime, --eval-interval with --eval-prompt-data NAME PATH reports "
+             "the holdout grade with and without the teacher's info")  # fmt: skip
+    if ns.skip_verification:
+        fail("--skip-verification acts on the solver samples of the local backend; for pure distillation of the "
+             "teacher's infos on slime give --adv-tau 0")  # fmt: skip
+    if ns.max_async_level:
+        fail(f"--max-async-level {ns.max_async_level}: the slime loop trains each step's rollout before the next one; "
+             "leave it at 0 on slime")  # fmt: skip
     if ns.teacher_temperature <= 0:
-        fail(f"--teacher-temperature {ns.teacher_temperature}: must be > 0 on slime (the trained policy samples with it)")
+        fail(
+            f"--teacher-temperature {ns.teacher_temperature}: must be > 0 on slime (the trained policy samples with it)"
+        )
     if ns.student_router_ip and ns.student_checkpoint:
         fail("--student-router-ip points at a running student pool; --student-checkpoint starts one: give one of them")
 
@@ -282,27 +299,30 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
 # Flags whose relative paths are made absolute: slime's actors do not run in our directory.
 _PATH_FLAGS = (
     "--prompt-data", "--hf-checkpoint", "--student-checkpoint", "--generator-template", "--grader-template",
-    "--teacher-template",
+    "--teacher-template", "--teacher-context",
 )  # fmt: skip
 
 
 def absolute_paths(argv: Sequence[str]) -> list[str]:
     """`argv` with the relative paths of `_PATH_FLAGS` that exist here made absolute."""
 
-    def fix(value: str) -> str:
-        path = Path(value)
-        return str(path.resolve()) if not path.is_absolute() and path.exists() else value
+    def fix(flag: str, value: str) -> str:
+        at, raw = ("@", value[1:]) if flag == "--teacher-context" else ("", value)
+        if flag == "--teacher-context" and not value.startswith("@"):
+            return value  # a context text, not a file
+        path = Path(raw)
+        return at + str(path.resolve()) if not path.is_absolute() and path.exists() else value
 
-    out, pending = [], False
+    out, pending = [], None
     for token in argv:
         name, eq, value = token.partition("=")
         if pending:
-            out.append(fix(token))
+            out.append(fix(pending, token))
         elif eq and name in _PATH_FLAGS:
-            out.append(f"{name}={fix(value)}")
+            out.append(f"{name}={fix(name, value)}")
         else:
             out.append(token)
-        pending = not eq and token in _PATH_FLAGS
+        pending = token if not eq and token in _PATH_FLAGS else None
     return out
 
 
@@ -317,11 +337,18 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     run_dir = Path(ns.run_dir or default_run_dir).resolve()  # the rollout manager's cwd is not ours
 
     # Validated with our own rules; --load/--save are Megatron's checkpoints here (slime checks them).
-    checked = argparse.Namespace(**{**vars(ns), "load": None, "save": None, "save_interval": None, "run_dir": str(run_dir)})
+    checked = argparse.Namespace(
+        **{**vars(ns), "load": None, "save": None, "save_interval": None, "run_dir": str(run_dir)}
+    )
     config = build_config(checked)
 
     out = without(argv, _REWRITTEN)
-    out += ["--actor-num-nodes", str(layout.actor_num_nodes), "--actor-num-gpus-per-node", str(layout.actor_num_gpus_per_node)]
+    out += [
+        "--actor-num-nodes",
+        str(layout.actor_num_nodes),
+        "--actor-num-gpus-per-node",
+        str(layout.actor_num_gpus_per_node),
+    ]
     out += ["--rollout-num-gpus", str(layout.rollout_gpus)]
     plan = LaunchPlan((), config, layout, run_dir, ns.dry_run)
     if plan.sglang_config_path is not None:
@@ -333,7 +360,12 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     if given(argv, "--num-rollout") or slime_ns.num_epoch is None:
         out += ["--num-rollout", str(ns.num_rollout)]
     # The trained model is the teacher: slime's temperature is the teacher's (its log-probs divide by it).
-    out += ["--rollout-temperature", repr(float(ns.teacher_temperature)), "--student-temperature", repr(float(ns.rollout_temperature))]
+    out += [
+        "--rollout-temperature",
+        repr(float(ns.teacher_temperature)),
+        "--student-temperature",
+        repr(float(ns.rollout_temperature)),
+    ]
     if ns.apply_chat_template or ns.meta_apply_chat_template:
         out += ["--meta-apply-chat-template"]
     if slime_ns.global_batch_size is None and slime_ns.num_steps_per_rollout is None:
@@ -367,13 +399,19 @@ def describe(plan: LaunchPlan) -> str:
     lines = [f"slime-meta --backend slime: dry run, nothing started (run dir {plan.run_dir})", ""]
     lines.append(f"GPUs: {lay.total_gpus} in the Ray placement group, {lay.nodes} node(s) of {lay.num_gpus_per_node}")
     lines.append(f"  {'role':<20}{'GPUs':>5}  layout")
-    lines.append(f"  {'teacher training':<20}{lay.training_gpus:>5}  Megatron, {lay.actor_num_nodes} node(s) x {lay.actor_num_gpus_per_node}")
+    lines.append(
+        f"  {'teacher training':<20}{lay.training_gpus:>5}  Megatron, {lay.actor_num_nodes} node(s) x {lay.actor_num_gpus_per_node}"
+    )
     if lay.user_sglang_config:
         lines.append(f"  {'inference':<20}{lay.rollout_gpus:>5}  as your --sglang-config {lay.user_sglang_config} says")
     else:
-        lines.append(f"  {'teacher inference':<20}{t.num_gpus:>5}  SGLang model '{t.model}': {t.engines} engine(s) x {t.gpus_per_engine} GPU, weights follow training")
+        lines.append(
+            f"  {'teacher inference':<20}{t.num_gpus:>5}  SGLang model '{t.model}': {t.engines} engine(s) x {t.gpus_per_engine} GPU, weights follow training"
+        )
     if s is not None:
-        lines.append(f"  {'student inference':<20}{s.num_gpus:>5}  SGLang model '{s.model}': {s.engines} engine(s) x {s.gpus_per_engine} GPU, frozen {s.model_path}")
+        lines.append(
+            f"  {'student inference':<20}{s.num_gpus:>5}  SGLang model '{s.model}': {s.engines} engine(s) x {s.gpus_per_engine} GPU, frozen {s.model_path}"
+        )
     placement = ("colocated: inference shares the training GPUs (offloaded while training runs)" if lay.colocate
                  else "separate: training GPUs first, inference GPUs after them")  # fmt: skip
     lines += [f"  placement: {placement}", ""]
@@ -394,7 +432,12 @@ def describe(plan: LaunchPlan) -> str:
         lines.append(f"--sglang-config {plan.sglang_config_path} (written when the run starts)")
         lines += ["  " + line for line in text.rstrip().splitlines()] + [""]
     else:
-        lines += ["--sglang-config: none generated (" + ("yours" if lay.user_sglang_config else "one shared pool: slime's default") + ")", ""]
+        lines += [
+            "--sglang-config: none generated ("
+            + ("yours" if lay.user_sglang_config else "one shared pool: slime's default")
+            + ")",
+            "",
+        ]
 
     lines.append("slime arguments")
     argv = list(plan.slime_argv)
@@ -406,5 +449,8 @@ def describe(plan: LaunchPlan) -> str:
         current.append(token)
     if current:
         groups.append(current)
-    lines += ["  " + " ".join(shlex.quote(x) for x in group) + (" \\" if i < len(groups) - 1 else "") for i, group in enumerate(groups)]
+    lines += [
+        "  " + " ".join(shlex.quote(x) for x in group) + (" \\" if i < len(groups) - 1 else "")
+        for i, group in enumerate(groups)
+    ]
     return "\n".join(lines)

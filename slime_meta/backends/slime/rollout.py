@@ -90,7 +90,9 @@ def context_prompt_ids(tokenizer, context: str, prompt_ids: Sequence[int]) -> li
     return [*context_ids, *prompt_ids]
 
 
-async def score(pool: SGLangPool, prompt_ids: Sequence[int], response_ids: Sequence[int], temperature: float) -> list[float]:
+async def score(
+    pool: SGLangPool, prompt_ids: Sequence[int], response_ids: Sequence[int], temperature: float
+) -> list[float]:
     """log p(response | prompt) per response token, by SGLang's scoring call (no generation)."""
     reply = await pool.post(
         "/generate",
@@ -118,8 +120,7 @@ class _Runtime:
     def close(self) -> None:
         async def close_pools() -> None:
             await self.teacher_pool.close()
-            if self.student_pool is not self.teacher_pool:
-                await self.student_pool.close()
+            await self.student_pool.close()
             aclose = getattr(self.rollout.grader, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -142,9 +143,10 @@ def _build_runtime(args: Namespace) -> _Runtime:
     loop = _LoopThread()
 
     async def make_pools() -> tuple[SGLangPool, SGLangPool]:
+        # Two clients even for a shared pool, as on one machine: each role keeps its own bound on
+        # requests in flight and its own counters.
         teacher = C.make_pool(cfg, "teacher", teacher_url, cfg.sampling.teacher_concurrency)
-        student = teacher if student_url == teacher_url else C.make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
-        return teacher, student
+        return teacher, C.make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
 
     teacher_pool, student_pool = loop.run(make_pools())
     rollout = C.build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
@@ -225,7 +227,9 @@ async def _teacher_log_probs(rt: _Runtime, samples: Sequence[TeacherSample], chu
         else:  # --context-key: the contexts of the prompt's problems
             contexts = [str(p.metadata.get(o.context_key or "", "") or "") for p in chunks_P[sample.group_index]]
             context = "\n\n".join(c for c in contexts if c)
-        prompt_ids = context_prompt_ids(rt.tokenizer, context, sample.prompt_ids) if context else list(sample.prompt_ids)
+        prompt_ids = (
+            context_prompt_ids(rt.tokenizer, context, sample.prompt_ids) if context else list(sample.prompt_ids)
+        )
         return await score(rt.teacher_pool, prompt_ids, sample.response_ids, rt.cfg.sampling.teacher_temperature)
 
     return list(await asyncio.gather(*[one(s) for s in samples]))
@@ -235,6 +239,24 @@ def _traces_by_chain(result: RolloutResult) -> dict[tuple[int, int], dict]:
     return {(t["prompt_index"], t["sample_index"]): t for t in result.traces}
 
 
+def _chain_output(rt: _Runtime, base: Any, steps: list[tuple[TeacherSample, list[float] | None]], trace: dict | None):
+    """One group member: the chain's final info, or (--train-all-inner-steps) its K infos as one rollout."""
+    compact = rt.cfg.meta.train_all_inner_steps
+    members = []
+    for sample, logps in steps:
+        fields = teacher_sample_fields(
+            sample,
+            prompt=rt.tokenizer.decode(sample.prompt_ids),
+            response=rt.tokenizer.decode(sample.response_ids),
+            base_metadata=base.metadata,
+            teacher_log_probs=logps,
+            rollout_id=base.index if compact else None,  # siblings share it: slime counts one rollout
+            trace=trace if sample is steps[-1][0] else None,
+        )
+        members.append(apply_fields(base if len(steps) == 1 else copy.deepcopy(base), fields))
+    return members if compact else members[-1]
+
+
 async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int):
     from slime.rollout.base_types import RolloutFnTrainOutput
 
@@ -242,7 +264,10 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
 
     cfg, started = rt.cfg, time.perf_counter()
     k, num_prompts = cfg.meta.n_problems_per_prompt, cfg.meta.rollout_batch_size
-    problems = [problem_from_sample(g[0], rubric_key=cfg.data.rubric_key, fallback_uid=f"row-{g[0].group_index}") for g in groups]
+    problems = [
+        problem_from_sample(g[0], rubric_key=cfg.data.rubric_key, fallback_uid=f"row-{g[0].group_index}")
+        for g in groups
+    ]
     episode = _episode(problems, num_prompts, k, num_train)
     result = await rt.rollout.run([episode], rollout_id, seed=cfg.seed)
     teacher_log_probs = await _teacher_log_probs(rt, result.samples, episode.train_chunks_P)
@@ -254,26 +279,10 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
     ]
     for sample, logps in zip(result.samples, teacher_log_probs):
         steps_P_G[sample.group_index][sample.sample_index].append((sample, logps))
-    output = []
-    for p, steps_G in enumerate(steps_P_G):
-        base_G = groups[p * k]
-        group = []
-        for g, steps in enumerate(steps_G):
-            base = base_G[g]
-            rollout_key = base.index if cfg.meta.train_all_inner_steps else None
-            members = [
-                apply_fields(
-                    base if len(steps) == 1 else copy.deepcopy(base),
-                    teacher_sample_fields(
-                        sample, prompt=rt.tokenizer.decode(sample.prompt_ids), response=rt.tokenizer.decode(sample.response_ids),
-                        base_metadata=base.metadata, teacher_log_probs=logps, rollout_id=rollout_key,
-                        trace=traces.get((p, g)) if sample is steps[-1][0] else None,
-                    ),
-                )  # fmt: skip
-                for sample, logps in steps
-            ]
-            group.append(members if cfg.meta.train_all_inner_steps else members[0])
-        output.append(group)
+    output = [
+        [_chain_output(rt, groups[p * k][g], steps, traces.get((p, g))) for g, steps in enumerate(steps_G)]
+        for p, steps_G in enumerate(steps_P_G)
+    ]
 
     metrics = {**result.metrics, **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader)}
     metrics["perf/meta_rollout_time"] = time.perf_counter() - started

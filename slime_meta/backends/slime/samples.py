@@ -94,7 +94,9 @@ def teacher_sample_fields(
     }
     if teacher_log_probs is not None:
         if len(teacher_log_probs) != len(sample.response_ids):
-            raise ValueError(f"{len(teacher_log_probs)} teacher log-probs for {len(sample.response_ids)} response tokens")
+            raise ValueError(
+                f"{len(teacher_log_probs)} teacher log-probs for {len(sample.response_ids)} response tokens"
+            )
         fields["teacher_log_probs"] = [float(x) for x in teacher_log_probs]
     if rollout_id is not None:
         fields["rollout_id"] = rollout_id

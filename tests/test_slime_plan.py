@@ -1,0 +1,328 @@
+"""The slime backend without slime: flag translation, GPU accounting, --sglang-config, dry runs.
+
+Everything here runs on a laptop: the translation reads our flags, passes slime's through, and
+decides GPUs per role from slime's placement rules (facts in slime_meta/backends/slime/plan.py).
+The launch scripts are run for real with --dry-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slime_meta.backends.slime import cli
+from slime_meta.backends.slime.data import convert
+from slime_meta.backends.slime.flags import config_from_slime_args, meta_arguments_skipping
+from slime_meta.backends.slime.plan import PLUGINS, absolute_paths, meta_parser, translate, without
+from slime_meta.errors import UserInputError
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", "/ckpt/teacher"]
+
+
+def value(argv, flag):
+    """The last value given to `flag` in `argv` (what argparse keeps)."""
+    values = [argv[i + 1] for i, token in enumerate(argv[:-1]) if token == flag]
+    return values[-1] if values else None
+
+
+def plan_of(*extra, run_dir=None, **kwargs):
+    return translate([*BASE, *extra, "--run-dir", str(run_dir or "/tmp/slime-meta-test-run")], **kwargs)
+
+
+# ----------------------------------------------------------------------------- GPU accounting
+
+
+def test_shared_pool_colocated_on_one_node():
+    plan = plan_of("--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--colocate")
+    lay = plan.layout
+    assert (lay.training_gpus, lay.teacher.num_gpus, lay.student, lay.total_gpus, lay.nodes) == (8, 8, None, 8, 1)
+    assert lay.sglang_config() is None and plan.sglang_config_path is None
+    argv = list(plan.slime_argv)
+    assert value(argv, "--rollout-num-gpus") == "8" and "--sglang-config" not in argv and "--colocate" in argv
+
+
+def test_split_node_generates_a_frozen_student_model():
+    plan = plan_of(
+        "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "2", "--student-checkpoint", "/ckpt/student",
+        "--student-num-gpus", "2", "--student-num-gpus-per-engine", "2",
+    )  # fmt: skip
+    lay = plan.layout
+    assert (lay.training_gpus, lay.rollout_gpus, lay.total_gpus, lay.nodes) == (4, 4, 8, 1)
+    # slime asserts --rollout-num-gpus == the sum over the --sglang-config models.
+    assert value(plan.slime_argv, "--rollout-num-gpus") == "4"
+    config = yaml.safe_load(plan.sglang_config_yaml())
+    actor, student = config["sglang"]
+    assert actor == {
+        "name": "actor", "model_path": "/ckpt/teacher", "update_weights": True,
+        "server_groups": [{"worker_type": "regular", "num_gpus": 2, "num_gpus_per_engine": 1}],
+    }  # fmt: skip
+    assert student["name"] == "student" and student["model_path"] == "/ckpt/student"
+    assert student["update_weights"] is False
+    assert student["server_groups"] == [{"worker_type": "regular", "num_gpus": 2, "num_gpus_per_engine": 2}]
+    assert value(plan.slime_argv, "--sglang-config") == str(plan.run_dir / "sglang_config.yaml")
+
+
+def test_two_nodes_teacher_colocated_student_on_its_own_gpus():
+    plan = plan_of(
+        "--actor-num-gpus-per-node", "8", "--colocate", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2",
+        "--student-checkpoint", "/ckpt/small", "--student-num-gpus", "4",
+    )  # fmt: skip
+    lay = plan.layout
+    # colocated: one group of max(training, rollout) GPUs, the student's 4 after the teacher's 8
+    assert (lay.rollout_gpus, lay.total_gpus, lay.nodes, lay.teacher.engines, lay.student.engines) == (12, 12, 2, 4, 4)
+    assert value(plan.slime_argv, "--rollout-num-gpus") == "12"
+
+
+def test_write_sglang_config(tmp_path):
+    plan = plan_of("--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "1", "--student-checkpoint", "/s",
+                   "--student-num-gpus", "1", run_dir=tmp_path)  # fmt: skip
+    path = plan.write_sglang_config()
+    assert path == tmp_path / "sglang_config.yaml"
+    assert [m["name"] for m in yaml.safe_load(path.read_text())["sglang"]] == ["actor", "student"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--actor-num-gpus-per-node", "4"], "--rollout-num-gpus is required without --colocate"),
+        (
+            ["--colocate", "--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"],
+            "not a multiple of --rollout-num-gpus-per-engine",
+        ),
+        (["--colocate", "--student-checkpoint", "/s"], "--student-num-gpus None"),
+        (["--colocate", "--student-num-gpus", "2"], "give the checkpoint too"),
+        (
+            ["--colocate", "--student-checkpoint", "/s", "--student-num-gpus", "2", "--sglang-config", "x.yaml"],
+            "give one",
+        ),
+        (["--colocate", "--rollout-function-path", "my.rollout"], "--rollout-function-path is set by --backend slime"),
+        (["--colocate", "--loss-type", "policy_loss"], "--loss-type policy_loss"),
+        (["--colocate", "--advantage-estimator", "ppo"], "--advantage-estimator ppo"),
+        (["--colocate", "--group-key", "family"], "--group-key"),
+        (["--colocate", "--sdpo-alpha", "0.1"], "fixed set of batch keys"),
+        (
+            ["--colocate", "--distill-context", "additional_info", "--teacher-tau", "1"],
+            "--distill-context additional_info",
+        ),
+        (["--colocate", "--rollout-batch-size", "0"], "must be >= 1"),
+        (["--colocate", "--max-async-level", "1"], "--max-async-level 1"),
+        (["--colocate", "--eval-baseline"], "--eval-baseline"),
+        (["--colocate", "--teacher-context", "x", "--teacher-tau", "1", "--skip-verification"], "--adv-tau 0"),
+        (
+            ["--colocate", "--student-router-ip", "10.0.0.2"],
+            "--student-router-ip and --student-router-port go together",
+        ),
+    ],
+)
+def test_bad_flags_fail_in_one_line_naming_the_flag(extra, message):
+    with pytest.raises(UserInputError, match=re.escape(message)):
+        plan_of(*extra)
+
+
+# ----------------------------------------------------------------------------- translation
+
+
+def test_plugins_and_shared_flags_are_set_for_slime():
+    argv = list(plan_of("--colocate", "--tensor-model-parallel-size", "2", "--lr", "1e-6").slime_argv)
+    assert value(argv, "--rollout-function-path") == PLUGINS["--rollout-function-path"]
+    assert value(argv, "--custom-reward-post-process-path") == PLUGINS["--custom-reward-post-process-path"]
+    assert value(argv, "--loss-type") == "custom_loss"
+    assert value(argv, "--custom-loss-function-path") == PLUGINS["--custom-loss-function-path"]
+    assert "--custom-advantage-function-path" not in argv  # no distillation asked for: slime's own GRPO path
+    assert value(argv, "--tensor-model-parallel-size") == "2" and value(argv, "--lr") == "1e-6"  # passed through
+    # Our defaults where slime's differ (slime: --input-key input, --label-key None, 1 sample per prompt).
+    assert (value(argv, "--input-key"), value(argv, "--label-key"), value(argv, "--n-samples-per-prompt")) == (
+        "prompt",
+        "label",
+        "4",
+    )
+    assert value(argv, "--actor-num-gpus-per-node") == "8"  # slime's default, written out
+    assert value(argv, "--num-steps-per-rollout") == "1"  # one optimizer step per outer step
+    assert "--backend" not in argv and "--dry-run" not in argv
+    assert value(argv, "--run-dir") == "/tmp/slime-meta-test-run"
+
+
+def test_temperatures_and_chat_template_move_to_their_meaning_on_slime():
+    argv = list(
+        plan_of(
+            "--colocate", "--rollout-temperature", "0.6", "--teacher-temperature", "0.9", "--apply-chat-template"
+        ).slime_argv
+    )
+    # slime divides the trained model's logits by --rollout-temperature: the teacher's.
+    assert argv.count("--rollout-temperature") == 1 and value(argv, "--rollout-temperature") == "0.9"
+    assert value(argv, "--student-temperature") == "0.6"
+    assert "--apply-chat-template" not in argv and "--meta-apply-chat-template" in argv
+
+
+def test_distillation_adds_the_advantage_plugin_and_teacher_port_the_router_port():
+    argv = list(
+        plan_of(
+            "--colocate", "--teacher-context", "Be brief.", "--teacher-tau", "1", "--teacher-port", "30000"
+        ).slime_argv
+    )
+    assert value(argv, "--custom-advantage-function-path") == PLUGINS["--custom-advantage-function-path"]
+    assert value(argv, "--sglang-router-port") == "30000"
+
+
+def test_num_rollout_and_batch_steps_defer_to_slime_flags():
+    argv = list(plan_of("--colocate", "--num-epoch", "2", "--global-batch-size", "16").slime_argv)
+    assert "--num-rollout" not in argv and "--num-steps-per-rollout" not in argv
+
+
+def test_relative_paths_become_absolute(monkeypatch):
+    monkeypatch.chdir(REPO)
+    argv = absolute_paths(["--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint=/abs", "--teacher-template", "nope.txt",
+                           "--teacher-context", "@README.md", "--teacher-context", "README.md"])  # fmt: skip
+    assert argv == ["--prompt-data", str(REPO / "data/math_word_problems.jsonl"), "--hf-checkpoint=/abs", "--teacher-template",
+                    "nope.txt", "--teacher-context", f"@{REPO / 'README.md'}", "--teacher-context", "README.md"]  # fmt: skip
+
+
+def test_without_removes_both_flag_forms():
+    assert without(["--a", "1", "--b=2", "--c", "--d", "4"], {"--a": True, "--b": True, "--c": False}) == ["--d", "4"]
+
+
+def test_config_from_slime_args_reads_our_meaning_back():
+    plan = plan_of("--colocate", "--rollout-temperature", "0.6", "--teacher-temperature", "0.9", "--apply-chat-template",
+                   "--rollout-batch-size", "3")  # fmt: skip
+    ns, _ = meta_parser().parse_known_args(list(plan.slime_argv))
+    ns.lr = None  # Megatron's --lr without a value: our default fills it
+    cfg = config_from_slime_args(ns)
+    assert cfg.sampling.rollout_temperature == 0.6 and cfg.sampling.teacher_temperature == 0.9
+    assert cfg.data.apply_chat_template and cfg.meta.rollout_batch_size == 3 and cfg.train.lr == 1e-5
+    assert cfg.backend == "slime" and cfg.checkpoint.load is None and not cfg.tracking.use_wandb
+
+
+def test_our_flags_skip_the_ones_slime_adds_later():
+    """slime adds its flags after ours, and its parser refuses a flag defined twice."""
+    slime_later = ["--rollout-batch-size", "--prompt-data", "--eps-clip"]
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    meta_arguments_skipping(slime_later)(parser)
+    for flag in slime_later:  # slime's own definitions go on without a conflict
+        parser.add_argument(flag)
+    ns = parser.parse_args(["--rollout-batch-size", "7", "--num-inner-iterations", "2", "--student-temperature", "0.5"])
+    assert (ns.rollout_batch_size, ns.num_inner_iterations, ns.student_temperature) == ("7", 2, 0.5)
+
+
+# ----------------------------------------------------------------------------- CLI and dry run
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = cli.main([*BASE, "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "2", "--student-checkpoint", "/ckpt/s",
+                     "--student-num-gpus", "2", "--run-dir", str(run_dir), "--dry-run"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and not run_dir.exists()
+    assert re.search(r"teacher training\s+4", out) and re.search(r"student inference\s+2", out)
+    assert "name: student" in out and "update_weights: false" in out
+    assert "--custom-loss-function-path slime_meta.backends.slime.loss.meta_loss" in out
+
+
+def test_missing_slime_is_one_line_naming_both_installs(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "slime", None)  # `import slime` fails, as on a laptop
+    assert cli.main([*BASE, "--colocate", "--run-dir", "/tmp/slime-meta-test-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: --backend slime needs slime")
+    assert "slimerl/slime" in err and "git clone https://github.com/THUDM/slime" in err
+
+
+def test_an_unrelated_slime_package_is_named_as_such(monkeypatch):
+    monkeypatch.setitem(sys.modules, "slime", types.ModuleType("slime"))  # PyPI's `slime`: no slime.rollout
+    assert "is not THUDM/slime" in cli.missing_slime()
+
+
+def test_help_lists_our_flags(capsys):
+    assert cli.main(["--backend", "slime", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--dry-run" in out and "--num-inner-iterations" in out and "slime's" in out
+
+
+def test_requested_backend_reads_argv_before_any_parser():
+    assert cli.requested_backend(["--x", "--backend", "slime"]) == "slime"
+    assert cli.requested_backend(["--backend=slime"]) == "slime"
+    assert cli.requested_backend(["--lr", "1"]) is None
+
+
+# ----------------------------------------------------------------------------- data and scripts
+
+
+def test_convert_moves_rubric_and_columns_into_metadata(tmp_path):
+    target = tmp_path / "prompts.jsonl"
+    assert convert(REPO / "data/math_word_problems.jsonl", target) > 0
+    row = json.loads(target.read_text().splitlines()[0])
+    assert set(row) == {"prompt", "label", "metadata"}
+    assert row["metadata"]["rubric"].startswith("Full credit") and row["metadata"]["topic"] == "percent"
+    assert row["metadata"]["uid"] == "0"
+
+
+SCRIPTS = {
+    "launch_1node_8gpu_shared.sh": {"training": 8, "teacher": 8, "student": None, "rollout": 8, "total": 8, "nodes": 1},
+    "launch_1node_8gpu_split.sh": {"training": 4, "teacher": 2, "student": 2, "rollout": 4, "total": 8, "nodes": 1},
+    "launch_2node_teacher8_student4.sh": {
+        "training": 8,
+        "teacher": 8,
+        "student": 4,
+        "rollout": 12,
+        "total": 12,
+        "nodes": 2,
+    },
+}
+
+
+def run_script(name: str, tmp_path: Path, **env) -> subprocess.CompletedProcess:
+    environment = {
+        **os.environ, "PYTHON": sys.executable, "RUN_DIR": str(tmp_path / "run"),
+        "SLIME_DIR": os.environ.get("SLIME_SRC", str(tmp_path / "no-slime")), **env,
+    }  # fmt: skip
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environment.get("PYTHONPATH")]))
+    command = ["bash", str(REPO / "scripts" / name), "--dry-run"]
+    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_launch_script_dry_run(name, tmp_path):
+    expected = SCRIPTS[name]
+    result = run_script(name, tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(rf"GPUs: {expected['total']} in the Ray placement group, {expected['nodes']} node", out)
+    assert re.search(rf"teacher training\s+{expected['training']}\b", out)
+    assert re.search(rf"teacher inference\s+{expected['teacher']}\b", out)
+    if expected["student"]:
+        assert re.search(rf"student inference\s+{expected['student']}\b", out) and "name: student" in out
+    else:
+        assert "student inference" not in out and "shared pool" in out
+    assert re.search(rf"--rollout-num-gpus {expected['rollout']} \\", out)
+    assert "--loss-type custom_loss" in out and "--use-meta-learning" in out
+    assert not (tmp_path / "run").exists()  # a dry run writes nothing
+
+
+def test_launch_script_grader_switch_keeps_the_key_off_the_command_line(tmp_path):
+    secret = "sk-test-0123456789abcdef"
+    result = run_script(
+        "launch_1node_8gpu_split.sh", tmp_path, GRADER="openai", OPENAI_API_KEY=secret, GRADER_MODEL="gpt-4o"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--grader openai" in result.stdout and "key from $OPENAI_API_KEY: set" in result.stdout
+    assert secret not in result.stdout + result.stderr
+
+    hosted = run_script(
+        "launch_1node_8gpu_shared.sh", tmp_path, GRADER="self-hosted", GRADER_BASE_URL="http://10.0.0.5:8000/v1"
+    )
+    assert hosted.returncode == 0, hosted.stderr
+    assert "--grader-base-url http://10.0.0.5:8000/v1" in hosted.stdout
+
+    environment = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    command = ["bash", str(REPO / "scripts/launch_2node_teacher8_student4.sh"), "--dry-run"]
+    environment.update(GRADER="openai", PYTHON=sys.executable)
+    missing = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=False)
+    assert missing.returncode != 0 and "OPENAI_API_KEY" in missing.stderr
