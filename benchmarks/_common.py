@@ -222,3 +222,11 @@ def router_command(host: str, port: int, metrics_port: int, worker_urls: Sequenc
         "--prometheus-host", host, "--prometheus-port", str(metrics_port),
         "--log-level", "warn", "--health-check-interval-secs", "1",
     ]  # fmt: skip
+
+
+def quiet_transformers() -> None:
+    """No progress bars or info logs from transformers in the benchmark output."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()

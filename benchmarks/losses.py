@@ -9,14 +9,17 @@ Implementations, all at the same size in one run:
   token log-probs (log_softmax + gather), the PPO-clip GRPO term and the DPO term.
 - project: `slime_meta.losses` as the trainer calls it (`generalized_jsd`, `sequence_logps`,
   `policy_loss`, `dpo_loss`, `total_loss`), at each `--chunk-sizes` value and unchunked.
-- fused (GPU, needs Triton): `benchmarks/fused_jsd.py`, a candidate fused JSD kernel.
+- fused (GPU, needs Triton): `benchmarks/fused_jsd.py`, candidate Triton kernels: the JSD alone
+  (a few block/warp settings), and one kernel for the 3-channel loss's per-token work (target
+  log-probs and JSD from one read, one gradient write).
 
 Correctness first: on fresh random logits each implementation's loss and student gradient are
 compared with a float64 reference (textbook formulas in float64, chunked over rows with
 activation checkpointing; written here, independent of the code under test), gradients on a
-random subset of rows; every gradient must be finite. Then timing on another draw: CUDA events, warm-up runs, the median of `--reps`;
-peak memory beyond the inputs from `torch.cuda.max_memory_allocated` over one forward+backward
-(the bf16 student gradient, which any implementation must write, is included).
+random subset of rows; every gradient must be finite. Then timing on another draw: CUDA events,
+warm-up runs, the median of `--reps`; peak memory beyond the inputs from
+`torch.cuda.max_memory_allocated` over one forward+backward (the bf16 student gradient, which
+any implementation must write, is included).
 The floor: bytes that must move (read student and teacher logits once, write the gradient once)
 over the device-to-device copy bandwidth measured in the same run.
 """
@@ -47,6 +50,8 @@ from slime_meta.losses import (
 BETA_JSD, TEMPERATURE = 0.5, 1.0
 ALPHA_SDPO, BETA_DPO, DPO_BETA = 1.0, 0.1, 0.1
 TARGETS = {"memory_vs_naive": 0.1, "time_vs_floor": 5.0}
+FUSED_VARIANTS = [(4096, 8), (8192, 16), (2048, 4), (8192, 8), (4096, 4)]  # (block, warps); the first is the default
+OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -129,17 +134,36 @@ def project_three_channel(chunk: int | None, jsd: Callable[[dict], torch.Tensor]
     return run
 
 
-def fused_jsd_impl() -> Callable[[dict], torch.Tensor] | None:
+def fused_impls(variants: Sequence[tuple[int, int]]) -> tuple[list, list]:
+    """(JSD candidates, 3-channel candidates) from `benchmarks/fused_jsd.py`; empty without Triton."""
     try:
-        from fused_jsd import fused_generalized_jsd
-    except Exception as error:  # no Triton: the candidate is skipped, the rest still runs
-        print(f"  fused JSD skipped: {type(error).__name__}: {error}", file=sys.stderr)
-        return None
+        from fused_jsd import fused_generalized_jsd, fused_logp_and_jsd
+    except Exception as error:  # no Triton: the candidates are skipped, the rest still runs
+        print(f"  fused candidates skipped: {type(error).__name__}: {error}", file=sys.stderr)
+        return [], []
 
-    def run(x: dict) -> torch.Tensor:
-        return fused_generalized_jsd(x["student"], x["teacher"], x["mask"], beta=BETA_JSD, temperature=TEMPERATURE)
+    def jsd(block: int, warps: int):
+        return lambda x: fused_generalized_jsd(x["student"], x["teacher"], x["mask"], beta=BETA_JSD,
+                                               temperature=TEMPERATURE, block=block, warps=warps)  # fmt: skip
 
-    return run
+    def three(block: int, warps: int):
+        def run(x: dict) -> torch.Tensor:
+            logp, jsd_tok = fused_logp_and_jsd(x["student"], x["teacher"], x["tokens"], x["mask"], beta=BETA_JSD,
+                                               temperature=TEMPERATURE, block=block, warps=warps)  # fmt: skip
+            mask = x["mask"]
+            grpo = policy_loss(logp, old_logps(x), x["advantages"], mask, eps_clip=0.2).loss
+            sdpo = (jsd_tok * mask).sum() / mask.sum()
+            seq = (logp * mask).sum(1)
+            half = seq.shape[0] // 2
+            dpo = dpo_loss(seq[:half], seq[half:], x["ref_seq"][:half], x["ref_seq"][half:], beta=DPO_BETA).loss
+            return total_loss(ThreeChannelInputs(grpo=grpo, sdpo_jsd=sdpo, replay_dpo=dpo), alpha=ALPHA_SDPO, beta=BETA_DPO).loss
+
+        return run
+
+    jsd_list = [(f"fused JSD block={b} warps={w} (candidate)", jsd(b, w)) for b, w in variants]
+    b, w = variants[0]
+    three_list = [(f"fused logp+JSD block={b} warps={w} (candidate)", three(b, w))]
+    return jsd_list, three_list
 
 
 # ----------------------------------------------------------------------------- float64 reference
@@ -222,7 +246,7 @@ def float64_reference(fn64: Callable[[dict], torch.Tensor], x: dict, rows: torch
     loss.backward()
     V = x64["student"].shape[-1]
     grad_rows = x64["student"].grad.reshape(-1, V).index_select(0, rows).clone()
-    value = float(loss)
+    value = float(loss.detach())
     del x64, loss
     return value, grad_rows
 
@@ -312,7 +336,7 @@ def run(args: argparse.Namespace) -> dict:
     print(f"  copy bandwidth {bandwidth / 1e12:.2f} TB/s; floor {floor_ms:.2f} ms for {logits_bytes / 1e9:.2f} GB of logits",
           file=sys.stderr)  # fmt: skip
 
-    fused = fused_jsd_impl() if device.type == "cuda" and not args.no_fused else None
+    fused_jsd, fused_three = fused_impls(FUSED_VARIANTS) if device.type == "cuda" and not args.no_fused else ([], [])
     groups: dict[str, list[tuple[str, Callable, Callable]]] = {"jsd": [], "three_channel": []}
     groups["jsd"].append(("naive fp32 (TRL GKD style)", lambda x: naive_jsd(x["student"], x["teacher"], x["mask"]), None))
     groups["three_channel"].append(("naive fp32", naive_three_channel, None))
@@ -321,10 +345,12 @@ def run(args: argparse.Namespace) -> dict:
         groups["three_channel"].append((f"project chunk={chunk}", project_three_channel(chunk), None))
     if not args.skip_unchunked:
         groups["jsd"].append(("project unchunked", project_jsd(None), None))
-    if fused is not None:
-        groups["jsd"].append(("fused Triton JSD (candidate)", fused, None))
-        best = args.chunk_sizes[-1]
-        groups["three_channel"].append((f"project chunk={best} + fused JSD (candidate)", project_three_channel(best, fused), None))
+    groups["jsd"] += [(name, fn, None) for name, fn in fused_jsd]
+    groups["three_channel"] += [(name, fn, None) for name, fn in fused_three]
+    if fused_jsd:
+        groups["three_channel"].append(
+            ("project chunk=1024, JSD fused (candidate)", project_three_channel(1024, fused_jsd[0][1]), None)
+        )
     references = {"jsd": reference_jsd64, "three_channel": reference_three_channel64}
 
     results: dict[str, Any] = {}
@@ -340,7 +366,7 @@ def run(args: argparse.Namespace) -> dict:
         for name, fn, _ in impls:
             try:
                 checks[name] = check(fn, x, ref_loss, ref_rows, rows)
-            except torch.OutOfMemoryError as error:
+            except OOM as error:
                 checks[name] = {"error": f"out of memory: {str(error)[:160]}"}
             free(device)
             print(f"  [{group}] check {name}: {checks[name]}", file=sys.stderr, flush=True)
@@ -357,7 +383,7 @@ def run(args: argparse.Namespace) -> dict:
                 try:
                     entry.update(measure(fn, x, device, args.warmup, args.reps))
                     entry["x_floor"] = entry["ms"] / floor_ms
-                except torch.OutOfMemoryError as error:
+                except OOM as error:
                     entry["error"] = f"out of memory: {str(error)[:160]}"
             entries[name] = entry
             free(device)
@@ -400,7 +426,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--batch", type=int, default=8, help="sequences (the 3-channel loss pairs them for DPO)")
-    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[512, 1024, 2048])
+    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
     p.add_argument("--skip-unchunked", action="store_true")
     p.add_argument("--no-fused", action="store_true")
     p.add_argument("--check-rows", type=int, default=256, help="gradient rows compared with float64")

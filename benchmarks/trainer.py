@@ -1,0 +1,395 @@
+"""Trainer: local-backend train steps on a Qwen2.5-0.5B-shaped model, tokens/s and MFU.
+
+    python benchmarks/trainer.py                      # GPU: 8 sequences x 2048 tokens per step, bf16
+    python benchmarks/trainer.py --tiny --device cpu  # a toy model, to check the script runs
+
+Model: random init from Qwen2.5-0.5B's configuration (24 layers, hidden 896, 14 heads / 2 KV
+heads, FFN 4864, vocab 151,936, tied embeddings; 494M parameters), saved once and loaded by
+each configuration. In one run, each with float32 master weights and bf16 autocast:
+- plain: HF `model(input_ids, labels=...)` + `torch.optim.AdamW`, the whole batch at once;
+- local_trainer: the project's `LocalTrainer.train_step` on `TeacherSample`s (prompt +
+  response ids, behaviour log-probs, advantages), at each `--micro-batches` size;
+- candidate: `benchmarks/fast_train_step.py`, a leaner step with the same loss (see there);
+  with `--compile`, also with its decoder layers compiled.
+tokens/s counts every token of every sequence; MFU = tokens/s x FLOPs per token / the bf16
+matmul rate measured on the same card in the same run (an 8192^3 product), with FLOPs per token
+= 6 N (N: parameters in matmuls; the tied embedding counted once, as the output projection) +
+6 L T d (attention scores and values, causal: half of 12 L T d). Peak memory: the largest
+`torch.cuda.max_memory_allocated` over the timed steps (weights and optimizer state included).
+Correctness first: every configuration's loss and gradient norm must be finite, and the
+candidate's PPO loss and pre-clip gradient norm must match LocalTrainer's on the same batch
+(same weights) within bf16 noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import _common as C  # noqa: E402 (puts the repo root on sys.path)
+import torch
+
+TARGETS = {"mfu": 0.45, "memory_vs_plain": 0.6}
+OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+QWEN25_05B = dict(
+    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, hidden_act="silu", use_sliding_window=False,
+)  # fmt: skip
+TINY = dict(
+    vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True, hidden_act="silu",
+)  # fmt: skip
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def matmul_peak(device: torch.device, n: int) -> float:
+    """bf16 matmul FLOP/s on random data (median of 10 after 3 warm-ups)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    times = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    del a, b
+    return 2 * n**3 / statistics.median(times)
+
+
+def build_model_dir(shape: dict, out: Path, device: torch.device) -> Path:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(0)
+    with device:  # random init on the device: seconds instead of a minute on the CPU
+        model = AutoModelForCausalLM.from_config(Qwen2Config(**shape, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+    model.to(torch.bfloat16).save_pretrained(out)
+    del model
+    return out
+
+
+def flops_per_token(model: torch.nn.Module, seq: int) -> tuple[float, int]:
+    cfg = model.config
+    params = sum(p.numel() for p in model.parameters())  # tied weights appear once
+    attn_width = cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    return 6.0 * params + 6.0 * cfg.num_hidden_layers * seq * attn_width, params
+
+
+def make_samples(n: int, seq: int, prompt_len: int, vocab: int, seed: int):
+    from slime_meta.types import TeacherSample
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (n, seq), generator=g)
+    response = seq - prompt_len
+    samples = []
+    for i in range(n):
+        logp = (-torch.rand(response, generator=g) * 3).tolist()
+        samples.append(
+            TeacherSample(
+                prompt_ids=tuple(ids[i, :prompt_len].tolist()), response_ids=tuple(ids[i, prompt_len:].tolist()),
+                rollout_logprobs=tuple(logp), reward=float(i % 2), advantage=1.0 if i % 2 else -1.0,
+                group_index=i // 4, sample_index=i % 4, inner_iteration=0,
+            )
+        )  # fmt: skip
+    return samples
+
+
+def tensors_for(samples, device: torch.device, micro: int) -> list[tuple]:
+    """Micro-batches for the candidate: (tokens, attention or None, loss mask, rollout logp, advantages)."""
+    out = []
+    for start in range(0, len(samples), micro):
+        chunk = samples[start : start + micro]
+        tokens = torch.tensor([list(s.prompt_ids) + list(s.response_ids) for s in chunk], device=device)
+        B, T = tokens.shape
+        mask = torch.zeros(B, T - 1, device=device)
+        rollout = torch.zeros(B, T - 1, device=device)
+        for row, s in enumerate(chunk):
+            cols = slice(len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + len(s.response_ids))
+            mask[row, cols] = 1.0
+            rollout[row, cols] = torch.tensor(s.rollout_logprobs, device=device)
+        adv = torch.tensor([s.advantage for s in chunk], device=device)
+        out.append((tokens, None, mask, rollout, adv))
+    return out
+
+
+def profile_step(step: Callable[[], dict], device: torch.device, top: int = 12) -> dict[str, Any]:
+    """One more step under torch.profiler: the ops that take the most device time, and the CPU's share."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        step()
+        sync(device)
+    wall_ms = 1000 * (time.perf_counter() - t0)
+    rows = []
+    for e in prof.key_averages():
+        dev = getattr(e, "self_device_time_total", None)
+        dev = getattr(e, "self_cuda_time_total", 0) if dev is None else dev
+        rows.append({"name": e.key[:100], "self_device_ms": dev / 1000, "self_cpu_ms": e.self_cpu_time_total / 1000,
+                     "calls": e.count})  # fmt: skip
+    by_device = sorted(rows, key=lambda r: -r["self_device_ms"])
+    by_cpu = sorted(rows, key=lambda r: -r["self_cpu_ms"])
+    return {"wall_ms_profiled": wall_ms, "device_ms_total": sum(r["self_device_ms"] for r in rows),
+            "top_device": by_device[:top], "top_cpu": by_cpu[:6]}  # fmt: skip
+
+
+def timed(step: Callable[[], dict], device: torch.device, warmup: int, steps: int, profile: bool = False) -> dict[str, Any]:
+    for _ in range(warmup):
+        first = step()
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, metrics = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        metrics.append(step())
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
+    out = {"step_s": statistics.median(times), "step_s_runs": times, "peak_bytes": peak,
+           "first_metrics": first if warmup else metrics[0], "last_metrics": metrics[-1]}  # fmt: skip
+    if profile:
+        out["profile"] = profile_step(step, device)
+    return out
+
+
+class NoMaskLocalTrainer:
+    """LocalTrainer whose forward drops an attention mask that masks nothing (a one-line change)."""
+
+    @staticmethod
+    def make(base):
+        class _NoMask(base):
+            def _forward(self, model):
+                inner = super()._forward(model)
+
+                def forward(tokens_B_T, attention_B_T):
+                    return inner(tokens_B_T, None if bool(attention_B_T.all()) else attention_B_T)
+
+                return forward
+
+        return _NoMask
+
+
+def run(args: argparse.Namespace) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+
+    C.quiet_transformers()
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    report = C.report_header("trainer", {k: v for k, v in vars(args).items() if k != "out"})
+    report["device"] = str(device)
+    peak = matmul_peak(device, args.matmul_n)
+    report["matmul_peak_tflops"] = peak / 1e12
+    print(f"  matmul peak {peak / 1e12:.0f} TFLOP/s", file=sys.stderr, flush=True)
+    shape = TINY if args.tiny else QWEN25_05B
+    tokens_per_step = args.batch * args.seq
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
+        model_dir = build_model_dir(shape, Path(tmp) / "model", device)
+        samples = make_samples(args.batch, args.seq, args.prompt_len, shape["vocab_size"], seed=0)
+        check_samples = make_samples(args.batch, args.seq, args.prompt_len, shape["vocab_size"], seed=1)
+
+        def load() -> torch.nn.Module:
+            return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).train()
+
+        probe = load()
+        fpt, n_params = flops_per_token(probe, args.seq)
+        del probe
+        report.update(flops_per_token=fpt, params=n_params, tokens_per_step=tokens_per_step)
+
+        def finish(name: str, entry: dict) -> None:
+            entry["tokens_per_s"] = tokens_per_step / entry["step_s"]
+            entry["mfu"] = entry["tokens_per_s"] * fpt / peak
+            results[name] = entry
+            print(f"  {name}: {entry['tokens_per_s']:.0f} tok/s, MFU {entry['mfu']:.3f}, peak "
+                  f"{(entry['peak_bytes'] or 0) / 1e9:.1f} GB", file=sys.stderr, flush=True)  # fmt: skip
+            if "profile" in entry:
+                prof = entry["profile"]
+                print(f"    profiled step: wall {prof['wall_ms_profiled']:.0f} ms, device busy {prof['device_ms_total']:.0f} ms",
+                      file=sys.stderr)  # fmt: skip
+                for r in prof["top_device"][:8]:
+                    print(f"      {r['self_device_ms']:8.1f} ms dev {r['self_cpu_ms']:8.1f} ms cpu {r['calls']:6d}x  {r['name']}",
+                          file=sys.stderr)  # fmt: skip
+                for r in prof["top_cpu"][:3]:
+                    print(f"      cpu-top {r['self_cpu_ms']:8.1f} ms {r['calls']:6d}x  {r['name']}", file=sys.stderr)
+
+        def attempt(name: str, fn: Callable[[], dict]) -> None:
+            try:
+                finish(name, fn())
+            except OOM as error:
+                results[name] = {"error": f"out of memory: {str(error)[:200]}"}
+                print(f"  {name}: out of memory", file=sys.stderr, flush=True)
+            finally:
+                free(device)
+                if args.out:  # what is measured so far survives a timeout later on
+                    C.write_json({**report, "results": results, "partial": True}, args.out)
+
+        # plain HF + AdamW, the whole batch at once
+        def plain() -> dict:
+            model = load()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+            ids = torch.tensor([list(s.prompt_ids) + list(s.response_ids) for s in samples], device=device)
+
+            def step():
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                    loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                return {"loss": float(loss.detach()), "grad_norm": float(norm)}
+
+            return timed(step, device, args.warmup, args.steps, profile=device.type == "cuda" and not args.no_profile)
+
+        attempt("plain HF + AdamW", plain)
+
+        # correctness: LocalTrainer and the candidate compute the same loss and gradient
+        check: dict[str, Any] = {}
+        try:
+            trainer = LocalTrainer(str(model_dir), TrainerSettings(lr=0.0, micro_batch_size=args.check_micro,
+                                                                   device=device.type))  # fmt: skip
+            m_local = trainer.train_step(check_samples)
+            del trainer
+            free(device)
+            from fast_train_step import FastPolicyStep
+
+            fast = FastPolicyStep(load(), lr=0.0)
+            m_fast = fast.step(tensors_for(check_samples, device, args.check_micro))
+            del fast
+            local_loss = m_local.get("train/pg_loss", m_local.get("train/loss"))
+            check = {"local_trainer_pg_loss": local_loss, "local_trainer_grad_norm": m_local["train/grad_norm"],
+                     "candidate_loss": m_fast["loss"], "candidate_grad_norm": m_fast["grad_norm"]}  # fmt: skip
+            check["loss_rel_diff"] = abs(m_fast["loss"] - local_loss) / max(abs(local_loss), 1e-12)
+            check["grad_norm_rel_diff"] = abs(m_fast["grad_norm"] - m_local["train/grad_norm"]) / m_local["train/grad_norm"]
+            check["ok"] = check["loss_rel_diff"] < 2e-2 and check["grad_norm_rel_diff"] < 2e-2
+        except OOM as error:
+            check = {"error": f"out of memory: {str(error)[:200]}", "ok": False}
+        free(device)
+        report["check"] = check
+        print(f"  check: {check}", file=sys.stderr, flush=True)
+
+        profile = device.type == "cuda" and not args.no_profile
+        for micro in args.micro_batches:
+            def local(micro=micro, cls=LocalTrainer) -> dict:
+                trainer = cls(str(model_dir), TrainerSettings(lr=1e-6, micro_batch_size=micro, device=device.type))
+                return timed(lambda: trainer.train_step(samples), device, args.warmup, args.steps,
+                             profile=profile and micro in args.profile_micro)  # fmt: skip
+
+            attempt(f"LocalTrainer micro-batch {micro}", local)
+        if hasattr(LocalTrainer, "_forward"):
+            for micro in args.nomask_micro_batches:
+                attempt(f"LocalTrainer micro-batch {micro}, no all-ones mask (one-line change)",
+                        lambda micro=micro: local(micro, NoMaskLocalTrainer.make(LocalTrainer)))  # fmt: skip
+
+        def candidate(micro: int, compiled: bool = False) -> dict:
+            from fast_train_step import FastPolicyStep
+
+            fast = FastPolicyStep(load(), lr=1e-6)
+            if compiled:  # identical decoder layers share one compiled graph: compiles once
+                for layer in fast.model.model.layers:
+                    layer.compile()
+            batches = tensors_for(samples, device, micro)
+            return timed(lambda: fast.step(batches), device, args.warmup + (2 if compiled else 0), args.steps,
+                         profile=profile)  # fmt: skip
+
+        for micro in args.candidate_micro_batches:
+            attempt(f"candidate step micro-batch {micro}", lambda micro=micro: candidate(micro))
+        if device.type == "cuda" and args.compile:
+            t0 = time.perf_counter()
+            try:
+                attempt(f"candidate step micro-batch {args.candidate_micro_batches[0]}, compiled layers",
+                        lambda: candidate(args.candidate_micro_batches[0], compiled=True))  # fmt: skip
+            except Exception as error:  # a compiler failure is a result, not a crash
+                results["candidate compiled"] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+            report["compile_and_run_s"] = time.perf_counter() - t0
+
+    plain_peak = results.get("plain HF + AdamW", {}).get("peak_bytes")
+    for entry in results.values():
+        if entry.get("peak_bytes") and plain_peak:
+            entry["memory_vs_plain"] = entry["peak_bytes"] / plain_peak
+        metrics = [entry.get("first_metrics", {}), entry.get("last_metrics", {})]
+        entry["finite"] = all(
+            isinstance(v, float) and v == v and abs(v) != float("inf")
+            for m in metrics for k, v in m.items() if k in ("loss", "grad_norm", "train/loss", "train/grad_norm")
+        )  # fmt: skip
+    report["results"] = results
+    report["targets"] = TARGETS
+    return report
+
+
+def print_table(report: dict) -> None:
+    rows = []
+    for name, e in report["results"].items():
+        peak = e.get("peak_bytes")
+        rows.append([name, e.get("tokens_per_s"), e.get("mfu"), None if peak is None else peak / 1e9,
+                     e.get("memory_vs_plain"), e.get("error") or ("" if e.get("finite") else "NON-FINITE")])  # fmt: skip
+    st = report["settings"]
+    print(f"\ntrainer: {'tiny' if st['tiny'] else 'Qwen2.5-0.5B'} shape ({report['params'] / 1e6:.0f}M params), "
+          f"{st['batch']} x {st['seq']} tokens per step, {report['device']}; MFU against "
+          f"{report['matmul_peak_tflops']:.0f} TFLOP/s measured; {report['flops_per_token'] / 1e9:.2f} GFLOP/token; "
+          f"check candidate vs LocalTrainer: {report['check']}")  # fmt: skip
+    print(C.table(rows, ["step", "tokens/s", "MFU", "peak GB", "mem/plain", "note"]))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--prompt-len", type=int, default=1024, help="prompt part of each sequence (no loss there)")
+    p.add_argument("--batch", type=int, default=8, help="sequences per optimizer step")
+    p.add_argument("--micro-batches", type=int, nargs="+", default=[8, 4, 2, 1])
+    p.add_argument("--candidate-micro-batches", type=int, nargs="+", default=[8])
+    p.add_argument("--nomask-micro-batches", type=int, nargs="+", default=[4, 1])
+    p.add_argument("--profile-micro", type=int, nargs="+", default=[4, 1], help="LocalTrainer micro-batches profiled")
+    p.add_argument("--no-profile", action="store_true")
+    p.add_argument("--compile", action="store_true",
+                   help="also the candidate with compiled decoder layers (did not finish in 150 s on the H100)")
+    p.add_argument("--check-micro", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--matmul-n", type=int, default=8192)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.seq, args.prompt_len, args.batch, args.micro_batches, args.candidate_micro_batches = 64, 32, 4, [4, 2], [4]
+        args.nomask_micro_batches = [2]
+        args.matmul_n, args.check_micro = 256, 2
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    report = run(args)
+    path = C.write_json(report, args.out or C.default_out("trainer" + ("_tiny" if args.tiny else "")))
+    print_table(report)
+    print(f"json: {path}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

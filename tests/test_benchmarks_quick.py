@@ -1,0 +1,65 @@
+"""The CPU benchmarks' quick modes run end to end and report what they measure.
+
+Speed is not checked here (this machine's timing is not the point, and it is shared): only that
+each benchmark runs with one command, writes its JSON with the machine, command and date, prints
+its table last, and that what it reports is self-consistent (a lower bound below the achieved
+time, every request answered, served greedy tokens equal to in-process greedy tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_quick(script: str, tmp_path: Path) -> tuple[dict, list[str]]:
+    out = tmp_path / f"{script}.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for key in ("date", "command", "machine", "settings"):
+        assert report[key], key
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == f"json: {out}"
+    return report, lines
+
+
+def test_inner_loop_quick(tmp_path):
+    report, lines = run_quick("inner_loop", tmp_path)
+    st = report["settings"]
+    chains = st["prompts"] * st["samples"]
+    for scenario in ("latency_bound", "capacity_bound"):
+        s = report[scenario]
+        for design in ("ours", "ours_aiohttp_grader", "stage_synchronous", "sequential"):
+            assert s[design]["wall_s"] > 0 and s[design]["requests"] > 0, (scenario, design)
+            assert s[design]["client_cpu_ms_per_request"] > 0
+        for design in ("ours", "ours_aiohttp_grader"):
+            d = s[design]
+            assert d["chains_recorded"] == chains + 1  # every chain, and the no-info control
+            assert 0 < d["critical_path_s"] <= d["bound_s"]
+            assert d["bound_s"] <= d["wall_s"] * 1.02, "a lower bound above the achieved time"
+        assert s["sequential"]["extrapolated"]
+    assert set(report["client_cost"]) >= {"student.solve (SGLangPool, text)", "OpenAIGrader.grade (openai SDK, default client)"}
+    assert set(report["meets"]) == {"latency_bound_ratio", "capacity_bound_ratio", "faster_than_stage_synchronous",
+                                    "client_cpu_ms_per_request"}  # fmt: skip
+    assert lines[-2].startswith("meets: ")
+    assert any("bound/wall" in line for line in lines[-14:])
+
+
+def test_generation_quick(tmp_path):
+    report, lines = run_quick("generation", tmp_path)
+    served, in_process = report["served"], report["in_process"]
+    assert served["all_lengths_right"]
+    assert served["greedy_token_match"] == [1.0] * report["settings"]["check_prompts"]  # float32 on CPU: exact
+    for value in (in_process["batched"], in_process["one_at_a_time"], served["concurrent"], served["one_at_a_time"]):
+        assert value["tokens_per_s"] > 0
+    assert report["ratios"]["served_vs_inprocess_batched"] > 0
+    assert "cpu_vs_inprocess_batched" in report["meets"]
+    assert any("tokens/s" in line for line in lines[-10:])
