@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
@@ -355,6 +356,12 @@ def validate_flags(ns: argparse.Namespace) -> None:
     for flag in ("teacher_temperature", "rollout_temperature", "grader_temperature"):
         if getattr(ns, flag) < 0:
             fail(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be >= 0")
+    if ns.teacher_port is not None and not 1 <= ns.teacher_port <= 65535 - 16:
+        fail(f"--teacher-port {ns.teacher_port}: must be a port between 1 and 65519 (the pool takes it and the next ones)")
+    if not _is_host(ns.host):
+        fail(f"--host {ns.host!r}: not an IP address or host name; use 127.0.0.1 (default) or this machine's address")
+    if ns.request_retries < 0:
+        fail(f"--request-retries {ns.request_retries}: must be >= 0")
     if ns.max_async_level < 0:
         fail(f"--max-async-level {ns.max_async_level}: must be >= 0")
     if ns.lr <= 0:
@@ -375,6 +382,16 @@ def validate_flags(ns: argparse.Namespace) -> None:
 
         if not os.environ.get("WANDB_API_KEY"):
             fail("--wandb-mode online needs WANDB_API_KEY in the environment (or use --wandb-mode offline)")
+
+
+def _is_host(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return bool(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*", host))
 
 
 def parse_config(argv: Sequence[str] | None = None, *, default_run_dir: str | None = None) -> MetaConfig:

@@ -93,8 +93,18 @@ def load_checkpoint(load_dir: Path) -> LoadedCheckpoint:
         from slime_meta.errors import UserInputError
 
         raise UserInputError(f"--load {load_dir}: no {POINTER} in it; give a --save directory of an earlier run")
-    iteration = int(pointer.read_text().strip())
+    from slime_meta.errors import UserInputError
+
+    try:
+        iteration = int(pointer.read_text(encoding="utf-8", errors="replace").strip())
+    except ValueError:
+        raise UserInputError(f"--load {load_dir}: {POINTER} does not hold an iteration number; give a --save directory of an earlier run")
     root = load_dir / f"iter_{iteration:07d}"
+    missing = [name for name in ("trainer.pt", "state.json", "model/config.json") if not (root / name).is_file()]
+    if missing:
+        raise UserInputError(
+            f"--load {load_dir}: checkpoint {root.name} lacks {', '.join(missing)}; point {POINTER} at a complete iter_* directory"
+        )
     trainer_state = torch.load(root / "trainer.pt", map_location="cpu", weights_only=False)
     state = json.loads((root / "state.json").read_text(encoding="utf-8"))
     return LoadedCheckpoint(iteration=iteration, model_dir=root / "model", trainer_state=trainer_state, state=state)

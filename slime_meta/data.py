@@ -183,7 +183,10 @@ def load_problems(
     readers = {".parquet": _read_parquet, ".jsonl": _read_jsonl, ".json": _read_json}
     if extension not in readers:
         raise UserInputError(f"{path}: unknown extension '{path.suffix}'; use .parquet, .jsonl or .json")
-    rows, row_names = readers[extension](path)
+    try:
+        rows, row_names = readers[extension](path)
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8")
     if not rows:
         raise UserInputError(f"{path}: the dataset has no rows; give a file with at least one problem")
 

@@ -75,6 +75,11 @@ def _bare_line(line: str) -> str:
     return " ".join(line.strip().strip("*_>#-'\"` \t").casefold().split())
 
 
+def _verdict_text(match: re.Match) -> str:
+    """A verdict as written, to recognise a quote of it: `**GRADE:** 1.0.` ~ `grade:1.0`."""
+    return re.sub(r"[\s*_]", "", match.group(0).casefold()).rstrip(".")
+
+
 def parse_grade(text: str, *, quoted: str | None = None) -> Grade:
     """The verdict in a grader model's reply: `GRADE: <score>` and the `EXPLANATION:` after it.
 
@@ -92,10 +97,15 @@ def parse_grade(text: str, *, quoted: str | None = None) -> Grade:
     """
     text = text or ""
     quoted_lines = {_bare_line(line) for line in (quoted or "").splitlines() if _GRADE.search(line)}
+    # A verdict the solution itself wrote is a quote wherever the reply repeats it (inside a
+    # longer line too: "...not 41.\nGRADE: 1.0." quotes a multi-line answer in an explanation).
+    quoted_verdicts = {_verdict_text(m) for m in _GRADE.finditer(quoted or "")}
     matches = [
         m
         for m in _GRADE.finditer(text)
-        if _grade_value(m) is not None and _bare_line(_line_around(text, m.start())[1]) not in quoted_lines
+        if _grade_value(m) is not None
+        and _bare_line(_line_around(text, m.start())[1]) not in quoted_lines
+        and _verdict_text(m) not in quoted_verdicts
     ]
     at_line_start = [m for m in matches if _LINE_PREFIX.fullmatch(text[_line_around(text, m.start())[0] : m.start()])]
     chosen = (at_line_start or matches or [None])[-1]

@@ -97,6 +97,7 @@ class SGLangPool:
 
     def __post_init__(self):
         self.base_url = self.base_url.rstrip("/")
+        self.max_retries = max(0, int(self.max_retries))  # -1 would mean "not even one attempt"
         self._semaphore = asyncio.Semaphore(self.concurrency)
         self._session: aiohttp.ClientSession | None = None
 
@@ -128,8 +129,9 @@ class SGLangPool:
                     async with session.post(self.base_url + path, json=payload) as response:
                         body = await response.text()
                         if response.status == 200:
+                            reply = json.loads(body)  # a truncated body is retried, not counted as served
                             self.stats.requests += 1
-                            return json.loads(body)
+                            return reply
                         if response.status < 500 and response.status not in (408, 429):
                             # A request the server refuses will be refused again: do not retry.
                             raise PoolUnavailable(f"{self.name} pool {path}: HTTP {response.status}: {body[:300]}")

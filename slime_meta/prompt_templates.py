@@ -49,6 +49,9 @@ class PromptTemplate:
                 raise TypeError(f"{type(self).__name__} needs a text or a default_file")
             source = str(TEMPLATE_DIR / self.default_file)
             text = read_template_file(source)
+        if not text.strip():
+            flag = {"generator": "--generator-template", "grader": "--grader-template", "teacher": "--teacher-template"}.get(self.role, self.role)
+            raise UserInputError(f"{flag} {source}: the template is empty; give a text with its {{slots}}")
         unknown = sorted(set(self.slots_in(text)) - self.slots)
         if unknown:
             raise UserInputError(

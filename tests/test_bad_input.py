@@ -1,7 +1,10 @@
 """Bad input: exit code 2 and one line naming the file, row, field or flag; never a traceback.
 
-Runs `train.main` in-process (a traceback would fail the test as an exception), plus one case
-through a real `python train.py` process to check the exit code and stderr as a user sees them.
+Runs `train.main` in-process (a traceback would fail the test as an exception; a flag that
+argparse refuses ends in `SystemExit(2)`, which is what `python train.py` exits with), plus one
+case through a real `python train.py` process to check the exit code and stderr as a user sees
+them. `KNOWN_GAPS` are bad inputs that still end in a traceback or after the run started: they
+are strict xfails, each naming the file to fix; remove the mark when it is fixed.
 """
 
 from __future__ import annotations
@@ -36,6 +39,21 @@ def used_run_dir(tmp_path: Path) -> Path:
     run_dir.mkdir(exist_ok=True)
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
     return run_dir
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def checkpoint_dir(tmp_path: Path, pointer: str, make_iteration: str | None = None) -> Path:
+    """A --save directory whose pointer file holds `pointer` (and maybe an empty iteration dir)."""
+    directory = tmp_path / "ckpt"
+    directory.mkdir(exist_ok=True)
+    (directory / "latest_checkpointed_iteration.txt").write_text(pointer)
+    if make_iteration:
+        (directory / make_iteration).mkdir()
+    return directory
 
 
 def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], str]:
@@ -73,6 +91,85 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
         "unknown template slot": (["--prompt-data", str(good), "--generator-template", "Q: {question}"], "{question}"),
         "load without checkpoint": (["--prompt-data", str(good), "--load", str(tmp_path)], "--load"),
         "run dir of another run": (["--prompt-data", str(good), "--run-dir", str(used_run_dir(tmp_path))], "--run-dir"),
+        # ---- malformed files and rows
+        "corrupt parquet": (["--prompt-data", str(write_bytes(tmp_path / "bad.parquet", b"PAR1 not parquet"))], "bad.parquet"),
+        "truncated json": (["--prompt-data", str(write_bytes(tmp_path / "cut.json", b'[{"prompt": "x"'))], "cut.json"),
+        "json object, not a list": (
+            ["--prompt-data", str(write_bytes(tmp_path / "obj.json", b'{"prompt": "x", "label": "y"}'))],
+            "obj.json",
+        ),
+        "jsonl line is a list": (["--prompt-data", str(write_jsonl(tmp_path / "arr.jsonl", GOOD_ROWS[:3] + ["[1, 2]"]))], "line 4"),
+        "problem field is a list": (
+            ["--prompt-data", str(write_jsonl(tmp_path / "lst.jsonl", GOOD_ROWS[:3] + [{"prompt": ["a"], "label": "x"}]))],
+            "'prompt'",
+        ),
+        "messages without a user turn": (
+            ["--prompt-data", str(write_jsonl(tmp_path / "m.jsonl", [{"messages": [{"role": "system", "content": "s"}], "label": "x"}] * 8))],
+            "'messages'",
+        ),
+        "messages not a list": (
+            ["--prompt-data", str(write_jsonl(tmp_path / "m2.jsonl", [{"messages": "hi", "label": "x"}] * 8))],
+            "'messages'",
+        ),
+        "empty task family": (
+            ["--prompt-data", str(write_jsonl(tmp_path / "ng.jsonl", GOOD_ROWS[:7] + [{"prompt": "q", "label": "x", "family": None}])),
+             "--group-key", "family"],
+            "line 8",
+        ),  # fmt: skip
+        "label column missing": (["--prompt-data", str(good), "--label-key", "answer"], "--label-key"),
+        "prompt data is a directory": (["--prompt-data", str(tmp_path)], str(tmp_path)),
+        # ---- flags
+        "zero batch size": (["--prompt-data", str(good), "--rollout-batch-size", "0"], "--rollout-batch-size"),
+        "batch size not a number": (["--prompt-data", str(good), "--rollout-batch-size", "abc"], "--rollout-batch-size"),
+        "zero samples per prompt": (["--prompt-data", str(good), "--n-samples-per-prompt", "0"], "--n-samples-per-prompt"),
+        "zero inner iterations": (["--prompt-data", str(good), "--num-inner-iterations", "0"], "--num-inner-iterations"),
+        "negative holdout size": (["--prompt-data", str(good), "--heldout-ipb", "-1"], "--heldout-ipb"),
+        "zero problems per prompt": (["--prompt-data", str(good), "--n-problems-per-prompt", "0"], "--n-problems-per-prompt"),
+        "unknown info position": (["--prompt-data", str(good), "--additional-info-position", "middle"], "--additional-info-position"),
+        "unknown flag": (["--prompt-data", str(good), "--learning-rate", "1"], "--learning-rate"),
+        "trace rate above 1": (["--prompt-data", str(good), "--trace-sample-rate", "2"], "--trace-sample-rate"),
+        "openai grader without a key": (
+            ["--prompt-data", str(good), "--grader", "openai", "--grader-api-key-env", "SLIME_META_NO_SUCH_KEY"],
+            "SLIME_META_NO_SUCH_KEY",
+        ),
+        "unknown verifier metric": (["--prompt-data", str(good), "--verifier-metric", "fuzzy"], "--verifier-metric"),
+        "wandb online without a key": (["--prompt-data", str(good), "--use-wandb", "--wandb-mode", "online"], "--wandb-mode"),
+        "empty checkpoint flag": (["--prompt-data", str(good), "--hf-checkpoint", ""], "--hf-checkpoint"),
+        "template file missing": (["--prompt-data", str(good), "--teacher-template", str(tmp_path / "t.txt")], "--teacher-template"),
+        "unknown grader slot": (["--prompt-data", str(good), "--grader-template", "{problem} {answer_key}"], "{answer_key}"),
+        "replay without enough teachers": (
+            ["--prompt-data", str(good), "--replay-beta", "0.1", "--replay-teachers", "a@http://127.0.0.1:9/v1", "--replay-min-agree", "3"],
+            "--replay",
+        ),
+        "negative learning rate": (["--prompt-data", str(good), "--lr", "-1"], "--lr"),
+        "negative save interval": (["--prompt-data", str(good), "--save-interval", "-2"], "--save-interval"),
+        "zero rollouts": (["--prompt-data", str(good), "--num-rollout", "0"], "--num-rollout"),
+        "student port without ip": (["--prompt-data", str(good), "--student-router-port", "1234"], "--student-router-ip"),
+        "unknown device": (["--prompt-data", str(good), "--device", "tpu"], "--device"),
+        "unknown holdout advantage": (["--prompt-data", str(good), "--holdout-advantage", "max"], "--holdout-advantage"),
+        "unknown backend": (["--prompt-data", str(good), "--backend", "ray"], "--backend"),
+        "negative clip": (["--prompt-data", str(good), "--eps-clip", "-0.2"], "--eps-clip"),
+        "negative temperature": (["--prompt-data", str(good), "--rollout-temperature", "-1"], "--rollout-temperature"),
+        "zero teacher tokens": (["--prompt-data", str(good), "--teacher-max-tokens", "0"], "--teacher-max-tokens"),
+        # ---- damaged files and checkpoints, out-of-range flags
+        "file not utf-8": (
+            ["--prompt-data", str(write_bytes(tmp_path / "latin1.jsonl", b'{"prompt": "caf\xe9", "label": "x"}\n' * 8))],
+            "latin1.jsonl",
+        ),
+        "load pointer is garbage": (["--prompt-data", str(good), "--load", str(checkpoint_dir(tmp_path, "x\0y"))], "--load"),
+        "load pointer names a missing checkpoint": (["--prompt-data", str(good), "--load", str(checkpoint_dir(tmp_path, "7\n"))], "--load"),
+        "load checkpoint without its files": (
+            ["--prompt-data", str(good), "--load", str(checkpoint_dir(tmp_path, "3\n", "iter_0000003"))],
+            "--load",
+        ),
+        "teacher port out of range": (["--prompt-data", str(good), "--teacher-port", "70000"], "--teacher-port"),
+        "host not an address": (["--prompt-data", str(good), "--host", "not a host"], "--host"),
+        "negative request retries": (["--prompt-data", str(good), "--request-retries", "-1"], "--request-retries"),
+        "empty template file": (
+            ["--prompt-data", str(good), "--generator-template", str(write_bytes(tmp_path / "empty.txt", b""))],
+            "--generator-template",
+        ),
+        "student checkpoint not a model": (["--prompt-data", str(good), "--student-checkpoint", str(tmp_path)], "--student-checkpoint"),
     }
     extra, needle = cases[name]
     return base + extra, needle
@@ -83,13 +180,41 @@ CASES = [
     "row without label", "broken jsonl line", "batch too small to split", "family too small",
     "missing group column", "ratio outside (0, 1)", "unreachable router", "no checkpoint",
     "bad template class", "unknown template slot", "load without checkpoint", "run dir of another run",
+    "corrupt parquet", "truncated json", "json object, not a list", "jsonl line is a list", "problem field is a list",
+    "messages without a user turn", "messages not a list", "empty task family", "label column missing",
+    "prompt data is a directory", "zero batch size", "batch size not a number", "zero samples per prompt",
+    "zero inner iterations", "negative holdout size", "zero problems per prompt", "unknown info position",
+    "unknown flag", "trace rate above 1", "openai grader without a key", "unknown verifier metric",
+    "wandb online without a key", "empty checkpoint flag", "template file missing", "unknown grader slot",
+    "replay without enough teachers", "negative learning rate", "negative save interval", "zero rollouts",
+    "student port without ip", "unknown device", "unknown holdout advantage", "unknown backend", "negative clip",
+    "negative temperature", "zero teacher tokens", "file not utf-8", "load pointer is garbage",
+    "load pointer names a missing checkpoint", "load checkpoint without its files", "teacher port out of range",
+    "host not an address", "negative request retries", "empty template file", "student checkpoint not a model",
 ]  # fmt: skip
 
+# Bad input that does not yet end in exit code 2 and one line, with where to fix it (none known).
+KNOWN_GAPS: dict[str, str] = {}
+GAP_PARAMS = [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=why)) for name, why in KNOWN_GAPS.items()]
 
-@pytest.mark.parametrize("name", CASES)
-def test_bad_input_gives_exit_code_2_and_one_line(name, tmp_path, tiny_checkpoint, capsys):
+
+def run_main(args: list[str]) -> int:
+    try:
+        return train.main(args)
+    except SystemExit as exit:  # argparse's refusal: `python train.py` exits with this code
+        return exit.code
+
+
+def test_the_table_has_at_least_thirty_cases_that_pass():
+    assert len(CASES) >= 30 and not set(CASES) & set(KNOWN_GAPS)
+
+
+@pytest.mark.parametrize("name", CASES + GAP_PARAMS)
+def test_bad_input_gives_exit_code_2_and_one_line(name, tmp_path, tiny_checkpoint, capsys, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("SLIME_META_NO_SUCH_KEY", raising=False)
     args, needle = case_args(tmp_path, tiny_checkpoint, name)
-    code = train.main(args)
+    code = run_main(args)
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert err.startswith("error: ") and "\n" not in err, err

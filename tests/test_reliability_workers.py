@@ -126,19 +126,20 @@ def test_sigkill_of_a_worker_mid_step_loses_no_sample_and_the_worker_comes_back(
     async def step_with_a_kill():
         teacher_pool = C.make_pool(cfg, "teacher", endpoints.router_url, cfg.sampling.teacher_concurrency)
         student_pool = C.make_pool(cfg, "student", endpoints.router_url, cfg.sampling.student_concurrency)
-        rollout = C.build_rollout(cfg, C.build_role_pieces(cfg), teacher_pool, student_pool, tokenizer)
-        step = asyncio.create_task(rollout.run(episodes, rollout_id=0, seed=cfg.seed))
-        while teacher_pool.stats.requests + student_pool.stats.requests < 60:  # well into the step
-            assert not step.done(), "the rollout ended before the kill: make it longer"
-            await asyncio.sleep(0.01)
-        killed["requests_before"] = teacher_pool.stats.requests + student_pool.stats.requests
-        await asyncio.to_thread(group.kill_worker, POOL, 0, signal.SIGKILL)
-        killed["step_was_running"] = not step.done()
-        result = await step
-        stats = {"teacher": teacher_pool.stats.snapshot_and_reset(), "student": student_pool.stats.snapshot_and_reset()}
-        await teacher_pool.close()
-        await student_pool.close()
-        return result, stats
+        try:
+            rollout = C.build_rollout(cfg, C.build_role_pieces(cfg), teacher_pool, student_pool, tokenizer)
+            step = asyncio.create_task(rollout.run(episodes, rollout_id=0, seed=cfg.seed))
+            while teacher_pool.stats.requests + student_pool.stats.requests < 60:  # well into the step
+                assert not step.done(), "the rollout ended before the kill: make it longer"
+                await asyncio.sleep(0.01)
+            killed["requests_before"] = teacher_pool.stats.requests + student_pool.stats.requests
+            await asyncio.to_thread(group.kill_worker, POOL, 0, signal.SIGKILL)
+            killed["step_was_running"] = not step.done()
+            result = await step
+            return result, {"teacher": teacher_pool.stats.snapshot_and_reset(), "student": student_pool.stats.snapshot_and_reset()}
+        finally:
+            await teacher_pool.close()
+            await student_pool.close()
 
     result, stats = asyncio.run(step_with_a_kill())
     assert killed["step_was_running"]
@@ -291,6 +292,39 @@ def test_ten_thousand_requests_in_flight_with_bounded_memory_and_fds(group_and_p
         f"RSS {rss_before} KiB -> warm {rss_warm} -> peak {load['rss']} -> {rss_after} KiB; "
         f"router/worker fds after: {sorted(children_fds.values())}"
     )
+
+
+def test_when_every_worker_dies_the_client_waits_for_the_restarts(group_and_pool):
+    """No worker left: the router answers 503 at once, and only our client's retries with
+    backoff carry the requests over the restart (what a one-worker pool always meets)."""
+    group, endpoints, _ = group_and_pool
+    restarts_before = group.restarts(POOL)
+
+    async def requests_over_a_total_outage():
+        pool = SGLangPool("outage", endpoints.router_url, concurrency=32, max_retries=8,
+                          initial_backoff_s=0.5, max_backoff_s=4.0)  # fmt: skip
+        requests = [
+            asyncio.create_task(pool.generate(text=f"o{i}", sampling_params={"max_new_tokens": 4, "temperature": 0}))
+            for i in range(200)
+        ]
+        try:
+            while pool.stats.requests < 20:
+                await asyncio.sleep(0.01)
+            for index in range(NUM_WORKERS):
+                await asyncio.to_thread(group.kill_worker, POOL, index, signal.SIGKILL)
+            completions = await asyncio.gather(*requests)
+            return completions, pool.stats.snapshot_and_reset()
+        finally:
+            await pool.close()
+
+    started = time.monotonic()
+    completions, stats = asyncio.run(requests_over_a_total_outage())
+    assert len(completions) == 200 and all(c.output_ids for c in completions)
+    assert stats["failures"] == 0 and stats["retries"] > 0, stats
+    assert wait_until(lambda: group.restarts(POOL) == restarts_before + NUM_WORKERS, timeout_s=60)
+    for worker_url in endpoints.worker_urls:  # both came back with the pool's weights
+        assert str(get_json(worker_url + "/get_model_info")["weight_version"]) == "1"
+    print(f"\ntotal outage: 200 requests done in {time.monotonic() - started:.1f}s, client retries {stats['retries']}")
 
 
 def test_stop_during_a_restart_restarts_nothing_and_leaves_nothing(group_and_pool):

@@ -355,20 +355,26 @@ def external_student_url(cfg: MetaConfig) -> str:
     return url
 
 
-def push_weights(trainer, worker_urls: list[str], weights_root: Path, version: int) -> None:
+def push_weights(trainer, worker_urls: list[str], weights_root: Path, version: int, processes=None) -> None:
     """Save the trainer's weights and load them into every teacher worker.
 
     The router does not forward /update_weights_from_disk, so each worker is called directly
-    (as slime does). Older weight directories are removed once every worker has moved on.
+    (as slime does). With `processes` (the run's LocalProcessGroup) the update goes through it:
+    it remembers the weights, so a worker that is down or restarting is skipped and loads them
+    when the supervisor brings it back (never the starting checkpoint next to trained workers).
+    Older weight directories are removed once every worker has moved on.
     """
     directory = trainer.save_weights(weights_root / f"v{version:07d}")
-    for url in worker_urls:
-        reply = post_json_sync(
-            url.rstrip("/") + "/update_weights_from_disk",
-            {"model_path": str(directory.resolve()), "weight_version": str(version)},
-        )
-        if not reply.get("success"):
-            raise RuntimeError(f"weight update of {url} failed: {reply.get('message')}")
+    if processes is not None:
+        processes.update_weights("teacher", str(directory.resolve()), version)
+    else:
+        for url in worker_urls:
+            reply = post_json_sync(
+                url.rstrip("/") + "/update_weights_from_disk",
+                {"model_path": str(directory.resolve()), "weight_version": str(version)},
+            )
+            if not reply.get("success"):
+                raise RuntimeError(f"weight update of {url} failed: {reply.get('message')}")
     for old in weights_root.glob("v*"):
         if old != directory:
             shutil.rmtree(old, ignore_errors=True)
@@ -379,6 +385,15 @@ def counter_metrics(teacher_pool: SGLangPool, student_pool: SGLangPool, grader) 
     metrics = {f"pool/teacher_{k}": float(v) for k, v in teacher_pool.stats.snapshot_and_reset().items()}
     metrics.update({f"pool/student_{k}": float(v) for k, v in student_pool.stats.snapshot_and_reset().items()})
     metrics.update(grader_metrics(grader))
+    return metrics
+
+
+def process_metrics(processes) -> dict[str, float]:
+    """Worker restarts and router retries of each local pool, counted since the run started."""
+    metrics = {}
+    for name in processes.pool_names():
+        metrics[f"pool/{name}_worker_restarts"] = float(processes.restarts(name))
+        metrics[f"pool/{name}_router_retries"] = float(processes.router_retries(name))
     return metrics
 
 

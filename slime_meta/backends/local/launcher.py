@@ -24,7 +24,7 @@ Not leaving processes behind is the main job here:
 
 Keeping a pool whole while it runs (`supervise=True`, the default): a daemon thread polls the
 workers every `supervise_interval_s` (0.5 s). A worker whose process has exited (SIGKILL by the
-OOM killer, a crash, a GPU fault) is
+OOM killer, a crash, a GPU fault; several of a pool at once are restarted together) is
   1. removed from its router at once (`DELETE /workers/{id}`), so nothing is routed to it (the
      router's own retries already moved the requests that were in flight to another worker);
   2. started again with the same command on the same port, and waited for until `/health` is 200;
@@ -213,7 +213,7 @@ class LocalProcessGroup:
         self._previous_sigterm_handler: object = None
         self._child_setup = _die_with_parent_hook()
         # Guards the pools' state between the caller's threads and the supervisor; held only for
-        # quick steps (spawn, weight load, router calls), never while a process starts.
+        # a spawn, a termination or a weight load: never while a process starts or the router is called.
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
@@ -246,6 +246,9 @@ class LocalProcessGroup:
         Ports: `base_port + i` for worker i, then the router and its metrics port; without
         `base_port`, free loopback ports. `gpu_ids`: worker i sees only GPU
         `gpu_ids[i % len(gpu_ids)]` (several workers may share one GPU).
+        `weights_root`: the only directory `/update_weights_from_disk` may load from (the run's
+        weight directory); None makes a frozen pool that refuses every weight update (its root
+        is an empty directory of its own under `log_dir`).
         """
         if name in self._pools:
             raise ValueError(f"a pool named {name!r} is already running")
@@ -256,6 +259,9 @@ class LocalProcessGroup:
         self._stopping.clear()  # a group may be used again after stop()
         log_directory = Path(log_dir)
         log_directory.mkdir(parents=True, exist_ok=True)
+        frozen_root = str(log_directory / f".{name}-frozen-no-weight-updates")
+        if weights_root is None:
+            Path(frozen_root).mkdir(exist_ok=True)
         ports = self._choose_ports(num_workers + 2, base_port)
         worker_ports, router_port, metrics_port = ports[:num_workers], ports[num_workers], ports[num_workers + 1]
 
@@ -265,8 +271,7 @@ class LocalProcessGroup:
                 sys.executable, "-m", "slime_meta.backends.local.worker",
                 "--model-path", model_path, "--host", self._host, "--port", str(port), "--device", device,
             ]  # fmt: skip
-            if weights_root is not None:
-                command += ["--weights-root", weights_root]
+            command += ["--weights-root", weights_root if weights_root is not None else frozen_root]
             env = self._child_env()
             if gpu_ids:
                 env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids[index % len(gpu_ids)])
@@ -345,9 +350,9 @@ class LocalProcessGroup:
         self._warn_if_not_main_thread()
         pool = self._pools[pool_name]
         worker = pool.workers[index]
+        worker.restarting = True
+        self._deregister(pool, worker)
         with self._lock:
-            worker.restarting = True
-            self._deregister(pool, worker)
             self._terminate([worker])
             self._spawn(worker)
         try:
@@ -376,22 +381,26 @@ class LocalProcessGroup:
         """
         with self._lock:
             pool = self._pools[pool_name]
-            pool.weights = (str(model_path), str(weight_version))
+            previous, pool.weights = pool.weights, (str(model_path), str(weight_version))
             updated = []
-            for worker in pool.workers:
-                if worker.restarting or worker.process is None or worker.process.poll() is not None:
-                    logger.warning("%s is down: it gets weights %s when it is back", worker.role, weight_version)
-                    continue
-                try:
-                    self._load_weights(worker, pool.weights)
-                except (urllib.error.URLError, OSError) as error:
-                    if worker.process.poll() is None:
-                        time.sleep(0.2)  # a worker dying right now: let its exit show
-                    if worker.process.poll() is not None:
-                        logger.warning("%s died during a weight update: it gets the weights when it is back", worker.role)
+            try:
+                for worker in pool.workers:
+                    if worker.restarting or worker.process is None or worker.process.poll() is not None:
+                        logger.warning("%s is down: it gets weights %s when it is back", worker.role, weight_version)
                         continue
-                    raise RuntimeError(f"weight update of {worker.url} failed: {error}") from None
-                updated.append(worker.url)
+                    try:
+                        self._load_weights(worker, pool.weights)
+                    except (urllib.error.URLError, OSError) as error:
+                        if worker.process.poll() is None:
+                            time.sleep(0.2)  # a worker dying right now: let its exit show
+                        if worker.process.poll() is not None:
+                            logger.warning("%s died during a weight update: it gets the weights when it is back", worker.role)
+                            continue
+                        raise RuntimeError(f"weight update of {worker.url} failed: {error}") from None
+                    updated.append(worker.url)
+            except RuntimeError:
+                pool.weights = previous  # a refused update is not what restarted workers should load
+                raise
             return updated
 
     def restarts(self, pool_name: str) -> int:
@@ -433,9 +442,14 @@ class LocalProcessGroup:
         supervisor, self._supervisor = self._supervisor, None
         if supervisor is not None and supervisor is not threading.current_thread():
             supervisor.join(timeout=self._stop_timeout_s + _ROUTER_CALL_TIMEOUT_S)
-        with self._lock:
+        # The lock is only ever held for a spawn or a weight load; never wait on it for long.
+        locked = self._lock.acquire(timeout=self._stop_timeout_s + _ROUTER_CALL_TIMEOUT_S)
+        try:
             pools, self._pools = list(self._pools.values()), {}
             self._terminate([pool.router for pool in pools] + [worker for pool in pools for worker in pool.workers])
+        finally:
+            if locked:
+                self._lock.release()
         self._restore_sigterm_handler()
 
     # ----- supervision ---------------------------------------------------------------------------
@@ -459,6 +473,8 @@ class LocalProcessGroup:
         with self._lock:
             pools = list(self._pools.values())
         for pool in pools:
+            if self._stopping.is_set():
+                raise _Stopping
             if pool.router.process is not None and pool.router.process.poll() is not None:
                 if not pool.router_dead_logged:
                     pool.router_dead_logged = True
@@ -467,11 +483,9 @@ class LocalProcessGroup:
                         pool.router.role, _describe_exit(pool.router.process.returncode), pool.router.log_path,
                     )  # fmt: skip
                 continue
-            for worker in pool.workers:
-                if self._stopping.is_set():
-                    raise _Stopping
-                if self._needs_restart(worker):
-                    self._restart_dead_worker(pool, worker)
+            dead = [worker for worker in pool.workers if self._needs_restart(worker)]
+            if dead:
+                self._restart_dead_workers(pool, dead)
 
     def _needs_restart(self, worker: _Child) -> bool:
         process = worker.process
@@ -485,50 +499,72 @@ class LocalProcessGroup:
             return now - worker.seen_dead_at >= _POLITE_DEATH_GRACE_S
         return True
 
-    def _restart_dead_worker(self, pool: _Pool, worker: _Child) -> None:
+    def _restart_dead_workers(self, pool: _Pool, dead: list[_Child]) -> None:
+        """Restart the dead workers of one pool together (a lost node takes several at once)."""
         now = time.monotonic()
-        worker.restart_times = [t for t in worker.restart_times if now - t < self._restart_window_s]
-        exit_text = _describe_exit(worker.process.returncode)
-        if len(worker.restart_times) >= self._max_restarts:
-            worker.given_up = True
-            logger.error(
-                "%s %s; it died %d times within %.0fs, so it is left down (log %s)",
-                worker.role, exit_text, len(worker.restart_times) + 1, self._restart_window_s, worker.log_path,
-            )  # fmt: skip
-            with self._lock:
+        chosen = []
+        for worker in dead:
+            worker.restart_times = [t for t in worker.restart_times if now - t < self._restart_window_s]
+            exit_text = _describe_exit(worker.process.returncode)
+            if len(worker.restart_times) >= self._max_restarts:
+                worker.given_up = True
+                logger.error(
+                    "%s %s; it died %d times within %.0fs, so it is left down (log %s)",
+                    worker.role, exit_text, len(worker.restart_times) + 1, self._restart_window_s, worker.log_path,
+                )  # fmt: skip
                 self._deregister(pool, worker)
+                continue
+            worker.restart_times.append(now)
+            logger.warning("%s %s; restarting it on %s (log %s)", worker.role, exit_text, worker.url, worker.log_path)
+            chosen.append(worker)
+        if not chosen:
             return
-        worker.restart_times.append(now)
-        logger.warning("%s %s; restarting it on %s (log %s)", worker.role, exit_text, worker.url, worker.log_path)
+        for worker in chosen:
+            worker.restarting = True
+            self._deregister(pool, worker)
         with self._lock:
             if self._stopping.is_set():
                 raise _Stopping
-            worker.restarting = True
-            self._deregister(pool, worker)
-            self._spawn(worker)
+            for worker in chosen:
+                self._spawn(worker)
         try:
-            self._wait_until_ready([worker], abort=self._stopping)
-            self._finish_restart(pool, worker)
-        except LaunchError as error:  # it failed to come back: the next poll tries again
-            logger.error("restart of %s failed: %s", worker.role, error)
-            with self._lock:
-                self._terminate([worker])
+            pending = list(chosen)
+            while pending:
+                worker = pending.pop(0)
+                try:
+                    self._wait_until_ready([worker], abort=self._stopping)
+                    self._finish_restart(pool, worker)
+                except LaunchError as error:  # it failed to come back: a later poll tries again
+                    logger.error("restart of %s failed: %s", worker.role, error)
+                    with self._lock:
+                        self._terminate([worker])
+                finally:
+                    worker.restarting = False
+                    worker.seen_dead_at = None
         finally:
-            worker.restarting = False
-            worker.seen_dead_at = None
+            for worker in chosen:
+                worker.restarting = False
 
     def _finish_restart(self, pool: _Pool, worker: _Child) -> None:
         """A restarted worker is up: current weights in, back into its router, counted."""
-        with self._lock:
-            if self._stopping.is_set():
-                raise _Stopping
-            if pool.weights is not None:
-                try:
-                    self._load_weights(worker, pool.weights)
-                except (urllib.error.URLError, OSError, RuntimeError) as error:
-                    raise LaunchError(f"{worker.role} came back but did not take weights {pool.weights[0]}: {error}")
-            self._register(pool, worker)
-            pool.restarts += 1
+        loaded = None
+        while True:
+            with self._lock:  # the same lock as update_weights: never a directory being replaced
+                if self._stopping.is_set():
+                    raise _Stopping
+                if pool.weights is not None and pool.weights != loaded:
+                    try:
+                        self._load_weights(worker, pool.weights)
+                    except (urllib.error.URLError, OSError, RuntimeError) as error:
+                        raise LaunchError(f"{worker.role} came back but did not take weights {pool.weights[0]}: {error}")
+                    loaded = pool.weights
+            self._register(pool, worker)  # router calls: outside the lock
+            with self._lock:
+                if pool.weights is None or pool.weights == loaded:
+                    worker.restarting = False  # from here on, update_weights reaches it directly
+                    pool.restarts += 1
+                    break
+            # update_weights moved on while the worker was registered: load the newer weights too
         logger.warning("%s is back on %s (restart %d of pool %s)", worker.role, worker.url, pool.restarts, pool.endpoints.name)
 
     @staticmethod
@@ -601,6 +637,13 @@ class LocalProcessGroup:
         return env
 
     def _choose_ports(self, count: int, base_port: int | None) -> list[int]:
+        try:
+            return self._reserve_ports(count, base_port)
+        except (OSError, OverflowError) as error:  # a host that is no local address, a port out of range
+            where = f"ports {base_port}-{base_port + count - 1}" if base_port is not None else "a free port"
+            raise LaunchError(f"cannot bind {where} on host {self._host!r}: {error}") from None
+
+    def _reserve_ports(self, count: int, base_port: int | None) -> list[int]:
         if base_port is not None:
             ports = list(range(base_port, base_port + count))
             for port in ports:

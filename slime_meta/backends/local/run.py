@@ -25,6 +25,8 @@ def run(cfg: MetaConfig) -> Path:
 
 async def _run(cfg: MetaConfig) -> Path:
     teacher_model = C.check_model_dir(cfg.pools.hf_checkpoint, "--hf-checkpoint")
+    if cfg.pools.student_checkpoint:
+        C.check_model_dir(cfg.pools.student_checkpoint, "--student-checkpoint")
     data = C.load_data(cfg)
     resume = load_checkpoint(Path(cfg.checkpoint.load)) if cfg.checkpoint.load else None
     if resume:  # the teacher restarts from its trained weights, the data cursor where it stopped
@@ -65,10 +67,13 @@ async def _run(cfg: MetaConfig) -> Path:
                 # The pool serves weights of version rollout_id: one push per finished step.
                 episodes, result, solver, pairs, solver_metrics = await pipeline.result(rollout_id, weights_version=rollout_id)
                 train_metrics = await asyncio.to_thread(trainer.train_step, result.samples, solver, pairs)
-                await asyncio.to_thread(C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1)
+                await asyncio.to_thread(
+                    C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1, processes
+                )
 
                 metrics = {**result.metrics, **solver_metrics, **train_metrics, "perf/step_time": time.perf_counter() - step_started}
                 metrics.update(C.counter_metrics(teacher_pool, student_pool, rollout.grader))
+                metrics.update(await asyncio.to_thread(C.process_metrics, processes))
                 metrics.update(C.staleness_metrics(result.samples, rollout_id, start_step))
                 metrics.update(baseline if rollout_id == start_step else {})
                 tracker.log(rollout_id, metrics)

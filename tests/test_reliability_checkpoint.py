@@ -1,0 +1,115 @@
+"""A trainer killed in the middle of `save_checkpoint` leaves the previous checkpoint loadable.
+
+A real process saves checkpoint 1, then starts checkpoint 2 with its fsync made slow, announces
+it and is SIGKILLed there (the new checkpoint is still a `.tmp-iter_*` directory). A save that
+dies after the rename but before the pointer file moves is made in this process (an exception
+at that point: one more interpreter start-up would cost 10 s on two busy cores). Either way
+`--load` finds checkpoint 1 whole: weights, optimizer, data cursor and RNG states (the RNG
+streams continue exactly where the saved process left them). A later save of the same
+iteration succeeds over the leftovers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SAVER = textwrap.dedent(
+    """
+    import json, os, random, sys, time
+    import numpy as np, torch
+    from transformers import AutoTokenizer
+    import slime_meta.checkpoint as ck
+    from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+
+    model_dir, save_dir = sys.argv[1], ck.Path(sys.argv[2])
+    trainer = LocalTrainer(model_dir, TrainerSettings(lr=1e-3, device="cpu"))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    random.seed(1); np.random.seed(1); torch.manual_seed(1)
+    random.random(); np.random.rand(); torch.rand(1)  # the streams are somewhere in the middle
+    state = {"next_rollout_id": 1, "sampler": {"cursor": 17}}
+    ck.save_checkpoint(save_dir, 1, trainer=trainer, tokenizer=tokenizer, state=state)
+    # What a resumed run must draw next: the continuation of each stream after the save.
+    print(json.dumps({"python": random.random(), "numpy": float(np.random.rand()), "torch": torch.rand(2).tolist()}), flush=True)
+
+    def stall(what):
+        print("STALLED " + what, flush=True)
+        time.sleep(600)
+
+    ck.os.fsync = lambda fd: stall("fsync")
+    trainer.steps_done = 2
+    ck.save_checkpoint(save_dir, 2, trainer=trainer, tokenizer=tokenizer, state={"next_rollout_id": 2, "sampler": {"cursor": 99}})
+    print("SAVED 2 (the kill came too late)", flush=True)
+    """
+)
+
+
+def test_a_kill_during_save_leaves_the_previous_checkpoint_loadable(tiny_checkpoint, tmp_path, monkeypatch):
+    import random
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import slime_meta.checkpoint as ck
+    from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+
+    killed_dir = tmp_path / "killed"
+    saver = subprocess.Popen(
+        [sys.executable, "-c", SAVER, str(tiny_checkpoint), str(killed_dir)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # Meanwhile, in this process: a save that fails after the rename, before the pointer moves.
+        trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu"))
+        tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+        renamed_dir = tmp_path / "renamed"
+        ck.save_checkpoint(renamed_dir, 1, trainer=trainer, tokenizer=tokenizer, state={"next_rollout_id": 1})
+        real_replace = os.replace
+
+        def replace(src, dst):
+            if str(dst).endswith(ck.POINTER):
+                raise OSError("disk gone before the pointer moved")
+            return real_replace(src, dst)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(ck.os, "replace", replace)
+            with pytest.raises(OSError, match="pointer"):
+                ck.save_checkpoint(renamed_dir, 2, trainer=trainer, tokenizer=tokenizer, state={"next_rollout_id": 2})
+        assert (renamed_dir / "iter_0000002").is_dir() and ck.load_checkpoint(renamed_dir).iteration == 1
+
+        continuation = json.loads(saver.stdout.readline() or "null")
+        assert continuation, saver.stderr.read()[-3000:]
+        assert saver.stdout.readline().strip() == "STALLED fsync"
+        saver.send_signal(signal.SIGKILL)
+        assert saver.wait(30) == -signal.SIGKILL
+    finally:
+        if saver.poll() is None:
+            saver.kill()
+            saver.wait()
+
+    # The new checkpoint never got its final name; the pointer still names checkpoint 1, whole.
+    assert (killed_dir / ".tmp-iter_0000002").is_dir() and not (killed_dir / "iter_0000002").exists()
+    loaded = ck.load_checkpoint(killed_dir)
+    assert loaded.iteration == 1 and loaded.state == {"next_rollout_id": 1, "sampler": {"cursor": 17}}
+    assert loaded.trainer_state["steps_done"] == 0 and "optimizer" in loaded.trainer_state
+    AutoModelForCausalLM.from_pretrained(loaded.model_dir)
+    AutoTokenizer.from_pretrained(loaded.model_dir)
+    ck.set_rng_state(loaded.trainer_state["rng"])
+    drawn = {"python": random.random(), "numpy": float(np.random.rand()), "torch": torch.rand(2).tolist()}
+    assert drawn == continuation  # the RNG streams go on exactly where they were saved
+
+    # The next save of iteration 2 goes through over the leftovers and becomes the latest.
+    for save_dir in (killed_dir, renamed_dir):
+        ck.save_checkpoint(save_dir, 2, trainer=trainer, tokenizer=tokenizer, state={"next_rollout_id": 2})
+        assert ck.load_checkpoint(save_dir).iteration == 2
+        assert not list(save_dir.glob(".tmp-*"))
