@@ -56,20 +56,25 @@ import random
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass
-from itertools import product
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 from urllib.parse import urlsplit
 
 from slime_meta.errors import UserInputError
 from slime_meta.grading import _retry_after_seconds, extract_answer, normalize_answer
+from slime_meta.replay_cache import append_replay_records, load_replay_cache
+from slime_meta.replay_vote import (  # noqa: F401 - re-exported: importable from here as before
+    _MAX_MISSING_FOR_FINALITY,
+    _decide,
+    _Decision,
+    _is_final,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 _RETRYABLE_STATUS = {408, 409, 429}  # and every 5xx, as in grading.OpenAIGrader
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_MAX_MISSING_FOR_FINALITY = 4  # beyond this many failed teachers, an open decision stays open
 _MAX_LOGGED_CHARS = 200
 _FAILED: Any = object()  # a teacher call that failed (distinct from None: answered with nothing)
 
@@ -207,52 +212,6 @@ class ReplayStats:
         return asdict(self)
 
 
-# --------------------------------------------------------------------------- deciding
-
-
-@dataclass(frozen=True)
-class _Decision:
-    outcome: str  # "pair" | "no_agreement" | "agree_with_policy"
-    answer: str | None  # the agreed answer (pair, agree_with_policy)
-    members: tuple[int, ...] = ()  # teacher indices of the agreeing group
-    tie: bool = False
-
-
-def _decide(answers: Sequence[str | None], policy_answer: str, min_agree: int) -> _Decision:
-    """The vote over normalised answers (None: the teacher abstained)."""
-    counts = Counter(answer for answer in answers if answer is not None)
-    if not counts:
-        return _Decision("no_agreement", None)
-    largest = max(counts.values())
-    if largest < min_agree:
-        return _Decision("no_agreement", None)
-    leaders = [answer for answer, count in counts.items() if count == largest]
-    if len(leaders) > 1:
-        return _Decision("no_agreement", None, tie=True)
-    answer = leaders[0]
-    members = tuple(index for index, given in enumerate(answers) if given == answer)
-    return _Decision("agree_with_policy" if answer == policy_answer else "pair", answer, members)
-
-
-def _is_final(answers: Sequence[str | None], missing: Sequence[int], policy_answer: str, min_agree: int) -> bool:
-    """Whether the missing teachers' answers, whatever they are, leave (outcome, answer) unchanged."""
-    if not missing:
-        return True
-    if len(missing) > _MAX_MISSING_FOR_FINALITY:
-        return False
-    current = _decide(answers, policy_answer, min_agree)
-    fresh = [object() for _ in missing]  # answers nobody gave yet (distinct, or shared by several)
-    options = list({a for a in answers if a is not None} | {policy_answer}) + fresh + [None]
-    trial = list(answers)
-    for assignment in product(options, repeat=len(missing)):
-        for index, option in zip(missing, assignment):
-            trial[index] = option
-        outcome = _decide(trial, policy_answer, min_agree)
-        if (outcome.outcome, outcome.answer) != (current.outcome, current.answer):
-            return False
-    return True
-
-
 def _fingerprint(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
@@ -326,40 +285,12 @@ class ReplayPairer:
         if self._loaded:
             return
         self._loaded = True
-        if not self.cache_path.exists():
-            return
-        skipped = 0
-        with open(self.cache_path, encoding="utf-8") as handle:
-            for line in handle:
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                    kind, key = record["kind"], record["key"]
-                    if kind == "decision" and record["config"] == self._config:
-                        pair = record["pair"]
-                        self._decisions[key] = None if pair is None else ReplayPair.from_json(pair)
-                    elif kind == "answer" and record["gen"] == self._gen and record["teacher"] in self._labels:
-                        self._answers[(record["teacher"], key)] = (record["solution"], record["answer"])
-                except (ValueError, KeyError, TypeError):
-                    skipped += 1  # a torn line from a crash during a write
-        if skipped:
-            logger.warning("replay cache %s: skipped %d unreadable line(s)", self.cache_path, skipped)
-        self._answers = {k: v for k, v in self._answers.items() if k[1] not in self._decisions}
+        self._decisions, self._answers = load_replay_cache(
+            self.cache_path, config=self._config, gen=self._gen, labels=self._labels, decode_pair=ReplayPair.from_json
+        )
 
     def _append(self, records: Iterable[dict[str, Any]]) -> None:
-        lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-        if not lines:
-            return
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.cache_path, "a+b") as handle:
-            if handle.tell() > 0:  # "a+" is positioned at the end: start on a fresh line
-                handle.seek(-1, os.SEEK_END)
-                if handle.read(1) != b"\n":
-                    lines = "\n" + lines
-            handle.write(lines.encode("utf-8"))
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_replay_records(self.cache_path, records)
 
     # ----------------------------------------------------------------- the API
 

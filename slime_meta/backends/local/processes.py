@@ -1,0 +1,239 @@
+"""The child processes of a `LocalProcessGroup`: what one is, and how it is started, waited for and stopped.
+
+Module-level helpers (parent-death hook, loopback HTTP, log tails, exit descriptions) and
+`_ChildProcesses`, the mixin of `LocalProcessGroup` that spawns, waits for and terminates children
+and picks their ports. See `slime_meta.backends.local.launcher` for why children are set up as they are.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The launcher's logger: records keep the name they had before this module was split out of it.
+logger = logging.getLogger("slime_meta.backends.local.launcher")
+
+_PR_SET_PDEATHSIG = 1
+_POLL_INTERVAL_S = 0.2
+_LOG_TAIL_LINES = 25
+_ROUTER_CALL_TIMEOUT_S = 10.0
+# The repository root, so children can import slime_meta even when it is not installed.
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
+
+
+class LaunchError(RuntimeError):
+    """A worker or router died or never became ready; the message names its log file."""
+
+
+class _Stopping(Exception):
+    """The group is stopping: a restart in progress gives up."""
+
+
+@dataclass(frozen=True)
+class PoolEndpoints:
+    name: str
+    router_url: str
+    worker_urls: tuple[str, ...]
+
+
+@dataclass
+class _Child:
+    """One managed process: enough to start it again on the same port."""
+
+    role: str
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path
+    url: str
+    ready_path: str  # GET path that answers 200 once the process is usable
+    process: subprocess.Popen | None = None
+    restarting: bool = False  # a new process is starting; not yet back in its router
+    seen_dead_at: float | None = None
+    restart_times: list[float] = field(default_factory=list)
+    given_up: bool = False
+
+
+@dataclass
+class _Pool:
+    endpoints: PoolEndpoints
+    workers: list[_Child]
+    router: _Child
+    metrics_url: str
+    restarts: int = 0
+    weights: tuple[str, str] | None = None  # (model_path, weight_version) of the last update
+    router_dead_logged: bool = False
+
+
+def _die_with_parent_hook() -> Callable[[], None] | None:
+    """`preexec_fn` that makes the child receive SIGTERM when this process dies (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved now: nothing to load after fork
+    parent_pid = os.getpid()
+
+    def set_parent_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent_pid:  # the parent died before the request took effect
+            os._exit(1)
+
+    return set_parent_death_signal
+
+
+# No proxies: these are loopback addresses, and an http_proxy variable must not reroute them.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with _OPENER.open(url, timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _http_json(method: str, url: str, body: Any = None, timeout_s: float = _ROUTER_CALL_TIMEOUT_S) -> tuple[int, Any]:
+    """(status, parsed JSON body or None) of one request; HTTP errors are returned, not raised."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with _OPENER.open(request, timeout=timeout_s) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, raw = error.code, error.read()
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, None
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(log unreadable)"
+    return "\n".join(lines[-_LOG_TAIL_LINES:])
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+
+class _ChildProcesses:
+    """Spawning, waiting for and terminating children, and picking their ports.
+
+    A mixin of `LocalProcessGroup`; uses its `_host`, `_startup_timeout_s`, `_stop_timeout_s`,
+    `_reserved_ports` and `_child_setup`.
+    """
+
+    @staticmethod
+    def _child_env() -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"  # logs reach the file as they happen
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+        return env
+
+    def _choose_ports(self, count: int, base_port: int | None) -> list[int]:
+        try:
+            return self._reserve_ports(count, base_port)
+        except (OSError, OverflowError) as error:  # a host that is no local address, a port out of range
+            where = f"ports {base_port}-{base_port + count - 1}" if base_port is not None else "a free port"
+            raise LaunchError(f"cannot bind {where} on host {self._host!r}: {error}") from None
+
+    def _reserve_ports(self, count: int, base_port: int | None) -> list[int]:
+        if base_port is not None:
+            ports = list(range(base_port, base_port + count))
+            for port in ports:
+                if port in self._reserved_ports or not self._port_is_free(port):
+                    raise LaunchError(f"port {port} (from base_port {base_port}) is already in use")
+        else:
+            ports = []
+            while len(ports) < count:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                    probe.bind((self._host, 0))
+                    port = probe.getsockname()[1]
+                if port not in self._reserved_ports and port not in ports:
+                    ports.append(port)
+        self._reserved_ports.update(ports)
+        return ports
+
+    def _port_is_free(self, port: int) -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers will
+            try:
+                probe.bind((self._host, port))
+            except OSError:
+                return False
+        return True
+
+    def _spawn(self, child: _Child) -> None:
+        with open(child.log_path, "ab") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(child.command)}\n".encode())
+            log.flush()
+            child.process = subprocess.Popen(
+                child.command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child.env,
+                preexec_fn=self._child_setup,  # noqa: PLW1509 - only a prctl call, see module docstring
+            )
+
+    def _wait_until_ready(self, children: list[_Child], abort: threading.Event | None = None) -> None:
+        deadline = time.monotonic() + self._startup_timeout_s
+        pending = list(children)
+        while pending:
+            if abort is not None and abort.is_set():
+                raise _Stopping
+            for child in list(pending):
+                assert child.process is not None
+                if child.process.poll() is not None:
+                    raise LaunchError(
+                        f"{child.role} exited with code {child.process.returncode} while starting; "
+                        f"log {child.log_path}:\n{_log_tail(child.log_path)}"
+                    )
+                if _http_ok(child.url + child.ready_path):
+                    pending.remove(child)
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(f"{c.role} (log {c.log_path})" for c in pending)
+                raise LaunchError(f"not ready after {self._startup_timeout_s:.0f}s: {names}")
+            if pending:
+                time.sleep(_POLL_INTERVAL_S)
+
+    def _terminate(self, children: Sequence[_Child]) -> None:
+        running = [c for c in children if c.process is not None and c.process.poll() is None]
+        for child in running:
+            try:
+                child.process.terminate()
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + self._stop_timeout_s
+        for child in running:
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("%s ignored SIGTERM for %.0fs; killing it", child.role, self._stop_timeout_s)
+                child.process.kill()
+                child.process.wait()
+        for child in children:
+            if child.process is not None:
+                child.process.poll()  # reap children that had already exited

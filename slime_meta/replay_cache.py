@@ -1,0 +1,67 @@
+"""The JSONL cache of trace replay: teacher answers and final decisions, kept across resumes.
+
+The line formats and when each line is written are described in the docstring of
+`slime_meta.replay`; these functions read the lines of one configuration and append new ones.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+# The replay module's logger: records keep the name they had before this module was split out of it.
+logger = logging.getLogger("slime_meta.replay")
+
+
+def load_replay_cache(
+    cache_path: Path,
+    *,
+    config: str,
+    gen: str,
+    labels: Sequence[str],
+    decode_pair: Callable[[dict[str, Any]], Any],
+) -> tuple[dict[str, Any], dict[tuple[str, str], tuple[str, str | None]]]:
+    """(decisions, answers) of the cache file: final decisions of configuration `config` (key ->
+    `decode_pair(pair)` or None), and teacher answers made with `gen` by one of `labels`
+    ((label, key) -> (solution, normalised answer or None)) for keys without such a decision."""
+    decisions: dict[str, Any] = {}
+    answers: dict[tuple[str, str], tuple[str, str | None]] = {}
+    if not cache_path.exists():
+        return decisions, answers
+    skipped = 0
+    with open(cache_path, encoding="utf-8") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                kind, key = record["kind"], record["key"]
+                if kind == "decision" and record["config"] == config:
+                    pair = record["pair"]
+                    decisions[key] = None if pair is None else decode_pair(pair)
+                elif kind == "answer" and record["gen"] == gen and record["teacher"] in labels:
+                    answers[(record["teacher"], key)] = (record["solution"], record["answer"])
+            except (ValueError, KeyError, TypeError):
+                skipped += 1  # a torn line from a crash during a write
+    if skipped:
+        logger.warning("replay cache %s: skipped %d unreadable line(s)", cache_path, skipped)
+    return decisions, {k: v for k, v in answers.items() if k[1] not in decisions}
+
+
+def append_replay_records(cache_path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """Append `records` as JSON lines with flush + fsync, starting on a fresh line after a torn one."""
+    lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    if not lines:
+        return
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache_path, "a+b") as handle:
+        if handle.tell() > 0:  # "a+" is positioned at the end: start on a fresh line
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                lines = "\n" + lines
+        handle.write(lines.encode("utf-8"))
+        handle.flush()
+        os.fsync(handle.fileno())
