@@ -7,7 +7,7 @@
 #      inference workers behind the real sglang-router on 127.0.0.1, the built-in verifier as
 #      grader, a torch trainer for the teacher.
 #
-#   scripts/demo.sh                      # 20 outer steps, about 2-4 minutes on 2 CPU cores
+#   scripts/demo.sh                      # 20 outer steps, about 5 minutes on 2 CPU cores the first time
 #   NUM_ROLLOUT=40 scripts/demo.sh       # longer
 #   RUN_DIR=runs/mine scripts/demo.sh    # where outputs go
 set -euo pipefail
