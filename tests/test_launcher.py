@@ -102,8 +102,11 @@ def test_worker_that_cannot_start_is_reported_with_its_log(tmp_path: Path) -> No
 
 PARENT_SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     from slime_meta.backends.local.launcher import LocalProcessGroup
+    # A shell starts background jobs (CI, nohup, `cmd &`) with SIGINT ignored, and Python then
+    # keeps it ignored; a program in a terminal gets Ctrl-C. Model the terminal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     group = LocalProcessGroup(startup_timeout_s=120)
     with group:
         group.start_pool("p", sys.argv[1], 1, device="cpu", weights_root=None, log_dir=sys.argv[2])
