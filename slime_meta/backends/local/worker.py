@@ -406,7 +406,11 @@ async def serve(context: WorkerContext, host: str, port: int, access_log: bool) 
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signal_number, stop_requested.set)
-    runner = web.AppRunner(build_app(context), access_log=logger if access_log else None, handle_signals=False)
+    # A short shutdown: requests still in flight belong to a client that is gone or stopping (a
+    # trainer killed mid-step leaves the router's connections open; aiohttp would wait 60 s).
+    runner = web.AppRunner(
+        build_app(context), access_log=logger if access_log else None, handle_signals=False, shutdown_timeout=2.0
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
@@ -418,7 +422,10 @@ async def serve(context: WorkerContext, host: str, port: int, access_log: bool) 
         logger.info("shutting down")
     finally:
         context.engine.stop()
-        await runner.cleanup()
+        try:
+            await asyncio.wait_for(runner.cleanup(), timeout=5.0)
+        except asyncio.TimeoutError:
+            logger.warning("connections still open after 5 s; exiting anyway")
 
 
 class _RouterHttp2ProbeFilter(logging.Filter):
