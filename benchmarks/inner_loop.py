@@ -19,16 +19,15 @@ What it reports, per scenario (ample capacity: latency bound; little capacity: c
   The rollout is instrumented by a subclass that only records which chain and attempt each
   request belongs to (context variables), and a pool subclass that reads the service time
   from each reply: the orchestration code itself is the project's.
-- ours_aiohttp_grader / stage_synchronous_aiohttp_grader: the same two schedules with the
-  grader's requests sent by `aiohttp_grader.py` instead of the openai SDK (a candidate change,
-  measured because the SDK's client CPU dominates the step otherwise).
 - stage_synchronous: the published slime meta-learning module's schedule over the same roles
   and pools: per inner iteration all generations, barrier, all grades, barrier, all teacher
   calls, barrier; then all holdout generations, barrier, all holdout grades.
 - sequential: one request at a time. It is slow (the sum of all latencies), so by default it
   runs a few chains and is scaled by the request count (marked `extrapolated`).
 - client CPU per request: this process's CPU time over the step / requests sent. The routers'
-  and fake workers' CPU is reported beside it (they share this machine's cores).
+  and fake workers' CPU is reported beside it (they share this machine's cores). A second table
+  gives it per call, with the grader's request also sent through the openai SDK: the client the
+  grader used before `slime_meta/chat_api.py`, kept here as the baseline that shows why.
 Each design runs `--repeats` times with the same latency seeds (the workers restart their
 random streams before each run); medians are reported.
 """
@@ -38,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import os
 import re
 import statistics
 import sys
@@ -48,7 +48,6 @@ from typing import Any, Sequence
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 
-from aiohttp_grader import AiohttpChatGrader  # noqa: E402
 from slime_meta.grading import OpenAIGrader
 from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
 from slime_meta.pools import SGLangPool
@@ -115,7 +114,7 @@ class RecordingPool(SGLangPool):
 class RecordingGrader:
     """A grader (the project's OpenAIGrader); reads the service time the fake grader writes in its reply."""
 
-    def __init__(self, inner: OpenAIGrader | AiohttpChatGrader):
+    def __init__(self, inner: OpenAIGrader):
         self.inner = inner
         self.ledger: Ledger | None = None
 
@@ -305,43 +304,47 @@ def char_tokenizer() -> Any:
     return _TOKENIZER[0]
 
 
-class KeepAliveOpenAIGrader(OpenAIGrader):
-    """The project's grader, its SDK client allowed `keepalive` idle connections (default 100).
+class SdkChatGrader(OpenAIGrader):
+    """The project's grader with its request sent through the openai SDK's default client.
 
-    Above 100 requests in flight the SDK's default client closes every connection beyond 100
-    when its request ends and opens a new one for the next: this variant measures that cost.
+    Only for the client-cost table: the grader sent its requests this way before
+    `slime_meta/chat_api.py`; the retry policy is left out (the stand-in workers never fail).
     """
-
-    keepalive = 1024
 
     def _resources(self):
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             import openai
 
-            limits = type(openai.DEFAULT_CONNECTION_LIMITS)(
-                max_connections=max(1000, self.keepalive), max_keepalive_connections=self.keepalive, keepalive_expiry=5.0
-            )
-            self._client = openai.AsyncOpenAI(
-                api_key=self._api_key(), base_url=self.base_url, timeout=self.request_timeout, max_retries=0,
-                http_client=openai.DefaultAsyncHttpxClient(limits=limits),
-            )  # fmt: skip
+            self._sdk = openai.AsyncOpenAI(api_key=os.environ.get(self.api_key_env) or "EMPTY", base_url=self.base_url,
+                                           timeout=self.request_timeout, max_retries=0)  # fmt: skip
             self._semaphore = asyncio.Semaphore(self.concurrency)
             self._loop = loop
-        return self._client, self._semaphore
+        return self._sdk, self._semaphore
+
+    async def _complete(self, client, messages):
+        response = await client.chat.completions.create(
+            model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens
+        )
+        return response.choices[0].message.content or ""
+
+    async def aclose(self) -> None:
+        if self._loop is asyncio.get_running_loop():
+            await self._sdk.close()
+        self._loop = self._semaphore = None
 
 
-GRADER_CLIENTS = {"openai": OpenAIGrader, "openai_keepalive": KeepAliveOpenAIGrader, "aiohttp": AiohttpChatGrader}
+GRADER_CLIENTS = {"project": OpenAIGrader, "openai_sdk": SdkChatGrader}
 
 
 def make_grader(kind: str, url: str, concurrency: int):
-    """The project's OpenAIGrader ("openai"), its keep-alive variant, or the aiohttp candidate."""
+    """The project's OpenAIGrader ("project") or the same over the openai SDK ("openai_sdk")."""
     return GRADER_CLIENTS[kind](model="fake-grader", base_url=url + "/v1", concurrency=concurrency, max_tokens=64,
                                 api_key_env="SLIME_META_BENCH_NO_KEY")  # fmt: skip
 
 
 async def build_roles(
-    pools: Pools, args: argparse.Namespace, ledger: Ledger, grader_kind: str = "openai"
+    pools: Pools, args: argparse.Namespace, ledger: Ledger, grader_kind: str = "project"
 ) -> tuple[Roles, list[SGLangPool]]:
     tokenizer = char_tokenizer()
     renderer = PromptRenderer(tokenizer, apply_chat_template=False)
@@ -364,19 +367,13 @@ async def build_roles(
     return Roles(student, teacher, grader, settings), [student_pool, teacher_pool]
 
 
-DESIGNS = {  # name: (orchestration, grader client)
-    "ours": ("ours", "openai"),
-    "ours_aiohttp_grader": ("ours", "aiohttp"),
-    "stage_synchronous": ("stage_synchronous", "openai"),
-    "stage_synchronous_aiohttp_grader": ("stage_synchronous", "aiohttp"),
-    "sequential": ("sequential", "openai"),
-}
+DESIGNS = {"ours": "ours", "stage_synchronous": "stage_synchronous", "sequential": "sequential"}  # name: orchestration
 
 
 async def run_design(design: str, roles: Roles, episode: Episode, ledger: Ledger, max_chains: int | None) -> dict:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     chains_run = None
-    orchestration = DESIGNS[design][0]
+    orchestration = DESIGNS[design]
     if orchestration == "ours":
         rollout = InstrumentedRollout(roles.student, roles.grader, roles.teacher, roles.settings)
         rollout.ledger = ledger
@@ -404,24 +401,24 @@ async def scenario(
     results: dict[str, Any] = {"capacity_per_worker": capacity, "workers_per_pool": args.workers,
                                "capacity_per_pool": capacity * args.workers}  # fmt: skip
     runs: dict[str, list[dict]] = {d: [] for d in DESIGNS}
-    # Warm-up, not recorded: imports (the openai SDK loads on first use), connections, caches.
-    for kind in ("openai", "aiohttp") if warm_up else ():
+    # One set of clients for the whole scenario, as a training process keeps its pools from one
+    # outer step to the next: each run sees warm connections (the warm-up opens them).
+    roles, client_pools = await build_roles(pools, args, Ledger())
+    if warm_up:  # not recorded: imports, connections, caches
         reset_workers(pools, args.seed, capacity)
-        roles, client_pools = await build_roles(pools, args, Ledger(), kind)
         await run_design("stage_synchronous", roles, episode, Ledger(), None)
-        await close_roles(roles, client_pools)
     for repeat in range(args.repeats):
-        for design, (orchestration, grader_kind) in DESIGNS.items():
+        for design, orchestration in DESIGNS.items():
             if orchestration == "sequential" and repeat > 0:
                 continue  # slow, and its wall time is the sum of the latencies: one run
             reset_workers(pools, args.seed + repeat, capacity)
             ledger = Ledger()
-            roles, client_pools = await build_roles(pools, args, ledger, grader_kind)
+            for recorder in (*client_pools, roles.grader):
+                recorder.ledger = ledger
             cpu_children0 = children.cpu_seconds()
             max_chains = None if args.full_sequential else args.sequential_chains
             outcome = await run_design(design, roles, episode, ledger, max_chains)
             cpu_children = {k: v - cpu_children0[k] for k, v in children.cpu_seconds().items()}
-            await close_roles(roles, client_pools)
             outcome["worker_stats"] = worker_stats(pools)
             outcome["requests_by_pool"] = dict(ledger.requests)
             outcome["router_cpu_s"] = sum(v for k, v in cpu_children.items() if k.startswith("router"))
@@ -446,6 +443,7 @@ async def scenario(
                   + (f"  bound {outcome['bound_s']:.3f} s" if "bound_s" in outcome else "")
                   + f"  client CPU {1000 * outcome['client_cpu_s'] / max(1, outcome['requests']):.2f} ms/req",
                   file=sys.stderr, flush=True)  # fmt: skip
+    await close_roles(roles, client_pools)
     for design, outcomes in runs.items():
         best = sorted(outcomes, key=lambda o: o["wall_s"])[len(outcomes) // 2]  # the median run
         summary = dict(best)
@@ -462,9 +460,6 @@ async def scenario(
     for design in DESIGNS:
         results[design]["wall_over_ours"] = results[design]["wall_s"] / ours
     results["speedup_vs_stage_synchronous"] = results["stage_synchronous"]["wall_s"] / ours
-    results["speedup_vs_stage_synchronous_aiohttp_grader"] = (
-        results["stage_synchronous_aiohttp_grader"]["wall_s"] / results["ours_aiohttp_grader"]["wall_s"]
-    )
     results["speedup_vs_sequential"] = results["sequential"]["wall_s"] / ours
     return results
 
@@ -477,11 +472,10 @@ async def client_costs(pools: Pools, args: argparse.Namespace) -> dict[str, dict
     solution = "Reasoning xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\nAnswer: 42"
     out = {}
     for label, grader_kind, call in (
-        ("student.solve (SGLangPool, text)", "openai", "solve"),
-        ("teacher.write_info (SGLangPool, ids + log-probs)", "openai", "teach"),
-        ("OpenAIGrader.grade (openai SDK, default client)", "openai", "grade"),
-        ("OpenAIGrader.grade (SDK, 1024 keep-alive)", "openai_keepalive", "grade"),
-        ("AiohttpChatGrader.grade (candidate)", "aiohttp", "grade"),
+        ("student.solve (SGLangPool, text)", "project", "solve"),
+        ("teacher.write_info (SGLangPool, ids + log-probs)", "project", "teach"),
+        ("OpenAIGrader.grade (chat_api, aiohttp)", "project", "grade"),
+        ("OpenAIGrader.grade over the openai SDK (baseline)", "openai_sdk", "grade"),
     ):
         roles, client_pools = await build_roles(pools, args, Ledger(), grader_kind)
         from slime_meta.types import Grade
@@ -566,7 +560,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         "latency_bound_ratio": lat["ours"]["bound_over_achieved"] >= TARGETS["latency_bound_ratio"],
         "capacity_bound_ratio": cap["ours"]["bound_over_achieved"] >= TARGETS["capacity_bound_ratio"],
         "faster_than_stage_synchronous": all(
-            s[k] > 1 for s in (lat, cap) for k in ("speedup_vs_stage_synchronous", "speedup_vs_stage_synchronous_aiohttp_grader")
+            s["speedup_vs_stage_synchronous"] > 1 for s in (lat, cap)
         ),
         "client_cpu_ms_per_request": max(lat["ours"]["client_cpu_ms_per_request"], cap["ours"]["client_cpu_ms_per_request"])
         <= TARGETS["client_cpu_ms_per_request"],

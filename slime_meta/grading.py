@@ -12,12 +12,13 @@ it only to recognise lines of the reply that quote it (a grader quoting "GRADE: 
 solution must not turn the quote into the verdict: the teacher is trained with RL on these
 grades and would learn to make students write grade lines).
 
-Retries (checked against the installed openai SDK): its client retries 408/409/429/5xx,
-timeouts and connection errors and honours Retry-After, but it does not say how many retries a
-call took and does not retry a 200 reply whose body is malformed. So the SDK's retries are off
-(`max_retries=0`) and `OpenAIGrader` runs the same policy itself: exponential backoff with
-jitter, `Retry-After`/`retry-after-ms` honoured (up to 120 s, as the SDK does), every retry
-counted in `GraderStats`.
+Transport and retries: `OpenAIGrader` sends its requests with `chat_api.ChatCompletionsClient`
+(aiohttp; the openai SDK costs ~13x the client CPU per request, and the inner loop is bound by that
+CPU: docs/performance.md section 1). Its retry policy is the one the openai SDK applies (checked
+against the installed SDK: 408/409/429/5xx, timeouts and connection errors, Retry-After), plus what
+the SDK does not do: a 200 reply whose body is malformed is retried too, and every retry is
+counted in `GraderStats`: exponential backoff with jitter, `Retry-After`/`retry-after-ms`
+honoured (up to 120 s, as the SDK does).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from slime_meta.chat_api import (
+    ChatAPIConnectionError,
+    ChatAPIStatusError,
+    ChatCompletionsClient,
+)
 from slime_meta.errors import UserInputError
 from slime_meta.prompt_templates import GraderPromptTemplate
 from slime_meta.types import Grade, Problem
@@ -342,7 +348,10 @@ class OpenAIGrader:
         # The client's connection pool and the semaphore belong to one event loop; a caller that
         # runs asyncio.run() per step gets fresh ones instead of "attached to a different loop".
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._client: Any = None
+        # Connections for the concurrent requests plus a few spare; one session per event loop.
+        self._client = ChatCompletionsClient(
+            base_url=base_url, api_key_env=api_key_env, timeout_s=request_timeout, connection_limit=self.concurrency + 8
+        )
         self._semaphore: asyncio.Semaphore | None = None
         self._successes = 0
 
@@ -357,27 +366,16 @@ class OpenAIGrader:
     def _where(self) -> str:
         return self.base_url or "the OpenAI API"
 
-    def _api_key(self) -> str:
-        return os.environ.get(self.api_key_env) or "EMPTY"
-
-    def _resources(self) -> tuple[Any, asyncio.Semaphore]:
+    def _resources(self) -> tuple[ChatCompletionsClient, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            try:
-                from openai import AsyncOpenAI  # lazy: the package imports without openai installed
-            except ImportError:
-                raise UserInputError("the openai grader needs the openai package: pip install 'slime-meta[api]'")
-            self._client = AsyncOpenAI(
-                api_key=self._api_key(), base_url=self.base_url, timeout=self.request_timeout, max_retries=0
-            )
             self._semaphore = asyncio.Semaphore(self.concurrency)
             self._loop = loop
         return self._client, self._semaphore
 
     async def aclose(self) -> None:
-        if self._client is not None and self._loop is asyncio.get_running_loop():
-            await self._client.close()
-        self._client = self._loop = self._semaphore = None
+        await self._client.aclose()
+        self._loop = self._semaphore = None
 
     def _redact(self, text: str) -> str:
         key = os.environ.get(self.api_key_env)
@@ -387,40 +385,31 @@ class OpenAIGrader:
         return text[:MAX_QUOTED_CHARS]
 
     def _unavailable(self, attempts: int, error: BaseException) -> GraderUnavailable:
-        status = getattr(error, "status_code", None)
-        detail = f"{type(error).__name__}" + (f" HTTP {status}" if status else "") + f": {self._redact(error)}"
+        detail = f"{type(error).__name__}: {self._redact(error)}"  # the status is in the message
         return GraderUnavailable(
             f"grader at {self._where()} (model {self.model}) failed after {attempts} attempt(s) ({detail}); "
             f"check that the server is up and --grader-base-url / --grader-model are right, and that "
             f"${self.api_key_env} holds a valid key"
         )
 
-    async def _complete(self, client: Any, messages: list[dict]) -> str | None:
+    async def _complete(self, client: ChatCompletionsClient, messages: list[dict]) -> str | None:
         """One reply's text, retrying API errors. None: this one request was rejected."""
-        import openai
-
+        payload = {"model": self.model, "messages": messages, "temperature": self.temperature, "max_tokens": self.max_tokens}
         attempt = 0
         while True:
             try:
-                response = await client.chat.completions.create(
-                    model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens
-                )
-                choices = getattr(response, "choices", None)
-                if not choices or choices[0].message is None:
-                    raise ValueError("reply has no message")  # a malformed 200: retried like one
+                reply = await client.create(payload)
                 self._successes += 1
-                return choices[0].message.content or ""
-            except openai.APIStatusError as error:
+                return reply
+            except ChatAPIStatusError as error:
                 status = error.status_code
                 if status in _PER_REQUEST_STATUS and self._successes > 0:
                     return None  # the API works, it refused this one request
                 if status not in _RETRYABLE_STATUS and status < 500:
                     raise self._unavailable(attempt + 1, error) from None
-                wait = _retry_after_seconds(error.response.headers)
+                wait = _retry_after_seconds(error.headers)
                 last_error: BaseException = error
-            except (openai.APIConnectionError, openai.APIResponseValidationError, ValueError) as error:
-                # Timeouts are APIConnectionErrors; a 200 whose body is not JSON (JSONDecodeError)
-                # or not a completion (pydantic's ValidationError) is a ValueError.
+            except ChatAPIConnectionError as error:  # timeouts, refused/reset connections, malformed 200s
                 wait, last_error = None, error
             if attempt >= self.max_api_retries:
                 raise self._unavailable(attempt + 1, last_error) from None

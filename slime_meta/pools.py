@@ -32,6 +32,13 @@ from slime_meta.errors import UserInputError
 from slime_meta.types import Completion
 
 
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def _text(body: bytes, limit: int) -> str:
+    return body[:limit].decode("utf-8", "replace")
+
+
 @dataclass
 class PoolStats:
     requests: int = 0
@@ -122,22 +129,23 @@ class SGLangPool:
 
     async def post(self, path: str, payload: dict[str, Any]) -> Any:
         session = await self._ensure_session()
+        body_bytes = json.dumps(payload).encode()  # once, not again on each retry
         async with self._semaphore:
             for attempt in range(self.max_retries + 1):
                 retry_after = None
                 try:
-                    async with session.post(self.base_url + path, json=payload) as response:
-                        body = await response.text()
+                    async with session.post(self.base_url + path, data=body_bytes, headers=_JSON_HEADERS) as response:
+                        body = await response.read()
                         if response.status == 200:
                             reply = json.loads(body)  # a truncated body is retried, not counted as served
                             self.stats.requests += 1
                             return reply
                         if response.status < 500 and response.status not in (408, 429):
                             # A request the server refuses will be refused again: do not retry.
-                            raise PoolUnavailable(f"{self.name} pool {path}: HTTP {response.status}: {body[:300]}")
-                        error = f"HTTP {response.status}: {body[:200]}"
+                            raise PoolUnavailable(f"{self.name} pool {path}: HTTP {response.status}: {_text(body, 300)}")
+                        error = f"HTTP {response.status}: {_text(body, 200)}"
                         retry_after = retry_after_seconds(response.headers)
-                except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:  # ValueError: a bad body
                     error = f"{type(exc).__name__}: {exc}"
                 if attempt < self.max_retries:
                     self.stats.retries += 1

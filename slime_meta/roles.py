@@ -25,6 +25,27 @@ class PromptRenderer:
     def __init__(self, tokenizer: Any | None, apply_chat_template: bool):
         self.tokenizer = tokenizer
         self.apply_chat_template = apply_chat_template
+        self._encode = self._fast_encoder(tokenizer, add_special_tokens=not apply_chat_template)
+
+    @staticmethod
+    def _fast_encoder(tokenizer: Any | None, add_special_tokens: bool) -> Any | None:
+        """The Rust tokenizer's own `encode`, when it gives the same ids as the HF wrapper.
+
+        Why: the wrapper's per-call Python work is about a third of the teacher request's client
+        CPU, and the inner loop sends thousands of requests per step from one thread. The check on
+        a probe text guards against wrappers that post-process ids in Python.
+        """
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        probe = "Problem 1: 12 + 30 = ?\n\nAnswer: 42. {braces} «unicode» \t end"
+        try:
+            same = backend.encode(probe, add_special_tokens=add_special_tokens).ids == list(
+                tokenizer(probe, add_special_tokens=add_special_tokens)["input_ids"]
+            )
+        except Exception:  # any wrapper quirk: keep the wrapper
+            return None
+        return backend.encode if same else None
 
     def text(self, messages: Sequence[Message]) -> str:
         if self.apply_chat_template:
@@ -32,9 +53,14 @@ class PromptRenderer:
         return "\n\n".join(m["content"] for m in messages)
 
     def ids(self, messages: Sequence[Message]) -> list[int]:
+        return self.ids_of_text(self.text(messages))
+
+    def ids_of_text(self, text: str) -> list[int]:
         # A rendered chat template already holds its special tokens; plain text gets the
         # tokenizer's own (BOS for Llama-style tokenizers, none for Qwen-style ones).
-        return list(self.tokenizer(self.text(messages), add_special_tokens=not self.apply_chat_template)["input_ids"])
+        if self._encode is not None:
+            return self._encode(text, add_special_tokens=not self.apply_chat_template).ids
+        return list(self.tokenizer(text, add_special_tokens=not self.apply_chat_template)["input_ids"])
 
 
 @dataclass
@@ -61,7 +87,7 @@ class StudentRole:
         prompt = self.prompt(problem, info)
         sampling = {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens}
         if with_tokens:
-            ids = self.prompt_ids(problem, info)
+            ids = self.renderer.ids_of_text(prompt)
             return prompt, await self.pool.generate(input_ids=ids, sampling_params=sampling, return_logprob=True)
         return prompt, await self.pool.generate(text=prompt, sampling_params=sampling)
 
@@ -88,11 +114,10 @@ class TeacherRole:
         self, problems: Sequence[Problem], attempts_K_M: Sequence[Sequence[GradedAttempt]], previous_info: str
     ) -> tuple[str, Completion, str]:
         """The teacher's next info: (info, the sampled completion, the prompt text)."""
-        messages = self.template.build(problems, attempts_K_M, previous_info)
-        prompt_ids = self.renderer.ids(messages)
+        prompt = self.renderer.text(self.template.build(problems, attempts_K_M, previous_info))
         completion = await self.pool.generate(
-            input_ids=prompt_ids,
+            input_ids=self.renderer.ids_of_text(prompt),
             sampling_params={"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},
             return_logprob=True,
         )
-        return self.template.parse_info(completion.text), completion, self.renderer.text(messages)
+        return self.template.parse_info(completion.text), completion, prompt
