@@ -266,7 +266,7 @@ def start_pools(children: C.Children, args: argparse.Namespace) -> Pools:
     children.wait_ready(ready)
     for i, role in enumerate(ROLES):
         block = ports[i * (args.workers + 2) : (i + 1) * (args.workers + 2)]
-        children.start(f"router-{role}", C.router_command("127.0.0.1", block[-2], block[-1], workers[role]))
+        children.start(f"router-{role}", C.router_command("127.0.0.1", block[-2], block[-1], workers[role], args.router_policy))
         routers[role] = f"http://127.0.0.1:{block[-2]}"
     children.wait_ready([u + "/readiness" for u in routers.values()], timeout_s=60)
     return Pools(routers=routers, workers=workers)
@@ -528,6 +528,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--full-sequential", action="store_true", help="run the sequential baseline over the whole step")
     p.add_argument("--cost-requests", type=int, default=2000, help="requests per client in the client-cost table")
     p.add_argument("--cost-in-flight", type=int, default=256, help="requests in flight in the client-cost table")
+    p.add_argument("--router-policy", default="round_robin", help="sglang-router --policy for the three routers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON path (default runs/benchmarks/inner_loop.json)")
     args = p.parse_args(argv)

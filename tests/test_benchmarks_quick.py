@@ -63,3 +63,35 @@ def test_generation_quick(tmp_path):
     assert report["ratios"]["served_vs_inprocess_batched"] > 0
     assert "cpu_vs_inprocess_batched" in report["meets"]
     assert any("tokens/s" in line for line in lines[-10:])
+
+
+def _run_train_benchmark(script: str, tmp_path: Path, *extra: str) -> tuple[dict, list[str]]:
+    """efficacy.py / async_pipeline.py: they drive scripts/run_synthetic.sh and write OUT_DIR/NAME.json."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", "--out", str(tmp_path), *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / f"{script}.json").read_text())
+    for key in ("date", "command", "machine"):
+        assert report[key], key
+    return report, result.stdout.strip().splitlines()
+
+
+def test_efficacy_quick(tmp_path):
+    report, lines = _run_train_benchmark("efficacy", tmp_path, "--budget-s", "600")
+    assert report["steps"] == 3 and len(report["curve"]) == 3
+    assert 0 <= report["r_no_info"] <= 1 and 0 <= report["r_oracle"] <= 1
+    elapsed = [point["elapsed_s"] for point in report["curve"]]
+    assert elapsed == sorted(elapsed) and elapsed[0] > 0
+    assert report["steps_within_budget"] == 3  # three tiny steps end well inside 600 s
+    assert "gain in budget" in lines[-2]
+
+
+def test_async_pipeline_quick(tmp_path):
+    report, lines = _run_train_benchmark("async_pipeline", tmp_path)
+    sync, overlapped = report["arms"]
+    assert (sync["max_async_level"], overlapped["max_async_level"]) == (0, 1)
+    assert sync["max_staleness"] == 0 and overlapped["max_staleness"] <= 1
+    assert report["speedup_median_step"] > 0
+    assert lines[-1].startswith("speedup (median step):")
