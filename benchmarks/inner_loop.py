@@ -432,6 +432,11 @@ async def scenario(
                     chains_recorded=len(ledger.chains),
                 )  # fmt: skip
                 outcome["bound_over_achieved"] = outcome["bound_s"] / outcome["wall_s"]
+                # What this machine allows: every process of the benchmark (client, routers, stand-in
+                # workers) shares its cores, so the step cannot take less than their CPU / cores.
+                cpu_total = outcome["client_cpu_s"] + outcome["router_cpu_s"] + outcome["fake_worker_cpu_s"]
+                outcome["cpu_floor_s"] = cpu_total / (os.cpu_count() or 1)
+                outcome["machine_bound_over_achieved"] = max(outcome["bound_s"], outcome["cpu_floor_s"]) / outcome["wall_s"]
                 expected = expected_requests(args)
                 if ledger.requests != expected:
                     raise RuntimeError(f"{design} sent {ledger.requests} requests, expected {expected}")
@@ -453,8 +458,9 @@ async def scenario(
         summary["router_cpu_ms_per_request"] = 1000.0 * best["router_cpu_s"] / max(1, best["requests"])
         summary["fake_worker_cpu_ms_per_request"] = 1000.0 * best["fake_worker_cpu_s"] / max(1, best["requests"])
         if "bound_s" in best:
-            summary["bound_over_achieved_runs"] = [o["bound_over_achieved"] for o in outcomes]
-            summary["bound_over_achieved"] = statistics.median(summary["bound_over_achieved_runs"])
+            for key in ("bound_over_achieved", "machine_bound_over_achieved"):
+                summary[key + "_runs"] = [o[key] for o in outcomes]
+                summary[key] = statistics.median(summary[key + "_runs"])
         results[design] = summary
     ours = results["ours"]["wall_s"]
     for design in DESIGNS:
@@ -578,7 +584,8 @@ def print_table(report: dict) -> None:
             d = s[design]
             name = design + (" (extrapolated)" if d.get("extrapolated") else "")
             rows.append([f"{key} ({s['capacity_per_pool']}/pool)" if i == 0 else "", name, d["wall_s"],
-                         d.get("bound_s"), d.get("bound_over_achieved", bound / d["wall_s"]), d["wall_over_ours"],
+                         d.get("bound_s"), d.get("bound_over_achieved", bound / d["wall_s"]), d.get("cpu_floor_s"),
+                         d.get("machine_bound_over_achieved"), d["wall_over_ours"],
                          d["client_cpu_ms_per_request"],
                          d["router_cpu_ms_per_request"] + d["fake_worker_cpu_ms_per_request"]])  # fmt: skip
     st = report["settings"]
@@ -587,7 +594,8 @@ def print_table(report: dict) -> None:
     print(f"\ninner loop: N={st['prompts']} G={st['samples']} K={st['iterations']} m={st['attempts']} "
           f"k={st['per_prompt']} holdout={st['holdout']}, latency lognormal median {st['median_ms']} ms sigma {st['sigma']}, "
           f"{st['workers']} workers/pool, median of {st['repeats']} run(s); baselines' bound/wall: ours' bound")
-    print(C.table(rows, ["scenario (capacity)", "design", "wall s", "bound s", "bound/wall", "wall/ours",
+    print(C.table(rows, ["scenario (capacity)", "design", "wall s", "bound s", "bound/wall", "CPU floor s",
+                         "max(bound, CPU floor)/wall", "wall/ours",
                          "client CPU ms/req", "router+workers CPU ms/req"]))  # fmt: skip
     print("meets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in report["meets"].items()))
 

@@ -45,6 +45,7 @@ def test_inner_loop_quick(tmp_path):
             assert d["chains_recorded"] == chains + 1  # every chain, and the no-info control
             assert 0 < d["critical_path_s"] <= d["bound_s"]
             assert d["bound_s"] <= d["wall_s"] * 1.02, "a lower bound above the achieved time"
+            assert 0 < d["cpu_floor_s"] <= d["wall_s"] * 1.02, "more CPU than the cores could give in that time"
         assert s["sequential"]["extrapolated"]
     assert set(report["client_cost"]) >= {"student.solve (SGLangPool, text)", "OpenAIGrader.grade (chat_api, aiohttp)"}
     assert set(report["meets"]) == {"latency_bound_ratio", "capacity_bound_ratio", "faster_than_stage_synchronous",
