@@ -15,9 +15,18 @@ like with like. In one run:
   sglang-router; `--requests` requests are sent through the project's `SGLangPool` client,
   `--concurrency` in flight;
 - served one-at-a-time: the same, one request in flight.
-Generated tokens / wall time. Correctness first: greedy decoding of a few prompts through the
-served path must give the same tokens as in-process greedy `generate` (token match fraction
-reported; bf16 on a GPU may flip near-ties), and every request must return `--new-tokens` ids.
+Generated tokens / wall time. On a GPU the workers decode through their CUDA-graph path
+(`--cuda-graphs auto`, a static KV cache; `off` measures the DynamicCache path); the report names
+the path each worker ran (`served.worker_engines`). Correctness first, and part of `meets.correct`:
+- greedy decoding of `--check-prompts` prompts through the served path must give the tokens of
+  in-process greedy `generate`, or first differ at a near-tie: at the first difference, the served
+  token's logit under HF's own full forward of the shared prefix lies less than
+  `NEAR_TIE_LOGIT_STDS` standard deviations of that position's logits below HF's token (bf16
+  flips only such ties; a wrong forward gives gaps of whole standard deviations);
+- log-probs returned with sampled tokens must match HF's full forward of the generated sequence
+  (mean absolute difference below `LOGPROB_MEAN_ABS_TOLERANCE`, the trainer's behaviour policy);
+  the same figure for HF `generate`'s own cached sampling is reported beside it as the floor;
+- every request must return `--new-tokens` ids.
 CPU threads: each worker uses one (its default); the in-process runs get as many as there are
 workers.
 """
@@ -26,11 +35,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Sequence
 
@@ -38,6 +49,8 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
 
 TARGETS = {"cpu_vs_inprocess_batched": 0.8, "gpu_vs_inprocess_batched": 3.0, "gpu_vs_one_at_a_time": 4.0}
+NEAR_TIE_LOGIT_STDS = 0.1
+LOGPROB_MEAN_ABS_TOLERANCE = 1e-2
 
 QWEN25_05B = dict(
     vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -163,6 +176,8 @@ async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_r
     greedy_params = {"max_new_tokens": args.check_tokens, "temperature": 0.0, "ignore_eos": True}
     served_greedy = [(await pool.generate(input_ids=p, sampling_params=greedy_params)).output_ids for p in check]
     matches = [sum(a == b for a, b in zip(s, r)) / max(1, len(r)) for s, r in zip(served_greedy, greedy_reference)]
+    # behaviour log-probs, checked later against a full forward
+    sampled = [await pool.generate(input_ids=p, sampling_params=sampling, return_logprob=True) for p in check]
     await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=dict(sampling, max_new_tokens=4)) for p in batch[:8]])
     t0 = time.perf_counter()
     results = await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=sampling) for p in batch[: args.requests]])
@@ -181,7 +196,84 @@ async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_r
         "one_at_a_time": {"tokens_per_s": args.new_tokens / statistics.median(singles), "request_s": singles},
         "all_lengths_right": all(n == args.new_tokens for n in lengths),
         "greedy_token_match": matches,
+        "greedy_served": [list(ids) for ids in served_greedy],
+        "sampled_check": [{"prompt": p, "output_ids": list(c.output_ids), "output_logprobs": list(c.output_logprobs)}
+                          for p, c in zip(check, sampled)],  # fmt: skip
     }
+
+
+def worker_engines(worker_urls: Sequence[str]) -> list[dict]:
+    """Each worker's decode path and counters, from its /get_server_info."""
+    engines = []
+    for url in worker_urls:
+        with urllib.request.urlopen(f"{url}/get_server_info", timeout=30) as response:
+            engines.append(json.loads(response.read())["engine"])
+    return engines
+
+
+def full_forward_logprobs(model, prompt: list[int], output_ids: list[int], device: torch.device) -> torch.Tensor:
+    """log p(output_ids[i] | everything before it) at temperature 1, from one uncached forward."""
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + output_ids], device=device)).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return logprobs.gather(1, torch.tensor(output_ids, device=device)[:, None])[:, 0].cpu()
+
+
+def hf_cached_logprob_diffs(model, checks: list[dict], new_tokens: int, device: torch.device) -> torch.Tensor:
+    """The same check for HF's own cached sampling (`generate` with its raw logits): the bf16 noise
+    floor that the served path's figure is to be read against."""
+    ids = torch.tensor([c["prompt"] for c in checks], device=device)
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, pad_token_id=0, do_sample=True, temperature=1.0, top_k=0,
+                             top_p=1.0, output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    new_ids = out.sequences[:, ids.shape[1] :]
+    step_logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)
+    cached = step_logprobs.gather(2, new_ids[..., None])[..., 0].cpu()
+    return torch.cat([
+        (cached[row] - full_forward_logprobs(model, c["prompt"], new_ids[row].tolist(), device)).abs()
+        for row, c in enumerate(checks)
+    ])  # fmt: skip
+
+
+def verify(model_dir: Path, device: torch.device, dtype: torch.dtype, args: argparse.Namespace, report: dict) -> dict:
+    """Served greedy tokens and behaviour log-probs against HF's full forward (see the docstring)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    sv, reference = report["served"], report["in_process"]["greedy_reference"]
+    check_prompts = prompts(args.concurrency, args.prompt_len, model.config.vocab_size, seed=1)
+    gaps, first_differences = [], []
+    for prompt, ours, theirs in zip(check_prompts, sv["greedy_served"], reference):
+        step = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+        first_differences.append(step)
+        if step is None:
+            gaps.append(0.0)
+            continue
+        with torch.inference_mode():
+            logits = model(torch.tensor([prompt + theirs[:step]], device=device)).logits[0, -1].float()
+        gaps.append(float((logits[theirs[step]] - logits[ours[step]]) / logits.std()))
+    checks = sv["sampled_check"]
+    diff = torch.cat([
+        (torch.tensor(c["output_logprobs"]) - full_forward_logprobs(model, c["prompt"], c["output_ids"], device)).abs()
+        for c in checks
+    ])  # fmt: skip
+    hf_diff = hf_cached_logprob_diffs(model, checks, args.new_tokens, device)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    result = {
+        "greedy_first_difference_step": first_differences,
+        "greedy_first_divergence_gap_stds": gaps,
+        "greedy_ok": all(g < NEAR_TIE_LOGIT_STDS for g in gaps),
+        "logprob_abs_diff_mean": float(diff.mean()),
+        "logprob_abs_diff_max": float(diff.max()),
+        "logprob_tokens_checked": int(diff.numel()),
+        "hf_generate_logprob_abs_diff_mean": float(hf_diff.mean()),
+        "hf_generate_logprob_abs_diff_max": float(hf_diff.max()),
+    }
+    result["logprobs_ok"] = result["logprob_abs_diff_mean"] < LOGPROB_MEAN_ABS_TOLERANCE
+    return result
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -204,12 +296,14 @@ def run(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             endpoints = group.start_pool(
                 "gen", str(model_dir), args.workers, device=device.type, weights_root=None, log_dir=str(Path(tmp) / "logs"),
-                worker_args=["--max-batch-size", str(max(64, args.concurrency))],
+                worker_args=["--max-batch-size", str(max(64, args.concurrency)), "--cuda-graphs", args.cuda_graphs],
             )  # fmt: skip
             report["pool_start_s"] = time.perf_counter() - t0
             report["served"] = asyncio.run(served(endpoints.router_url, args, vocab, report["in_process"]["greedy_reference"]))
+            report["served"]["worker_engines"] = worker_engines(endpoints.worker_urls)
         print(f"  served: {report['served']['concurrent']['tokens_per_s']:.0f} tok/s at {args.concurrency} in flight",
               file=sys.stderr, flush=True)  # fmt: skip
+        report["verification"] = verify(model_dir, device, dtype, args, report)
     ip, sv = report["in_process"], report["served"]
     report["ratios"] = {
         "served_vs_inprocess_batched": sv["concurrent"]["tokens_per_s"] / ip["batched"]["tokens_per_s"],
@@ -226,7 +320,8 @@ def run(args: argparse.Namespace) -> dict:
         else {"gpu_vs_inprocess_batched": r["served_vs_inprocess_batched"] >= TARGETS["gpu_vs_inprocess_batched"],
               "gpu_vs_one_at_a_time": r["served_vs_inprocess_one_at_a_time"] >= TARGETS["gpu_vs_one_at_a_time"]}
     )  # fmt: skip
-    report["meets"]["correct"] = sv["all_lengths_right"]
+    vf = report["verification"]
+    report["meets"]["correct"] = sv["all_lengths_right"] and vf["greedy_ok"] and vf["logprobs_ok"]
     return report
 
 
@@ -243,10 +338,16 @@ def print_table(report: dict) -> None:
          sv["concurrent"]["tokens_per_s"] / base],
         ["router + worker(s), one at a time", sv["one_at_a_time"]["tokens_per_s"], sv["one_at_a_time"]["tokens_per_s"] / base],
     ]  # fmt: skip
+    vf = report["verification"]
+    paths = ", ".join(sorted({e["decode_path"] for e in sv["worker_engines"]}))
     print(f"\ngeneration: {report['model']} ({report['dtype']}) on {report['device']}, "
           f"{st['prompt_len']}+{st['new_tokens']} tokens, "
-          f"{st['requests']} served requests; greedy token match served vs in-process: "
-          f"{', '.join(f'{m:.2f}' for m in sv['greedy_token_match'])}; all lengths right: {sv['all_lengths_right']}")  # fmt: skip
+          f"{st['requests']} served requests; worker decode path: {paths}; greedy token match served vs in-process: "
+          f"{', '.join(f'{m:.2f}' for m in sv['greedy_token_match'])} (first-divergence gaps in logit stds: "
+          f"{', '.join(f'{g:.3f}' for g in vf['greedy_first_divergence_gap_stds'])}); sampled log-probs vs full "
+          f"forward: mean |diff| {vf['logprob_abs_diff_mean']:.2e}, max {vf['logprob_abs_diff_max']:.2e} over "
+          f"{vf['logprob_tokens_checked']} tokens (HF generate's own: mean {vf['hf_generate_logprob_abs_diff_mean']:.2e}, "
+          f"max {vf['hf_generate_logprob_abs_diff_max']:.2e}); all lengths right: {sv['all_lengths_right']}")  # fmt: skip
     print(C.table(rows, ["path", "tokens/s", "x best in-process batched"]))
     print(f"served vs in-process one at a time: {report['ratios']['served_vs_inprocess_one_at_a_time']:.2f}x; meets: "
           + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in report["meets"].items()))
@@ -262,15 +363,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=96, help="served requests (concurrency in flight)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--one-at-a-time", type=int, default=2, help="requests timed one at a time, each path")
-    p.add_argument("--check-prompts", type=int, default=2)
-    p.add_argument("--check-tokens", type=int, default=16)
+    p.add_argument("--check-prompts", type=int, default=4)
+    p.add_argument("--check-tokens", type=int, default=32)
+    p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto", help="the workers' decode path")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.quick:
         args.device, args.model = "cpu", "tiny"
         args.prompt_len, args.new_tokens, args.concurrency, args.requests, args.one_at_a_time = 16, 16, 4, 8, 1
-        args.check_tokens = 8
+        args.check_prompts, args.check_tokens = 2, 8
     return args
 
 

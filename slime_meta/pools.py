@@ -113,7 +113,8 @@ class SGLangPool:
             # The router holds connections open; a generous pool avoids head-of-line waits.
             connector = aiohttp.TCPConnector(limit=self.concurrency + 8)
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=_JSON_HEADERS,
+                skip_auto_headers=("Accept-Encoding",), auto_decompress=False,
             )
         return self._session
 
@@ -134,7 +135,7 @@ class SGLangPool:
             for attempt in range(self.max_retries + 1):
                 retry_after = None
                 try:
-                    async with session.post(self.base_url + path, data=body_bytes, headers=_JSON_HEADERS) as response:
+                    async with session.post(self.base_url + path, data=body_bytes) as response:
                         body = await response.read()
                         if response.status == 200:
                             reply = json.loads(body)  # a truncated body is retried, not counted as served

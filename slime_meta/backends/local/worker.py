@@ -8,7 +8,8 @@ router) cannot tell the difference for the calls it makes.
     python -m slime_meta.backends.local.worker --model-path DIR --host 127.0.0.1 --port P \
         [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16] [--weights-root DIR] \
         [--max-batch-size 64] [--max-prefill-tokens 16384] [--batch-wait-ms 2] [--seed 0] \
-        [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info]
+        [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info] \
+        [--cuda-graphs auto|on|off] [--static-cache-len 4096]
 
 Endpoints: GET /health, /health_generate, /get_model_info (/model_info), /get_server_info
 (/server_info); POST /generate, /update_weights_from_disk, /abort_request; GET|POST /flush_cache;
@@ -30,7 +31,9 @@ stop token or string comes on the last allowed token, finish_reason is `stop` (S
 log-prob triple is null (`return_text_in_logprobs` is accepted but not honoured).
 
 The model runs in a single generation thread (see worker_batching.py); the asyncio event loop
-only parses, queues and answers. The line `worker ready on http://HOST:PORT` goes to stdout once
+only parses, queues and answers. On CUDA, for Llama/Qwen2-family models, decoding runs through a
+static KV cache and CUDA graphs (`--cuda-graphs`, worker_static_batch.py); `/get_server_info`
+says which path is active (`engine.decode_path`). The line `worker ready on http://HOST:PORT` goes to stdout once
 the socket is listening; logs go to stderr.
 """
 
@@ -62,6 +65,7 @@ from slime_meta.backends.local.worker_protocol import (
     parse_generate_request,
 )
 from slime_meta.backends.local.worker_rows import GenerationJob
+from slime_meta.backends.local.worker_static_batch import build_fast_path
 from slime_meta.backends.local.worker_weights import (
     SUPPORTED_LOAD_FORMATS,
     WeightUpdateError,
@@ -193,7 +197,11 @@ async def handle_server_info(request: web.Request) -> web.Response:
             "num_weight_updates": context.weight_updates,
             "queue_depth": context.engine.queue_depth(),
             "running_requests": context.engine.running_rows,
-            "engine": dict(context.engine.counters),
+            "engine": {
+                "decode_path": context.engine.decode_path,
+                "fast_path": context.engine.fast_path_info,
+                **context.engine.counters,
+            },
         }
     )
 
@@ -316,10 +324,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
     parser.add_argument("--weight-version", default="default")
+    parser.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="decode through a static KV cache and CUDA graphs (Llama/Qwen2 family); auto: when on CUDA and supported",
+    )
+    parser.add_argument(
+        "--static-cache-len",
+        type=int,
+        default=4096,
+        help="tokens (prompt + new) one row may hold on the CUDA-graph path; longer requests take the generic path",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     args = parser.parse_args(argv)
-    if args.max_batch_size < 1 or args.max_prefill_tokens < 1:
-        parser.error("--max-batch-size and --max-prefill-tokens must be >= 1")
+    if args.max_batch_size < 1 or args.max_prefill_tokens < 1 or args.static_cache_len < 1:
+        parser.error("--max-batch-size, --max-prefill-tokens and --static-cache-len must be >= 1")
     if not os.path.isdir(args.model_path):
         parser.error(f"--model-path {args.model_path} is not a local directory (this worker never downloads models)")
     return args
@@ -384,6 +404,9 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
         batch_wait_s=args.batch_wait_ms / 1000.0,
         seed=args.seed,
         weight_version=args.weight_version,
+        static_batch=build_fast_path(
+            args.cuda_graphs, model, device, args.max_batch_size, args.static_cache_len, pad_token_id
+        ),
     )
     text_config = model.config.get_text_config()
     return WorkerContext(
@@ -449,7 +472,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     logging.getLogger("aiohttp.server").addFilter(_RouterHttp2ProbeFilter())
     context = build_context(args)
-    logger.info("loaded %s on %s (%s)", args.model_path, context.device, context.dtype)
+    path = context.engine.decode_path
+    logger.info("loaded %s on %s (%s), decode path %s", args.model_path, context.device, context.dtype, path)
     asyncio.run(serve(context, args.host, args.port, access_log=args.log_level == "debug"))
     # Everything is closed by now. Tearing down an interpreter with torch loaded takes about a
     # second, which every stop and restart of a pool would pay; skip it.

@@ -19,6 +19,12 @@ How batching works (continuous batching on top of HF's `DynamicCache`):
 - Work that must not overlap a generation step (a weight swap) is queued with
   `run_between_batches`: admission stops, the running batch drains, the operation runs, and
   admission resumes.
+
+The fast path (CUDA, Llama/Qwen2 family; worker_static_batch.py): when the engine is given a
+`StaticBatch`, requests it can serve (no prompt scoring, prompt plus max_new_tokens within its
+cache) run there instead: each row owns a slot of a preallocated KV cache and decode steps replay
+CUDA graphs. Everything else (scoring, longer requests) runs on the DynamicCache batch beside it;
+each loop turn steps both. Token choice, stop rules and answers are shared by the two.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from slime_meta.backends.local.worker_cache import (
 from slime_meta.backends.local.worker_protocol import FinishedGeneration
 from slime_meta.backends.local.worker_rows import GenerationJob, RowState
 from slime_meta.backends.local.worker_sampling import RowSampling, choose_next_tokens, prompt_logprobs
+from slime_meta.backends.local.worker_static_batch import StaticBatch
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -84,8 +91,10 @@ class GenerationEngine:
         batch_wait_s: float = 0.002,
         seed: int = 0,
         weight_version: str = "default",
+        static_batch: StaticBatch | None = None,
     ):
         self._model = model
+        self._static = static_batch
         self._decode = decode
         self._device = device
         self._eos_token_ids = eos_token_ids
@@ -106,6 +115,7 @@ class GenerationEngine:
         # the answer goes out, so a client holding its result never sees itself counted.
         self.running_rows = 0
         self.counters = {"requests_finished": 0, "tokens_generated": 0, "prefill_batches": 0, "decode_steps": 0}
+        self.counters.update(static_requests=0, static_decode_steps=0)  # the fast path's share
         self._can_join = self._probe_cache_is_joinable()
 
     # ----- thread-safe API -------------------------------------------------------------------
@@ -152,16 +162,32 @@ class GenerationEngine:
     def queue_depth(self) -> int:
         return len(self._waiting)
 
+    @property
+    def decode_path(self) -> str:
+        """Which decode path serves requests that fit the fast path."""
+        if self._static is None:
+            return "dynamic_cache"
+        return "cuda_graphs" if self._static.uses_graphs else "static_eager"
+
+    @property
+    def fast_path_info(self) -> dict | None:
+        return self._static.describe() if self._static is not None else None
+
+    def _static_row_count(self) -> int:
+        return len(self._static) if self._static is not None else 0
+
     # ----- the loop ----------------------------------------------------------------------------
 
     def _run(self) -> None:
         running: _RunningBatch | None = None
         while True:
-            jobs, control_op, abort_message = self._take_work(len(running.rows) if running else 0)
+            rows_in_batch = (len(running.rows) if running else 0) + self._static_row_count()
+            jobs, control_op, abort_message = self._take_work(rows_in_batch)
             if self._stopping:
                 break
-            if abort_message is not None and running is not None:
-                for row in running.rows:
+            if abort_message is not None:
+                aborted = (running.rows if running is not None else []) + self._release_static_rows()
+                for row in aborted:
                     self._finish(row, {"type": "abort", "message": abort_message})
                 running = None
             if control_op is not None:
@@ -171,11 +197,14 @@ class GenerationEngine:
                 with torch.inference_mode():
                     if jobs:
                         running = self._admit(running, jobs)
+                    if self._static_row_count():
+                        self._static_decode_step()
                     if running is not None:
                         running = self._decode_step(running)
             except Exception as error:  # keep serving: fail only the requests in this batch
                 logger.exception("generation step failed")
                 batch_jobs = [row.job for row in running.rows] if running is not None else []
+                batch_jobs += [row.job for row in self._release_static_rows()]
                 for job in jobs + batch_jobs:
                     self._release(job, error)
                 running = None
@@ -236,7 +265,7 @@ class GenerationEngine:
             control_ops, self._control_ops = list(self._control_ops), deque()
         for job in waiting:
             job.settle(error)
-        for row in running.rows if running is not None else []:
+        for row in (running.rows if running is not None else []) + self._release_static_rows():
             self._release(row.job, error)
         for control_op in control_ops:
             control_op.future.set_exception(error)
@@ -280,6 +309,12 @@ class GenerationEngine:
                 self._finish(RowState(job), {"type": "length", "length": 0})  # nothing to compute
             else:
                 to_prefill.append(job)
+        if self._static is not None:
+            fast = [job for job in to_prefill if self._static.can_serve(job.spec)][: self._static.free_slots()]
+            if fast:
+                taken = {id(job) for job in fast}
+                to_prefill = [job for job in to_prefill if id(job) not in taken]
+                self._prefill_static(fast)
         scoring = [job for job in to_prefill if job.spec.wants_input_logprobs]
         plain = [job for job in to_prefill if not job.spec.wants_input_logprobs]
         if not self._can_join:
@@ -352,13 +387,47 @@ class GenerationEngine:
 
     def _advance(self, batch: _RunningBatch, logits: torch.Tensor, from_prefill: bool) -> _RunningBatch | None:
         """Append one chosen token to every row, settle finished rows, and drop them."""
-        choice = choose_next_tokens(logits, batch.sampling, self._generator)
+        return self._compact(batch, self._take_tokens(batch.rows, logits, batch.sampling, from_prefill))
+
+    # ----- the fast path (static cache, CUDA graphs) -------------------------------------------
+
+    def _release_static_rows(self) -> list[RowState]:
+        return self._static.release_all() if self._static is not None else []
+
+    def _prefill_static(self, jobs: list[GenerationJob]) -> None:
+        rows, logits = self._static.prefill(jobs)
+        self.counters["prefill_batches"] += 1
+        self.counters["static_requests"] += len(rows)
+        self._drop_finished_static(rows, self._take_tokens(rows, logits, self._row_sampling(rows), from_prefill=True))
+
+    def _static_decode_step(self) -> None:
+        static = self._static
+        logits = static.decode()
+        rows = static.rows
+        if static.sampling is None:
+            static.sampling = self._row_sampling(rows)
+        self.counters["decode_steps"] += 1
+        self.counters["static_decode_steps"] += 1
+        self._drop_finished_static(rows, self._take_tokens(rows, logits, static.sampling, from_prefill=False))
+
+    def _drop_finished_static(self, rows: list[RowState], keep: list[int]) -> None:
+        if len(keep) < len(rows):
+            kept = set(keep)
+            self._static.release([row for index, row in enumerate(rows) if index not in kept])
+
+    # ----- token choice, shared by both paths -----------------------------------------------------
+
+    def _take_tokens(
+        self, rows: list[RowState], logits: torch.Tensor, sampling: RowSampling, from_prefill: bool
+    ) -> list[int]:
+        """Append one chosen token to every row and settle finished rows; returns the rows kept."""
+        choice = choose_next_tokens(logits, sampling, self._generator)
         token_ids = choice.token_ids.tolist()
         logprobs = choice.logprobs.tolist()
         top_values = choice.top_logprobs.tolist() if choice.top_logprobs is not None else None
         top_ids = choice.top_token_ids.tolist() if choice.top_token_ids is not None else None
         keep: list[int] = []
-        for index, row in enumerate(batch.rows):
+        for index, row in enumerate(rows):
             spec = row.job.spec
             if row.job.cancelled:
                 self._finish(row, {"type": "abort", "message": "request cancelled"})
@@ -378,7 +447,7 @@ class GenerationEngine:
                 keep.append(index)
             else:
                 self._finish(row, finish_reason)
-        return self._compact(batch, keep)
+        return keep
 
     def _finish(self, row: RowState, finish_reason: dict[str, Any]) -> None:
         self.counters["requests_finished"] += 1

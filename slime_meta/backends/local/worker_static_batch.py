@@ -1,0 +1,194 @@
+"""The fast path's running batch: rows pinned to slots of a static KV cache.
+
+The generation loop (worker_batching.py) owns token choice, stop rules and answers; this class
+owns where each row's keys and values live and runs the model for those rows:
+- `prefill` puts new rows into the lowest free slots and returns their first-token logits;
+- `decode` advances every row by one token through `DecodeGraphs`, whose graphs cover slots
+  0..B-1 (B a bucket), so keeping rows in the lowest slots keeps B small; free slots below the
+  highest row decode padding that nothing reads;
+- `release` frees the slots of rows that finished. Nothing is copied when rows come and go.
+
+A slot holds every token of its row except the newest output token, which is fed in by the next
+decode step (the same invariant as the DynamicCache path).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from slime_meta.backends.local.worker_cuda_graphs import DecodeGraphs
+from slime_meta.backends.local.worker_protocol import GenerationSpec
+from slime_meta.backends.local.worker_rows import GenerationJob, RowState
+from slime_meta.backends.local.worker_sampling import RowSampling
+from slime_meta.backends.local.worker_static_cache import StaticKVCache, bytes_per_token, fit_capacity
+from slime_meta.backends.local.worker_static_model import StaticDecoder, model_shape, unsupported_reason
+
+logger = logging.getLogger("slime_meta.worker")
+
+
+class StaticBatch:
+    def __init__(self, decoder: StaticDecoder, graphs: DecodeGraphs, pad_token_id: int):
+        self._decoder = decoder
+        self._graphs = graphs
+        self._pad_token_id = pad_token_id
+        self._device = decoder.shape.device
+        num_slots = decoder.cache.num_slots
+        self._row_by_slot: list[RowState | None] = [None] * num_slots
+        self._length_by_slot = [0] * num_slots
+        # Derived from membership; reset whenever a row joins or leaves.
+        self._rows: list[RowState] | None = None
+        self._occupied_index: torch.Tensor | None = None
+        self.sampling: RowSampling | None = None  # the engine's settings for `rows`, in order
+
+    @property
+    def capacity(self) -> int:
+        return self._decoder.cache.capacity
+
+    @property
+    def uses_graphs(self) -> bool:
+        return self._graphs.use_graphs
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def describe(self) -> dict:
+        graphs = self._graphs
+        return {
+            "slots": self._decoder.cache.num_slots,
+            "capacity": self.capacity,
+            "graphs": graphs.num_graphs,
+            "graph_capture_s": round(graphs.capture_s, 3),
+        }
+
+    @property
+    def rows(self) -> list[RowState]:
+        """Running rows in slot order (the order of `decode`'s logits)."""
+        if self._rows is None:
+            self._rows = [row for row in self._row_by_slot if row is not None]
+        return self._rows
+
+    def free_slots(self) -> int:
+        return sum(row is None for row in self._row_by_slot)
+
+    def can_serve(self, spec: GenerationSpec) -> bool:
+        """Prompt scoring stays on the generic path; every position a row will write must fit."""
+        return not spec.wants_input_logprobs and len(spec.input_ids) + spec.sampling.max_new_tokens <= self.capacity
+
+    def _membership_changed(self) -> None:
+        self._rows = None
+        self._occupied_index = None
+        self.sampling = None
+
+    def prefill(self, jobs: Sequence[GenerationJob]) -> tuple[list[RowState], torch.Tensor]:
+        """Place `jobs` in free slots and run their prompts; returns (rows, first-token logits)."""
+        free = [slot for slot, row in enumerate(self._row_by_slot) if row is None]
+        if len(jobs) > len(free):
+            raise RuntimeError(f"{len(jobs)} rows for {len(free)} free cache slots")
+        slots = free[: len(jobs)]
+        lengths = [len(job.spec.input_ids) for job in jobs]
+        width = max(lengths)
+        padded = [list(job.spec.input_ids) + [self._pad_token_id] * (width - n) for job, n in zip(jobs, lengths)]
+        input_ids_N_L = torch.tensor(padded, dtype=torch.int64).to(self._device)
+        lengths_N = torch.tensor(lengths, dtype=torch.int64).to(self._device)
+        slots_N = torch.tensor(slots, dtype=torch.int64).to(self._device)
+        logits_N_V = self._decoder.prefill(input_ids_N_L, lengths_N, slots_N)
+        rows = [RowState(job) for job in jobs]
+        for slot, row, length in zip(slots, rows, lengths):
+            self._row_by_slot[slot] = row
+            self._length_by_slot[slot] = length
+        self._membership_changed()
+        return rows, logits_N_V
+
+    def decode(self) -> torch.Tensor:
+        """One token for every running row; returns logits (len(rows), V) in `rows` order."""
+        top = max(slot for slot, row in enumerate(self._row_by_slot) if row is not None) + 1
+        token_ids, positions = [], []
+        for slot in range(top):
+            row = self._row_by_slot[slot]
+            token_ids.append(row.output_ids[-1] if row is not None else self._pad_token_id)
+            positions.append(self._length_by_slot[slot] if row is not None else 0)
+        logits_B_V = self._graphs.step(token_ids, positions)
+        for slot in range(top):
+            if self._row_by_slot[slot] is not None:
+                self._length_by_slot[slot] += 1
+        if len(self.rows) == top:
+            return logits_B_V[:top]
+        if self._occupied_index is None:
+            occupied = [slot for slot in range(top) if self._row_by_slot[slot] is not None]
+            self._occupied_index = torch.tensor(occupied, dtype=torch.int64).to(self._device)
+        return logits_B_V.index_select(0, self._occupied_index)
+
+    def release(self, rows: Sequence[RowState]) -> None:
+        """Free the slots of `rows` (finished, aborted or failed)."""
+        leaving = {id(row) for row in rows}
+        if not leaving:
+            return
+        for slot, row in enumerate(self._row_by_slot):
+            if row is not None and id(row) in leaving:
+                self._row_by_slot[slot] = None
+                self._length_by_slot[slot] = 0
+        self._membership_changed()
+
+    def release_all(self) -> list[RowState]:
+        rows = list(self.rows)
+        self.release(rows)
+        return rows
+
+
+def build_static_batch(
+    model: torch.nn.Module,
+    *,
+    num_slots: int,
+    requested_capacity: int,
+    pad_token_id: int,
+    use_graphs: bool,
+) -> StaticBatch:
+    """Allocate the static cache, build the decoder and (with `use_graphs`) capture the graphs.
+
+    Raises ValueError when the model is not supported or the cache does not fit in memory.
+    """
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(reason)
+    shape = model_shape(model)
+    free_bytes = torch.cuda.mem_get_info(shape.device)[0] if shape.device.type == "cuda" else None
+    max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    column_bytes = bytes_per_token(shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, shape.dtype)
+    capacity = fit_capacity(requested_capacity, max_positions, column_bytes, free_bytes)
+    if capacity <= 0:
+        raise ValueError(f"a static KV cache for {num_slots} rows does not fit in free memory")
+    cache = StaticKVCache.allocate(
+        num_layers=shape.num_layers,
+        num_slots=num_slots,
+        num_kv_heads=shape.num_kv_heads,
+        capacity=capacity,
+        head_dim=shape.head_dim,
+        dtype=shape.dtype,
+        device=shape.device,
+    )
+    decoder = StaticDecoder(model, cache)
+    return StaticBatch(decoder, DecodeGraphs(decoder, use_graphs=use_graphs), pad_token_id)
+
+
+def build_fast_path(
+    mode: str, model: torch.nn.Module, device: torch.device, num_slots: int, cache_len: int, pad_token_id: int
+) -> StaticBatch | None:
+    """The static-cache decode path for `--cuda-graphs`, or None for the DynamicCache path."""
+    if mode == "off":
+        return None
+    problem = "it needs a CUDA device" if device.type != "cuda" else None
+    if problem is None:
+        try:
+            return build_static_batch(
+                model, num_slots=num_slots, requested_capacity=cache_len, pad_token_id=pad_token_id, use_graphs=True
+            )
+        except (ValueError, RuntimeError) as error:  # unsupported model, no memory, failed capture
+            problem = str(error)
+            torch.cuda.empty_cache()
+    if mode == "on":
+        raise SystemExit(f"error: --cuda-graphs on, but the fast decode path cannot run: {problem}")
+    logger.info("decoding through the DynamicCache path (CUDA graphs off: %s)", problem)
+    return None

@@ -1,0 +1,284 @@
+"""A forward pass of the Llama/Qwen2 family that works on a preallocated, slot-indexed KV cache.
+
+Why our own forward: Hugging Face's forward is dozens of small Python-driven kernel launches per
+layer with shapes that change every step, so a decode step is bound by the CPU, not the GPU. This
+forward has fixed shapes for a given (rows, attended length) pair, touches no Python state that
+changes between steps and never synchronises with the host, so one decode step can be captured in
+a CUDA graph (worker_cuda_graphs.py) and replayed.
+
+It computes what the HF modules compute in the same dtypes (RMSNorm in float32 then cast back
+before the weight, rotary tables in float32 cast to the model dtype, SiLU-gated MLP, q/k/v biases
+where the module has them, grouped-query attention), in fewer kernels, since a replayed step costs
+about one launch latency per kernel: the rotation is a roll against a sign-folded sine table
+(bit-identical to HF's), queries and keys rotate in one pass, the attention mask is built once per
+step, and RMSNorm's float32 part is torch's fused `rms_norm` (on CUDA its float32 sum may round
+differently from HF's, far below bf16 resolution).
+
+It reads every weight from the loaded HF modules at call time, so an in-place weight update
+(`/update_weights_from_disk` copies into the existing parameters) reaches this path, and the
+captured graphs, which hold the same storage, too.
+
+Supported: `model_type` llama or qwen2, SiLU activation, full attention in every layer, rotary
+types whose frequencies do not depend on the sequence length (default, linear, llama3, yarn).
+Anything else uses the generic DynamicCache path; `unsupported_reason` says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from slime_meta.backends.local.worker_static_cache import StaticKVCache
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2"})
+# Rotary types whose inverse frequencies are fixed once the model is built (the "dynamic" and
+# "longrope" types rescale with the sequence length, which a fixed table cannot follow).
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+# cuDNN's attention plans anew for every shape and is not needed here; the others are all fine.
+_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_LAYER_MODULES = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why the static path cannot run this model, or None when it can."""
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model type {model_type!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}"
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"activation {getattr(config, 'hidden_act', None)!r} is not silu"
+    layer_types = getattr(config, "layer_types", None) or ()
+    if any(layer_type != "full_attention" for layer_type in layer_types):
+        return "some layers use sliding-window attention"
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        return "the model uses sliding-window attention"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1 is not supported"
+    inner = getattr(model, "model", None)
+    rotary = getattr(inner, "rotary_emb", None)
+    if rotary is None or not isinstance(getattr(rotary, "inv_freq", None), torch.Tensor):
+        return "no rotary embedding module with inv_freq"
+    if getattr(rotary, "rope_type", None) not in STATIC_ROPE_TYPES:
+        return f"rotary type {getattr(rotary, 'rope_type', None)!r} depends on the sequence length"
+    lm_head = getattr(model, "lm_head", None)
+    if not isinstance(lm_head, torch.nn.Linear) or lm_head.bias is not None:
+        return "lm_head is not a bias-free linear layer"
+    if not getattr(inner, "layers", None):
+        return "the model has no decoder layers"
+    for index, layer in enumerate(inner.layers):
+        for name in _LAYER_MODULES:
+            try:
+                layer.get_submodule(name)
+            except AttributeError:
+                return f"layer {index} has no {name}"
+    return None
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def model_shape(model: torch.nn.Module) -> ModelShape:
+    config = model.config
+    first_attention = model.model.layers[0].self_attn
+    num_heads = config.num_attention_heads
+    head_dim = first_attention.head_dim
+    return ModelShape(
+        num_layers=len(model.model.layers),
+        num_heads=num_heads,
+        num_kv_heads=config.num_key_value_heads or num_heads,
+        head_dim=head_dim,
+        vocab_size=model.lm_head.weight.shape[0],
+        dtype=model.lm_head.weight.dtype,
+        device=model.lm_head.weight.device,
+    )
+
+
+def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """HF's RMSNorm: normalise in float32, cast back, then scale (the cast comes before the weight).
+
+    torch's `rms_norm` does the float32 part in one kernel on CUDA instead of five.
+    """
+    normalised = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
+    return norm.weight * normalised.to(x.dtype)
+
+
+def _linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """HF's `x * cos + rotate_half(x) * sin`, where rotate_half(x) = (-x2, x1).
+
+    (x2, x1) is a roll by half the head, and the minus sign lives in `signed_sin` = (-sin1, sin2):
+    negating a factor is exact, so every element is the same product and sum as HF's.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+class StaticDecoder:
+    """Prefill and single-token decode of a loaded HF Llama/Qwen2 model over a `StaticKVCache`."""
+
+    def __init__(self, model: torch.nn.Module, cache: StaticKVCache):
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"static decoding is not supported: {reason}")
+        self.model = model
+        self.cache = cache
+        self.shape = model_shape(model)
+        self._inner = model.model
+        self._layers = list(model.model.layers)
+        self._scaling = self._layers[0].self_attn.scaling
+        device = self.shape.device
+        self.cos_P_D, self.signed_sin_P_D = self._rotary_tables(cache.capacity)
+        self._positions_T = torch.arange(cache.capacity, device=device)
+        self._slots_S = torch.arange(cache.num_slots, device=device)
+
+    def _rotary_tables(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin (see `_apply_rotary`) for every position the cache can hold, computed
+        as HF computes cos/sin per step."""
+        rotary = self._inner.rotary_emb
+        positions_P = torch.arange(capacity, device=self.shape.device)
+        inv_freq = rotary.inv_freq.to(device=self.shape.device, dtype=torch.float)
+        freqs_P_half = positions_P[:, None].float() * inv_freq
+        angles_P_D = torch.cat((freqs_P_half, freqs_P_half), dim=-1)
+        scaling = rotary.attention_scaling
+        cos_P_D = (angles_P_D.cos() * scaling).to(self.shape.dtype)
+        sin_P_D = (angles_P_D.sin() * scaling).to(self.shape.dtype)
+        half = sin_P_D.shape[-1] // 2
+        return cos_P_D, torch.cat((-sin_P_D[:, :half], sin_P_D[:, half:]), dim=-1)
+
+    def _mlp(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        mlp = layer.mlp
+        return _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return _linear(_rms_norm(hidden, self._inner.norm), self.model.lm_head)
+
+    # ----- prefill ---------------------------------------------------------------------------
+
+    def prefill(self, input_ids_N_L: torch.Tensor, lengths_N: torch.Tensor, slots_N: torch.Tensor) -> torch.Tensor:
+        """Run right-padded prompts from position 0, store their keys/values in `slots_N`.
+
+        Returns the logits after each prompt's last real token, (N, V). Positions past a row's
+        length hold padding in the cache; they are never attended to and later steps overwrite them.
+        """
+        with sdpa_kernel(_ATTENTION_BACKENDS):
+            return self._prefill(input_ids_N_L, lengths_N, slots_N)
+
+    def _prefill(self, input_ids_N_L: torch.Tensor, lengths_N: torch.Tensor, slots_N: torch.Tensor) -> torch.Tensor:
+        s = self.shape
+        num_rows, width = input_ids_N_L.shape
+        if width > self.cache.capacity:
+            raise ValueError(f"prompt of {width} tokens exceeds the static cache ({self.cache.capacity})")
+        cos_L_D, sin_L_D = self.cos_P_D[:width], self.signed_sin_P_D[:width]
+        equal_lengths = bool((lengths_N == width).all())
+        mask_N_1_L_L = None
+        if not equal_lengths:
+            causal_L_L = self._positions_T[:width, None] >= self._positions_T[None, :width]
+            real_keys_N_L = self._positions_T[None, :width] < lengths_N[:, None]
+            mask_N_1_L_L = (causal_L_L[None] & real_keys_N_L[:, None, :])[:, None]
+        hidden_N_L_E = self._inner.embed_tokens(input_ids_N_L)
+        for index, layer in enumerate(self._layers):
+            attention = layer.self_attn
+            x = _rms_norm(hidden_N_L_E, layer.input_layernorm)
+            q_N_H_L_D = _linear(x, attention.q_proj).view(num_rows, width, s.num_heads, s.head_dim).transpose(1, 2)
+            k_N_K_L_D = _linear(x, attention.k_proj).view(num_rows, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
+            v_N_K_L_D = _linear(x, attention.v_proj).view(num_rows, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
+            q_N_H_L_D = _apply_rotary(q_N_H_L_D, cos_L_D, sin_L_D)
+            k_N_K_L_D = _apply_rotary(k_N_K_L_D, cos_L_D, sin_L_D)
+            self.cache.keys_L_S_K_T_D[index][slots_N, :, :width] = k_N_K_L_D
+            self.cache.values_L_S_K_T_D[index][slots_N, :, :width] = v_N_K_L_D
+            # Prefill runs once per request, so repeating the kv heads (as HF does) costs little.
+            k_N_H_L_D = k_N_K_L_D.repeat_interleave(s.group_size, dim=1)
+            v_N_H_L_D = v_N_K_L_D.repeat_interleave(s.group_size, dim=1)
+            attended_N_H_L_D = F.scaled_dot_product_attention(
+                q_N_H_L_D,
+                k_N_H_L_D,
+                v_N_H_L_D,
+                attn_mask=mask_N_1_L_L,
+                is_causal=mask_N_1_L_L is None,
+                scale=self._scaling,
+            )
+            attended_N_L_HD = attended_N_H_L_D.transpose(1, 2).reshape(num_rows, width, s.num_heads * s.head_dim)
+            hidden_N_L_E = hidden_N_L_E + _linear(attended_N_L_HD, attention.o_proj)
+            hidden_N_L_E = hidden_N_L_E + self._mlp(layer, _rms_norm(hidden_N_L_E, layer.post_attention_layernorm))
+        last_N_E = hidden_N_L_E[torch.arange(num_rows, device=hidden_N_L_E.device), lengths_N - 1]
+        return self._logits(last_N_E)
+
+    # ----- decode ----------------------------------------------------------------------------
+
+    def decode(self, token_ids_B: torch.Tensor, positions_B: torch.Tensor, attended: int) -> torch.Tensor:
+        """One new token for each of the slots 0..B-1; returns their logits, (B, V).
+
+        `positions_B[i]` is slot i's position of the new token, which is also how many tokens
+        the slot already holds; the token's key/value is written there before attending.
+        `attended` (a Python int, fixed per captured graph) bounds the key columns read, and must
+        exceed every position in `positions_B`. No host synchronisation happens here.
+        """
+        with sdpa_kernel(_ATTENTION_BACKENDS):
+            return self._decode(token_ids_B, positions_B, attended)
+
+    def _decode(self, token_ids_B: torch.Tensor, positions_B: torch.Tensor, attended: int) -> torch.Tensor:
+        s = self.shape
+        rows = token_ids_B.shape[0]
+        slots_B = self._slots_S[:rows]
+        cos_B_1_D = self.cos_P_D[positions_B][:, None, :]
+        sin_B_1_D = self.signed_sin_P_D[positions_B][:, None, :]
+        # Key column t is visible to a row when t <= its new position; an additive mask made once
+        # here rather than converted from booleans in every layer.
+        hidden_columns_B_T = self._positions_T[None, :attended] > positions_B[:, None]
+        mask_B_1_1_T = torch.zeros(hidden_columns_B_T.shape, dtype=s.dtype, device=s.device).masked_fill(
+            hidden_columns_B_T, float("-inf")
+        )[:, None, None, :]
+        hidden_B_E = self._inner.embed_tokens(token_ids_B)
+        for index, layer in enumerate(self._layers):
+            attention = layer.self_attn
+            x = _rms_norm(hidden_B_E, layer.input_layernorm)
+            q_B_H_D = _linear(x, attention.q_proj).view(rows, s.num_heads, s.head_dim)
+            k_B_K_D = _linear(x, attention.k_proj).view(rows, s.num_kv_heads, s.head_dim)
+            rotated_B_HK_D = _apply_rotary(torch.cat((q_B_H_D, k_B_K_D), dim=1), cos_B_1_D, sin_B_1_D)
+            q_B_H_D, k_B_K_D = rotated_B_HK_D[:, : s.num_heads], rotated_B_HK_D[:, s.num_heads :]
+            v_B_K_D = _linear(x, attention.v_proj).view(rows, s.num_kv_heads, s.head_dim)
+            keys_S_K_T_D = self.cache.keys_L_S_K_T_D[index]
+            values_S_K_T_D = self.cache.values_L_S_K_T_D[index]
+            keys_S_K_T_D[slots_B, :, positions_B] = k_B_K_D
+            values_S_K_T_D[slots_B, :, positions_B] = v_B_K_D
+            # Grouped-query attention without copying keys: the G query heads that share a kv
+            # head become G query positions against that head's keys.
+            q_B_K_G_D = q_B_H_D.view(rows, s.num_kv_heads, s.group_size, s.head_dim)
+            attended_B_K_G_D = F.scaled_dot_product_attention(
+                q_B_K_G_D,
+                keys_S_K_T_D[:rows, :, :attended],
+                values_S_K_T_D[:rows, :, :attended],
+                attn_mask=mask_B_1_1_T,
+                scale=self._scaling,
+            )
+            attended_B_HD = attended_B_K_G_D.reshape(rows, s.num_heads * s.head_dim)
+            hidden_B_E = hidden_B_E + _linear(attended_B_HD, attention.o_proj)
+            hidden_B_E = hidden_B_E + self._mlp(layer, _rms_norm(hidden_B_E, layer.post_attention_layernorm))
+        return self._logits(hidden_B_E)
