@@ -7,19 +7,22 @@ Implementations, all at the same size in one run:
 - naive: float32 over the full vocabulary, TRL GKD style (upcast both logits, log_softmax both,
   mixture by logsumexp, elementwise KL, sum, mean); for the 3-channel loss the same style for the
   token log-probs (log_softmax + gather), the PPO-clip GRPO term and the DPO term.
-- project: `slime_meta.losses` as the trainer calls it (`generalized_jsd`, `sequence_logps`,
-  `policy_loss`, `dpo_loss`, `total_loss`), at each `--chunk-sizes` value and unchunked.
-- fused (GPU, needs Triton): `benchmarks/fused_jsd.py`, candidate Triton kernels: the JSD alone
-  (a few block/warp settings), and one kernel for the 3-channel loss's per-token work (target
-  log-probs and JSD from one read, one gradient write).
+- project: `slime_meta.losses` as callers use it, default backend ("auto": the fused Triton
+  kernels on CUDA when Triton imports, the torch code otherwise): `generalized_jsd`; for the
+  3-channel loss `sequence_logps` + `generalized_jsd` (two calls, two gradient tensors) and
+  `token_logps_and_jsd` (one call, one gradient write), each with `policy_loss`, `dpo_loss` and
+  `total_loss`.
+- project torch code: the same functions with `backend="torch"` (chunked, `--chunk-sizes`), the
+  path taken on CPU, for `top_k`, or without Triton.
 
 Correctness first: on fresh random logits each implementation's loss and student gradient are
 compared with a float64 reference (textbook formulas in float64, chunked over rows with
 activation checkpointing; written here, independent of the code under test), gradients on a
-random subset of rows; every gradient must be finite. Then timing on another draw: CUDA events,
-warm-up runs, the median of `--reps`; peak memory beyond the inputs from
-`torch.cuda.max_memory_allocated` over one forward+backward (the bf16 student gradient, which
-any implementation must write, is included).
+random subset of rows; every gradient must be finite; `correct` is true when the loss is within
+1e-4 relative and the gradient within 1e-2 relative (bf16 rounding of the written gradient is
+about 2e-3). Then timing on another draw: CUDA events, warm-up runs, the median of `--reps`;
+peak memory beyond the inputs from `torch.cuda.max_memory_allocated` over one forward+backward
+(the bf16 student gradient, which any implementation must write, is included).
 The floor: bytes that must move (read student and teacher logits once, write the gradient once)
 over the device-to-device copy bandwidth measured in the same run.
 """
@@ -41,16 +44,18 @@ import torch.nn.functional as F
 from slime_meta.losses import (
     ThreeChannelInputs,
     dpo_loss,
+    fused,
     generalized_jsd,
     policy_loss,
     sequence_logps,
+    token_logps_and_jsd,
     total_loss,
 )
 
 BETA_JSD, TEMPERATURE = 0.5, 1.0
 ALPHA_SDPO, BETA_DPO, DPO_BETA = 1.0, 0.1, 0.1
 TARGETS = {"memory_vs_naive": 0.1, "time_vs_floor": 5.0}
-FUSED_VARIANTS = [(4096, 8), (8192, 16), (2048, 4), (8192, 8), (4096, 4)]  # (block, warps); the first is the default
+CORRECT = {"loss_rel": 1e-4, "grad_rel": 1e-2}
 OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
@@ -75,7 +80,7 @@ def old_logps(x: dict[str, torch.Tensor]) -> torch.Tensor:
     """Behaviour log-probs near the current ones (ratios near 1, some clipped): fixed per input."""
     if "old_logp" not in x:
         with torch.no_grad():
-            logp = sequence_logps(x["student"], x["tokens"], x["mask"], chunk_size=256).token_logps.float()
+            logp = sequence_logps(x["student"], x["tokens"], x["mask"], chunk_size=256, backend="torch").token_logps.float()
             g = torch.Generator(device=logp.device).manual_seed(1)
             x["old_logp"] = logp + 0.1 * torch.randn(logp.shape, device=logp.device, generator=g)
     return x["old_logp"]
@@ -113,57 +118,38 @@ def naive_three_channel(x: dict[str, torch.Tensor]) -> torch.Tensor:
     return grpo + ALPHA_SDPO * jsd + BETA_DPO * dpo
 
 
-def project_jsd(chunk: int | None) -> Callable[[dict], torch.Tensor]:
+def project_jsd(chunk: int | None, backend: str = "auto") -> Callable[[dict], torch.Tensor]:
     def run(x: dict) -> torch.Tensor:
         return generalized_jsd(x["student"], x["teacher"], x["mask"], beta=BETA_JSD, temperature=TEMPERATURE,
-                               chunk_size=chunk).loss  # fmt: skip
+                               chunk_size=chunk, backend=backend).loss  # fmt: skip
 
     return run
 
 
-def project_three_channel(chunk: int | None, jsd: Callable[[dict], torch.Tensor] | None = None):
+def _three_channel_total(x: dict, token_logps_B_T: torch.Tensor, seq_logps_B: torch.Tensor, sdpo: torch.Tensor) -> torch.Tensor:
+    grpo = policy_loss(token_logps_B_T, old_logps(x), x["advantages"], x["mask"], eps_clip=0.2).loss
+    half = seq_logps_B.shape[0] // 2
+    dpo = dpo_loss(seq_logps_B[:half], seq_logps_B[half:], x["ref_seq"][:half], x["ref_seq"][half:], beta=DPO_BETA).loss
+    return total_loss(ThreeChannelInputs(grpo=grpo, sdpo_jsd=sdpo, replay_dpo=dpo), alpha=ALPHA_SDPO, beta=BETA_DPO).loss
+
+
+def project_three_channel(chunk: int | None, backend: str = "auto"):
+    """`sequence_logps` and `generalized_jsd`: two calls over the same logits."""
+
     def run(x: dict) -> torch.Tensor:
-        logps = sequence_logps(x["student"], x["tokens"], x["mask"], temperature=TEMPERATURE, chunk_size=chunk)
-        grpo = policy_loss(logps.token_logps, old_logps(x), x["advantages"], x["mask"], eps_clip=0.2).loss
-        sdpo = jsd(x) if jsd is not None else project_jsd(chunk)(x)
-        half = logps.seq_logps.shape[0] // 2
-        dpo = dpo_loss(logps.seq_logps[:half], logps.seq_logps[half:], x["ref_seq"][:half], x["ref_seq"][half:],
-                       beta=DPO_BETA).loss  # fmt: skip
-        return total_loss(ThreeChannelInputs(grpo=grpo, sdpo_jsd=sdpo, replay_dpo=dpo), alpha=ALPHA_SDPO, beta=BETA_DPO).loss
+        logps = sequence_logps(x["student"], x["tokens"], x["mask"], temperature=TEMPERATURE, chunk_size=chunk,
+                               backend=backend)  # fmt: skip
+        sdpo = project_jsd(chunk, backend)(x)
+        return _three_channel_total(x, logps.token_logps, logps.seq_logps, sdpo)
 
     return run
 
 
-def fused_impls(variants: Sequence[tuple[int, int]]) -> tuple[list, list]:
-    """(JSD candidates, 3-channel candidates) from `benchmarks/fused_jsd.py`; empty without Triton."""
-    try:
-        from fused_jsd import fused_generalized_jsd, fused_logp_and_jsd
-    except Exception as error:  # no Triton: the candidates are skipped, the rest still runs
-        print(f"  fused candidates skipped: {type(error).__name__}: {error}", file=sys.stderr)
-        return [], []
-
-    def jsd(block: int, warps: int):
-        return lambda x: fused_generalized_jsd(x["student"], x["teacher"], x["mask"], beta=BETA_JSD,
-                                               temperature=TEMPERATURE, block=block, warps=warps)  # fmt: skip
-
-    def three(block: int, warps: int):
-        def run(x: dict) -> torch.Tensor:
-            logp, jsd_tok = fused_logp_and_jsd(x["student"], x["teacher"], x["tokens"], x["mask"], beta=BETA_JSD,
-                                               temperature=TEMPERATURE, block=block, warps=warps)  # fmt: skip
-            mask = x["mask"]
-            grpo = policy_loss(logp, old_logps(x), x["advantages"], mask, eps_clip=0.2).loss
-            sdpo = (jsd_tok * mask).sum() / mask.sum()
-            seq = (logp * mask).sum(1)
-            half = seq.shape[0] // 2
-            dpo = dpo_loss(seq[:half], seq[half:], x["ref_seq"][:half], x["ref_seq"][half:], beta=DPO_BETA).loss
-            return total_loss(ThreeChannelInputs(grpo=grpo, sdpo_jsd=sdpo, replay_dpo=dpo), alpha=ALPHA_SDPO, beta=BETA_DPO).loss
-
-        return run
-
-    jsd_list = [(f"fused JSD block={b} warps={w} (candidate)", jsd(b, w)) for b, w in variants]
-    b, w = variants[0]
-    three_list = [(f"fused logp+JSD block={b} warps={w} (candidate)", three(b, w))]
-    return jsd_list, three_list
+def project_three_channel_combined(x: dict) -> torch.Tensor:
+    """`token_logps_and_jsd`: one call, one gradient write on the fused path."""
+    logps, jsd = token_logps_and_jsd(x["student"], x["teacher"], x["tokens"], x["mask"], beta=BETA_JSD,
+                                     temperature=TEMPERATURE)  # fmt: skip
+    return _three_channel_total(x, logps.token_logps, logps.seq_logps, jsd.loss)
 
 
 # ----------------------------------------------------------------------------- float64 reference
@@ -259,11 +245,14 @@ def check(fn: Callable[[dict], torch.Tensor], x: dict, ref_loss: float, ref_rows
     got = grad.reshape(-1, V).index_select(0, rows).double()
     x["student"].grad = None
     diff = got - ref_rows
+    grad_rel = float(diff.norm() / ref_rows.norm().clamp_min(1e-300))
+    loss_abs = abs(float(loss) - ref_loss)
     return {
+        "correct": finite and loss_abs <= CORRECT["loss_rel"] * max(1.0, abs(ref_loss)) and grad_rel <= CORRECT["grad_rel"],
         "loss": float(loss),
-        "loss_abs_err": abs(float(loss) - ref_loss),
+        "loss_abs_err": loss_abs,
         "grad_max_abs_err": float(diff.abs().max()),
-        "grad_rel_err": float(diff.norm() / ref_rows.norm().clamp_min(1e-300)),
+        "grad_rel_err": grad_rel,
         "grad_max_abs_ref": float(ref_rows.abs().max()),
         "grad_finite": finite,
     }
@@ -336,21 +325,20 @@ def run(args: argparse.Namespace) -> dict:
     print(f"  copy bandwidth {bandwidth / 1e12:.2f} TB/s; floor {floor_ms:.2f} ms for {logits_bytes / 1e9:.2f} GB of logits",
           file=sys.stderr)  # fmt: skip
 
-    fused_jsd, fused_three = fused_impls(FUSED_VARIANTS) if device.type == "cuda" and not args.no_fused else ([], [])
+    kernels = device.type == "cuda" and fused.kernels_usable(torch.empty(1, device=device))
+    report["fused_kernels"] = kernels
+    if device.type == "cuda" and not kernels:
+        print(f"  fused kernels unavailable: {getattr(fused.kernels, 'import_error', '?')}", file=sys.stderr)
+    project = "project (fused kernel)" if kernels else "project (torch code: no kernels here)"
     groups: dict[str, list[tuple[str, Callable, Callable]]] = {"jsd": [], "three_channel": []}
     groups["jsd"].append(("naive fp32 (TRL GKD style)", lambda x: naive_jsd(x["student"], x["teacher"], x["mask"]), None))
     groups["three_channel"].append(("naive fp32", naive_three_channel, None))
+    groups["jsd"].append((f"{project} generalized_jsd", project_jsd(None), None))
+    groups["three_channel"].append((f"{project} token_logps_and_jsd, one gradient", project_three_channel_combined, None))
+    groups["three_channel"].append((f"{project} sequence_logps + generalized_jsd", project_three_channel(None), None))
     for chunk in args.chunk_sizes:
-        groups["jsd"].append((f"project chunk={chunk}", project_jsd(chunk), None))
-        groups["three_channel"].append((f"project chunk={chunk}", project_three_channel(chunk), None))
-    if not args.skip_unchunked:
-        groups["jsd"].append(("project unchunked", project_jsd(None), None))
-    groups["jsd"] += [(name, fn, None) for name, fn in fused_jsd]
-    groups["three_channel"] += [(name, fn, None) for name, fn in fused_three]
-    if fused_jsd:
-        groups["three_channel"].append(
-            ("project chunk=1024, JSD fused (candidate)", project_three_channel(1024, fused_jsd[0][1]), None)
-        )
+        groups["jsd"].append((f"project torch code chunk={chunk}", project_jsd(chunk, "torch"), None))
+        groups["three_channel"].append((f"project torch code chunk={chunk}", project_three_channel(chunk, "torch"), None))
     references = {"jsd": reference_jsd64, "three_channel": reference_three_channel64}
 
     results: dict[str, Any] = {}
@@ -400,6 +388,14 @@ def run(args: argparse.Namespace) -> dict:
         free(device)
     report["results"] = results
     report["targets"] = TARGETS
+    report["all_correct"] = all(e["check"].get("correct", False) for g in results.values() for e in g.values())
+    report["meets"] = {
+        group: {name: {"time_vs_floor": e.get("x_floor") is not None and e["x_floor"] <= TARGETS["time_vs_floor"],
+                       "memory_vs_naive": e.get("memory_vs_naive") is not None
+                       and e["memory_vs_naive"] <= TARGETS["memory_vs_naive"]}
+                for name, e in entries.items() if name.startswith("project (fused")}
+        for group, entries in results.items()
+    }  # fmt: skip
     return report
 
 
@@ -412,13 +408,14 @@ def print_table(report: dict) -> None:
             rows.append([group if i == 0 else "", name, e.get("ms"), e.get("x_floor"),
                          None if peak is None else peak / 1e9, e.get("memory_vs_naive"),
                          c.get("loss_abs_err"), c.get("grad_max_abs_err"), c.get("grad_rel_err"),
-                         e.get("error") or c.get("error") or ("" if c.get("grad_finite") else "NON-FINITE GRAD")])  # fmt: skip
+                         e.get("error") or c.get("error") or ("" if c.get("correct") else "INCORRECT")])  # fmt: skip
     st = report["settings"]
     print(f"\nlosses: {st['tokens']} tokens x vocab {st['vocab']}, bf16 logits ({report['logits_gb']:.2f} GB each), "
           f"{report['device']}; floor {report['floor_ms']:.2f} ms at {report['copy_bandwidth_tb_s']:.2f} TB/s; "
           f"errors vs float64 ({st['check_rows']} gradient rows)")  # fmt: skip
     print(C.table(rows, ["loss", "implementation", "fwd+bwd ms", "x floor", "extra GB", "mem/naive",
                          "loss err", "grad max err", "grad rel err", "note"]))  # fmt: skip
+    print(f"all correct: {report['all_correct']}; meets: {report['meets']}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -426,9 +423,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--batch", type=int, default=8, help="sequences (the 3-channel loss pairs them for DPO)")
-    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
-    p.add_argument("--skip-unchunked", action="store_true")
-    p.add_argument("--no-fused", action="store_true")
+    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[256], help="chunk sizes of the torch code measured")
     p.add_argument("--check-rows", type=int, default=256, help="gradient rows compared with float64")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=7)
@@ -438,7 +433,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.tiny:
-        args.tokens, args.vocab, args.chunk_sizes, args.check_rows, args.reps, args.warmup = 256, 2048, [64, 128], 32, 2, 1
+        args.tokens, args.vocab, args.chunk_sizes, args.check_rows, args.reps, args.warmup = 256, 2048, [64], 32, 2, 1
     return args
 
 

@@ -22,9 +22,10 @@ cat "$OUT/gpu_env.txt"
 
 # Each under its own time limit, so one that hangs leaves the others their time; the trainer
 # (last: it compiles) writes its JSON after every configuration.
-timeout "${LOSSES_TIMEOUT:-110}" $PY benchmarks/losses.py --out "$OUT/losses.json" > "$OUT/losses.log" 2>&1
+timeout "${LOSSES_TIMEOUT:-150}" $PY benchmarks/losses.py --out "$OUT/losses.json" > "$OUT/losses.log" 2>&1
 echo "losses rc=$?"; tail -n 22 "$OUT/losses.log"
 timeout "${GENERATION_TIMEOUT:-140}" $PY benchmarks/generation.py --out "$OUT/generation.json" > "$OUT/generation.log" 2>&1
 echo "generation rc=$?"; tail -n 12 "$OUT/generation.log"
-timeout "${TRAINER_TIMEOUT:-150}" $PY benchmarks/trainer.py --out "$OUT/trainer.json" > "$OUT/trainer.log" 2>&1
+TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache} \
+  timeout "${TRAINER_TIMEOUT:-300}" $PY benchmarks/trainer.py --out "$OUT/trainer.json" > "$OUT/trainer.log" 2>&1
 echo "trainer rc=$?"; tail -n 14 "$OUT/trainer.log"

@@ -7,18 +7,26 @@ Model: random init from Qwen2.5-0.5B's configuration (24 layers, hidden 896, 14 
 heads, FFN 4864, vocab 151,936, tied embeddings; 494M parameters), saved once and loaded by
 each configuration. In one run, each with float32 master weights and bf16 autocast:
 - plain: HF `model(input_ids, labels=...)` + `torch.optim.AdamW`, the whole batch at once;
-- local_trainer: the project's `LocalTrainer.train_step` on `TeacherSample`s (prompt +
-  response ids, behaviour log-probs, advantages), at each `--micro-batches` size;
-- candidate: `benchmarks/fast_train_step.py`, a leaner step with the same loss (see there);
-  with `--compile`, also with its decoder layers compiled.
+- LocalTrainer: the project's `LocalTrainer.train_step` on `TeacherSample`s (prompt + response
+  ids, behaviour log-probs, advantages) at each `--micro-batches` size, and with its decoder
+  layers compiled (`compile_layers=True`, `--compile-layers` in train.py) at each
+  `--compile-micro-batches` size (GPU only). `warmup_s` is the first step's time (the compile
+  falls there; the timed steps follow it). After the timed steps
+  of the compiled micro-batch `--shape-change-micro`, steps on new sequence lengths (equal, then
+  padded) show what recompiling costs (`shape_changes`).
 tokens/s counts every token of every sequence; MFU = tokens/s x FLOPs per token / the bf16
 matmul rate measured on the same card in the same run (an 8192^3 product), with FLOPs per token
 = 6 N (N: parameters in matmuls; the tied embedding counted once, as the output projection) +
-6 L T d (attention scores and values, causal: half of 12 L T d). Peak memory: the largest
-`torch.cuda.max_memory_allocated` over the timed steps (weights and optimizer state included).
-Correctness first: every configuration's loss and gradient norm must be finite, and the
-candidate's PPO loss and pre-clip gradient norm must match LocalTrainer's on the same batch
-(same weights) within bf16 noise.
+6 L T d (attention scores and values, causal: half of 12 L T d). LocalTrainer projects only the
+response positions onto the vocabulary (the prompt's logits are never needed), so it executes
+fewer FLOPs than that count: `hfu` divides the FLOPs it executes instead.
+Peak memory: the largest `torch.cuda.max_memory_allocated` over the timed steps (weights and
+optimizer state included).
+Correctness first: every configuration's loss and gradient norm must be finite; LocalTrainer's
+PPO loss and pre-clip gradient norm (learning rate 0) must match a reference step written here
+(full float32 logits / temperature, logsumexp, gather, the project's `policy_loss`) on the same
+batch and weights within bf16 noise (2e-2 relative), and every LocalTrainer configuration's
+first step must match the others' (same weights, same batch).
 """
 
 from __future__ import annotations
@@ -114,24 +122,6 @@ def make_samples(n: int, seq: int, prompt_len: int, vocab: int, seed: int):
     return samples
 
 
-def tensors_for(samples, device: torch.device, micro: int) -> list[tuple]:
-    """Micro-batches for the candidate: (tokens, attention or None, loss mask, rollout logp, advantages)."""
-    out = []
-    for start in range(0, len(samples), micro):
-        chunk = samples[start : start + micro]
-        tokens = torch.tensor([list(s.prompt_ids) + list(s.response_ids) for s in chunk], device=device)
-        B, T = tokens.shape
-        mask = torch.zeros(B, T - 1, device=device)
-        rollout = torch.zeros(B, T - 1, device=device)
-        for row, s in enumerate(chunk):
-            cols = slice(len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + len(s.response_ids))
-            mask[row, cols] = 1.0
-            rollout[row, cols] = torch.tensor(s.rollout_logprobs, device=device)
-        adv = torch.tensor([s.advantage for s in chunk], device=device)
-        out.append((tokens, None, mask, rollout, adv))
-    return out
-
-
 def profile_step(step: Callable[[], dict], device: torch.device, top: int = 12) -> dict[str, Any]:
     """One more step under torch.profiler: the ops that take the most device time, and the CPU's share."""
     from torch.profiler import ProfilerActivity, profile
@@ -150,14 +140,47 @@ def profile_step(step: Callable[[], dict], device: torch.device, top: int = 12) 
                      "calls": e.count})  # fmt: skip
     by_device = sorted(rows, key=lambda r: -r["self_device_ms"])
     by_cpu = sorted(rows, key=lambda r: -r["self_cpu_ms"])
-    return {"wall_ms_profiled": wall_ms, "device_ms_total": sum(r["self_device_ms"] for r in rows),
+    kernels: dict[str, float] = {}
+    for e in prof.key_averages():
+        if str(getattr(e, "device_type", "")).endswith("CUDA"):  # kernels only: no double count with their ops
+            dev = getattr(e, "self_device_time_total", None)
+            dev = getattr(e, "self_cuda_time_total", 0) if dev is None else dev
+            category = kernel_category(e.key)
+            kernels[category] = kernels.get(category, 0.0) + dev / 1000
+    return {"wall_ms_profiled": wall_ms, "kernel_ms_total": sum(kernels.values()),
+            "kernel_ms_by_category": dict(sorted(kernels.items(), key=lambda kv: -kv[1])),
             "top_device": by_device[:top], "top_cpu": by_cpu[:6]}  # fmt: skip
 
 
+def kernel_category(name: str) -> str:
+    """Coarse class of a CUDA kernel by its name: where the step's device time goes."""
+    lowered = name.lower()
+    if "flash" in lowered or "fmha" in lowered or "attention" in lowered:  # before matmul: built on cutlass
+        return "attention"
+    if any(k in lowered for k in ("nvjet", "gemm", "xmma", "cutlass", "sm90_")):
+        return "matmul"
+    if any(k in name for k in ("token_stats_forward", "token_logp_backward", "divergence_")):
+        return "fused loss kernels"
+    if lowered.startswith("triton_"):
+        return "compiled elementwise (inductor)"
+    if "adam" in lowered or "multi_tensor" in lowered:
+        return "optimizer"
+    if "reduce" in lowered or "norm" in lowered:
+        return "reductions (eager)"
+    if "memcpy" in lowered or "memset" in lowered or "copy" in lowered:
+        return "copies"
+    if "elementwise" in lowered or "index" in lowered or "scatter" in lowered or "gather" in lowered:
+        return "elementwise (eager)"
+    return "other"
+
+
 def timed(step: Callable[[], dict], device: torch.device, warmup: int, steps: int, profile: bool = False) -> dict[str, Any]:
+    warmup_s = []
     for _ in range(warmup):
+        t0 = time.perf_counter()
         first = step()
-    sync(device)
+        sync(device)
+        warmup_s.append(time.perf_counter() - t0)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times, metrics = [], []
@@ -167,28 +190,41 @@ def timed(step: Callable[[], dict], device: torch.device, warmup: int, steps: in
         sync(device)
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
-    out = {"step_s": statistics.median(times), "step_s_runs": times, "peak_bytes": peak,
+    out = {"step_s": statistics.median(times), "step_s_runs": times, "warmup_s": warmup_s, "peak_bytes": peak,
            "first_metrics": first if warmup else metrics[0], "last_metrics": metrics[-1]}  # fmt: skip
     if profile:
         out["profile"] = profile_step(step, device)
     return out
 
 
-class NoMaskLocalTrainer:
-    """LocalTrainer whose forward drops an attention mask that masks nothing (a one-line change)."""
+def reference_step(model: torch.nn.Module, samples, device: torch.device, micro: int) -> dict[str, float]:
+    """The PPO loss and pre-clip gradient norm the textbook way: full float32 logits / temperature."""
+    from slime_meta.losses import policy_loss
 
-    @staticmethod
-    def make(base):
-        class _NoMask(base):
-            def _forward(self, model):
-                inner = super()._forward(model)
-
-                def forward(tokens_B_T, attention_B_T):
-                    return inner(tokens_B_T, None if bool(attention_B_T.all()) else attention_B_T)
-
-                return forward
-
-        return _NoMask
+    total = sum(len(s.response_ids) for s in samples)
+    loss_sum = 0.0
+    for start in range(0, len(samples), micro):
+        chunk = samples[start : start + micro]
+        tokens = torch.tensor([list(s.prompt_ids) + list(s.response_ids) for s in chunk], device=device)
+        B, T = tokens.shape
+        mask, rollout = torch.zeros(B, T - 1, device=device), torch.zeros(B, T - 1, device=device)
+        for row, s in enumerate(chunk):
+            cols = slice(len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + len(s.response_ids))
+            mask[row, cols] = 1.0
+            rollout[row, cols] = torch.tensor(s.rollout_logprobs, device=device)
+        advantages = torch.tensor([s.advantage for s in chunk], device=device)
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(input_ids=tokens).logits[:, :-1]
+        scaled = logits.float()  # temperature 1
+        logp = scaled.gather(-1, tokens[:, 1:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+        loss = policy_loss(logp, rollout, advantages, mask, eps_clip=0.2).loss
+        share = float(mask.sum()) / total
+        (loss * share).backward()
+        loss_sum += float(loss.detach()) * share
+        del logits, scaled, logp
+    norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))
+    model.zero_grad(set_to_none=True)
+    return {"loss": loss_sum, "grad_norm": norm}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -218,35 +254,54 @@ def run(args: argparse.Namespace) -> dict:
 
         probe = load()
         fpt, n_params = flops_per_token(probe, args.seq)
+        head_params = probe.get_output_embeddings().weight.numel()
         del probe
-        report.update(flops_per_token=fpt, params=n_params, tokens_per_step=tokens_per_step)
+        # LocalTrainer runs the output projection on response positions only.
+        response_share = (args.seq - args.prompt_len) / args.seq
+        executed_fpt = fpt - 6.0 * head_params * (1.0 - response_share)
+        report.update(flops_per_token=fpt, executed_flops_per_token_local_trainer=executed_fpt, params=n_params,
+                      tokens_per_step=tokens_per_step)  # fmt: skip
 
-        def finish(name: str, entry: dict) -> None:
+        def finish(name: str, entry: dict, executed: float) -> None:
             entry["tokens_per_s"] = tokens_per_step / entry["step_s"]
             entry["mfu"] = entry["tokens_per_s"] * fpt / peak
+            entry["hfu"] = entry["tokens_per_s"] * executed / peak
             results[name] = entry
-            print(f"  {name}: {entry['tokens_per_s']:.0f} tok/s, MFU {entry['mfu']:.3f}, peak "
-                  f"{(entry['peak_bytes'] or 0) / 1e9:.1f} GB", file=sys.stderr, flush=True)  # fmt: skip
+            print(f"  {name}: {entry['tokens_per_s']:.0f} tok/s, MFU {entry['mfu']:.3f} (hfu {entry['hfu']:.3f}), peak "
+                  f"{(entry['peak_bytes'] or 0) / 1e9:.1f} GB, warm-up {entry['warmup_s']}", file=sys.stderr, flush=True)  # fmt: skip
             if "profile" in entry:
                 prof = entry["profile"]
-                print(f"    profiled step: wall {prof['wall_ms_profiled']:.0f} ms, device busy {prof['device_ms_total']:.0f} ms",
-                      file=sys.stderr)  # fmt: skip
-                for r in prof["top_device"][:8]:
+                print(f"    profiled step: wall {prof['wall_ms_profiled']:.0f} ms, kernels {prof['kernel_ms_total']:.0f} ms: "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in prof["kernel_ms_by_category"].items()), file=sys.stderr)  # fmt: skip
+                for r in prof["top_device"][:6]:
                     print(f"      {r['self_device_ms']:8.1f} ms dev {r['self_cpu_ms']:8.1f} ms cpu {r['calls']:6d}x  {r['name']}",
                           file=sys.stderr)  # fmt: skip
                 for r in prof["top_cpu"][:3]:
                     print(f"      cpu-top {r['self_cpu_ms']:8.1f} ms {r['calls']:6d}x  {r['name']}", file=sys.stderr)
 
-        def attempt(name: str, fn: Callable[[], dict]) -> None:
+        def attempt(name: str, fn: Callable[[], dict], executed: float) -> None:
+            dynamo_counters = None
+            if device.type == "cuda":
+                from torch._dynamo.utils import counters as dynamo_counters
+
+                dynamo_counters.clear()
             try:
-                finish(name, fn())
+                entry = fn()
+                if dynamo_counters is not None:  # graphs compiled: one per distinct layer graph
+                    entry["dynamo_stats"] = dict(dynamo_counters["stats"])
+                finish(name, entry, executed)
             except OOM as error:
                 results[name] = {"error": f"out of memory: {str(error)[:200]}"}
                 print(f"  {name}: out of memory", file=sys.stderr, flush=True)
+            except Exception as error:  # a compiler failure is a result, not a crash
+                results[name] = {"error": f"{type(error).__name__}: {str(error)[:400]}"}
+                print(f"  {name}: {results[name]['error']}", file=sys.stderr, flush=True)
             finally:
                 free(device)
                 if args.out:  # what is measured so far survives a timeout later on
                     C.write_json({**report, "results": results, "partial": True}, args.out)
+
+        profile = device.type == "cuda" and not args.no_profile
 
         # plain HF + AdamW, the whole batch at once
         def plain() -> dict:
@@ -263,28 +318,22 @@ def run(args: argparse.Namespace) -> dict:
                 opt.zero_grad(set_to_none=True)
                 return {"loss": float(loss.detach()), "grad_norm": float(norm)}
 
-            return timed(step, device, args.warmup, args.steps, profile=device.type == "cuda" and not args.no_profile)
+            return timed(step, device, args.warmup, args.steps, profile=profile and args.profile_plain)
 
-        attempt("plain HF + AdamW", plain)
+        attempt("plain HF + AdamW", plain, fpt)
 
-        # correctness: LocalTrainer and the candidate compute the same loss and gradient
+        # correctness: LocalTrainer against the reference step, same weights and batch, learning rate 0
         check: dict[str, Any] = {}
         try:
-            trainer = LocalTrainer(str(model_dir), TrainerSettings(lr=0.0, micro_batch_size=args.check_micro,
-                                                                   device=device.type))  # fmt: skip
+            reference = reference_step(load(), check_samples, device, args.check_micro)
+            free(device)
+            trainer = LocalTrainer(str(model_dir), TrainerSettings(lr=0.0, micro_batch_size=args.batch, device=device.type))
             m_local = trainer.train_step(check_samples)
             del trainer
-            free(device)
-            from fast_train_step import FastPolicyStep
-
-            fast = FastPolicyStep(load(), lr=0.0)
-            m_fast = fast.step(tensors_for(check_samples, device, args.check_micro))
-            del fast
-            local_loss = m_local.get("train/pg_loss", m_local.get("train/loss"))
-            check = {"local_trainer_pg_loss": local_loss, "local_trainer_grad_norm": m_local["train/grad_norm"],
-                     "candidate_loss": m_fast["loss"], "candidate_grad_norm": m_fast["grad_norm"]}  # fmt: skip
-            check["loss_rel_diff"] = abs(m_fast["loss"] - local_loss) / max(abs(local_loss), 1e-12)
-            check["grad_norm_rel_diff"] = abs(m_fast["grad_norm"] - m_local["train/grad_norm"]) / m_local["train/grad_norm"]
+            check = {"reference_loss": reference["loss"], "reference_grad_norm": reference["grad_norm"],
+                     "local_trainer_pg_loss": m_local["train/pg_loss"], "local_trainer_grad_norm": m_local["train/grad_norm"]}  # fmt: skip
+            check["loss_rel_diff"] = abs(m_local["train/pg_loss"] - reference["loss"]) / max(abs(reference["loss"]), 1e-12)
+            check["grad_norm_rel_diff"] = abs(m_local["train/grad_norm"] - reference["grad_norm"]) / reference["grad_norm"]
             check["ok"] = check["loss_rel_diff"] < 2e-2 and check["grad_norm_rel_diff"] < 2e-2
         except OOM as error:
             check = {"error": f"out of memory: {str(error)[:200]}", "ok": False}
@@ -292,43 +341,49 @@ def run(args: argparse.Namespace) -> dict:
         report["check"] = check
         print(f"  check: {check}", file=sys.stderr, flush=True)
 
-        profile = device.type == "cuda" and not args.no_profile
-        for micro in args.micro_batches:
-            def local(micro=micro, cls=LocalTrainer) -> dict:
-                trainer = cls(str(model_dir), TrainerSettings(lr=1e-6, micro_batch_size=micro, device=device.type))
-                return timed(lambda: trainer.train_step(samples), device, args.warmup, args.steps,
-                             profile=profile and micro in args.profile_micro)  # fmt: skip
+        def local(micro: int, compiled: bool) -> dict:
+            settings = TrainerSettings(lr=1e-6, micro_batch_size=micro, device=device.type, compile_layers=compiled)
+            trainer = LocalTrainer(str(model_dir), settings)
+            entry = timed(lambda: trainer.train_step(samples), device, args.warmup, args.steps,
+                          profile=profile and (micro, compiled) in args.profile_configs)  # fmt: skip
+            if compiled and micro == args.shape_change_micro:
+                try:
+                    entry["shape_changes"] = shape_changes(trainer)
+                except Exception as error:  # recorded; the timed figures above stand
+                    entry["shape_changes"] = [{"error": f"{type(error).__name__}: {str(error)[:300]}"}]
+            return entry
 
-            attempt(f"LocalTrainer micro-batch {micro}", local)
-        if hasattr(LocalTrainer, "_forward"):
-            for micro in args.nomask_micro_batches:
-                attempt(f"LocalTrainer micro-batch {micro}, no all-ones mask (one-line change)",
-                        lambda micro=micro: local(micro, NoMaskLocalTrainer.make(LocalTrainer)))  # fmt: skip
+        def shape_changes(trainer) -> list[dict]:
+            """Steps on new sequence lengths after the timed ones: what recompiling costs in a run."""
+            from torch._dynamo.utils import counters as dynamo_counters
 
-        def candidate(micro: int, compiled: bool = False) -> dict:
-            from fast_train_step import FastPolicyStep
+            vocab = shape["vocab_size"]
+            plans = [("all 1536", [1536] * args.batch), ("all 1792", [1792] * args.batch),
+                     ("mixed 1200-2048 (padded)", [2048 - 120 * i for i in range(args.batch)]),
+                     ("mixed 1100-1900 (padded)", [1900 - 110 * i for i in range(args.batch)]),
+                     ("all 2048 again", [args.seq] * args.batch)]  # fmt: skip
+            out = []
+            for label, lengths in plans:
+                batch = [make_samples(1, n, n // 2, vocab, seed=100 + i)[0] for i, n in enumerate(lengths)]
+                t0 = time.perf_counter()
+                metrics = trainer.train_step(batch)
+                sync(device)
+                out.append({"lengths": label, "step_s": time.perf_counter() - t0,
+                            "unique_graphs_so_far": dynamo_counters["stats"].get("unique_graphs"),
+                            "finite": metrics["train/grad_norm"] == metrics["train/grad_norm"]})  # fmt: skip
+                print(f"    new shapes {label}: {out[-1]}", file=sys.stderr, flush=True)
+            return out
 
-            fast = FastPolicyStep(load(), lr=1e-6)
-            if compiled:  # identical decoder layers share one compiled graph: compiles once
-                for layer in fast.model.model.layers:
-                    layer.compile()
-            batches = tensors_for(samples, device, micro)
-            return timed(lambda: fast.step(batches), device, args.warmup + (2 if compiled else 0), args.steps,
-                         profile=profile)  # fmt: skip
-
-        for micro in args.candidate_micro_batches:
-            attempt(f"candidate step micro-batch {micro}", lambda micro=micro: candidate(micro))
-        if device.type == "cuda" and args.compile:
-            t0 = time.perf_counter()
-            try:
-                attempt(f"candidate step micro-batch {args.candidate_micro_batches[0]}, compiled layers",
-                        lambda: candidate(args.candidate_micro_batches[0], compiled=True))  # fmt: skip
-            except Exception as error:  # a compiler failure is a result, not a crash
-                results["candidate compiled"] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
-            report["compile_and_run_s"] = time.perf_counter() - t0
+        configs = [(m, False) for m in args.micro_batches]
+        if device.type == "cuda" and not args.no_compile:  # last: a compile that overruns costs only itself
+            configs += [(m, True) for m in args.compile_micro_batches]
+        for micro, compiled in configs:
+            name = f"LocalTrainer micro-batch {micro}" + (", compiled layers" if compiled else "")
+            attempt(name, lambda micro=micro, compiled=compiled: local(micro, compiled), executed_fpt)
 
     plain_peak = results.get("plain HF + AdamW", {}).get("peak_bytes")
-    for entry in results.values():
+    firsts = []
+    for name, entry in results.items():
         if entry.get("peak_bytes") and plain_peak:
             entry["memory_vs_plain"] = entry["peak_bytes"] / plain_peak
         metrics = [entry.get("first_metrics", {}), entry.get("last_metrics", {})]
@@ -336,6 +391,14 @@ def run(args: argparse.Namespace) -> dict:
             isinstance(v, float) and v == v and abs(v) != float("inf")
             for m in metrics for k, v in m.items() if k in ("loss", "grad_norm", "train/loss", "train/grad_norm")
         )  # fmt: skip
+        if name.startswith("LocalTrainer") and "first_metrics" in entry:
+            firsts.append((entry["first_metrics"]["train/loss"], entry["first_metrics"]["train/grad_norm"]))
+    if firsts:  # every configuration's first step: same weights, same batch
+        loss0, norm0 = firsts[0]
+        check["configs_first_step_max_rel_diff"] = max(
+            max(abs(l - loss0) / max(abs(loss0), 1e-12), abs(n - norm0) / max(norm0, 1e-12)) for l, n in firsts
+        )
+        check["ok"] = check.get("ok", False) and check["configs_first_step_max_rel_diff"] < 2e-2
     report["results"] = results
     report["targets"] = TARGETS
     return report
@@ -345,14 +408,15 @@ def print_table(report: dict) -> None:
     rows = []
     for name, e in report["results"].items():
         peak = e.get("peak_bytes")
-        rows.append([name, e.get("tokens_per_s"), e.get("mfu"), None if peak is None else peak / 1e9,
-                     e.get("memory_vs_plain"), e.get("error") or ("" if e.get("finite") else "NON-FINITE")])  # fmt: skip
+        rows.append([name, e.get("tokens_per_s"), e.get("mfu"), e.get("hfu"), None if peak is None else peak / 1e9,
+                     e.get("memory_vs_plain"), (e.get("warmup_s") or [None])[0],
+                     e.get("error") or ("" if e.get("finite") else "NON-FINITE")])  # fmt: skip
     st = report["settings"]
     print(f"\ntrainer: {'tiny' if st['tiny'] else 'Qwen2.5-0.5B'} shape ({report['params'] / 1e6:.0f}M params), "
           f"{st['batch']} x {st['seq']} tokens per step, {report['device']}; MFU against "
           f"{report['matmul_peak_tflops']:.0f} TFLOP/s measured; {report['flops_per_token'] / 1e9:.2f} GFLOP/token; "
-          f"check candidate vs LocalTrainer: {report['check']}")  # fmt: skip
-    print(C.table(rows, ["step", "tokens/s", "MFU", "peak GB", "mem/plain", "note"]))
+          f"check: {report['check']}")  # fmt: skip
+    print(C.table(rows, ["step", "tokens/s", "MFU", "hfu", "peak GB", "mem/plain", "first step s", "note"]))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -361,24 +425,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--prompt-len", type=int, default=1024, help="prompt part of each sequence (no loss there)")
     p.add_argument("--batch", type=int, default=8, help="sequences per optimizer step")
-    p.add_argument("--micro-batches", type=int, nargs="+", default=[8, 4, 2, 1])
-    p.add_argument("--candidate-micro-batches", type=int, nargs="+", default=[8])
-    p.add_argument("--nomask-micro-batches", type=int, nargs="+", default=[4, 1])
-    p.add_argument("--profile-micro", type=int, nargs="+", default=[4, 1], help="LocalTrainer micro-batches profiled")
+    p.add_argument("--micro-batches", type=int, nargs="+", default=[8, 4], help="LocalTrainer, eager layers")
+    p.add_argument("--compile-micro-batches", type=int, nargs="+", default=[8, 4], help="LocalTrainer, compiled layers")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled configurations")
+    p.add_argument("--shape-change-micro", type=int, default=8,
+                   help="after this compiled configuration, steps on new sequence lengths (0: none)")  # fmt: skip
+    p.add_argument("--profile-configs", type=lambda x: tuple(int(v) for v in x.split(",")), nargs="*",
+                   default=[(8, 1), (8, 0)], help="MICRO,COMPILED pairs profiled (one extra step each)")  # fmt: skip
+    p.add_argument("--profile-plain", action="store_true")
     p.add_argument("--no-profile", action="store_true")
-    p.add_argument("--compile", action="store_true",
-                   help="also the candidate with compiled decoder layers (did not finish in 150 s on the H100)")
-    p.add_argument("--check-micro", type=int, default=2)
+    p.add_argument("--check-micro", type=int, default=2, help="micro-batch of the float32-logits reference step")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--matmul-n", type=int, default=8192)
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    args.profile_configs = [(m, bool(c)) for m, c in args.profile_configs]
     if args.tiny:
-        args.seq, args.prompt_len, args.batch, args.micro_batches, args.candidate_micro_batches = 64, 32, 4, [4, 2], [4]
-        args.nomask_micro_batches = [2]
-        args.matmul_n, args.check_micro = 256, 2
+        args.seq, args.prompt_len, args.batch, args.micro_batches, args.compile_micro_batches = 64, 32, 4, [4, 2], [4]
+        args.matmul_n, args.check_micro, args.shape_change_micro = 256, 2, 0
     return args
 
 

@@ -8,7 +8,8 @@ Conventions shared by every function:
 * Masks are non-zero (or True) on tokens that count (response tokens); values at masked-out
   positions are ignored. A reduction over an empty mask gives 0, not NaN.
 * Computation is float32 (float64 stays float64) whatever the input dtype; bf16 logits are
-  upcast chunk by chunk when `chunk_size` is given.
+  upcast chunk by chunk when `chunk_size` is given. On CUDA the vocabulary-wide functions run
+  fused Triton kernels when Triton imports (`fused.py`; `backend=` chooses), else this code.
 * Reference, old-policy, rollout and teacher quantities are detached; metrics are detached
   scalar tensors (no host sync is forced by this module beyond mask indexing).
 * Logits at position t score the token at position t: callers do the causal shift.
@@ -16,10 +17,17 @@ Conventions shared by every function:
 
 from .advantages import context_distillation_advantages, grpo_advantages
 from .combine import ThreeChannelInputs, TotalLossOutput, total_loss
-from .distill import JSDOutput, generalized_jsd
+from .distill import JSDOutput, generalized_jsd, token_logps_and_jsd
 from .policy import KLPenaltyOutput, PolicyLossOutput, kl_penalty, policy_loss
 from .preference import DPOOutput, dpo_loss
-from .token_stats import EntropyOutput, SequenceLogpsOutput, entropy_from_logits, sequence_logps
+from .token_stats import (
+    EntropyOutput,
+    SequenceLogpsOutput,
+    TokenLogpsOutput,
+    entropy_from_logits,
+    sequence_logps,
+    token_logps,
+)
 
 __all__ = [
     "DPOOutput",
@@ -29,6 +37,7 @@ __all__ = [
     "PolicyLossOutput",
     "SequenceLogpsOutput",
     "ThreeChannelInputs",
+    "TokenLogpsOutput",
     "TotalLossOutput",
     "context_distillation_advantages",
     "dpo_loss",
@@ -38,5 +47,7 @@ __all__ = [
     "kl_penalty",
     "policy_loss",
     "sequence_logps",
+    "token_logps",
+    "token_logps_and_jsd",
     "total_loss",
 ]

@@ -9,7 +9,16 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from ._common import as_bool_mask, masked_extreme, masked_mean, rowwise, scatter_rows, selected_rows
+from . import fused
+from ._common import (
+    as_bool_mask,
+    masked_extreme,
+    masked_mean,
+    rowwise,
+    scatter_rows,
+    selected_rows,
+)
+from .token_stats import SequenceLogpsOutput, sequence_logps
 
 
 @dataclass
@@ -46,6 +55,25 @@ def _jsd_rows(student_c_V: Tensor, teacher_c_V: Tensor, beta: float, temperature
     return beta * _kl_rows(logp_t, logp_m) + (1.0 - beta) * _kl_rows(logp_s, logp_m)
 
 
+def _check_jsd_args(student_logits: Tensor, teacher_logits: Tensor, beta: float, temperature: float,
+                    top_k: int | None, token_clip: float | None) -> int | None:  # fmt: skip
+    """Validate; returns `top_k`, or None when it keeps every id (identical to the full distribution)."""
+    if student_logits.shape != teacher_logits.shape or student_logits.dim() < 2:
+        raise ValueError(
+            f"student and teacher logits must have the same [..., V] shape, got "
+            f"{tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}"
+        )
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k is not None and not (isinstance(top_k, int) and 1 <= top_k):
+        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+    if token_clip is not None and token_clip < 0:
+        raise ValueError(f"token_clip must be >= 0, got {token_clip}")
+    return None if top_k is not None and top_k >= student_logits.shape[-1] else top_k
+
+
 def generalized_jsd(
     student_logits: Tensor,
     teacher_logits: Tensor,
@@ -55,6 +83,7 @@ def generalized_jsd(
     top_k: int | None = None,
     token_clip: float | None = None,
     chunk_size: int | None = None,
+    backend: str = "auto",
 ) -> JSDOutput:
     """Generalised JSD per token, summed over the vocabulary, averaged over masked tokens.
 
@@ -82,29 +111,24 @@ def generalized_jsd(
     float32 rounding. Measured on an H100 (torch 2.11), N=8192, V=151936, bf16, beta=0.5,
     forward+backward, memory beyond the inputs: chunk 512: 6.1 GiB / 183 ms; chunk 1024:
     9.9 GiB / 181 ms; unchunked: 49.8 GiB / 128 ms (the bf16 gradient alone is 2.3 GiB).
+    `backend`: "auto" runs the fused Triton kernel (`fused.py`; `chunk_size` is then moot, no
+    float32 temporary is made) on CUDA tensors when Triton imports and `top_k` is None, else
+    this torch code; "torch" or "triton" force one.
     """
-    if student_logits.shape != teacher_logits.shape or student_logits.dim() < 2:
-        raise ValueError(
-            f"student and teacher logits must have the same [..., V] shape, got "
-            f"{tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}"
-        )
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got {beta}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    top_k = _check_jsd_args(student_logits, teacher_logits, beta, temperature, top_k, token_clip)
     V = student_logits.shape[-1]
-    if top_k is not None and not (isinstance(top_k, int) and 1 <= top_k):
-        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-    if top_k is not None and top_k >= V:
-        top_k = None  # all ids: identical to the full distribution
-    if token_clip is not None and token_clip < 0:
-        raise ValueError(f"token_clip must be >= 0, got {token_clip}")
 
     mask_b = as_bool_mask(mask, student_logits.shape[:-1], student_logits)
     row_idx = selected_rows(mask_b.reshape(-1))
-    fn = partial(_jsd_rows, beta=float(beta), temperature=float(temperature), top_k=top_k)
-    div_n = rowwise(fn, (student_logits.reshape(-1, V), teacher_logits.detach().reshape(-1, V)), row_idx, chunk_size)
+    if fused.use_fused(backend, top_k is None, student_logits, teacher_logits):
+        div_n, _ = fused.divergence_and_logps(student_logits, teacher_logits, row_idx, beta, temperature)
+    else:
+        fn = partial(_jsd_rows, beta=float(beta), temperature=float(temperature), top_k=top_k)
+        div_n = rowwise(fn, (student_logits.reshape(-1, V), teacher_logits.detach().reshape(-1, V)), row_idx, chunk_size)
+    return _jsd_output(div_n, row_idx, mask_b, token_clip)
 
+
+def _jsd_output(div_n: Tensor, row_idx: Tensor, mask_b: Tensor, token_clip: float | None) -> JSDOutput:
     metrics: dict[str, Tensor] = {
         "divergence_mean": div_n.detach().mean() if div_n.numel() else div_n.new_zeros(()),
         "divergence_max": masked_extreme(div_n, torch.ones_like(div_n, dtype=torch.bool), largest=True),
@@ -117,3 +141,40 @@ def generalized_jsd(
         div_n = torch.clamp(div_n, max=token_clip)
     per_token = scatter_rows(div_n, row_idx, mask_b)
     return JSDOutput(loss=masked_mean(per_token, mask_b), per_token=per_token, metrics=metrics)
+
+
+def token_logps_and_jsd(
+    student_logits_B_T_V: Tensor,
+    teacher_logits_B_T_V: Tensor,
+    tokens_B_T: Tensor,
+    mask_B_T: Tensor | None,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    token_clip: float | None = None,
+    chunk_size: int | None = None,
+    backend: str = "auto",
+) -> tuple[SequenceLogpsOutput, JSDOutput]:
+    """`sequence_logps(student, tokens, mask, temperature)` and `generalized_jsd(student, teacher,
+    mask, beta, temperature, token_clip=...)` of the same student logits, for a loss that needs
+    both (policy gradient or DPO plus SDPO).
+
+    The fused path reads the logits for both at once and writes ONE student gradient for both
+    (the torch path allocates one per function and autograd adds them: three logits-sized
+    tensors). Same values and gradients as the two calls, to float32 rounding.
+    """
+    _check_jsd_args(student_logits_B_T_V, teacher_logits_B_T_V, beta, temperature, None, token_clip)
+    if student_logits_B_T_V.dim() != 3 or tokens_B_T.shape != student_logits_B_T_V.shape[:2]:
+        raise ValueError(
+            f"expected logits [B, T, V] and tokens [B, T], got {tuple(student_logits_B_T_V.shape)} and {tuple(tokens_B_T.shape)}"
+        )
+    if not fused.use_fused(backend, True, student_logits_B_T_V, teacher_logits_B_T_V):
+        logps = sequence_logps(student_logits_B_T_V, tokens_B_T, mask_B_T, temperature, chunk_size, backend="torch")
+        jsd = generalized_jsd(student_logits_B_T_V, teacher_logits_B_T_V, mask_B_T, beta, temperature,
+                              token_clip=token_clip, chunk_size=chunk_size, backend="torch")  # fmt: skip
+        return logps, jsd
+    mask_b = as_bool_mask(mask_B_T, tokens_B_T.shape, student_logits_B_T_V, name="mask_B_T")
+    row_idx = selected_rows(mask_b.reshape(-1))
+    targets_n = tokens_B_T.reshape(-1).index_select(0, row_idx)
+    div_n, logp_n = fused.divergence_and_logps(student_logits_B_T_V, teacher_logits_B_T_V, row_idx, beta, temperature, targets_n)
+    token_logps = scatter_rows(logp_n, row_idx, mask_b)
+    return SequenceLogpsOutput(token_logps, token_logps.sum(dim=1)), _jsd_output(div_n, row_idx, mask_b, token_clip)

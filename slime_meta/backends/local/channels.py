@@ -8,25 +8,50 @@
 
 Each pass backpropagates `weight * its mean` (token mean for 1 and 2, pair mean for 3), so a
 channel whose weight is zero is skipped and the others are unchanged bit for bit.
+
+Logits are made only for the positions a loss reads (response tokens): the model returns its
+last hidden states and the output projection runs on those rows alone (`ModelCall`), so no
+`[B, T, V]` tensor exists, and the vocabulary-wide work (token log-probs, entropy, JSD) goes
+through `slime_meta.losses`, whose fused kernels on CUDA read the `[rows, V]` logits in their
+own dtype and write one gradient.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
 from slime_meta.backends.local.batching import (
     MicroBatch,
+    PolicySequence,
     chunks,
     make_micro_batches,
     pad_sequences,
     response_columns,
-    PolicySequence,
 )
-from slime_meta.losses import dpo_loss, entropy_from_logits, generalized_jsd, kl_penalty, policy_loss
+from slime_meta.losses import (
+    dpo_loss,
+    entropy_from_logits,
+    generalized_jsd,
+    kl_penalty,
+    policy_loss,
+    token_logps,
+)
 from slime_meta.types import PreferencePair, SolverSample
+
+
+class ModelCall(Protocol):
+    """The policy (or reference) model, split at its output projection."""
+
+    def hidden_states(self, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor) -> torch.Tensor:
+        """`[B, T, H]` inputs of the output projection (or `[B, T, V]` logits, with `logits` the identity)."""
+        ...
+
+    def logits(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
+        """`[N, V]` logits of the given rows of `hidden_states`."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -54,18 +79,26 @@ class LossSettings:
     jsd_chunk_size: int | None = 256
 
 
-Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens, attention) -> logits
+def _row_logits(model: ModelCall, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor, rows_B_T: torch.Tensor) -> torch.Tensor:
+    """Logits `[N, V]` predicting the tokens at `rows_B_T` (bool, shifted `[B, T-1]`), rows in row-major order."""
+    hidden_B_T_H = model.hidden_states(tokens_B_T, attention_B_T)
+    return model.logits(hidden_B_T_H[:, :-1][rows_B_T])
 
 
-def _scaled_logp(logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor, temperature_B: torch.Tensor):
-    scaled_B_T_V = logits_B_T_V.float() / temperature_B.clamp_min(1e-6)[:, None, None]
-    log_z_B_T = torch.logsumexp(scaled_B_T_V, dim=-1)
-    logp_B_T = scaled_B_T_V.gather(-1, targets_B_T[..., None]).squeeze(-1) - log_z_B_T
-    return scaled_B_T_V, logp_B_T
+def _place(values_N: torch.Tensor, rows_B_T: torch.Tensor) -> torch.Tensor:
+    """Per-row values back at their `[B, T-1]` positions, 0 elsewhere (differentiable)."""
+    return torch.zeros(rows_B_T.shape, dtype=values_N.dtype, device=values_N.device).masked_scatter(rows_B_T, values_N)
+
+
+def _response_rows(prompt_lengths: Sequence[int], response_lengths: Sequence[int], width: int) -> torch.Tensor:
+    rows_B_T = torch.zeros(len(prompt_lengths), width, dtype=torch.bool)
+    for row, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
+        rows_B_T[row, response_columns(p, r)] = True
+    return rows_B_T
 
 
 def policy_gradient_pass(
-    forward: Forward, reference: Forward | None, sequences: Sequence[PolicySequence], s: LossSettings,
+    forward: ModelCall, reference: ModelCall | None, sequences: Sequence[PolicySequence], s: LossSettings,
     micro_batch_size: int, pad_id: int, device: torch.device,
 ) -> dict[str, float]:  # fmt: skip
     total_tokens = sum(len(x.response_ids) for x in sequences)
@@ -74,8 +107,14 @@ def policy_gradient_pass(
     for batch in make_micro_batches(sequences, micro_batch_size, pad_id):
         b: MicroBatch = batch.to(device)
         mask = b.loss_mask_B_T
+        rows_B_T = mask > 0
         share = mask.sum().item() / total_tokens
-        scaled_B_T_V, logp_B_T = _scaled_logp(forward(b.tokens_B_T, b.attention_mask_B_T)[:, :-1], b.tokens_B_T[:, 1:], b.temperature_B)
+        targets_N = b.tokens_B_T[:, 1:][rows_B_T]
+        # The distribution each sequence was sampled from: logits / its temperature.
+        temperature_N = b.temperature_B.clamp_min(1e-6)[:, None].expand(rows_B_T.shape)[rows_B_T]
+        logits_N_V = _row_logits(forward, b.tokens_B_T, b.attention_mask_B_T, rows_B_T)
+        stats = token_logps(logits_N_V, targets_N, temperature_N, chunk_size=s.jsd_chunk_size, with_entropy=not s.entropy_coef)
+        logp_B_T = _place(stats.logp_N, rows_B_T)
         # With TIS/AIPO the trainer's own (pre-update) log-probs are the PPO anchor and the engine's
         # are the behaviour policy that the importance weight corrects for; without them the
         # engine's log-probs are the anchor and the PPO clip bounds the mismatch.
@@ -86,18 +125,23 @@ def policy_gradient_pass(
             tis_clip=s.tis_clip if s.use_tis else None, tis_clip_low=s.tis_clip_low, aipo_delta=s.aipo_delta,
         )  # fmt: skip
         loss = out.loss
-        if s.entropy_coef:
-            entropy = entropy_from_logits(scaled_B_T_V, mask, chunk_size=s.jsd_chunk_size).entropy
+        if s.entropy_coef:  # the bonus needs the entropy's gradient: a float32 [N, V] pass
+            scaled_N_V = logits_N_V.float() / temperature_N[:, None]
+            entropy = entropy_from_logits(scaled_N_V, None, chunk_size=s.jsd_chunk_size).entropy
             loss = loss - s.entropy_coef * entropy
-        else:  # logged only: no graph through a [B, T, V] computation
-            with torch.no_grad():
-                entropy = entropy_from_logits(scaled_B_T_V, mask, chunk_size=s.jsd_chunk_size).entropy
+            del scaled_N_V
+        else:  # logged only: computed with the log-probs, no graph
+            entropy = stats.entropy_N.sum() / max(stats.entropy_N.numel(), 1)
         if s.kl_loss_coef and reference is not None:
             with torch.no_grad():
-                _, ref_logp_B_T = _scaled_logp(reference(b.tokens_B_T, b.attention_mask_B_T)[:, :-1], b.tokens_B_T[:, 1:], b.temperature_B)
-            kl = kl_penalty(logp_B_T, ref_logp_B_T, mask, kind=s.kl_loss_type).kl
+                ref_logits_N_V = _row_logits(reference, b.tokens_B_T, b.attention_mask_B_T, rows_B_T)
+                ref_logp_N = token_logps(ref_logits_N_V, targets_N, temperature_N, chunk_size=s.jsd_chunk_size,
+                                         with_entropy=False).logp_N  # fmt: skip
+                del ref_logits_N_V
+            kl = kl_penalty(logp_B_T, _place(ref_logp_N, rows_B_T), mask, kind=s.kl_loss_type).kl
             loss = loss + s.kl_loss_coef * kl
             sums["kl_ref"] += kl.item() * share
+        del logits_N_V, stats
         (loss * share).backward()
         sums["loss"] += loss.item() * share
         sums["pg_loss"] += out.loss.item() * share
@@ -110,15 +154,8 @@ def policy_gradient_pass(
     return sums
 
 
-def _response_logits(logits_B_T_V: torch.Tensor, prompt_lengths: Sequence[int], response_lengths: Sequence[int]) -> torch.Tensor:
-    """The logits that predict each response token, rows concatenated: [sum R, V]."""
-    return torch.cat(
-        [logits_B_T_V[row, response_columns(p, r)] for row, (p, r) in enumerate(zip(prompt_lengths, response_lengths))]
-    )
-
-
 def sdpo_pass(
-    forward: Forward, samples: Sequence[SolverSample], s: LossSettings, micro_batch_size: int, pad_id: int,
+    forward: ModelCall, samples: Sequence[SolverSample], s: LossSettings, micro_batch_size: int, pad_id: int,
     device: torch.device,
 ) -> dict[str, float]:  # fmt: skip
     """Channel 2: the hint-conditioned self is the target distribution (no gradient through it)."""
@@ -128,14 +165,14 @@ def sdpo_pass(
         responses = [x.response_ids for x in group]
         student_tokens, student_att = pad_sequences([x.prompt_ids + x.response_ids for x in group], pad_id)
         hinted_tokens, hinted_att = pad_sequences([x.hint_prompt_ids + x.response_ids for x in group], pad_id)
-        with torch.no_grad():
-            hinted_logits = forward(hinted_tokens.to(device), hinted_att.to(device))
-        student_logits = forward(student_tokens.to(device), student_att.to(device))
         lengths = [len(r) for r in responses]
-        student_N_V = _response_logits(student_logits, [len(x.prompt_ids) for x in group], lengths)
-        hinted_N_V = _response_logits(hinted_logits, [len(x.hint_prompt_ids) for x in group], lengths)
+        student_rows = _response_rows([len(x.prompt_ids) for x in group], lengths, student_tokens.shape[1] - 1)
+        hinted_rows = _response_rows([len(x.hint_prompt_ids) for x in group], lengths, hinted_tokens.shape[1] - 1)
+        with torch.no_grad():
+            hinted_N_V = _row_logits(forward, hinted_tokens.to(device), hinted_att.to(device), hinted_rows.to(device))
+        student_N_V = _row_logits(forward, student_tokens.to(device), student_att.to(device), student_rows.to(device))
         jsd = generalized_jsd(
-            student_N_V, hinted_N_V, torch.ones(student_N_V.shape[0], device=device), beta=s.sdpo_beta,
+            student_N_V, hinted_N_V, None, beta=s.sdpo_beta,
             temperature=s.sdpo_temperature, top_k=s.sdpo_top_k, token_clip=s.sdpo_token_clip, chunk_size=s.jsd_chunk_size,
         ).loss  # fmt: skip
         share = sum(lengths) / total_tokens
@@ -144,16 +181,20 @@ def sdpo_pass(
     return {"sdpo_jsd": jsd_sum, "sdpo_tokens": float(total_tokens)}
 
 
-def _sequence_logp_sums(forward: Forward, pairs_ids: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], pad_id: int, device) -> torch.Tensor:
+def _sequence_logp_sums(forward: ModelCall, pairs_ids: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], pad_id: int,
+                        device, chunk_size: int | None) -> torch.Tensor:  # fmt: skip
+    """Summed log-probs (temperature 1) of each response given its prompt, `[pairs]`."""
     tokens, attention = pad_sequences([p + r for p, r in pairs_ids], pad_id)
-    tokens, attention = tokens.to(device), attention.to(device)
-    logits = forward(tokens, attention)[:, :-1].float()
-    logp_B_T = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
-    return torch.stack([logp_B_T[row, response_columns(len(p), len(r))].sum() for row, (p, r) in enumerate(pairs_ids)])
+    rows_B_T = _response_rows([len(p) for p, _ in pairs_ids], [len(r) for _, r in pairs_ids], tokens.shape[1] - 1)
+    tokens, attention, rows_B_T = tokens.to(device), attention.to(device), rows_B_T.to(device)
+    logits_N_V = _row_logits(forward, tokens, attention, rows_B_T)
+    logp_N = token_logps(logits_N_V, tokens[:, 1:][rows_B_T], 1.0, chunk_size=chunk_size, with_entropy=False).logp_N
+    pair_of_row_N = torch.arange(len(pairs_ids), device=device)[:, None].expand(rows_B_T.shape)[rows_B_T]
+    return torch.zeros(len(pairs_ids), dtype=logp_N.dtype, device=device).index_add(0, pair_of_row_N, logp_N)
 
 
 def replay_dpo_pass(
-    forward: Forward, reference: Forward, pairs: Sequence[PreferencePair], s: LossSettings, micro_batch_size: int,
+    forward: ModelCall, reference: ModelCall, pairs: Sequence[PreferencePair], s: LossSettings, micro_batch_size: int,
     pad_id: int, device: torch.device,
 ) -> dict[str, float]:  # fmt: skip
     """Channel 3: sigmoid DPO; log-probs summed over response tokens, at temperature 1."""
@@ -162,9 +203,11 @@ def replay_dpo_pass(
         chosen = [(p.prompt_ids, p.chosen_ids) for p in group]
         rejected = [(p.prompt_ids, p.rejected_ids) for p in group]
         with torch.no_grad():
-            ref_chosen, ref_rejected = _sequence_logp_sums(reference, chosen, pad_id, device), _sequence_logp_sums(reference, rejected, pad_id, device)
+            ref_chosen = _sequence_logp_sums(reference, chosen, pad_id, device, s.jsd_chunk_size)
+            ref_rejected = _sequence_logp_sums(reference, rejected, pad_id, device, s.jsd_chunk_size)
         out = dpo_loss(
-            _sequence_logp_sums(forward, chosen, pad_id, device), _sequence_logp_sums(forward, rejected, pad_id, device),
+            _sequence_logp_sums(forward, chosen, pad_id, device, s.jsd_chunk_size),
+            _sequence_logp_sums(forward, rejected, pad_id, device, s.jsd_chunk_size),
             ref_chosen, ref_rejected, beta=s.replay_dpo_beta,
         )  # fmt: skip
         share = len(group) / len(pairs)

@@ -214,7 +214,7 @@ def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
     )  # fmt: skip
     settings = TrainerSettings(
         lr=t.lr, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2,
-        clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size, device=cfg.pools.device,
+        clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size, device=cfg.pools.device, compile_layers=t.compile_layers,
         temperature=cfg.sampling.teacher_temperature,  # log-probs under the distribution sampled from
         loss=loss, distill=DistillSettings(o.adv_tau, o.teacher_tau, o.student_tau),
     )  # fmt: skip
