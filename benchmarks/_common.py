@@ -83,7 +83,7 @@ def write_json(report: dict[str, Any], path: str | Path) -> Path:
 
 
 def default_out(name: str) -> Path:
-    """Where a benchmark writes its JSON: $OUT on the device machine, else runs/benchmarks/."""
+    """Where a benchmark writes its JSON: $OUT when it is set, else runs/benchmarks/."""
     base = Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO_ROOT / "runs" / "benchmarks"
     return base / f"{name}.json"
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU benchmarks in one command (losses, trainer, generation), each checking correctness
-# before it times. JSON and logs go to $OUT (the device machine's output folder) or runs/benchmarks.
+# before it times. JSON and logs go to $OUT when it is set, else runs/benchmarks.
 #
 #   bash benchmarks/run_gpu.sh
 #
-# On the lent GPU machine, which has no sglang-router, carry the wheels in .whl and install them
-# first (see docs/performance.md for the exact command).
+# The generation benchmark needs sglang-router; on a GPU machine without network access install
+# it (and its dependencies) from wheels first (see docs/performance.md).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/benchmarks}
