@@ -3,6 +3,10 @@
     python benchmarks/efficacy.py                      # 60 outer steps on this machine
     python benchmarks/efficacy.py --steps 20 --quick   # a short check
 
+The student is a frozen copy of the starting model (its own pool) unless `--shared-student`: in
+shared mode the student is the model being trained, and in long runs its own skill drifts
+(docs/performance.md, section 6).
+
 Normalised gain = (R - R_no_info) / (R_oracle - R_no_info), where R is the holdout grade with the
 teacher's info (mean of the last `--window` steps), R_no_info the no-info control measured in the
 same steps, and R_oracle the student's grade with the perfect hint (the `oracle_hint` column,
@@ -32,10 +36,15 @@ def run(args: argparse.Namespace) -> dict:
         "--trace-sample-rate", "0", *args.extra,
     ]  # fmt: skip
     env = {"RUN_DIR": str(run_dir), "NUM_ROLLOUT": str(args.steps), "PYTHON": sys.executable}
+    if not args.shared_student:
+        env["FROZEN_STUDENT"] = "1"
+    else:
+        env.pop("FROZEN_STUDENT", None)
     if args.model_dir:
         env["MODEL_DIR"] = args.model_dir
     started = time.perf_counter()
-    subprocess.run(command, cwd=ROOT, env={**__import__("os").environ, **env}, check=True)
+    base_env = {k: v for k, v in __import__("os").environ.items() if k != "FROZEN_STUDENT"}
+    subprocess.run(command, cwd=ROOT, env={**base_env, **env}, check=True)
     wall = time.perf_counter() - started
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first = records[0]
@@ -78,6 +87,7 @@ def run(args: argparse.Namespace) -> dict:
         "training_s": elapsed[-1],
         "normalised_gain_within_budget": gain(r_budget),
         "curve": curve,
+        "student": "shared" if args.shared_student else "frozen",
         "run_dir": str(run_dir),
         "plot": str(run_dir / "holdout.png"),
     }
@@ -90,6 +100,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--window", type=int, default=10, help="Steps averaged for the first and last grades.")
     parser.add_argument("--out", default="runs/benchmarks")
+    parser.add_argument("--shared-student", action="store_true",
+                        help="The student is the model being trained (the demo's setting); default: a frozen copy of the start model.")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="Also report the gain of the last window of steps that ended within this many seconds of training.")
     parser.add_argument("--model-dir", default=None, help="A built tiny checkpoint (default: build or reuse the cached one).")

@@ -9,6 +9,7 @@
 #   bash scripts/run_synthetic.sh                        # 20 outer steps
 #   NUM_ROLLOUT=40 bash scripts/run_synthetic.sh         # longer
 #   MODEL_DIR=/path/to/ckpt bash scripts/run_synthetic.sh --lr 3e-4   # any extra train.py flags
+#   FROZEN_STUDENT=1 bash scripts/run_synthetic.sh       # the student a frozen copy of the start model
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,11 @@ if [ -z "${MODEL_DIR:-}" ]; then
 fi
 
 MODEL_ARGS=(--hf-checkpoint "$MODEL_DIR")
+# Shared (default): the student is the model being trained, as in the demo. Frozen: a pool of its
+# own serving the starting weights; long runs stay stable this way (docs/performance.md, efficacy).
+if [ -n "${FROZEN_STUDENT:-}" ]; then
+  MODEL_ARGS+=(--student-checkpoint "$MODEL_DIR")
+fi
 DATA_ARGS=(
   --prompt-data data/synthetic_suffix.jsonl
   --input-key prompt --label-key label --rubric-key rubric

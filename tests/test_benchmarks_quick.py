@@ -86,6 +86,9 @@ def test_efficacy_quick(tmp_path):
     elapsed = [point["elapsed_s"] for point in report["curve"]]
     assert elapsed == sorted(elapsed) and elapsed[0] > 0
     assert report["steps_within_budget"] == 3  # three tiny steps end well inside 600 s
+    assert report["student"] == "frozen"
+    config = json.loads((Path(report["run_dir"]) / "config.json").read_text())
+    assert config["pools"]["student_checkpoint"] == config["pools"]["hf_checkpoint"]  # a frozen copy
     assert "gain in budget" in lines[-2]
 
 
