@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -35,16 +36,15 @@ def run(args: argparse.Namespace) -> dict:
         "--context-key", "oracle_hint", "--eval-baseline",  # R_oracle and R_no_info before training
         "--trace-sample-rate", "0", *args.extra,
     ]  # fmt: skip
-    env = {"RUN_DIR": str(run_dir), "NUM_ROLLOUT": str(args.steps), "PYTHON": sys.executable}
+    # FROZEN_STUDENT from the caller's environment never leaks in: --shared-student decides.
+    env = {k: v for k, v in os.environ.items() if k != "FROZEN_STUDENT"}
+    env.update(RUN_DIR=str(run_dir), NUM_ROLLOUT=str(args.steps), PYTHON=sys.executable)
     if not args.shared_student:
         env["FROZEN_STUDENT"] = "1"
-    else:
-        env.pop("FROZEN_STUDENT", None)
     if args.model_dir:
         env["MODEL_DIR"] = args.model_dir
     started = time.perf_counter()
-    base_env = {k: v for k, v in __import__("os").environ.items() if k != "FROZEN_STUDENT"}
-    subprocess.run(command, cwd=ROOT, env={**base_env, **env}, check=True)
+    subprocess.run(command, cwd=ROOT, env=env, check=True)
     wall = time.perf_counter() - started
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first = records[0]
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> dict:
     result = {
         "benchmark": "efficacy",
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.node()} {platform.machine()} ({__import__('os').cpu_count()} cpus)",
+        "machine": f"{platform.node()} {platform.machine()} ({os.cpu_count()} cpus)",
         "command": " ".join(sys.argv),
         "steps": len(records),
         "wall_s": wall,
