@@ -32,6 +32,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from slime_meta import answer_check
+from slime_meta.answer_check import extract_answer, normalize_answer  # noqa: F401 - the verifier's reading, used by replay
 from slime_meta.chat_api import (
     ChatAPIConnectionError,
     ChatAPIStatusError,
@@ -130,76 +132,6 @@ def parse_grade(text: str, *, quoted: str | None = None) -> Grade:
 
 # --------------------------------------------------------------------------- the verifier
 
-_ANSWER_LINE = re.compile(r"^[\s>#*_\-]*(?:final[*_ \t]+)?answer[*_ \t]*[:：](?P<rest>.*)$", re.IGNORECASE)
-_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+")
-_FRACTION = re.compile(r"(?P<num>[+-]?\d+(?:\.\d+)?)\s*/\s*(?P<den>\d+(?:\.\d+)?)")
-_ANY_NUMBER = re.compile(rf"{_FRACTION.pattern}|{_PLAIN_NUMBER.pattern}")
-
-
-def _last_boxed(text: str) -> str | None:
-    """The contents of the last `\\boxed{...}`, braces balanced (answers such as \\frac{3}{4})."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, begin = 0, start + len("\\boxed{")
-    for position in range(begin, len(text)):
-        if text[position] == "{":
-            depth += 1
-        elif text[position] == "}":
-            if depth == 0:
-                return text[begin:position]
-            depth -= 1
-    return None
-
-
-def extract_answer(solution: str) -> str:
-    """The student's final answer: the last `Answer:` line, else the last \\boxed{}, else all."""
-    lines = solution.splitlines()
-    for index in range(len(lines) - 1, -1, -1):
-        match = _ANSWER_LINE.match(lines[index])
-        if match:
-            answer = match.group("rest").strip()
-            if not answer:  # "Answer:" with the value on the next non-empty line
-                answer = next((line.strip() for line in lines[index + 1 :] if line.strip()), "")
-            boxed = _last_boxed(answer)
-            return (boxed if boxed is not None else answer).strip().strip("*_").strip()
-    boxed = _last_boxed(solution)
-    return (boxed if boxed is not None else solution).strip()
-
-
-def normalize_answer(text: str) -> str:
-    """Casefold, drop `$`, collapse whitespace, no spaces around `=`, no trailing period."""
-    text = " ".join(text.replace("$", "").casefold().split())
-    text = re.sub(r"\s*=\s*", "=", text)
-    return text.rstrip(".").strip()
-
-
-def parse_number(text: str) -> float | None:
-    """A whole text as a number: `1,234.5`, `-3`, `3/4`, `$80`, `45%` (-> 45). None otherwise."""
-    cleaned = text.replace("$", "").strip().rstrip(".").rstrip("%").strip()
-    if _PLAIN_NUMBER.fullmatch(cleaned):
-        return float(cleaned.replace(",", ""))
-    fraction = _FRACTION.fullmatch(cleaned)
-    if fraction and float(fraction.group("den")) != 0:
-        return float(fraction.group("num")) / float(fraction.group("den"))
-    return None
-
-
-def _value_of(text: str, *, lenient: bool) -> float | None:
-    """The number a text states: all of it, or the right side of its last `=` (`x = 6`).
-
-    `lenient` (the student's side) also accepts the last number anywhere in the text.
-    """
-    value = parse_number(text)
-    if value is None and "=" in text:
-        value = parse_number(text.rsplit("=", 1)[1])
-    if value is None and lenient:
-        numbers = list(_ANY_NUMBER.finditer(text))
-        if numbers:
-            value = parse_number(numbers[-1].group(0))
-    return value
-
-
 def _quote(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= MAX_QUOTED_CHARS else text[: MAX_QUOTED_CHARS - 1] + "…"
@@ -220,13 +152,17 @@ class GraderStats:
 
 
 class VerifierGrader:
-    """Deterministic grading of the extracted answer against `problem.ground_truth`.
+    """Deterministic grading of the stated final answer against `problem.ground_truth`.
 
-    Metrics: `exact` (equal after strip), `normalized` (see `normalize_answer`), `numeric`
-    (equal within 1e-6 relative; falls back to normalized when the label is not a number),
-    `char` (partial credit: equal characters position by position over the longer length,
-    after normalisation). The explanation always names the expected answer, because the teacher
-    reads it to learn what the student got wrong.
+    How the answer is read (one final answer; several different ones score 0; hedges score 0)
+    is in `slime_meta.answer_check`. Metrics: `exact` (equal after strip), `normalized` (math
+    labels by math-verify, others by `normalize_answer`), `numeric` (the same as `normalized`;
+    math-verify decides numeric equality), `char` (partial credit: equal characters position by
+    position over the longer length, after normalisation).
+
+    The explanation says whether the answer is right and what is wrong with it, and never quotes
+    the label: the teacher reads it, and a teacher shown the train answers could copy them into
+    its hints (the reward would then measure copying, not teaching).
     """
 
     METRICS = ("exact", "normalized", "numeric", "char")
@@ -246,7 +182,14 @@ class VerifierGrader:
     def grade_now(self, problem: Problem, solution: str) -> Grade:
         """The same verdict synchronously (no I/O is involved)."""
         self.stats.calls += 1
-        expected, answer = problem.ground_truth.strip(), extract_answer(solution or "")
+        expected, solution = problem.ground_truth.strip(), solution or ""
+        stated = answer_check.stated_answers(solution)
+        distinct = answer_check.distinct_answers(stated)
+        if len(distinct) > 1:
+            listed = "; ".join(f'"{_quote(a)}"' for a in distinct[:4])
+            explanation = f"Incorrect: the solution states {len(distinct)} different final answers ({listed}); state exactly one."
+            return Grade(score=0.0, explanation=explanation, parsed=True, raw=stated[-1])
+        answer = stated[-1] if stated else answer_check.extract_answer(solution)
         detail = ""
         if self.metric == "exact":
             score = float(answer == expected)
@@ -256,17 +199,16 @@ class VerifierGrader:
             same = sum(a == b for a, b in zip(want, got))
             score = 1.0 if longest == 0 else same / longest
             detail = f" ({same} of {longest} characters match)" if 0 < score < 1 else ""
+        elif answer_check.is_math_label(expected) and answer_check.is_hedge(answer, expected):
+            score, detail = 0.0, " (it offers several candidate answers; state exactly one)"
         else:
-            expected_value = _value_of(expected, lenient=False) if self.metric == "numeric" else None
-            if expected_value is None:
-                score = float(normalize_answer(answer) == normalize_answer(expected))
-            else:
-                got_value = _value_of(answer, lenient=True)
-                score = float(
-                    got_value is not None and math.isclose(got_value, expected_value, rel_tol=1e-6, abs_tol=1e-9)
-                )
-        prefix = "Correct. " if score == 1.0 else ""
-        explanation = f'{prefix}Expected "{_quote(expected)}"; got "{_quote(answer)}"{detail}.'
+            score = float(answer_check.answer_matches_label(answer, expected))
+        if score == 1.0:
+            explanation = f'Correct: the final answer "{_quote(answer)}" matches the reference.'
+        elif not answer.strip():
+            explanation = 'Incorrect: no final answer found; end with a line "Answer: <answer>".'
+        else:
+            explanation = f'Incorrect: the final answer "{_quote(answer)}" does not match the reference{detail}.'
         return Grade(score=score, explanation=explanation, parsed=True, raw=answer)
 
 
