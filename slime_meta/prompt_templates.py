@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import secrets
 from pathlib import Path
 from typing import ClassVar, Sequence
 
@@ -106,16 +107,35 @@ class GeneratorPromptTemplate(PromptTemplate):
         return [{"role": "user", "content": f"{info_block}\n\n{user}"}]
 
 
+def new_solution_tag(solution: str) -> str:
+    """A tag name the solution does not contain: random per request, so it cannot close it."""
+    while True:
+        tag = f"student_solution_{secrets.token_hex(8)}"
+        if tag not in solution:
+            return tag
+
+
 class GraderPromptTemplate(PromptTemplate):
-    """The grader's prompt: problem, rubric, reference answer and one student solution."""
+    """The grader's prompt: problem, rubric, reference answer and one student solution.
+
+    With a `{solution_tag}` slot (the default template has one) the solution is enclosed in
+    `<tag>` ... `</tag>` with a fresh random tag per request, and the template names the tag in
+    the instructions that follow it: text inside the solution cannot end the solution early and
+    pose as instructions. A template without the slot gets the solution as written.
+    """
 
     role = "grader"
-    slots = frozenset({"problem", "solution", "rubric", "ground_truth"})
+    slots = frozenset({"problem", "solution", "rubric", "ground_truth", "solution_tag"})
     default_file = "grader.txt"
 
-    def build(self, problem: Problem, solution: str) -> list[Message]:
+    def build(self, problem: Problem, solution: str, solution_tag: str | None = None) -> list[Message]:
+        tag = ""
+        if "solution_tag" in self.slots_in(self.text):
+            tag = solution_tag or new_solution_tag(solution)
+            solution = f"<{tag}>\n{solution}\n</{tag}>"
         content = self.render(
-            problem=problem.prompt, solution=solution, rubric=problem.rubric, ground_truth=problem.ground_truth
+            problem=problem.prompt, solution=solution, rubric=problem.rubric, ground_truth=problem.ground_truth,
+            solution_tag=tag,
         )
         return [{"role": "user", "content": content}]
 
