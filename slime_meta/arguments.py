@@ -77,7 +77,7 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class GraderConfig:
     grader: str  # auto | verifier | openai
-    grader_model: str
+    grader_model: str | None  # None: not named (an LLM grader then uses gpt-4)
     grader_base_url: str | None
     grader_api_key_env: str
     grader_temperature: float
@@ -236,14 +236,16 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
 
     add = groups.group("grader")
     add("--grader", choices=GRADER_KINDS, default="auto",
-        help="auto: an OpenAI-compatible API if --grader-base-url or the key variable is set, else the built-in verifier.")
-    add("--grader-model", default="gpt-4")
+        help="auto: an OpenAI-compatible API if --grader-base-url, --grader-model or the key variable is set, else the built-in verifier.")
+    add("--grader-model", default=None,
+        help="The LLM grader's model (default: gpt-4 when an LLM grader is used). Naming one asks for the LLM grader: "
+             "with --grader auto and no key or --grader-base-url the run stops instead of using the verifier.")
     add("--grader-base-url", default=None, help="A self-hosted OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
     add("--grader-api-key-env", default="OPENAI_API_KEY", help="Name of the environment variable holding the API key.")
     add("--grader-temperature", type=float, default=0.0)
     add("--grader-max-tokens", type=_positive_int, default=512)
     add("--grader-concurrency", type=_positive_int, default=32)
-    add("--verifier-metric", choices=VERIFIER_METRICS, default="normalized", help="Built-in verifier: how an answer matches the label.")
+    add("--verifier-metric", choices=VERIFIER_METRICS, default="normalized", help="Built-in verifier: how the stated final answer matches the label. normalized (default): math labels by math-verify (60.0 == 60), others as normalised text; numeric: the same; exact: equal text; char: partial credit per character.")
 
     add = groups.group("pools and resources (slime-compatible)")
     add("--hf-checkpoint", default=None, help="Teacher model: a local HF checkpoint directory.")

@@ -389,9 +389,46 @@ class OpenAIGrader:
 GRADERS: dict[str, type] = {"verifier": VerifierGrader, "openai": OpenAIGrader}
 
 
+DEFAULT_GRADER_MODEL = "gpt-4"
+
+
 def default_grader_kind(api_key_env: str, base_url: str | None) -> str:
-    """The grader `--grader auto` picks: "openai" with a server or a key, else "verifier"."""
+    """The grader `--grader auto` picks when no model was named: "openai" with a server or a key, else "verifier"."""
     return "openai" if base_url or os.environ.get(api_key_env) else "verifier"
+
+
+def choose_grader_kind(kind: str, *, model: str | None, api_key_env: str, base_url: str | None) -> str:
+    """The grader that grades: "verifier" or "openai"; never the verifier in place of a named LLM grader.
+
+    `--grader auto` picks the built-in verifier only when the user named no LLM grader (no
+    `--grader-model`, no `--grader-base-url`, no key set). An LLM grader asked for (`--grader openai`
+    or a `--grader-model`) without a key or a server raises `UserInputError` naming the variable.
+    """
+    named = kind == "openai" or (kind == "auto" and model is not None)
+    if kind == "verifier" or (kind == "auto" and not named):
+        return default_grader_kind(api_key_env, base_url) if kind == "auto" else "verifier"
+    if not base_url and not os.environ.get(api_key_env):
+        asked = "--grader openai" if kind == "openai" else f"--grader-model {model}"
+        raise UserInputError(
+            f"{asked} asks for an LLM grader but ${api_key_env} is not set: export the key in ${api_key_env} "
+            "(or name another variable with --grader-api-key-env), give --grader-base-url for a self-hosted "
+            "server, or use --grader verifier"
+        )
+    return "openai"
+
+
+def grader_line(kind: str, *, model: str | None, base_url: str | None, api_key_env: str, metric: str, rubric_key: str) -> str:
+    """The one line printed at start: which grader grades, and whether it reads the rubrics."""
+    if kind == "verifier":
+        return (
+            f"grader: the built-in verifier ({metric}) against the labels; it does not read rubrics "
+            f"(column '{rubric_key}' is not used for grading; an LLM grader would use it)"
+        )
+    where = base_url or "the OpenAI API"
+    return (
+        f"grader: LLM grader {model or DEFAULT_GRADER_MODEL} at {where} (key from ${api_key_env}); "
+        f"rubrics from column '{rubric_key}' go into its prompt"
+    )
 
 
 def build_grader(kind: str, **kwargs: Any) -> VerifierGrader | OpenAIGrader:

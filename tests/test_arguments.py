@@ -23,7 +23,7 @@ def test_defaults_match_the_documented_ones():
     assert cfg.data.rubric_key == "rubric"
     assert cfg.grader.grader_temperature == 0.0
     assert cfg.sampling.teacher_temperature == 0.7
-    assert cfg.grader.grader_model == "gpt-4"
+    assert cfg.grader.grader_model is None  # not named: an LLM grader would use gpt-4
     assert cfg.grader.grader_concurrency == 32
     assert cfg.backend == "local"
 

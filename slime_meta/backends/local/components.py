@@ -19,7 +19,7 @@ from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, Tra
 from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
 from slime_meta.data import ProblemSampler, load_problems, split_sizes
 from slime_meta.errors import UserInputError
-from slime_meta.grading import build_grader, default_grader_kind
+from slime_meta.grading import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
 from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
 from slime_meta.pools import SGLangPool, check_reachable, post_json_sync
 from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate, load_template
@@ -101,15 +101,16 @@ class RolePieces:
 
 def build_role_pieces(cfg: MetaConfig) -> RolePieces:
     grader_template = load_template("grader", cfg.meta.grader_template, "--grader-template")
-    grader_kind = cfg.grader.grader
-    if grader_kind == "auto":
-        grader_kind = default_grader_kind(cfg.grader.grader_api_key_env, cfg.grader.grader_base_url)
+    g = cfg.grader
+    grader_kind = choose_grader_kind(g.grader, model=g.grader_model, api_key_env=g.grader_api_key_env, base_url=g.grader_base_url)
+    print(grader_line(grader_kind, model=g.grader_model, base_url=g.grader_base_url, api_key_env=g.grader_api_key_env,
+                      metric=g.verifier_metric, rubric_key=cfg.data.rubric_key), flush=True)  # fmt: skip
     if grader_kind == "verifier":
         grader = build_grader("verifier", metric=cfg.grader.verifier_metric)
     else:
         grader = build_grader(
             "openai",
-            model=cfg.grader.grader_model,
+            model=cfg.grader.grader_model or DEFAULT_GRADER_MODEL,
             base_url=cfg.grader.grader_base_url,
             api_key_env=cfg.grader.grader_api_key_env,
             temperature=cfg.grader.grader_temperature,

@@ -389,7 +389,7 @@ def _grader_line(cfg: MetaConfig) -> str:
         return f"built-in verifier against the label ({g.verifier_metric})"
     where = f"self-hosted OpenAI-compatible server {g.grader_base_url}" if g.grader_base_url else "the OpenAI API"
     key = "set" if os.environ.get(g.grader_api_key_env) else "NOT set"
-    return f"{g.grader_model} on {where} (key from ${g.grader_api_key_env}: {key} here)"
+    return f"{g.grader_model or 'gpt-4'} on {where} (key from ${g.grader_api_key_env}: {key} here)"
 
 
 def describe(plan: LaunchPlan) -> str:
