@@ -17,6 +17,9 @@ form groups; the decision:
 
 A teacher whose reply has no answer (an empty reply) abstains, as does one whose API call failed.
 
+A request with a label (`ReplayRequest.label`, the row's ground truth) is decided by the label
+instead of the vote: see `slime_meta.replay_vote` (`policy_correct`, `no_correct_teacher`).
+
 The cache (JSONL, in the run dir) holds two kinds of lines:
 
     {"kind": "answer", "key": ..., "teacher": "name@base_url", "gen": ..., "solution": ..., "answer": ...}
@@ -66,8 +69,11 @@ from slime_meta.replay_cache import append_replay_records, load_replay_cache
 from slime_meta.replay_vote import (  # noqa: F401 - re-exported: importable from here as before
     _MAX_MISSING_FOR_FINALITY,
     _decide,
+    _decide_by_label,
     _Decision,
     _is_final,
+    _is_final_by_label,
+    correct_by_label,
 )
 
 logger = logging.getLogger(__name__)
@@ -157,11 +163,12 @@ class ReplayRequest:
     prompt_text: str
     policy_solution: str
     problem_uid: str
+    label: str | None = None  # the row's ground truth: when given, it decides instead of the vote
 
     @classmethod
-    def build(cls, prompt_text: str, policy_solution: str, problem_uid: str) -> "ReplayRequest":
+    def build(cls, prompt_text: str, policy_solution: str, problem_uid: str, label: str | None = None) -> "ReplayRequest":
         """A request whose key is `replay_key(prompt_text, policy_solution)`."""
-        return cls(replay_key(prompt_text, policy_solution), prompt_text, policy_solution, problem_uid)
+        return cls(replay_key(prompt_text, policy_solution), prompt_text, policy_solution, problem_uid, label or None)
 
 
 @dataclass(frozen=True)
@@ -204,6 +211,8 @@ class ReplayStats:
     no_agreement: int = 0
     agree_with_policy: int = 0
     ties: int = 0
+    policy_correct: int = 0  # labelled: the policy's answer is right by the label, never rejected
+    no_correct_teacher: int = 0  # labelled: no teacher answered right, so nothing to prefer
     undecided: int = 0
     cache_hits: int = 0  # requests whose decision was in the cache: no call made
     cached_answers: int = 0  # teacher answers reused from the cache for an open decision
@@ -259,7 +268,7 @@ class ReplayPairer:
         self._labels = tuple(teacher.label for teacher in self.teachers)
         self._gen = _fingerprint({"temperature": self.temperature, "max_tokens": self.max_tokens})
         self._config = _fingerprint(
-            {"teachers": list(self._labels), "min_agree": self.min_agree, "gen": self._gen}
+            {"teachers": list(self._labels), "min_agree": self.min_agree, "gen": self._gen, "label_rule": 1}
         )
         # The cache, loaded on first use: final decisions of this configuration, and teacher answers
         # (label, key) -> (solution, normalised answer or None) for keys without such a decision.
@@ -403,7 +412,14 @@ class ReplayPairer:
             missing = [index for index, value in enumerate(given) if value is _FAILED]
             answers = [None if value is _FAILED else value[1] for value in given]
             policy_answer = normalize_answer(extract_answer(request.policy_solution))
-            decision = _decide(answers, policy_answer, self.min_agree)
+            if request.label is not None:
+                correct = [None if value is _FAILED else correct_by_label(value[0], request.label) for value in given]
+                policy_correct = correct_by_label(request.policy_solution, request.label)
+                decision = _decide_by_label(correct, policy_correct)
+                final = _is_final_by_label(correct, missing, policy_correct)
+            else:
+                decision = _decide(answers, policy_answer, self.min_agree)
+                final = _is_final(answers, missing, policy_answer, self.min_agree)
             pair = None
             if decision.outcome == "pair":
                 first = decision.members[0]
@@ -412,14 +428,14 @@ class ReplayPairer:
                     prompt_text=request.prompt_text,
                     chosen=given[first][0],
                     rejected=request.policy_solution,
-                    chosen_answer=decision.answer or "",
+                    chosen_answer=decision.answer or given[first][1] or "",
                     rejected_answer=policy_answer,
                     teachers=tuple(self._labels[index] for index in decision.members),
                 )
             counter = "pairs" if decision.outcome == "pair" else decision.outcome
             setattr(self.stats, counter, getattr(self.stats, counter) + 1)
             self.stats.ties += decision.tie
-            if _is_final(answers, missing, policy_answer, self.min_agree):
+            if final:
                 self._decisions[request.key] = pair
                 for label in self._labels:
                     self._answers.pop((label, request.key), None)

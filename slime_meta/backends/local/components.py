@@ -266,7 +266,8 @@ async def solver_channel_inputs(builder, replayer, chains, tokenizer) -> tuple[l
     if replayer is not None:
         from slime_meta.replay import ReplayRequest
 
-        requests = [ReplayRequest.build(x.prompt_text, x.solution_text, x.problem_uid) for x in solver_samples]
+        labels = {problem.uid: problem.ground_truth for chain in chains for problem in chain.problems}
+        requests = [ReplayRequest.build(x.prompt_text, x.solution_text, x.problem_uid, labels.get(x.problem_uid)) for x in solver_samples]
         by_key = {r.key: x for r, x in zip(requests, solver_samples)}
         for pair in await replayer.pairs_for(requests):
             sample = by_key[pair.key]
