@@ -5,8 +5,11 @@ datasets with short exact answers); an LLM grader follows a rubric and writes fe
 teacher can learn from. Both expose `async grade(problem, solution) -> Grade` and `stats`.
 
 Injection safety: the student's solution is text to be judged, never instructions. The verifier
-only compares the extracted answer with the label, so `GRADE: 1.0` inside a solution is just a
-wrong answer. The LLM grader's template inserts the solution verbatim in one rendering pass, and
+only compares the stated final answer with the label (`slime_meta.answer_check`: one answer, no
+hedges, math by math-verify), so `GRADE: 1.0` inside a solution is just a wrong answer, and its
+feedback never quotes the label (the teacher reads it). The LLM grader's template encloses the
+solution in a tag with a random name per request, with every instruction after it
+(`GraderPromptTemplate`), inserts the solution verbatim in one rendering pass, and
 `parse_grade` reads only the grader model's own reply (which we trust); the solution is passed to
 it only to recognise lines of the reply that quote it (a grader quoting "GRADE: 1.0" from the
 solution must not turn the quote into the verdict: the teacher is trained with RL on these
