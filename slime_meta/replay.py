@@ -22,6 +22,10 @@ The cache (JSONL, in the run dir) holds two kinds of lines:
     {"kind": "answer", "key": ..., "teacher": "name@base_url", "gen": ..., "solution": ..., "answer": ...}
     {"kind": "decision", "key": ..., "config": ..., "outcome": "pair", "pair": {...}}   # or "pair": null
 
+A pair's DPO reference log-probs (under the run's start weights, `reference_logps_for`) are
+stored once as a "reference" line (`replay_cache.reference_key`: the reference weights and the
+pair's token ids), so a resume reads them instead of computing them again.
+
 Every successful teacher call is stored as an answer line, so a resume never pays for the same
 call twice, even when the decision was still open (another teacher had failed): only the missing
 teachers are asked again. A decision line is written once the decision is final: every teacher
@@ -55,14 +59,15 @@ import os
 import random
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlsplit
 
 from slime_meta.errors import UserInputError
+from slime_meta.types import PreferencePair
 from slime_meta.grading import _retry_after_seconds, extract_answer, normalize_answer
-from slime_meta.replay_cache import append_replay_records, load_replay_cache
+from slime_meta.replay_cache import append_replay_records, load_reference_logps, load_replay_cache, reference_key
 from slime_meta.replay_vote import (  # noqa: F401 - re-exported: importable from here as before
     _MAX_MISSING_FOR_FINALITY,
     _decide,
@@ -266,6 +271,7 @@ class ReplayPairer:
         self._loaded = False
         self._decisions: dict[str, ReplayPair | None] = {}
         self._answers: dict[tuple[str, str], tuple[str, str | None]] = {}
+        self._references: dict[str, tuple[float, float]] | None = None  # loaded on first use
         # Clients and semaphores belong to one event loop (see grading.OpenAIGrader._resources).
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clients: list[Any] = []
@@ -291,6 +297,35 @@ class ReplayPairer:
 
     def _append(self, records: Iterable[dict[str, Any]]) -> None:
         append_replay_records(self.cache_path, records)
+
+    def reference_logps_for(
+        self,
+        pairs: Sequence[PreferencePair],
+        score: Callable[[list[PreferencePair]], list[PreferencePair]],
+        reference_id: str,
+    ) -> list[PreferencePair]:
+        """The pairs with their DPO reference log-probs: from the cache, else from `score` (which
+        fills them under the reference weights named `reference_id`), then cached."""
+        if self._references is None:
+            self._references = load_reference_logps(self.cache_path)
+        keys = [reference_key(reference_id, p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in pairs]
+        out = [
+            replace(p, reference_chosen_logp=self._references[k][0], reference_rejected_logp=self._references[k][1])
+            if k in self._references else p
+            for p, k in zip(pairs, keys)
+        ]  # fmt: skip
+        missing = [i for i, k in enumerate(keys) if k not in self._references]
+        if missing:
+            scored = score([out[i] for i in missing])
+            records = []
+            for i, pair in zip(missing, scored):
+                out[i] = pair
+                if keys[i] not in self._references:  # the same pair twice in one batch: one line
+                    self._references[keys[i]] = (pair.reference_chosen_logp, pair.reference_rejected_logp)
+                    records.append({"kind": "reference", "key": keys[i], "chosen": pair.reference_chosen_logp,
+                                    "rejected": pair.reference_rejected_logp})  # fmt: skip
+            self._append(records)
+        return out
 
     # ----------------------------------------------------------------- the API
 

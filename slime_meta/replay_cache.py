@@ -2,10 +2,14 @@
 
 The line formats and when each line is written are described in the docstring of
 `slime_meta.replay`; these functions read the lines of one configuration and append new ones.
+A third kind of line holds a pair's DPO reference log-probs under the start weights:
+
+    {"kind": "reference", "key": reference_key(...), "chosen": -12.5, "rejected": -20.1}
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -65,3 +69,25 @@ def append_replay_records(cache_path: Path, records: Iterable[dict[str, Any]]) -
         handle.write(lines.encode("utf-8"))
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def reference_key(reference_id: str, prompt_ids: Sequence[int], chosen_ids: Sequence[int], rejected_ids: Sequence[int]) -> str:
+    """The cache key of one pair's reference log-probs: the reference weights and the exact token ids."""
+    payload = json.dumps([reference_id, list(prompt_ids), list(chosen_ids), list(rejected_ids)])
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def load_reference_logps(cache_path: Path) -> dict[str, tuple[float, float]]:
+    """key -> (chosen, rejected) reference log-prob sums of the cache's "reference" lines."""
+    values: dict[str, tuple[float, float]] = {}
+    if not cache_path.exists():
+        return values
+    with open(cache_path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+                if record["kind"] == "reference":
+                    values[record["key"]] = (float(record["chosen"]), float(record["rejected"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # torn lines are counted by load_replay_cache
+    return values

@@ -79,8 +79,8 @@ def test_each_channel_alone_changes_the_update(tiny_checkpoint, batch, channel):
     reference = None
     if channel == "sdpo":
         settings = dataclasses.replace(plain, loss=LossSettings(sdpo_alpha=1.0, sdpo_top_k=5))
-    elif channel == "replay":
-        settings = dataclasses.replace(plain, loss=LossSettings(replay_beta=1.0))
+    elif channel == "replay":  # the DPO reference is the start weights
+        settings, reference = dataclasses.replace(plain, loss=LossSettings(replay_beta=1.0)), str(tiny_checkpoint)
     elif channel == "distill":
         settings = dataclasses.replace(plain, distill=DistillSettings(adv_tau=1.0, teacher_tau=1.0, student_tau=1.0))
     else:
