@@ -59,7 +59,7 @@ import os
 import random
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlsplit
@@ -67,7 +67,12 @@ from urllib.parse import urlsplit
 from slime_meta.errors import UserInputError
 from slime_meta.types import PreferencePair
 from slime_meta.grading import _retry_after_seconds, extract_answer, normalize_answer
-from slime_meta.replay_cache import append_replay_records, load_reference_logps, load_replay_cache, reference_key
+from slime_meta.replay_cache import (
+    append_replay_records,
+    load_reference_logps,
+    load_replay_cache,
+    with_cached_reference_logps,
+)
 from slime_meta.replay_vote import (  # noqa: F401 - re-exported: importable from here as before
     _MAX_MISSING_FOR_FINALITY,
     _decide,
@@ -299,33 +304,13 @@ class ReplayPairer:
         append_replay_records(self.cache_path, records)
 
     def reference_logps_for(
-        self,
-        pairs: Sequence[PreferencePair],
-        score: Callable[[list[PreferencePair]], list[PreferencePair]],
-        reference_id: str,
+        self, pairs: Sequence[PreferencePair], score: Callable[[list[PreferencePair]], list[PreferencePair]], reference_id: str
     ) -> list[PreferencePair]:
         """The pairs with their DPO reference log-probs: from the cache, else from `score` (which
         fills them under the reference weights named `reference_id`), then cached."""
         if self._references is None:
             self._references = load_reference_logps(self.cache_path)
-        keys = [reference_key(reference_id, p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in pairs]
-        out = [
-            replace(p, reference_chosen_logp=self._references[k][0], reference_rejected_logp=self._references[k][1])
-            if k in self._references else p
-            for p, k in zip(pairs, keys)
-        ]  # fmt: skip
-        missing = [i for i, k in enumerate(keys) if k not in self._references]
-        if missing:
-            scored = score([out[i] for i in missing])
-            records = []
-            for i, pair in zip(missing, scored):
-                out[i] = pair
-                if keys[i] not in self._references:  # the same pair twice in one batch: one line
-                    self._references[keys[i]] = (pair.reference_chosen_logp, pair.reference_rejected_logp)
-                    records.append({"kind": "reference", "key": keys[i], "chosen": pair.reference_chosen_logp,
-                                    "rejected": pair.reference_rejected_logp})  # fmt: skip
-            self._append(records)
-        return out
+        return with_cached_reference_logps(self.cache_path, self._references, pairs, score, reference_id)
 
     # ----------------------------------------------------------------- the API
 

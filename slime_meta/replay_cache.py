@@ -9,6 +9,7 @@ A third kind of line holds a pair's DPO reference log-probs under the start weig
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -91,3 +92,27 @@ def load_reference_logps(cache_path: Path) -> dict[str, tuple[float, float]]:
             except (ValueError, KeyError, TypeError):
                 continue  # torn lines are counted by load_replay_cache
     return values
+
+
+def with_cached_reference_logps(cache_path: Path, references: dict[str, tuple[float, float]], pairs: Sequence[Any],
+                                score: Callable[[list[Any]], list[Any]], reference_id: str) -> list[Any]:  # fmt: skip
+    """`pairs` (`PreferencePair`s) with their reference log-probs from `references` (the cache's,
+    updated in place), the missing ones from `score`, which are then appended to the cache."""
+    keys = [reference_key(reference_id, p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in pairs]
+    out = [
+        dataclasses.replace(p, reference_chosen_logp=references[k][0], reference_rejected_logp=references[k][1])
+        if k in references else p
+        for p, k in zip(pairs, keys)
+    ]  # fmt: skip
+    missing = [i for i, k in enumerate(keys) if k not in references]
+    if not missing:
+        return out
+    records = []
+    for i, pair in zip(missing, score([out[i] for i in missing])):
+        out[i] = pair
+        if keys[i] not in references:  # the same pair twice in one batch: one line
+            references[keys[i]] = (pair.reference_chosen_logp, pair.reference_rejected_logp)
+            records.append({"kind": "reference", "key": keys[i], "chosen": pair.reference_chosen_logp,
+                            "rejected": pair.reference_rejected_logp})  # fmt: skip
+    append_replay_records(cache_path, records)
+    return out
