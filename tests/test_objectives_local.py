@@ -186,3 +186,19 @@ def test_distillation_adds_no_solver_grpo_term_unless_asked(tiny_checkpoint, bat
     asked = dataclasses.replace(settings, distill=DistillSettings(adv_tau=1.0, teacher_tau=1.0))
     changed = zip(gradients(tiny_checkpoint, asked, (), solver), gradients(tiny_checkpoint, asked, (), flipped))
     assert any(not torch.equal(a, b) for a, b in changed)
+
+
+def test_adv_tau_not_given_keeps_the_teachers_grpo_on_slime():
+    """On slime the shaped samples are the teacher's infos: --adv-tau not given (None) means 1 there."""
+    from argparse import Namespace
+
+    from slime_meta.backends.slime.advantages import context_distillation
+
+    def advantages(adv_tau):
+        data = {"rewards": [1.5], "kl": [torch.zeros(2)], "teacher_log_probs": [torch.tensor([-1.0, -2.0])],
+                "log_probs": [torch.tensor([-0.5, -0.5])], "rollout_log_probs": [torch.zeros(2)]}  # fmt: skip
+        context_distillation(Namespace(adv_tau=adv_tau, teacher_tau=0.5, student_tau=0.0, use_rollout_logprobs=False), data)
+        return data["advantages"][0]
+
+    torch.testing.assert_close(advantages(None), advantages(1.0))
+    torch.testing.assert_close(advantages(None), torch.tensor([1.5 - 0.5, 1.5 - 1.0]))
