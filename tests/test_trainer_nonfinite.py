@@ -157,6 +157,7 @@ def test_a_run_skips_nan_steps_pushes_nothing_and_stops_with_the_last_checkpoint
     assert first.keys() == second.keys()
     for name in first:
         assert torch.isfinite(first[name]).all() and torch.equal(first[name], second[name]), name
-    start = load_file(tiny_checkpoint / "model.safetensors")
-    assert any(not torch.equal(start[n], first[n]) for n in first if n in start)  # step 0 did train
+    if records[0]["train/grad_norm"] > 0:  # step 0 had a signal (a random model's groups may all tie): it trained
+        start = load_file(tiny_checkpoint / "model.safetensors")
+        assert any(not torch.equal(start[n], first[n]) for n in first if n in start)
     assert json.loads((ckpt / "iter_0000002" / "state.json").read_text())["next_rollout_id"] == 2
