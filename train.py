@@ -16,10 +16,10 @@ from slime_meta.arguments import parse_config
 from slime_meta.backends import get_backend
 from slime_meta.backends.slime.cli import requested_backend
 from slime_meta.backends.local.launcher import LaunchError
-from slime_meta.errors import EXIT_USER_ERROR, UserInputError
+from slime_meta.errors import EXIT_USER_ERROR, NonFiniteTrainingError, UserInputError
 from slime_meta.pools import PoolUnavailable
 
-RUNTIME_FAULTS = (LaunchError, PoolUnavailable)
+RUNTIME_FAULTS = (LaunchError, PoolUnavailable, NonFiniteTrainingError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Flags and config of the training objectives beyond plain GRPO.
 
   off-policy correction  --use-tis / --tis-clip / --tis-clip-low, --aipo-delta, --eps-clip-c
-  regularisers           --kl-loss-coef / --kl-loss-type against a frozen reference, --entropy-coef
+  regularisers           --kl-loss-coef / --kl-loss-type (k3) against a frozen reference, --entropy-coef
   context distillation   --teacher-tau / --student-tau / --adv-tau with a context: --teacher-context,
                          --context-key, or the meta-teacher's own info (--distill-context additional_info)
   channel 2 (SDPO)       --sdpo-alpha ...: JSD to the same model with the hint in its prompt
@@ -33,7 +33,7 @@ class ObjectivesConfig:
     teacher_context: str | None
     context_key: str | None
     distill_context: str
-    adv_tau: float
+    adv_tau: float | None  # None: not given (see solver_adv_tau)
     teacher_tau: float
     student_tau: float
     skip_verification: bool
@@ -56,6 +56,11 @@ class ObjectivesConfig:
     @property
     def distillation_on(self) -> bool:
         return self.teacher_tau != 0.0 or self.student_tau != 0.0
+
+    @property
+    def solver_adv_tau(self) -> float:
+        """The local backend's weight of the solver samples' task advantage: off unless --adv-tau is given."""
+        return 0.0 if self.adv_tau is None else self.adv_tau
 
     @property
     def sdpo_on_any(self) -> bool:
@@ -84,7 +89,10 @@ def add_objective_arguments(add_group) -> None:
     add("--aipo-delta", type=float, default=None, help="AIPO: loss = -min(pi/mu, delta) * A instead of the PPO clip (e.g. 8).")
     add("--eps-clip-c", type=float, default=None, help="Dual-clip bound (> 1) for negative advantages.")
     add("--kl-loss-coef", type=float, default=0.0, help="KL penalty to a frozen copy of the initial weights.")
-    add("--kl-loss-type", choices=("k1", "k3"), default="k1")
+    add("--kl-loss-type", choices=("k1", "k2", "k3"), default="k3",
+        help="KL estimator used as the loss: k3 = exp(ref-logp)-(ref-logp)-1 (low variance; its gradient on "
+             "on-policy samples pulls towards the reference); k2 = (logp-ref)^2/2; k1 = logp-ref, whose gradient "
+             "is zero in expectation on on-policy samples (docs/objectives.md).")
     add("--entropy-coef", type=float, default=0.0, help="Entropy bonus (subtracted from the loss).")
 
     add = add_group("objectives: context distillation")
@@ -92,7 +100,11 @@ def add_objective_arguments(add_group) -> None:
     add("--context-key", default=None, help="Dataset column holding a per-row context.")
     add("--distill-context", choices=("none", "additional_info"), default="none",
         help="additional_info: the meta-teacher's own final info for that problem is the context.")
-    add("--adv-tau", type=float, default=1.0, help="Weight of the task advantage in the distillation advantage.")
+    add("--adv-tau", type=float, default=None,
+        help="Weight of the task advantage in the distillation advantage of the samples distillation shapes. "
+             "Local backend: the policy's own solver samples, a GRPO term on them; not given = 0 (off: "
+             "distillation adds only its log-prob terms, the teacher's infos keep their own GRPO). --backend "
+             "slime: the teacher's infos; not given = 1 (their GRPO advantage kept).")
     add("--teacher-tau", type=float, default=0.0, help="Weight of log p(token | context + prompt).")
     add("--student-tau", type=float, default=0.0, help="Weight of -log p(token | prompt).")
     add("--skip-verification", action="store_true", help="Pure distillation: the solver samples get no task advantage.")

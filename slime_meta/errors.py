@@ -14,3 +14,10 @@ class UserInputError(Exception):
 
     def __init__(self, message: str):
         super().__init__(" ".join(message.split()))  # one line, whatever the caller wrote
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient norm (`--max-skipped-steps`).
+
+    Not the user's input but a run that cannot go on: `train.py` prints its one line and exits 1.
+    """

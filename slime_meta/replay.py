@@ -25,6 +25,10 @@ The cache (JSONL, in the run dir) holds two kinds of lines:
     {"kind": "answer", "key": ..., "teacher": "name@base_url", "gen": ..., "solution": ..., "answer": ...}
     {"kind": "decision", "key": ..., "config": ..., "outcome": "pair", "pair": {...}}   # or "pair": null
 
+A pair's DPO reference log-probs (under the run's start weights, `reference_logps_for`) are
+stored once as a "reference" line (`replay_cache.reference_key`: the reference weights and the
+pair's token ids), so a resume reads them instead of computing them again.
+
 Every successful teacher call is stored as an answer line, so a resume never pays for the same
 call twice, even when the decision was still open (another teacher had failed): only the missing
 teachers are asked again. A decision line is written once the decision is final: every teacher
@@ -60,12 +64,18 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlsplit
 
 from slime_meta.errors import UserInputError
+from slime_meta.types import PreferencePair
 from slime_meta.grading import _retry_after_seconds, extract_answer, normalize_answer
-from slime_meta.replay_cache import append_replay_records, load_replay_cache
+from slime_meta.replay_cache import (
+    append_replay_records,
+    load_reference_logps,
+    load_replay_cache,
+    with_cached_reference_logps,
+)
 from slime_meta.replay_vote import (  # noqa: F401 - re-exported: importable from here as before
     _MAX_MISSING_FOR_FINALITY,
     _decide,
@@ -275,6 +285,7 @@ class ReplayPairer:
         self._loaded = False
         self._decisions: dict[str, ReplayPair | None] = {}
         self._answers: dict[tuple[str, str], tuple[str, str | None]] = {}
+        self._references: dict[str, tuple[float, float]] | None = None  # loaded on first use
         # Clients and semaphores belong to one event loop (see grading.OpenAIGrader._resources).
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clients: list[Any] = []
@@ -300,6 +311,15 @@ class ReplayPairer:
 
     def _append(self, records: Iterable[dict[str, Any]]) -> None:
         append_replay_records(self.cache_path, records)
+
+    def reference_logps_for(
+        self, pairs: Sequence[PreferencePair], score: Callable[[list[PreferencePair]], list[PreferencePair]], reference_id: str
+    ) -> list[PreferencePair]:
+        """The pairs with their DPO reference log-probs: from the cache, else from `score` (which
+        fills them under the reference weights named `reference_id`), then cached."""
+        if self._references is None:
+            self._references = load_reference_logps(self.cache_path)
+        return with_cached_reference_logps(self.cache_path, self._references, pairs, score, reference_id)
 
     # ----------------------------------------------------------------- the API
 

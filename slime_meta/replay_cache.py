@@ -2,10 +2,15 @@
 
 The line formats and when each line is written are described in the docstring of
 `slime_meta.replay`; these functions read the lines of one configuration and append new ones.
+A third kind of line holds a pair's DPO reference log-probs under the start weights:
+
+    {"kind": "reference", "key": reference_key(...), "chosen": -12.5, "rejected": -20.1}
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -65,3 +70,49 @@ def append_replay_records(cache_path: Path, records: Iterable[dict[str, Any]]) -
         handle.write(lines.encode("utf-8"))
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def reference_key(reference_id: str, prompt_ids: Sequence[int], chosen_ids: Sequence[int], rejected_ids: Sequence[int]) -> str:
+    """The cache key of one pair's reference log-probs: the reference weights and the exact token ids."""
+    payload = json.dumps([reference_id, list(prompt_ids), list(chosen_ids), list(rejected_ids)])
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def load_reference_logps(cache_path: Path) -> dict[str, tuple[float, float]]:
+    """key -> (chosen, rejected) reference log-prob sums of the cache's "reference" lines."""
+    values: dict[str, tuple[float, float]] = {}
+    if not cache_path.exists():
+        return values
+    with open(cache_path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+                if record["kind"] == "reference":
+                    values[record["key"]] = (float(record["chosen"]), float(record["rejected"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # torn lines are counted by load_replay_cache
+    return values
+
+
+def with_cached_reference_logps(cache_path: Path, references: dict[str, tuple[float, float]], pairs: Sequence[Any],
+                                score: Callable[[list[Any]], list[Any]], reference_id: str) -> list[Any]:  # fmt: skip
+    """`pairs` (`PreferencePair`s) with their reference log-probs from `references` (the cache's,
+    updated in place), the missing ones from `score`, which are then appended to the cache."""
+    keys = [reference_key(reference_id, p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in pairs]
+    out = [
+        dataclasses.replace(p, reference_chosen_logp=references[k][0], reference_rejected_logp=references[k][1])
+        if k in references else p
+        for p, k in zip(pairs, keys)
+    ]  # fmt: skip
+    missing = [i for i, k in enumerate(keys) if k not in references]
+    if not missing:
+        return out
+    records = []
+    for i, pair in zip(missing, score([out[i] for i in missing])):
+        out[i] = pair
+        if keys[i] not in references:  # the same pair twice in one batch: one line
+            references[keys[i]] = (pair.reference_chosen_logp, pair.reference_rejected_logp)
+            records.append({"kind": "reference", "key": keys[i], "chosen": pair.reference_chosen_logp,
+                            "rejected": pair.reference_rejected_logp})  # fmt: skip
+    append_replay_records(cache_path, records)
+    return out

@@ -166,8 +166,14 @@ class SolverSample:
 
 @dataclass(frozen=True)
 class PreferencePair:
-    """A DPO pair over one solver prompt: chosen and rejected response ids."""
+    """A DPO pair over one solver prompt: chosen and rejected response ids.
+
+    The reference log-probs (summed over each response, under the run's start weights) are
+    computed once when the pair is made and travel with it; None until then.
+    """
 
     prompt_ids: tuple[int, ...]
     chosen_ids: tuple[int, ...]
     rejected_ids: tuple[int, ...]
+    reference_chosen_logp: float | None = None
+    reference_rejected_logp: float | None = None

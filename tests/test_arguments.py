@@ -79,7 +79,7 @@ def test_bad_flag_values_name_the_flag(extra, flag):
 def test_objective_defaults_leave_plain_grpo():
     o = parse_config(BASE).objectives
     assert not (o.distillation_on or o.sdpo_on_any or o.replay_on or o.needs_solver_samples or o.needs_reference)
-    assert o.kl_loss_type == "k1" and o.replay_min_agree == 2 and o.sdpo_grade_threshold == 1.0
+    assert o.kl_loss_type == "k3" and o.replay_min_agree == 2 and o.sdpo_grade_threshold == 1.0
 
 
 def test_missing_required_flags():

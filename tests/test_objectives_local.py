@@ -79,8 +79,8 @@ def test_each_channel_alone_changes_the_update(tiny_checkpoint, batch, channel):
     reference = None
     if channel == "sdpo":
         settings = dataclasses.replace(plain, loss=LossSettings(sdpo_alpha=1.0, sdpo_top_k=5))
-    elif channel == "replay":
-        settings = dataclasses.replace(plain, loss=LossSettings(replay_beta=1.0))
+    elif channel == "replay":  # the DPO reference is the start weights
+        settings, reference = dataclasses.replace(plain, loss=LossSettings(replay_beta=1.0)), str(tiny_checkpoint)
     elif channel == "distill":
         settings = dataclasses.replace(plain, distill=DistillSettings(adv_tau=1.0, teacher_tau=1.0, student_tau=1.0))
     else:
@@ -146,3 +146,59 @@ def test_distillation_logprobs_align_to_the_students_tokens_on_a_chat_prompt(tin
         expected = [logp[start + i, token].item() for i, token in enumerate(sample.response_ids)]
         assert sample.teacher_logprobs == pytest.approx(expected, abs=1e-4)
         assert sample.hint_prompt_ids is not None and sample.is_error_site == (sample.grade < 1.0)
+
+
+def gradients(checkpoint, settings: TrainerSettings, teacher, solver=()) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    trainer = LocalTrainer(str(checkpoint), settings)
+    trainer.compute_gradients(teacher, solver)
+    return [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in trainer.model.parameters()]
+
+
+def test_distillation_leaves_the_teachers_own_gradient_as_it_was(tiny_checkpoint, batch):
+    """The teacher's infos and the solver's distillation tokens are two token means: with
+    distillation on, the total gradient is the teacher's gradient without it plus the solver's."""
+    teacher, solver, _ = batch
+    plain = TrainerSettings(lr=1e-2, device="cpu")
+    distill = dataclasses.replace(plain, distill=DistillSettings(teacher_tau=1.0, student_tau=0.5))
+    teacher_alone = gradients(tiny_checkpoint, plain, teacher)
+    solver_alone = gradients(tiny_checkpoint, distill, (), solver)
+    both = gradients(tiny_checkpoint, distill, teacher, solver)
+    scale = max(g.abs().max().item() for g in teacher_alone)
+    assert scale > 1e-4 and max(s.abs().max().item() for s in solver_alone) > 1e-4
+    for g_both, g_teacher, g_solver in zip(both, teacher_alone, solver_alone):
+        torch.testing.assert_close(g_both - g_solver, g_teacher, atol=1e-6 * scale, rtol=1e-5)
+
+
+def test_distillation_adds_no_solver_grpo_term_unless_asked(tiny_checkpoint, batch):
+    """--adv-tau not given: the solver samples' task advantage does not reach the gradient."""
+    from test_arguments import BASE
+
+    from slime_meta.arguments import parse_config
+
+    _, solver, _ = batch
+    objectives = parse_config(BASE + ["--teacher-context", "x", "--teacher-tau", "1"]).objectives
+    assert objectives.adv_tau is None and objectives.solver_adv_tau == 0.0
+    settings = TrainerSettings(lr=1e-2, device="cpu", distill=DistillSettings(teacher_tau=1.0))
+    flipped = [dataclasses.replace(x, task_advantage=-5.0 * x.task_advantage + 3.0) for x in solver]
+    for a, b in zip(gradients(tiny_checkpoint, settings, (), solver), gradients(tiny_checkpoint, settings, (), flipped)):
+        assert torch.equal(a, b)
+    asked = dataclasses.replace(settings, distill=DistillSettings(adv_tau=1.0, teacher_tau=1.0))
+    changed = zip(gradients(tiny_checkpoint, asked, (), solver), gradients(tiny_checkpoint, asked, (), flipped))
+    assert any(not torch.equal(a, b) for a, b in changed)
+
+
+def test_adv_tau_not_given_keeps_the_teachers_grpo_on_slime():
+    """On slime the shaped samples are the teacher's infos: --adv-tau not given (None) means 1 there."""
+    from argparse import Namespace
+
+    from slime_meta.backends.slime.advantages import context_distillation
+
+    def advantages(adv_tau):
+        data = {"rewards": [1.5], "kl": [torch.zeros(2)], "teacher_log_probs": [torch.tensor([-1.0, -2.0])],
+                "log_probs": [torch.tensor([-0.5, -0.5])], "rollout_log_probs": [torch.zeros(2)]}  # fmt: skip
+        context_distillation(Namespace(adv_tau=adv_tau, teacher_tau=0.5, student_tau=0.0, use_rollout_logprobs=False), data)
+        return data["advantages"][0]
+
+    torch.testing.assert_close(advantages(None), advantages(1.0))
+    torch.testing.assert_close(advantages(None), torch.tensor([1.5 - 0.5, 1.5 - 1.0]))

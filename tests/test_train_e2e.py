@@ -213,6 +213,7 @@ def test_all_three_channels_and_context_distillation_in_one_run(tiny_checkpoint,
         assert "distill/teacher_minus_student_logp" in r
     cached = read_jsonl(run_dir / "replay_pairs.jsonl")
     assert cached, "replay decisions are cached in the run dir"
+    assert any(r["kind"] == "reference" for r in cached)  # each pair's start-weights log-probs, once
 
 
 def test_distillation_from_a_context_column_with_baseline_eval(tiny_checkpoint, tmp_path):

@@ -172,7 +172,7 @@ def policy_loss(
     return PolicyLossOutput(loss=loss, per_token_loss=per_token, metrics=metrics)
 
 
-def kl_penalty(logp: Tensor, ref_logp: Tensor, mask: Tensor, kind: str = "k1") -> KLPenaltyOutput:
+def kl_penalty(logp: Tensor, ref_logp: Tensor, mask: Tensor, kind: str = "k3") -> KLPenaltyOutput:
     """Per-token KL(pi || ref) estimate on sampled tokens, `d = ref_logp - logp` (ref detached):
 
         k1 = logp - ref_logp = -d               (unbiased, can be negative)

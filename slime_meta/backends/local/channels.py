@@ -1,7 +1,8 @@
 """The loss channels of one local train step, each a pass of micro-batches with gradient accumulation.
 
   channel 1  policy gradient (GRPO/PPO with off-policy correction, KL, entropy) over the teacher's
-             infos and, with distillation on, the policy's own solutions with shaped token advantages
+             infos and, with distillation on, over the policy's own solutions with shaped token
+             advantages: two passes, each its own token mean
   channel 2  SDPO: JSD between the policy on the plain prompt and the same weights (no grad) on the
              hint-injected prompt, on the response tokens of the error sites
   channel 3  trace replay: DPO on (teacher-agreed answer, policy answer) pairs
@@ -64,7 +65,8 @@ class LossSettings:
     tis_clip_low: float = 0.0
     aipo_delta: float | None = None
     kl_loss_coef: float = 0.0
-    kl_loss_type: str = "k1"
+    # k3: as a loss on on-policy samples its gradient pulls towards the reference (k1's is zero in expectation).
+    kl_loss_type: str = "k3"
     entropy_coef: float = 0.0
     sdpo_alpha: float = 0.0
     sdpo_beta: float = 0.5
@@ -193,18 +195,37 @@ def _sequence_logp_sums(forward: ModelCall, pairs_ids: Sequence[tuple[tuple[int,
     return torch.zeros(len(pairs_ids), dtype=logp_N.dtype, device=device).index_add(0, pair_of_row_N, logp_N)
 
 
+def reference_logp_sums(
+    reference: ModelCall, pairs: Sequence[PreferencePair], micro_batch_size: int, pad_id: int, device: torch.device,
+    chunk_size: int | None,
+) -> list[tuple[float, float]]:  # fmt: skip
+    """(chosen, rejected) summed log-probs of each pair under `reference` (no gradient), in pair order."""
+    values: list[tuple[float, float]] = []
+    with torch.no_grad():
+        for group in chunks(list(pairs), micro_batch_size):
+            chosen = _sequence_logp_sums(reference, [(p.prompt_ids, p.chosen_ids) for p in group], pad_id, device, chunk_size)
+            rejected = _sequence_logp_sums(reference, [(p.prompt_ids, p.rejected_ids) for p in group], pad_id, device, chunk_size)
+            values += zip(chosen.float().tolist(), rejected.float().tolist())
+    return values
+
+
 def replay_dpo_pass(
-    forward: ModelCall, reference: ModelCall, pairs: Sequence[PreferencePair], s: LossSettings, micro_batch_size: int,
-    pad_id: int, device: torch.device,
+    forward: ModelCall, pairs: Sequence[PreferencePair], s: LossSettings, micro_batch_size: int, pad_id: int,
+    device: torch.device,
 ) -> dict[str, float]:  # fmt: skip
-    """Channel 3: sigmoid DPO; log-probs summed over response tokens, at temperature 1."""
+    """Channel 3: sigmoid DPO; log-probs summed over response tokens, at temperature 1.
+
+    The reference log-probs are the pairs' own (`PreferencePair.reference_*_logp`), computed once
+    under the start weights when the pair was made (`LocalTrainer.with_reference_logps`).
+    """
+    if any(p.reference_chosen_logp is None or p.reference_rejected_logp is None for p in pairs):
+        raise ValueError("replay_dpo_pass: every pair needs its reference log-probs (LocalTrainer.with_reference_logps)")
     sums = {"replay_dpo": 0.0, "replay_reward_accuracy": 0.0, "replay_reward_margin": 0.0}
     for group in chunks(list(pairs), micro_batch_size):
         chosen = [(p.prompt_ids, p.chosen_ids) for p in group]
         rejected = [(p.prompt_ids, p.rejected_ids) for p in group]
-        with torch.no_grad():
-            ref_chosen = _sequence_logp_sums(reference, chosen, pad_id, device, s.jsd_chunk_size)
-            ref_rejected = _sequence_logp_sums(reference, rejected, pad_id, device, s.jsd_chunk_size)
+        ref_chosen = torch.tensor([p.reference_chosen_logp for p in group], dtype=torch.float32, device=device)
+        ref_rejected = torch.tensor([p.reference_rejected_logp for p in group], dtype=torch.float32, device=device)
         out = dpo_loss(
             _sequence_logp_sums(forward, chosen, pad_id, device, s.jsd_chunk_size),
             _sequence_logp_sums(forward, rejected, pad_id, device, s.jsd_chunk_size),

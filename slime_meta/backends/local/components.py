@@ -217,11 +217,11 @@ def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
         lr=t.lr, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2,
         clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size, device=cfg.pools.device, compile_layers=t.compile_layers,
         temperature=cfg.sampling.teacher_temperature,  # log-probs under the distribution sampled from
-        loss=loss, distill=DistillSettings(o.adv_tau, o.teacher_tau, o.student_tau),
+        loss=loss, distill=DistillSettings(o.solver_adv_tau, o.teacher_tau, o.student_tau), max_skipped_steps=t.max_skipped_steps,
     )  # fmt: skip
     pad_token_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
-    # The reference is the run's starting checkpoint, also after a resume.
-    reference = cfg.pools.hf_checkpoint if o.kl_loss_coef != 0.0 else None
+    # The reference (KL anchor, replay DPO) is the run's starting checkpoint, also after a resume.
+    reference = cfg.pools.hf_checkpoint if o.needs_reference else None
     return LocalTrainer(model_dir, settings, pad_token_id=pad_token_id, reference_path=reference)
 
 
@@ -257,8 +257,10 @@ def make_replayer(cfg: MetaConfig, run_dir: Path):
     )
 
 
-async def solver_channel_inputs(builder, replayer, chains, tokenizer) -> tuple[list, list, dict[str, float]]:
-    """The policy's own solutions (distillation, SDPO) and the replay pairs built on them."""
+async def solver_channel_inputs(builder, replayer, chains, tokenizer, trainer=None) -> tuple[list, list, dict[str, float]]:
+    """The policy's own solutions (distillation, SDPO) and the replay pairs built on them, each pair
+    with its DPO reference log-probs under the start weights (the trainer's frozen reference),
+    computed once and cached with the pair decisions."""
     if builder is None:
         return [], [], {}
     solver_samples, metrics = await builder.build(chains)
@@ -276,6 +278,8 @@ async def solver_channel_inputs(builder, replayer, chains, tokenizer) -> tuple[l
             if tokenizer.eos_token_id is not None:
                 chosen_ids += (tokenizer.eos_token_id,)
             pairs.append(PreferencePair(sample.prompt_ids, chosen_ids, sample.response_ids))
+        if pairs and trainer is not None:
+            pairs = await asyncio.to_thread(replayer.reference_logps_for, pairs, trainer.with_reference_logps, trainer.reference_id)
         # Counters since the start of this process (a resume starts them again).
         metrics.update({f"replay/{k}": float(v) for k, v in replayer.stats.as_dict().items()})
     return solver_samples, pairs, metrics

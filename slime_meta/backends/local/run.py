@@ -55,7 +55,7 @@ async def _run(cfg: MetaConfig) -> Path:
 
         async def produce(step: int, episodes: list):
             result = await rollout.run(episodes, step, seed=cfg.seed)
-            return episodes, result, *await C.solver_channel_inputs(solver_builder, replayer, result.chains, tokenizer)
+            return episodes, result, *await C.solver_channel_inputs(solver_builder, replayer, result.chains, tokenizer, trainer)
 
         pipeline = RolloutPipeline(
             produce, lambda: data.sampler.next_episodes(**data.draw_sizes), data.sampler.state_dict,
@@ -66,10 +66,11 @@ async def _run(cfg: MetaConfig) -> Path:
                 step_started = time.perf_counter()
                 # The pool serves weights of version rollout_id: one push per finished step.
                 episodes, result, solver, pairs, solver_metrics = await pipeline.result(rollout_id, weights_version=rollout_id)
-                train_metrics = await asyncio.to_thread(trainer.train_step, result.samples, solver, pairs)
-                await asyncio.to_thread(
-                    C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1, processes
-                )
+                train_metrics = await asyncio.to_thread(trainer.train_step, result.samples, solver, pairs, rollout_id)
+                if not train_metrics.get("train/skipped_nonfinite"):  # a skipped step left the weights as they were
+                    await asyncio.to_thread(
+                        C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1, processes
+                    )
 
                 metrics = {**result.metrics, **solver_metrics, **train_metrics, "perf/step_time": time.perf_counter() - step_started}
                 metrics.update(C.counter_metrics(teacher_pool, student_pool, rollout.grader))

@@ -5,7 +5,10 @@ behaviour log-probs the engine returned. Re-tokenising the generated text would 
 was sampled and break the ratio. Log-probs are taken under logits / temperature, the
 distribution the engine sampled from, so the ratio is 1 on-policy.
 
-The loss channels (policy gradient, SDPO, trace-replay DPO) live in `channels.py`. fp32 on CPU;
+The loss channels (policy gradient, SDPO, trace-replay DPO) live in `channels.py`. A step whose
+loss or gradient norm is not finite is skipped: no optimizer update, so the weights and AdamW's
+moments stay those of the last good step; `max_skipped_steps` such steps in a row stop the run
+(`NonFiniteTrainingError`). fp32 on CPU;
 on a GPU fp32 master weights with bf16 autocast, AdamW's fused kernel, and the decoder layers
 compiled (`compile_layers`). The model is called in two parts (`SplitModelCall`):
 the decoder's last hidden states, then the output projection on the loss rows only.
@@ -13,7 +16,8 @@ the decoder's last hidden states, then the output projection on the loss rows on
 
 from __future__ import annotations
 
-import copy
+import dataclasses
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -28,6 +32,7 @@ from slime_meta.backends.local.channels import (
     LossSettings,
     ModelCall,
     policy_gradient_pass,
+    reference_logp_sums,
     replay_dpo_pass,
     sdpo_pass,
 )
@@ -36,8 +41,10 @@ from slime_meta.losses import (
     context_distillation_advantages,
     total_loss,
 )
+from slime_meta.errors import NonFiniteTrainingError
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
+logger = logging.getLogger(__name__)
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
@@ -47,7 +54,13 @@ def resolve_device(device: str) -> torch.device:
 
 @dataclass(frozen=True)
 class DistillSettings:
-    adv_tau: float = 1.0
+    """Context distillation of the policy's own solutions (the solver side of channel 1).
+
+    `adv_tau` weights the solver samples' task advantage (a GRPO term on the solver's tokens): 0
+    unless asked, so that turning distillation on adds only the distillation signal.
+    """
+
+    adv_tau: float = 0.0
     teacher_tau: float = 0.0
     student_tau: float = 0.0
 
@@ -79,6 +92,8 @@ class TrainerSettings:
     # New sequence lengths recompile once into a dynamic-shape graph. Ignored on CPU. Off unless
     # asked (--compile-layers): the compile is a cost a short or small-model run does not earn back.
     compile_layers: bool = False
+    # Steps in a row with a non-finite loss or gradient norm (each skipped) before the run stops.
+    max_skipped_steps: int = 3
 
 
 # Causal LMs whose forward is `lm_head(decoder(...).last_hidden_state)` with nothing in between.
@@ -161,7 +176,9 @@ class LocalTrainer:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         self.model.train()
         self.reference = None
-        if reference_path is not None:  # frozen initial weights: KL anchor and DPO reference
+        # Names the reference weights in caches of values computed under them (replay DPO).
+        self.reference_id = str(Path(reference_path).resolve()) if reference_path is not None else None
+        if reference_path is not None:  # frozen start weights: KL anchor and DPO reference
             self.reference = AutoModelForCausalLM.from_pretrained(reference_path, dtype=torch.float32).to(self.device)
             self.reference.eval().requires_grad_(False)
         # One kernel for the whole update on CUDA instead of a loop over tensors; the CPU keeps
@@ -174,59 +191,137 @@ class LocalTrainer:
         self.compiled_layers = 0
         if settings.compile_layers and self.device.type == "cuda":
             self.compiled_layers = compile_decoder_layers(self.model)
-        self.steps_done = 0
+        self.steps_done = 0  # optimizer steps applied
+        self.skipped_nonfinite = 0  # steps skipped for a non-finite loss or gradient norm, in all
+        self.skipped_in_a_row = 0
 
     def _forward(self, model) -> ModelCall:
         return SplitModelCall(model, autocast=self.device.type == "cuda", split_head=self.settings.split_head)
 
-    def train_step(
+    def with_reference_logps(self, pairs: Sequence[PreferencePair]) -> list[PreferencePair]:
+        """The pairs with their DPO reference log-probs: summed over each response, under the frozen
+        start weights (`reference_path`). Pairs that carry them already are returned as they are."""
+        missing = [i for i, p in enumerate(pairs) if p.reference_chosen_logp is None or p.reference_rejected_logp is None]
+        out = list(pairs)
+        if not missing:
+            return out
+        if self.reference is None:
+            raise ValueError("replay DPO needs reference log-probs: load the start weights as the trainer's reference_path")
+        values = reference_logp_sums(
+            self._forward(self.reference), [pairs[i] for i in missing], self.settings.micro_batch_size,
+            self.pad_token_id, self.device, self.settings.loss.jsd_chunk_size,
+        )  # fmt: skip
+        for i, (chosen, rejected) in zip(missing, values):
+            out[i] = dataclasses.replace(pairs[i], reference_chosen_logp=chosen, reference_rejected_logp=rejected)
+        return out
+
+    def compute_gradients(
         self,
         teacher_samples: Sequence[TeacherSample],
         solver_samples: Sequence[SolverSample] = (),
         pairs: Sequence[PreferencePair] = (),
     ) -> dict[str, float]:
-        """One optimizer step over a rollout's samples, every channel accumulating into the gradient."""
-        started = time.perf_counter()
+        """Backpropagate every channel of one step into `.grad` (no optimizer step); the metrics.
+
+        The teacher's infos and the solver's distillation samples are two policy-gradient terms,
+        each its own token mean, added with weight 1 (the distillation's weights are its taus):
+        turning distillation on leaves the teacher's own gradient as it was.
+        """
         s = self.settings
-        sequences = teacher_sequences(teacher_samples, s.temperature)
-        if s.distill.on:
-            sequences += distillation_sequences(solver_samples, s.distill)
-        if not sequences:
+        teacher = teacher_sequences(teacher_samples, s.temperature)
+        solver = distillation_sequences(solver_samples, s.distill) if s.distill.on else []
+        if not teacher and not solver:
             return {"train/skipped_empty_batch": 1.0}
         policy, reference = self._forward(self.model), self._forward(self.reference) if self.reference else None
-        pg = policy_gradient_pass(policy, reference, sequences, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
-        metrics = {f"train/{k}": v for k, v in pg.items()}
-        channels = ThreeChannelInputs(grpo=torch.tensor(pg["loss"]))
+        metrics: dict[str, float] = {}
+        pg_loss = 0.0
+        if teacher:
+            pg = policy_gradient_pass(policy, reference, teacher, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+            metrics.update({f"train/{k}": v for k, v in pg.items()})
+            pg_loss += pg["loss"]
+        if solver:
+            distill = policy_gradient_pass(policy, reference, solver, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+            metrics.update({f"train/distill_{k}": v for k, v in distill.items()})
+            metrics["train/distill_tokens"] = float(sum(len(x.response_ids) for x in solver))
+            pg_loss += distill["loss"]
+        channels = ThreeChannelInputs(grpo=torch.tensor(pg_loss))
         sdpo_samples = [x for x in solver_samples if x.is_error_site and x.hint_prompt_ids and x.response_ids]
         if s.loss.sdpo_alpha and sdpo_samples:
             sdpo = sdpo_pass(policy, sdpo_samples, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
             metrics.update({f"train/{k}": v for k, v in sdpo.items()})
             channels.sdpo_jsd = torch.tensor(sdpo["sdpo_jsd"])
         if s.loss.replay_beta and pairs:
-            # Without a loaded reference the behaviour policy (these very weights, before the step) is the reference.
-            dpo = replay_dpo_pass(policy, reference or policy, pairs, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+            # The reference is the start weights (seed 004), never the weights being trained.
+            dpo = replay_dpo_pass(policy, self.with_reference_logps(pairs), s.loss, s.micro_batch_size, self.pad_token_id, self.device)
             metrics.update({f"train/{k}": v for k, v in dpo.items()})
             channels.replay_dpo = torch.tensor(dpo["replay_dpo"])
         combined = total_loss(channels, alpha=s.loss.sdpo_alpha, beta=s.loss.replay_beta)
         metrics.update({k: float(v) for k, v in combined.metrics.items()})
+        sequences = teacher + solver
         metrics["combined_advantage"] = sum(sum(x.advantages) for x in sequences) / sum(len(x.advantages) for x in sequences)
-
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.clip_grad).item()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.steps_done += 1
-        elapsed = time.perf_counter() - started
         metrics.update(
             {
-                "train/grad_norm": grad_norm if math.isfinite(grad_norm) else float("nan"),
-                "train/step_time": elapsed,
-                "train/tokens_per_s": sum(len(x.prompt_ids) + len(x.response_ids) for x in sequences) / elapsed,
+                "train/tokens": float(sum(len(x.prompt_ids) + len(x.response_ids) for x in sequences)),
                 "train/num_sequences": float(len(sequences)),
                 "train/response_tokens": float(sum(len(x.response_ids) for x in sequences)),
                 "train/advantage_abs_mean": sum(abs(x.advantage) for x in teacher_samples) / max(len(teacher_samples), 1),
                 "train/replay_pairs": float(len(pairs)),
             }
         )
+        return metrics
+
+    def train_step(
+        self,
+        teacher_samples: Sequence[TeacherSample],
+        solver_samples: Sequence[SolverSample] = (),
+        pairs: Sequence[PreferencePair] = (),
+        step: int | None = None,
+    ) -> dict[str, float]:
+        """One optimizer step over a rollout's samples, every channel accumulating into the gradient.
+
+        A non-finite loss or gradient norm skips the update (`train/skipped_nonfinite` 1, weights
+        and optimizer state untouched); `max_skipped_steps` of them in a row raise
+        `NonFiniteTrainingError`. `step` (the outer step) only names the step in that message.
+        """
+        started = time.perf_counter()
+        metrics = self.compute_gradients(teacher_samples, solver_samples, pairs)
+        if "train/skipped_empty_batch" in metrics:
+            return metrics
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.clip_grad).item()
+        loss = metrics["loss/total"]
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        if finite:
+            self.optimizer.step()
+            self.steps_done += 1
+            self.skipped_in_a_row = 0
+        else:
+            self.skipped_nonfinite += 1
+            self.skipped_in_a_row += 1
+        # Also after a skip: the clip has scaled the gradient by NaN, and none of it may carry over.
+        self.optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - started
+        metrics.update(
+            {
+                "train/grad_norm": grad_norm if math.isfinite(grad_norm) else float("nan"),
+                "train/skipped_nonfinite": 0.0 if finite else 1.0,
+                "train/skipped_nonfinite_total": float(self.skipped_nonfinite),
+                "train/step_time": elapsed,
+                "train/tokens_per_s": metrics.pop("train/tokens") / elapsed,
+            }
+        )
+        if not finite:
+            where = f"step {step}" if step is not None else f"trainer step {self.steps_done + self.skipped_nonfinite - 1}"
+            limit = self.settings.max_skipped_steps
+            logger.warning(
+                "%s: non-finite loss %s or gradient norm %s: optimizer step skipped, weights unchanged (%d in a row, "
+                "the run stops at --max-skipped-steps %d)", where, loss, grad_norm, self.skipped_in_a_row, limit,
+            )  # fmt: skip
+            if self.skipped_in_a_row >= limit:
+                raise NonFiniteTrainingError(
+                    f"{where}: {self.skipped_in_a_row} steps in a row had a non-finite loss or gradient norm "
+                    f"(--max-skipped-steps {limit}); stopped with the weights of the last good step, the last "
+                    "checkpoint is intact; lower --lr or --clip-grad, or check the rewards and advantages"
+                )
         return metrics
 
     def save_weights(self, directory: Path) -> Path:
@@ -236,8 +331,9 @@ class LocalTrainer:
         return directory
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done}
+        return {"optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done, "skipped_nonfinite": self.skipped_nonfinite}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps_done = int(state["steps_done"])
+        self.skipped_nonfinite = int(state.get("skipped_nonfinite", 0))  # checkpoints written before it was kept

@@ -35,7 +35,7 @@ def context_distillation(args: Namespace, rollout_data: dict[str, Any]) -> None:
     )
     student = student or rollout_data.get("rollout_log_probs")
     taus = {
-        "adv_tau": float(getattr(args, "adv_tau", 1.0)),
+        "adv_tau": 1.0 if getattr(args, "adv_tau", None) is None else float(args.adv_tau),  # not given: GRPO kept
         "teacher_tau": float(getattr(args, "teacher_tau", 0.0)),
         "student_tau": float(getattr(args, "student_tau", 0.0)),
     }
