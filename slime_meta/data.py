@@ -349,7 +349,14 @@ def plan_batch(
             if bad is None:
                 nearest.append(f"{m} ({t} train + {h} holdout)")
                 break
-    hint = ("nearest --rollout-batch-size that works: " + " or ".join(nearest)) if nearest else "change the split flag"
+    if nearest:
+        hint = "nearest --rollout-batch-size that works: " + " or ".join(nearest)
+    else:  # e.g. --group-key with a ratio: one family per teacher prompt rarely shares the holdout evenly
+        by_distance = sorted(range(1, n), key=lambda h: abs(h - holdout))
+        working = [(h, _split(n, train_ratio, h, k, per_family)) for h in by_distance]
+        found = next((f"{h} ({t} train + {h} holdout)" for h, (t, _, bad) in working if bad is None), None)
+        hint = (f"no --rollout-batch-size works with {split_flag}; nearest --heldout-ipb that works with "
+                f"--rollout-batch-size {n}: {found}") if found else "raise --rollout-batch-size"  # fmt: skip
     raise UserInputError(
         f"--rollout-batch-size {n} with {split_flag} and --n-problems-per-prompt {k} gives "
         f"{train} train + {holdout} holdout problems: {problem}; {hint}"

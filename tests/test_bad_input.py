@@ -81,7 +81,8 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
         ),
         "family too small": (["--prompt-data", str(good), "--group-key", "family", "--rollout-batch-size", "20",
                               "--heldout-ipb", "18"], "task family"),  # fmt: skip
-        "missing group column": (["--prompt-data", str(good), "--group-key", "topic"], "topic"),
+        "missing group column": (["--prompt-data", str(good), "--group-key", "topic", "--rollout-batch-size", "4",
+                                  "--heldout-ipb", "2"], "topic"),  # fmt: skip
         "ratio outside (0, 1)": (["--prompt-data", str(good), "--inner-loop-train-ratio", "1.5"], "--inner-loop-train-ratio"),
         "unreachable router": (
             ["--prompt-data", str(good), "--student-router-ip", "127.0.0.1", "--student-router-port", str(closed_port())],
@@ -114,7 +115,7 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
         ),
         "empty task family": (
             ["--prompt-data", str(write_jsonl(tmp_path / "ng.jsonl", GOOD_ROWS[:7] + [{"prompt": "q", "label": "x", "family": None}])),
-             "--group-key", "family"],
+             "--group-key", "family", "--rollout-batch-size", "4", "--heldout-ipb", "2"],
             "line 8",
         ),  # fmt: skip
         "label column missing": (["--prompt-data", str(good), "--label-key", "answer"], "--label-key"),

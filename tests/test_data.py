@@ -196,6 +196,8 @@ def test_with_families_the_holdout_splits_evenly_over_the_teacher_prompts():
         ((5, 0.75, 5, 1, False), ["no train problems", "--heldout-ipb 5", "6 (1 train + 5 holdout)"]),
         # 7 families cannot share 3 holdout problems evenly; only 3 or 1 prompts can.
         ((10, 0.75, 3, 1, True), ["--group-key", "works: 6 (3 train + 3 holdout)"]),
+        # With families at 0.75 and k=1 the holdout (a quarter) never covers every prompt: say which --heldout-ipb does.
+        ((8, 0.75, None, 1, True), ["no --rollout-batch-size works", "--heldout-ipb that works with --rollout-batch-size 8: 4 (4 train + 4 holdout)"]),
     ],
 )
 def test_impossible_splits_name_the_flags_and_the_nearest_sizes_that_work(sizes, expected):
