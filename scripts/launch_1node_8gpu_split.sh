@@ -60,10 +60,10 @@ DATA_ARGS=(
 )
 META_ARGS=(
   --use-meta-learning
-  --rollout-batch-size 8             # teacher prompts = GRPO groups per step
+  --rollout-batch-size 11            # problems per step: 8 train + 3 holdout
+  --heldout-ipb 3                    # holdout problems, judged with every info
+  --n-problems-per-prompt 1          # k train problems per teacher prompt: 8 teacher prompts = GRPO groups
   --n-samples-per-prompt 8           # G infos per teacher prompt
-  --n-problems-per-prompt 1          # k train problems per teacher prompt
-  --inner-loop-train-ratio 0.75      # holdout problems: 1/3 of the train problems, judged with every info
   --num-inner-iterations 2           # K: student -> grader -> teacher rounds
   --n-samples-per-inner-prompt 4     # m student attempts per problem per round
   --num-rollout 200

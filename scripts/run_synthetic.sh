@@ -35,10 +35,10 @@ DATA_ARGS=(
 )
 META_ARGS=(
   --use-meta-learning
-  --rollout-batch-size 4          # teacher prompts (GRPO groups) per step, one family each
+  --rollout-batch-size 28         # problems per step: 12 train + 16 holdout
+  --heldout-ipb 16                # holdout problems per step: 4 per teacher prompt, of its family
+  --n-problems-per-prompt 3       # k train problems the teacher sees together: 12 / 3 = 4 teacher prompts (GRPO groups)
   --n-samples-per-prompt 8        # G infos per teacher prompt
-  --n-problems-per-prompt 3       # k train problems the teacher sees together
-  --heldout-ipb 4                 # holdout problems of the same family per teacher prompt
   --num-inner-iterations 2        # K
   --n-samples-per-inner-prompt 2  # m
   --num-rollout "$NUM_ROLLOUT"

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from slime_meta.arguments_objectives import ObjectivesConfig, add_objective_arguments, validate_objective_flags
+from slime_meta.data import plan_batch
 from slime_meta.errors import UserInputError
 
 ADDITIONAL_INFO_POSITIONS = ("prefix", "suffix", "system")
@@ -44,7 +45,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class MetaLearningConfig:
-    rollout_batch_size: int  # teacher prompts (GRPO groups) per outer step
+    rollout_batch_size: int  # problems drawn per outer step: train + holdout
     n_samples_per_prompt: int  # G: infos per teacher prompt
     n_problems_per_prompt: int  # k: train problems in one teacher prompt
     num_inner_iterations: int  # K
@@ -60,6 +61,10 @@ class MetaLearningConfig:
     grader_template: str | None
     teacher_template: str | None
     trace_sample_rate: float
+    n_holdout_samples: int  # S: student attempts per (final info, holdout problem), and per control problem
+    eval_prompt_data: tuple[str, ...]  # NAME PATH pairs of fixed evaluation sets
+    eval_interval: int | None
+    eval_num_batches: int
 
 
 @dataclass(frozen=True)
@@ -198,9 +203,13 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--use-meta-learning", action="store_true", help="Train a teacher with the meta-learning rollout.")
     add("--num-inner-iterations", type=_positive_int, default=3, help="K: student -> grader -> teacher rounds per chain.")
     add("--n-samples-per-inner-prompt", type=_positive_int, default=4, help="m: student attempts per train problem per round.")
-    add("--inner-loop-train-ratio", type=float, default=0.75, help="Share of each batch used as train problems; the rest is holdout.")
-    add("--heldout-ipb", type=_positive_int, default=None, help="Holdout problems per batch (instead of --inner-loop-train-ratio).")
-    add("--n-problems-per-prompt", type=_positive_int, default=1, help="k: train problems in one teacher prompt; one info serves all k.")
+    add("--inner-loop-train-ratio", type=float, default=0.75,
+        help="Share of the --rollout-batch-size problems used as train problems (rounded half up); the rest is holdout.")
+    add("--heldout-ipb", type=_positive_int, default=None,
+        help="Holdout problems per batch, out of --rollout-batch-size (instead of --inner-loop-train-ratio); "
+             "with --group-key split evenly over the teacher prompts.")
+    add("--n-problems-per-prompt", type=_positive_int, default=1,
+        help="k: train problems in one teacher prompt; one info serves all k. Teacher prompts (GRPO groups) = train problems / k.")
     add("--additional-info-position", choices=ADDITIONAL_INFO_POSITIONS, default="prefix", help="Where the info goes in the student's prompt.")
     add("--train-all-inner-steps", action="store_true", help="Also train every earlier inner iteration's info with its group's advantage.")
     add("--holdout-advantage", choices=HOLDOUT_ADVANTAGE_MODES, default="mean-then-normalize",
@@ -213,13 +222,26 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--grader-template", default=None, help="Grader prompt: a file, a template text, or module.Class (GraderPromptTemplate subclass).")
     add("--teacher-template", default=None, help="Teacher prompt: a file, a template text, or module.Class (TeacherPromptTemplate subclass).")
     add("--trace-sample-rate", type=float, default=0.1, help="Share of chains written in full to traces.jsonl.")
+    add("--n-holdout-samples", type=_positive_int, default=1,
+        help="S: student attempts per (final info, holdout problem), and per holdout problem of the no-info control; "
+             "the reward is the mean grade over all of them.")
+    add("--eval-prompt-data", nargs="+", default=None, metavar="NAME PATH",
+        help="Fixed evaluation sets as NAME PATH pairs, never drawn for training: the same meta-learning rollout "
+             "without training, logged as eval/NAME/holdout_grade, eval/NAME/holdout_grade_no_info and eval/NAME/gain.")
+    add("--eval-interval", type=_positive_int, default=None,
+        help="Evaluate every N outer steps (also before the first and after the last); default: only before the first "
+             "and after the last step.")
+    add("--eval-num-batches", type=_positive_int, default=1,
+        help="Batches of --rollout-batch-size problems drawn from each eval set per evaluation (the same ones every time).")
 
     add = groups.group("data (slime-compatible)")
     add("--prompt-data", default=None, help="Dataset: .parquet, .jsonl or .json.")
     add("--input-key", default="prompt", help="Column with the problem text (a `messages` chat column also works).")
     add("--label-key", default="label", help="Column with the ground truth (a string or a dict such as {\"answer\": ...}).")
     add("--rubric-key", default="rubric", help="Column with the grading rubric.")
-    add("--rollout-batch-size", type=_positive_int, default=4, help="Teacher prompts (GRPO groups) per outer step.")
+    add("--rollout-batch-size", type=_positive_int, default=4,
+        help="Problems drawn per outer step, split into train and holdout by --inner-loop-train-ratio or --heldout-ipb "
+             "(default: 3 train + 1 holdout); teacher prompts (GRPO groups) = train / --n-problems-per-prompt.")
     add("--n-samples-per-prompt", type=_positive_int, default=4, help="G: infos sampled per teacher prompt.")
     add("--num-rollout", type=_positive_int, default=3, help="Outer steps.")
     add("--rollout-shuffle", action="store_true", help="Shuffle the dataset (seeded) each epoch.")
@@ -340,7 +362,7 @@ def build_config(namespace: argparse.Namespace, *, default_run_dir: str | None =
         backend=namespace.backend,
         seed=namespace.seed,
         data=_pick(DataConfig, namespace),
-        meta=_pick(MetaLearningConfig, namespace),
+        meta=_pick(MetaLearningConfig, namespace, eval_prompt_data=tuple(namespace.eval_prompt_data or ())),
         sampling=_pick(SamplingConfig, namespace),
         grader=_pick(GraderConfig, namespace),
         pools=_pick(PoolConfig, namespace),
@@ -361,6 +383,11 @@ def validate_flags(ns: argparse.Namespace) -> None:
         fail("--prompt-data is required: a .parquet, .jsonl or .json dataset (e.g. data/math_word_problems.jsonl)")
     if not 0.0 < ns.inner_loop_train_ratio < 1.0:
         fail(f"--inner-loop-train-ratio {ns.inner_loop_train_ratio}: must be strictly between 0 and 1 (e.g. 0.75)")
+    plan_batch(
+        rollout_batch_size=ns.rollout_batch_size, train_ratio=ns.inner_loop_train_ratio, heldout_ipb=ns.heldout_ipb,
+        problems_per_prompt=ns.n_problems_per_prompt, per_family=ns.group_key is not None,
+    )  # fmt: skip
+    validate_eval_flags(ns)
     if not 0.0 <= ns.trace_sample_rate <= 1.0:
         fail(f"--trace-sample-rate {ns.trace_sample_rate}: must be between 0 and 1")
     for flag in ("teacher_temperature", "rollout_temperature", "grader_temperature"):
@@ -392,6 +419,22 @@ def validate_flags(ns: argparse.Namespace) -> None:
 
         if not os.environ.get("WANDB_API_KEY"):
             fail("--wandb-mode online needs WANDB_API_KEY in the environment (or use --wandb-mode offline)")
+
+
+def validate_eval_flags(ns: argparse.Namespace) -> None:
+    values = list(ns.eval_prompt_data or ())
+    if len(values) % 2:
+        raise UserInputError(
+            f"--eval-prompt-data takes NAME PATH pairs (e.g. --eval-prompt-data held data/held.jsonl); got {len(values)} values"
+        )
+    names = values[0::2]
+    for name, path in zip(names, values[1::2]):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or names.count(name) > 1:
+            raise UserInputError(f"--eval-prompt-data {name} {path}: NAME must be unique and of letters, digits, '_', '.', '-'")
+        if not Path(path).is_file():
+            raise UserInputError(f"--eval-prompt-data {name} {path}: no such file; give a .parquet, .jsonl or .json dataset")
+    if ns.eval_interval is not None and not values:
+        raise UserInputError("--eval-interval needs --eval-prompt-data NAME PATH (the fixed evaluation set)")
 
 
 def _is_host(host: str) -> bool:

@@ -24,6 +24,7 @@ import random
 from pathlib import Path
 from typing import Any, Sequence
 
+from slime_meta.batch_split import BatchPlan, plan_batch  # noqa: F401 (the sizes of what is drawn)
 from slime_meta.errors import UserInputError
 from slime_meta.types import Episode, Problem, label_text
 
@@ -260,28 +261,6 @@ def load_problems(
 # --------------------------------------------------------------------------- sizes
 
 
-def split_sizes(
-    *, num_prompts: int, problems_per_prompt: int, train_ratio: float, heldout_ipb: int | None
-) -> tuple[int, int]:
-    """(train problems, holdout problems) per step.
-
-    The train side is fixed at num_prompts * k because it must split into exactly num_prompts
-    teacher prompts; the holdout side is what the ratio (or an explicit count) derives from it.
-    """
-    if num_prompts < 1 or problems_per_prompt < 1:
-        raise UserInputError(
-            f"--rollout-batch-size {num_prompts} and --n-problems-per-prompt {problems_per_prompt} must both be at least 1"
-        )
-    num_train = num_prompts * problems_per_prompt
-    if heldout_ipb is not None:
-        if heldout_ipb < 1:
-            raise UserInputError(f"--heldout-ipb {heldout_ipb}: need at least 1 holdout problem (the reward is its grade)")
-        return num_train, int(heldout_ipb)
-    if not 0.0 < train_ratio <= 1.0:
-        raise UserInputError(f"--inner-loop-train-ratio {train_ratio}: must be in (0, 1]")
-    return num_train, max(1, round(num_train * (1.0 - train_ratio) / train_ratio))
-
-
 # --------------------------------------------------------------------------- sampling
 
 
@@ -385,18 +364,17 @@ class ProblemSampler:
             name, members = min(self.families.items(), key=lambda item: len(item[1]))
             if len(members) < needed:
                 raise UserInputError(
-                    f"task family '{name}' has {len(members)} problems but each prompt needs {needed} "
-                    f"({problems_per_prompt} train from --n-problems-per-prompt + {num_holdout} holdout from --heldout-ipb or "
-                    "--inner-loop-train-ratio); "
-                    "lower those sizes or drop/merge small families"
+                    f"task family '{name}' has {len(members)} problems but each teacher prompt needs {needed} of one family "
+                    f"({problems_per_prompt} train (--n-problems-per-prompt) + {num_holdout} holdout, its share of the "
+                    "--rollout-batch-size split); lower those sizes or drop/merge small families"
                 )
             return
         needed = num_prompts * problems_per_prompt + num_holdout
         if len(self.problems) < needed:
             raise UserInputError(
                 f"the dataset has {len(self.problems)} problems but one step needs {needed} distinct ones "
-                f"({num_prompts} prompts (--rollout-batch-size) x {problems_per_prompt} train (--n-problems-per-prompt) "
-                f"+ {num_holdout} holdout (--heldout-ipb / --inner-loop-train-ratio)); lower those sizes or add data"
+                f"(--rollout-batch-size: {num_prompts * problems_per_prompt} train + {num_holdout} holdout); "
+                "lower --rollout-batch-size or add data"
             )
 
     def next_episodes(self, *, num_prompts: int, problems_per_prompt: int, num_holdout: int) -> list[Episode]:

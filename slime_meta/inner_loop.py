@@ -4,12 +4,14 @@ For every teacher prompt p (k train problems) and every teacher sample g of its 
     info = ""
     K times: the student solves each train problem m times with `info`; the grader scores each
              attempt; the teacher reads problems, attempts, grades and `info`, and writes a new info.
-    holdout: the student solves every holdout problem once with the final info; graded.
-    reward(p, g) = mean holdout grade.
+    holdout: the student solves every holdout problem S times with the final info (S =
+             --n-holdout-samples); graded.
+    reward(p, g) = mean holdout grade over all H x S attempts.
 
 All chains run at once and each goes on to its holdout the moment it ends (no barrier between
 stages), so the critical path is K x (generate + grade + teach) + (generate + grade); the pools
-bound concurrency. The control (holdout with an empty info) runs beside them.
+bound concurrency. The control (holdout with an empty info, also S attempts per problem) runs
+beside them.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class InnerLoopSettings:
     std_normalize: bool
     trace_sample_rate: float
     control_samples_per_problem: int = 1
+    holdout_samples_per_problem: int = 1
     show_progress: bool = True
     keep_solver_attempts: bool = False
 
@@ -148,8 +151,12 @@ class MetaLearningRollout:
             info = new_info
 
     async def _run_holdout(self, chain: Chain, holdout: Sequence[Problem]) -> None:
-        results = await asyncio.gather(*[self._attempt(h, chain.final_info) for h in holdout])
-        chain.holdout_scores = [a.grade.score for _, a in results]
+        n = self.settings.holdout_samples_per_problem
+        results = await asyncio.gather(*[self._attempt(h, chain.final_info) for h in holdout for _ in range(n)])
+        # One score per holdout problem, the mean of its n attempts: the reward (their mean) is the
+        # mean over all attempts, and normalize-then-mean still lines problems up across the G infos.
+        scores_H_N = [[a.grade.score for _, a in results[i * n : (i + 1) * n]] for i in range(len(holdout))]
+        chain.holdout_scores = [fmean(scores_N) for scores_N in scores_H_N]
         if chain.traced:
             chain.trace.append(
                 {"holdout": [{"problem_uid": a.problem.uid, "prompt": prompt, "solution": a.solution,
@@ -192,7 +199,7 @@ class MetaLearningRollout:
             "meta_learning/avg_inner_grade": fmean(g for c in chains for g in c.grades_per_iteration),
             "meta_learning/avg_holdout_grade": avg_holdout,
             "meta_learning/num_train_problems": float(sum(len(G[0].problems) for G in groups)),
-            "meta_learning/num_holdout_evals": float(len(holdout_scores)),
+            "meta_learning/num_holdout_evals": float(len(holdout_scores) * self.settings.holdout_samples_per_problem),
             "meta_learning/holdout_grade_no_info": avg_control,
             "meta_learning/holdout_gain_over_no_info": avg_holdout - avg_control,
             "meta_learning/best_info_holdout_grade": fmean(max(c.reward for c in G) for G in groups),

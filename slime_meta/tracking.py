@@ -89,3 +89,14 @@ def format_step_line(step: int, metrics: Mapping[str, float]) -> str:
         f"rollout {get('meta_learning/inner_loop_time'):.1f}s train {get('train/step_time'):.2f}s "
         f"step {get('perf/step_time'):.1f}s"
     )
+
+
+def format_eval_line(step: int, metrics: Mapping[str, float]) -> str:
+    """One line per evaluation: each fixed eval set's holdout grade with and without the teacher's info."""
+    names = sorted({key.split("/")[1] for key in metrics if key.startswith("eval/") and key.endswith("/gain")})
+    parts = [
+        f"{name} holdout {metrics[f'eval/{name}/holdout_grade']:.3f} (no info {metrics[f'eval/{name}/holdout_grade_no_info']:.3f}, "
+        f"gain {metrics[f'eval/{name}/gain']:+.3f})"
+        for name in names
+    ]
+    return f"eval at step {step}: " + "; ".join(parts)

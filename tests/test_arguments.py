@@ -26,6 +26,9 @@ def test_defaults_match_the_documented_ones():
     assert cfg.grader.grader_model is None  # not named: an LLM grader would use gpt-4
     assert cfg.grader.grader_concurrency == 32
     assert cfg.backend == "local"
+    # --rollout-batch-size counts problems: the default 4 = 3 train + 1 holdout; one attempt per holdout problem.
+    assert cfg.meta.rollout_batch_size == 4 and cfg.meta.n_holdout_samples == 1
+    assert cfg.meta.eval_prompt_data == () and cfg.meta.eval_interval is None and cfg.meta.eval_num_batches == 1
 
 
 def test_config_is_frozen_and_saved_without_secrets(tmp_path, monkeypatch):
@@ -68,6 +71,13 @@ def test_flags_slime_already_defines_are_skipped():
         (["--replay-beta", "0.1", "--replay-teachers", "a@http://x"], "--replay-min-agree"),
         (["--sdpo-beta", "1.5"], "--sdpo-beta"),
         (["--sdpo-top-k", "0"], "--sdpo-top-k"),
+        (["--rollout-batch-size", "2"], "nearest --rollout-batch-size that works: 3 (2 train + 1 holdout)"),
+        (["--rollout-batch-size", "8", "--n-problems-per-prompt", "4"], "--n-problems-per-prompt 4"),
+        (["--rollout-batch-size", "4", "--heldout-ipb", "4"], "--heldout-ipb 4"),
+        (["--group-key", "family", "--rollout-batch-size", "10", "--heldout-ipb", "3"], "split evenly"),
+        (["--eval-prompt-data", "held"], "NAME PATH pairs"),
+        (["--eval-prompt-data", "held", "/nonexistent/held.jsonl"], "--eval-prompt-data held /nonexistent/held.jsonl"),
+        (["--eval-interval", "2"], "--eval-interval needs --eval-prompt-data"),
     ],
 )
 def test_bad_flag_values_name_the_flag(extra, flag):

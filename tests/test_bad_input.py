@@ -59,7 +59,7 @@ def checkpoint_dir(tmp_path: Path, pointer: str, make_iteration: str | None = No
 def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], str]:
     """Flags for one bad-input case and a string the error line must contain."""
     good = write_jsonl(tmp_path / "good.jsonl", GOOD_ROWS)
-    base = ["--use-meta-learning", "--hf-checkpoint", str(checkpoint), "--rollout-batch-size", "2",
+    base = ["--use-meta-learning", "--hf-checkpoint", str(checkpoint), "--rollout-batch-size", "3",
             "--n-samples-per-prompt", "2", "--run-dir", str(tmp_path / "run")]  # fmt: skip
     cases = {
         "missing file": (["--prompt-data", str(tmp_path / "nope.jsonl")], "nope.jsonl"),
@@ -79,8 +79,10 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
             ["--prompt-data", str(write_jsonl(tmp_path / "small.jsonl", GOOD_ROWS[:2]))],
             "--rollout-batch-size",
         ),
-        "family too small": (["--prompt-data", str(good), "--group-key", "family", "--heldout-ipb", "9"], "f"),
-        "missing group column": (["--prompt-data", str(good), "--group-key", "topic"], "topic"),
+        "family too small": (["--prompt-data", str(good), "--group-key", "family", "--rollout-batch-size", "20",
+                              "--heldout-ipb", "18"], "task family"),  # fmt: skip
+        "missing group column": (["--prompt-data", str(good), "--group-key", "topic", "--rollout-batch-size", "4",
+                                  "--heldout-ipb", "2"], "topic"),  # fmt: skip
         "ratio outside (0, 1)": (["--prompt-data", str(good), "--inner-loop-train-ratio", "1.5"], "--inner-loop-train-ratio"),
         "unreachable router": (
             ["--prompt-data", str(good), "--student-router-ip", "127.0.0.1", "--student-router-port", str(closed_port())],
@@ -113,7 +115,7 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
         ),
         "empty task family": (
             ["--prompt-data", str(write_jsonl(tmp_path / "ng.jsonl", GOOD_ROWS[:7] + [{"prompt": "q", "label": "x", "family": None}])),
-             "--group-key", "family"],
+             "--group-key", "family", "--rollout-batch-size", "4", "--heldout-ipb", "2"],
             "line 8",
         ),  # fmt: skip
         "label column missing": (["--prompt-data", str(good), "--label-key", "answer"], "--label-key"),

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from slime_meta.data import ProblemSampler, load_problems, split_sizes
+from slime_meta.data import ProblemSampler, load_problems, plan_batch
 from slime_meta.errors import UserInputError
 from slime_meta.types import Problem
 
@@ -158,14 +158,55 @@ def test_duplicate_ids_are_an_error(tmp_path):
 # --------------------------------------------------------------------------- sizes
 
 
-def test_split_sizes():
-    assert split_sizes(num_prompts=4, problems_per_prompt=2, train_ratio=0.8, heldout_ipb=None) == (8, 2)
-    assert split_sizes(num_prompts=4, problems_per_prompt=2, train_ratio=0.5, heldout_ipb=None) == (8, 8)
-    assert split_sizes(num_prompts=1, problems_per_prompt=1, train_ratio=0.99, heldout_ipb=None) == (1, 1)
-    assert split_sizes(num_prompts=3, problems_per_prompt=1, train_ratio=0.5, heldout_ipb=5) == (3, 5)
-    assert "--inner-loop-train-ratio" in user_error(
-        split_sizes, num_prompts=1, problems_per_prompt=1, train_ratio=0.0, heldout_ipb=None
+def test_rollout_batch_size_is_the_problems_drawn_and_the_ratio_splits_them():
+    # The design document's example: 32 problems, 75% train, 25% holdout.
+    plan = plan_batch(rollout_batch_size=32, train_ratio=0.75, heldout_ipb=None, problems_per_prompt=1)
+    assert (plan.problems, plan.train, plan.holdout, plan.groups) == (32, 24, 8, 24)
+    assert plan.draw_sizes == {"num_prompts": 24, "problems_per_prompt": 1, "num_holdout": 8}
+    # The default flags: 4 problems = 3 train + 1 holdout.
+    assert plan_batch(rollout_batch_size=4, train_ratio=0.75, heldout_ipb=None, problems_per_prompt=1).train == 3
+    # round(6 x 0.75 = 4.5) goes up, whatever Python's round() would do.
+    assert plan_batch(rollout_batch_size=6, train_ratio=0.75, heldout_ipb=None, problems_per_prompt=1).train == 5
+    # --heldout-ipb counts out of the batch; teacher prompts = train / k.
+    plan = plan_batch(rollout_batch_size=8, train_ratio=0.75, heldout_ipb=4, problems_per_prompt=2)
+    assert (plan.train, plan.holdout, plan.groups, plan.holdout_per_episode) == (4, 4, 2, 4)
+
+
+def test_with_families_the_holdout_splits_evenly_over_the_teacher_prompts():
+    # The demo: 28 problems = 12 train (4 prompts of k=3) + 16 holdout, 4 of each prompt's family.
+    plan = plan_batch(rollout_batch_size=28, train_ratio=0.75, heldout_ipb=16, problems_per_prompt=3, per_family=True)
+    assert (plan.groups, plan.holdout_per_episode) == (4, 4)
+    assert plan.draw_sizes == {"num_prompts": 4, "problems_per_prompt": 3, "num_holdout": 4}
+    sampler = ProblemSampler(make_problems(30, {"a": 10, "b": 10, "c": 10}), seed=3, group_key_used=True)
+    episodes = sampler.next_episodes(**plan.draw_sizes)
+    assert sum(len(e.holdout) for e in episodes) == 16 and sum(len(c) for e in episodes for c in e.train_chunks_P) == 12
+    assert all(len({p.group for c in e.train_chunks_P for p in c} | {p.group for p in e.holdout}) == 1 for e in episodes)
+    assert plan.describe(samples_per_prompt=8, inner_iterations=2, inner_samples=2, holdout_samples=1).startswith(
+        "plan per step: 28 problems = 12 train + 16 holdout, 4 holdout per family; 4 teacher prompts (GRPO groups) of 3 x 8 infos = 32 chains"
     )
+
+
+@pytest.mark.parametrize(
+    "sizes, expected",
+    [
+        # 2 x 0.75 rounds to 2 train: no holdout left.
+        ((2, 0.75, None, 1, False), ["no holdout problems", "nearest --rollout-batch-size that works: 3 (2 train + 1 holdout)"]),
+        # 6 train do not make prompts of 4.
+        ((8, 0.75, None, 4, False), ["6 train problems do not split", "5 (4 train + 1 holdout) or 10 (8 train + 2 holdout)"]),
+        ((5, 0.75, 5, 1, False), ["no train problems", "--heldout-ipb 5", "6 (1 train + 5 holdout)"]),
+        # 7 families cannot share 3 holdout problems evenly; only 3 or 1 prompts can.
+        ((10, 0.75, 3, 1, True), ["--group-key", "works: 6 (3 train + 3 holdout)"]),
+        # With families at 0.75 and k=1 the holdout (a quarter) never covers every prompt: say which --heldout-ipb does.
+        ((8, 0.75, None, 1, True), ["no --rollout-batch-size works", "--heldout-ipb that works with --rollout-batch-size 8: 4 (4 train + 4 holdout)"]),
+    ],
+)
+def test_impossible_splits_name_the_flags_and_the_nearest_sizes_that_work(sizes, expected):
+    n, ratio, heldout, k, per_family = sizes
+    message = user_error(plan_batch, rollout_batch_size=n, train_ratio=ratio, heldout_ipb=heldout, problems_per_prompt=k,
+                         per_family=per_family)  # fmt: skip
+    assert "--rollout-batch-size" in message and "--n-problems-per-prompt" in message
+    for text in expected:
+        assert text in message, (text, message)
 
 
 # --------------------------------------------------------------------------- sampling

@@ -41,8 +41,8 @@ def run_args(checkpoint: Path, run_dir: Path, base_url: str, *extra: str) -> lis
         "--hf-checkpoint", str(checkpoint),
         "--prompt-data", str(ROOT / "data/synthetic_suffix.jsonl"),
         "--group-key", "family", "--rollout-shuffle",
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-        "--n-problems-per-prompt", "2", "--heldout-ipb", "2",
+        "--rollout-batch-size", "8", "--n-samples-per-prompt", "2",  # 2 prompts x (2 train + 2 holdout of a family)
+        "--n-problems-per-prompt", "2", "--heldout-ipb", "4",
         "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
         "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
         "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
@@ -141,11 +141,7 @@ def uninterrupted_batches(args: list[str]) -> list[dict]:
     data = C.load_data(cfg)
     return [
         describe_batch(
-            data.sampler.next_episodes(
-                num_prompts=cfg.meta.rollout_batch_size,
-                problems_per_prompt=cfg.meta.n_problems_per_prompt,
-                num_holdout=data.num_holdout,
-            ),
+            data.sampler.next_episodes(**data.draw_sizes),
             rollout_id,
         )
         for rollout_id in range(cfg.meta.num_rollout)

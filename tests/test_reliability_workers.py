@@ -93,8 +93,8 @@ def synthetic_config(checkpoint: Path, run_dir: Path):
         [
             "--use-meta-learning", "--hf-checkpoint", str(checkpoint),
             "--prompt-data", str(ROOT / "data/synthetic_suffix.jsonl"), "--group-key", "family", "--rollout-shuffle",
-            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--n-problems-per-prompt", "2",
-            "--heldout-ipb", "2", "--num-inner-iterations", "3", "--n-samples-per-inner-prompt", "2",
+            "--rollout-batch-size", "16", "--n-samples-per-prompt", "4", "--n-problems-per-prompt", "2",
+            "--heldout-ipb", "8", "--num-inner-iterations", "3", "--n-samples-per-inner-prompt", "2",
             "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
             "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
             "--teacher-temperature", "1.0", "--teacher-max-tokens", "12", "--rollout-max-response-len", "12",
@@ -114,11 +114,7 @@ def test_sigkill_of_a_worker_mid_step_loses_no_sample_and_the_worker_comes_back(
     cfg = synthetic_config(tiny_checkpoint, root / "run")
     tokenizer = C.load_tokenizer(str(tiny_checkpoint))
     data = C.load_data(cfg)
-    episodes = data.sampler.next_episodes(
-        num_prompts=cfg.meta.rollout_batch_size,
-        problems_per_prompt=cfg.meta.n_problems_per_prompt,
-        num_holdout=data.num_holdout,
-    )
+    episodes = data.sampler.next_episodes(**data.draw_sizes)
     pid_before = group.child_pids()
     router_retries_before = group.router_retries(POOL)
     killed = {}
@@ -150,14 +146,14 @@ def test_sigkill_of_a_worker_mid_step_loses_no_sample_and_the_worker_comes_back(
     groups = {}
     for sample in result.samples:
         groups.setdefault(sample.group_index, []).append(sample.sample_index)
-    assert sorted(groups) == list(range(cfg.meta.rollout_batch_size))
+    assert sorted(groups) == list(range(data.plan.groups))
     assert all(sorted(indices) == list(range(G)) for indices in groups.values())
     assert all(len(c.steps) == K and len(c.holdout_scores) == data.num_holdout for c in result.chains)
     assert all(sample.response_ids and len(sample.rollout_logprobs) == len(sample.response_ids) for sample in result.samples)
     total_requests = stats["teacher"]["requests"] + stats["student"]["requests"]
-    chains = cfg.meta.rollout_batch_size * G
+    chains = data.plan.groups * G
     k, m = cfg.meta.n_problems_per_prompt, cfg.meta.n_samples_per_inner_prompt
-    assert total_requests == chains * (K * (k * m + 1) + data.num_holdout) + cfg.meta.rollout_batch_size * data.num_holdout
+    assert total_requests == chains * (K * (k * m + 1) + data.num_holdout) + data.plan.groups * data.num_holdout
     assert stats["teacher"]["failures"] == stats["student"]["failures"] == 0
 
     # The retries are counted: the router re-sent the requests of the dead worker (its

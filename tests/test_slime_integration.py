@@ -101,14 +101,14 @@ def host_port(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def slime_args(tmp_path: Path, checkpoint: Path, teacher_url: str, extra=(), models=None) -> argparse.Namespace:
+def slime_args(tmp_path: Path, checkpoint: Path, teacher_url: str, extra=(), models=None, eval_set=None) -> argparse.Namespace:
     """The namespace slime's rollout manager would pass: our translated flags plus what slime sets."""
     prompts = tmp_path / "prompts.slime.jsonl"
     convert(REPO / "data/synthetic_suffix.jsonl", prompts)
     argv = [
         "--use-meta-learning", "--prompt-data", str(prompts), "--hf-checkpoint", str(checkpoint),
         "--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "1", "--run-dir", str(tmp_path / "run"),
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--heldout-ipb", "2",
+        "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--heldout-ipb", "2",  # 2 prompts + 2 holdout
         "--num-inner-iterations", "1", "--n-samples-per-inner-prompt", "1",
         "--teacher-max-tokens", "6", "--rollout-max-response-len", "6", "--trace-sample-rate", "1.0",
         "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
@@ -123,6 +123,8 @@ def slime_args(tmp_path: Path, checkpoint: Path, teacher_url: str, extra=(), mod
         apply_chat_template=False, apply_chat_template_kwargs={}, rollout_seed=42, rollout_max_prompt_len=None,
         dump_details=None, buffer_filter_path=None, eval_prompt_data=None,
     )  # fmt: skip
+    if eval_set is not None:  # slime's own --eval-prompt-data, as its parser leaves it: NAME PATH pairs
+        args.eval_prompt_data = ["held", str(eval_set)]
     args.sglang_router_ip, args.sglang_router_port = host_port(teacher_url)
     args.sglang_model_routers = models or {"default": host_port(teacher_url)}
     return args
@@ -132,7 +134,9 @@ def test_train_and_eval_rollouts_meet_slimes_plugin_contract(slime, pools, tiny_
     contracts = slime.contracts
     contracts.assert_rollout_function_signature_matches_default(plugin.generate_rollout)
 
-    args = slime_args(tmp_path, tiny_checkpoint, pools.teacher)
+    held = tmp_path / "held.slime.jsonl"
+    convert(REPO / "data/synthetic_suffix.jsonl", held)  # the converted format, as a user would pass it
+    args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, eval_set=held)
     data_source = slime.DataSource(args)
     output = plugin.generate_rollout(args, 0, data_source)
     contracts.assert_train_rollout_contract(output, n_samples_per_prompt=args.n_samples_per_prompt)
@@ -159,9 +163,13 @@ def test_train_and_eval_rollouts_meet_slimes_plugin_contract(slime, pools, tiny_
 
     evaluation = plugin.generate_rollout(args, 0, data_source, evaluation=True)
     contracts.assert_eval_rollout_contract(evaluation)
-    assert set(evaluation.data) == {"meta_holdout_with_info", "meta_holdout_no_info"}
-    assert len(evaluation.data["meta_holdout_with_info"]["samples"]) == 4  # one per chain
-    assert len(evaluation.data["meta_holdout_no_info"]["samples"]) == 2  # one per holdout problem
+    # slime logs each data set as eval/<key>: eval/held/holdout_grade and eval/held/holdout_grade_no_info.
+    assert set(evaluation.data) == {"held/holdout_grade", "held/holdout_grade_no_info"}
+    assert len(evaluation.data["held/holdout_grade"]["samples"]) == 4  # one per chain
+    assert len(evaluation.data["held/holdout_grade_no_info"]["samples"]) == 2  # one per holdout problem
+    with_info = evaluation.data["held/holdout_grade"]["rewards"]
+    no_info = evaluation.data["held/holdout_grade_no_info"]["rewards"]
+    assert evaluation.metrics["eval/held/gain"] == pytest.approx(sum(with_info) / 4 - sum(no_info) / 2)
     assert (tmp_path / "run" / "metrics.jsonl").exists() and (tmp_path / "run" / "traces.jsonl").exists()
 
 

@@ -175,8 +175,45 @@ def test_distillation_adds_the_advantage_plugin_and_teacher_port_the_router_port
 
 
 def test_num_rollout_and_batch_steps_defer_to_slime_flags():
-    argv = list(plan_of("--colocate", "--num-epoch", "2", "--global-batch-size", "16").slime_argv)
+    # 5 problems = 4 train + 1 holdout: 4 teacher prompts x 4 infos = 16 samples per step.
+    argv = list(plan_of("--colocate", "--num-epoch", "2", "--global-batch-size", "16", "--rollout-batch-size", "5",
+                        "--heldout-ipb", "1").slime_argv)  # fmt: skip
     assert "--num-rollout" not in argv and "--num-steps-per-rollout" not in argv
+
+
+@pytest.mark.parametrize(
+    "flags, groups, global_batch",
+    [
+        # The design document's example: 32 problems, 75% train -> 24 teacher prompts x 4 infos.
+        (["--rollout-batch-size", "32", "--inner-loop-train-ratio", "0.75"], 24, 24 * 4),
+        # train problems / k x G: 8 / 2 x 8.
+        (["--rollout-batch-size", "10", "--heldout-ipb", "2", "--n-problems-per-prompt", "2", "--n-samples-per-prompt", "8"], 4, 32),
+    ],
+)
+def test_slimes_rollout_batch_is_our_teacher_prompts_and_one_optimizer_step(flags, groups, global_batch):
+    plan = plan_of("--colocate", *flags)
+    argv = list(plan.slime_argv)
+    assert value(argv, "--rollout-batch-size") == str(groups)  # slime's meaning: prompts, each a group of n samples
+    assert value(argv, "--meta-rollout-batch-size") == value(flags, "--rollout-batch-size")  # ours: problems drawn
+    assert value(argv, "--global-batch-size") == str(global_batch) and value(argv, "--num-steps-per-rollout") == "1"
+    ns, _ = meta_parser().parse_known_args(argv)
+    ns.lr = None
+    cfg = config_from_slime_args(ns)  # what the rollout manager rebuilds: our meaning again
+    assert cfg.meta.rollout_batch_size == int(value(flags, "--rollout-batch-size"))
+    assert f"{groups} teacher prompts (GRPO groups)" in cli_dry_run_text(flags)
+
+
+def cli_dry_run_text(flags) -> str:
+    from slime_meta.backends.slime.plan import describe
+
+    return describe(plan_of("--colocate", *flags))
+
+
+def test_a_global_batch_that_does_not_divide_the_step_and_an_eval_set_inside_the_training_data_are_refused(tmp_path):
+    with pytest.raises(UserInputError, match="--global-batch-size 5 does not divide the 12 samples"):
+        plan_of("--colocate", "--global-batch-size", "5")
+    with pytest.raises(UserInputError, match="--eval-prompt-data same .* are in --prompt-data"):
+        plan_of("--colocate", "--eval-prompt-data", "same", str(REPO / "data/math_word_problems.jsonl"), "--eval-interval", "5")
 
 
 def test_relative_paths_become_absolute(monkeypatch):

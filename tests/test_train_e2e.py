@@ -35,8 +35,8 @@ def synthetic_args(checkpoint: Path, run_dir: Path, *extra: str, grader: tuple[s
         "--hf-checkpoint", str(checkpoint),
         "--prompt-data", str(ROOT / "data/synthetic_suffix.jsonl"),
         "--group-key", "family", "--rollout-shuffle",
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "3",
-        "--n-problems-per-prompt", "2", "--heldout-ipb", "2",
+        "--rollout-batch-size", "8", "--n-samples-per-prompt", "3",  # 2 prompts x (2 train + 2 holdout of a family)
+        "--n-problems-per-prompt", "2", "--heldout-ipb", "4",
         "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
         "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
         "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",

@@ -17,7 +17,7 @@ from slime_meta.arguments_objectives import read_context
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
 from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
-from slime_meta.data import ProblemSampler, load_problems, split_sizes
+from slime_meta.data import BatchPlan, ProblemSampler, load_problems, plan_batch
 from slime_meta.errors import UserInputError
 from slime_meta.grading import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
 from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
@@ -42,37 +42,88 @@ def prepare_run_dir(cfg: MetaConfig) -> Path:
 @dataclass
 class Data:
     sampler: ProblemSampler
-    num_holdout: int
+    num_holdout: int  # holdout problems per episode (per teacher prompt's family with --group-key)
     draw_sizes: dict  # keyword arguments of sampler.next_episodes for one step
+    plan: BatchPlan
+    eval_sets: dict[str, list]  # NAME -> its fixed episodes (--eval-prompt-data)
+
+
+def _problem_key(problem) -> tuple[str, str]:
+    return problem.prompt.strip(), problem.ground_truth.strip()
 
 
 def load_data(cfg: MetaConfig) -> Data:
-    problems = load_problems(
-        cfg.data.prompt_data,
-        input_key=cfg.data.input_key,
-        label_key=cfg.data.label_key,
-        rubric_key=cfg.data.rubric_key,
-        group_key=cfg.data.group_key,
-    )
+    def load(path: str):
+        return load_problems(
+            path, input_key=cfg.data.input_key, label_key=cfg.data.label_key, rubric_key=cfg.data.rubric_key,
+            group_key=cfg.data.group_key,
+        )  # fmt: skip
+
+    problems = load(cfg.data.prompt_data)
     meta = cfg.meta
-    _, num_holdout = split_sizes(
-        num_prompts=meta.rollout_batch_size,
-        problems_per_prompt=meta.n_problems_per_prompt,
-        train_ratio=meta.inner_loop_train_ratio,
-        heldout_ipb=meta.heldout_ipb,
-    )
-    sampler = ProblemSampler(
-        problems, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=cfg.data.group_key is not None
-    )
-    sampler.validate(meta.n_problems_per_prompt, num_holdout, meta.rollout_batch_size)
+    plan = plan_batch(
+        rollout_batch_size=meta.rollout_batch_size, train_ratio=meta.inner_loop_train_ratio, heldout_ipb=meta.heldout_ipb,
+        problems_per_prompt=meta.n_problems_per_prompt, per_family=cfg.data.group_key is not None,
+    )  # fmt: skip
+    eval_problems = {name: load(path) for name, path in zip(meta.eval_prompt_data[0::2], meta.eval_prompt_data[1::2])}
+    # An eval problem is never drawn for training: the same text and label leave the training pool.
+    held_out = {_problem_key(p) for found in eval_problems.values() for p in found}
+    kept = [p for p in problems if _problem_key(p) not in held_out]
+    if held_out and len(kept) < len(problems):
+        print(f"{len(problems) - len(kept)} problems of {cfg.data.prompt_data} are also in --eval-prompt-data: "
+              "they are left out of training", flush=True)  # fmt: skip
+    if not kept:
+        raise UserInputError(f"--prompt-data {cfg.data.prompt_data}: every problem is also in --eval-prompt-data; "
+                             "give an eval set of other problems")  # fmt: skip
+    group_key_used = cfg.data.group_key is not None
+    sampler = ProblemSampler(kept, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=group_key_used)
+    sampler.validate(meta.n_problems_per_prompt, plan.holdout_per_episode, plan.groups)
     context_key = cfg.objectives.context_key
     if context_key and context_key not in problems[0].metadata:
         raise UserInputError(
             f"--context-key {context_key}: no such column in {cfg.data.prompt_data} "
             f"(columns besides problem and label: {', '.join(sorted(problems[0].metadata)) or 'none'})"
         )
-    sizes = {"num_prompts": meta.rollout_batch_size, "problems_per_prompt": meta.n_problems_per_prompt, "num_holdout": num_holdout}
-    return Data(sampler=sampler, num_holdout=num_holdout, draw_sizes=sizes)
+    eval_sets = {}
+    for name, found in eval_problems.items():
+        # A fresh sampler with the run's seed: every evaluation sees the same problems, split the same way.
+        eval_sampler = ProblemSampler(found, seed=cfg.seed, shuffle=True, group_key_used=group_key_used)
+        try:
+            eval_sampler.validate(meta.n_problems_per_prompt, plan.holdout_per_episode, plan.groups)
+        except UserInputError as error:
+            raise UserInputError(f"--eval-prompt-data {name}: {error}") from None
+        eval_sets[name] = [e for _ in range(meta.eval_num_batches) for e in eval_sampler.next_episodes(**plan.draw_sizes)]
+    return Data(sampler=sampler, num_holdout=plan.holdout_per_episode, draw_sizes=plan.draw_sizes, plan=plan, eval_sets=eval_sets)
+
+
+def describe_plan(cfg: MetaConfig, data: Data) -> str:
+    """The resolved batch plan, and the eval sets: printed once at start."""
+    m = cfg.meta
+    lines = [data.plan.describe(samples_per_prompt=m.n_samples_per_prompt, inner_iterations=m.num_inner_iterations,
+                                inner_samples=m.n_samples_per_inner_prompt, holdout_samples=m.n_holdout_samples)]  # fmt: skip
+    for name, episodes in data.eval_sets.items():
+        count = sum(len(e.holdout) + sum(len(c) for c in e.train_chunks_P) for e in episodes)
+        when = f"every {m.eval_interval} steps" if m.eval_interval else "before the first and after the last step"
+        lines.append(f"eval {name}: {count} fixed problems ({m.eval_num_batches} batch(es) of the plan above), {when}")
+    return "\n".join(lines)
+
+
+def eval_due(cfg: MetaConfig, done: int) -> bool:
+    """After `done` training steps: every --eval-interval steps, and after the last one."""
+    interval = cfg.meta.eval_interval
+    return done == cfg.meta.num_rollout or bool(interval and done % interval == 0)
+
+
+async def evaluate(cfg: MetaConfig, rollout: MetaLearningRollout, eval_sets: dict, step: int) -> dict[str, float]:
+    """The meta-learning rollout on each fixed eval set, without training: does the teacher help there?"""
+    metrics = {}
+    for name, episodes in eval_sets.items():
+        result = await rollout.run(episodes, step, seed=cfg.seed)
+        with_info = result.metrics["meta_learning/avg_holdout_grade"]
+        no_info = result.metrics["meta_learning/holdout_grade_no_info"]
+        metrics.update({f"eval/{name}/holdout_grade": with_info, f"eval/{name}/holdout_grade_no_info": no_info,
+                        f"eval/{name}/gain": with_info - no_info})  # fmt: skip
+    return metrics
 
 
 def check_model_dir(path: str | None, flag: str) -> str:
@@ -152,6 +203,8 @@ def build_rollout(
         holdout_advantage=cfg.meta.holdout_advantage,
         std_normalize=cfg.train.std_normalize,
         trace_sample_rate=cfg.meta.trace_sample_rate,
+        control_samples_per_problem=cfg.meta.n_holdout_samples,
+        holdout_samples_per_problem=cfg.meta.n_holdout_samples,
         keep_solver_attempts=cfg.objectives.needs_solver_samples and not cfg.separate_student,
     )
     return MetaLearningRollout(student=student, grader=pieces.grader, teacher=teacher, settings=settings)

@@ -16,7 +16,12 @@ from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.backends.local.pipeline import RolloutPipeline
 from slime_meta.inner_loop import describe_batch
 from slime_meta.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
-from slime_meta.tracking import Tracker, format_step_line
+from slime_meta.tracking import Tracker, format_eval_line, format_step_line
+
+
+def print_eval(step: int, metrics: dict) -> None:
+    if metrics:
+        print(format_eval_line(step, metrics), flush=True)
 
 
 def run(cfg: MetaConfig) -> Path:
@@ -28,6 +33,7 @@ async def _run(cfg: MetaConfig) -> Path:
     if cfg.pools.student_checkpoint:
         C.check_model_dir(cfg.pools.student_checkpoint, "--student-checkpoint")
     data = C.load_data(cfg)
+    print(C.describe_plan(cfg, data), flush=True)
     resume = load_checkpoint(Path(cfg.checkpoint.load)) if cfg.checkpoint.load else None
     if resume:  # the teacher restarts from its trained weights, the data cursor where it stopped
         teacher_model = str(resume.model_dir)
@@ -52,6 +58,9 @@ async def _run(cfg: MetaConfig) -> Path:
             set_rng_state(resume.trainer_state["rng"])
         tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict(), start_step=start_step)
         baseline = await C.baseline_eval(cfg, rollout, data.sampler.problems) if start_step == 0 else {}
+        # Fixed eval sets: before training (merged into step 0's record), every --eval-interval steps, at the end.
+        evaluation = await C.evaluate(cfg, rollout, data.eval_sets, 0) if start_step == 0 and data.eval_sets else {}
+        print_eval(0, evaluation)
 
         async def produce(step: int, episodes: list):
             result = await rollout.run(episodes, step, seed=cfg.seed)
@@ -77,9 +86,17 @@ async def _run(cfg: MetaConfig) -> Path:
                 metrics.update(await asyncio.to_thread(C.process_metrics, processes))
                 metrics.update(C.staleness_metrics(result.samples, rollout_id, start_step))
                 metrics.update(baseline if rollout_id == start_step else {})
+                metrics.update(evaluation)
                 tracker.log(rollout_id, metrics)
                 tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
                 print(format_step_line(rollout_id, metrics), flush=True)
+                done, evaluation = rollout_id + 1, {}
+                if C.eval_due(cfg, done) and data.eval_sets:
+                    # Weights `done` are on the workers: logged with step `done` (the end: a record of its own).
+                    evaluation = await C.evaluate(cfg, rollout, data.eval_sets, done)
+                    print_eval(done, evaluation)
+                    if done == cfg.meta.num_rollout:
+                        tracker.log(done, evaluation)
 
                 if C.should_save(cfg, rollout_id):
                     state = {"next_rollout_id": rollout_id + 1, "sampler": pipeline.sampler_state_for_resume(rollout_id + 1)}

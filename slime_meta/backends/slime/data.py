@@ -16,10 +16,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from slime_meta.data import load_problems
+from slime_meta.data import BatchPlan, load_problems, plan_batch
 from slime_meta.errors import EXIT_USER_ERROR, UserInputError
+
+if TYPE_CHECKING:
+    from slime_meta.arguments import MetaConfig
 
 
 def convert(source: str | Path, target: str | Path, *, input_key: str = "prompt", label_key: str = "label",
@@ -34,6 +37,35 @@ def convert(source: str | Path, target: str | Path, *, input_key: str = "prompt"
             row = {"prompt": problem.prompt, "label": problem.label, "metadata": metadata}
             handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     return len(problems)
+
+
+def batch_plan(cfg: MetaConfig) -> BatchPlan:
+    m = cfg.meta
+    return plan_batch(
+        rollout_batch_size=m.rollout_batch_size, train_ratio=m.inner_loop_train_ratio, heldout_ipb=m.heldout_ipb,
+        problems_per_prompt=m.n_problems_per_prompt, per_family=cfg.data.group_key is not None,
+    )  # fmt: skip
+
+
+def check_eval_sets_disjoint(cfg: MetaConfig) -> None:
+    """slime's data source draws every row of --prompt-data: an eval problem there would be trained on."""
+    pairs = list(zip(cfg.meta.eval_prompt_data[0::2], cfg.meta.eval_prompt_data[1::2]))
+    if not pairs or not Path(cfg.data.prompt_data).is_file():
+        return
+    d = cfg.data
+
+    def keys(path: str) -> set[tuple[str, str]]:
+        found = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
+        return {(p.prompt.strip(), p.ground_truth.strip()) for p in found}
+
+    train = keys(d.prompt_data)
+    for name, path in pairs:
+        shared = len(keys(path) & train)
+        if shared:
+            raise UserInputError(
+                f"--eval-prompt-data {name} {path}: {shared} of its problems are in --prompt-data, and slime's data "
+                "source would train on them; give disjoint files"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,11 +6,15 @@ share with slime (`--rollout-batch-size`, `--prompt-data`, `--eps-clip`, ...) mu
 even though they are not on the parser yet: `arguments_for_slime` asks slime which flags it
 will add and hides them from `add_meta_learning_arguments`, which skips flags the parser has.
 
-Three flags mean different things to the inner loop and to slime's trainer, so the translation
+Four flags mean different things to the inner loop and to slime's trainer, so the translation
 in `plan.py` moves our meaning to a flag of this backend:
   --rollout-temperature   ours: the student's sampling temperature; slime: the temperature the
                           trained model sampled at, which its log-prob recomputation divides by.
                           On slime it becomes the teacher's temperature; ours goes to --student-temperature.
+  --rollout-batch-size    ours: the problems drawn per step (train + holdout); slime: the prompts
+                          per step, each a group of --n-samples-per-prompt samples. On slime it
+                          becomes the number of teacher prompts (GRPO groups); ours goes to
+                          --meta-rollout-batch-size.
   --apply-chat-template   ours: the roles render their messages with the chat template; slime:
                           its data source renders the dataset prompt. Ours goes to
                           --meta-apply-chat-template (our templates need the raw problem text).
@@ -45,6 +49,13 @@ def add_slime_backend_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         default=None,
         help="Set by --backend slime from --rollout-temperature (the student's temperature); slime's own "
         "--rollout-temperature then holds the teacher's.",
+    )
+    add(
+        "--meta-rollout-batch-size",
+        type=int,
+        default=None,
+        help="Set by --backend slime from --rollout-batch-size (problems drawn per step); slime's own "
+        "--rollout-batch-size then holds the teacher prompts (GRPO groups) per step.",
     )
     add(
         "--meta-apply-chat-template",
@@ -117,6 +128,8 @@ def config_from_slime_args(args: argparse.Namespace, *, default_run_dir: str = "
     if values["student_temperature"] is not None:
         values["rollout_temperature"] = values["student_temperature"]
     values["apply_chat_template"] = bool(values["meta_apply_chat_template"])
+    if values["meta_rollout_batch_size"] is not None:
+        values["rollout_batch_size"] = values["meta_rollout_batch_size"]
     # slime does checkpoints and wandb here (its --wandb-key, its run); ours would be a second copy.
     values.update(backend="slime", load=None, save=None, save_interval=None, use_wandb=False, use_meta_learning=True)
     values["replay_teachers"] = list(values.get("replay_teachers") or [])

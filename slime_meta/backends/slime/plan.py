@@ -27,6 +27,7 @@ from typing import Sequence
 import yaml
 
 from slime_meta.arguments import MetaConfig, add_meta_learning_arguments, build_config
+from slime_meta.backends.slime.data import batch_plan, check_eval_sets_disjoint
 from slime_meta.backends.slime.flags import add_slime_backend_arguments
 from slime_meta.errors import UserInputError
 from slime_meta.grading import default_grader_kind
@@ -49,7 +50,7 @@ _REWRITTEN = {
     "--rollout-temperature": True, "--student-temperature": True,
     "--apply-chat-template": False, "--meta-apply-chat-template": False,
     "--input-key": True, "--label-key": True, "--rollout-batch-size": True, "--n-samples-per-prompt": True,
-    "--num-rollout": True,
+    "--num-rollout": True, "--meta-rollout-batch-size": True,
 }  # fmt: skip
 
 
@@ -341,6 +342,15 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
         **{**vars(ns), "load": None, "save": None, "save_interval": None, "run_dir": str(run_dir)}
     )
     config = build_config(checked)
+    batch = batch_plan(config)
+    groups_samples = batch.groups * ns.n_samples_per_prompt
+    if slime_ns.global_batch_size is not None and groups_samples % slime_ns.global_batch_size:
+        raise UserInputError(
+            f"--global-batch-size {slime_ns.global_batch_size} does not divide the {groups_samples} samples of a step "
+            f"({batch.groups} teacher prompts x --n-samples-per-prompt {ns.n_samples_per_prompt}); "
+            f"leave it out for one optimizer step per rollout (global batch {groups_samples})"
+        )
+    check_eval_sets_disjoint(config)
 
     out = without(argv, _REWRITTEN)
     out += [
@@ -356,7 +366,9 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     if ns.teacher_port is not None and slime_ns.sglang_router_port is None:
         out += ["--sglang-router-port", str(ns.teacher_port)]
     out += ["--input-key", ns.input_key, "--label-key", ns.label_key]
-    out += ["--rollout-batch-size", str(ns.rollout_batch_size), "--n-samples-per-prompt", str(ns.n_samples_per_prompt)]
+    # slime's rollout batch is prompts (groups of n samples); ours is problems: the teacher prompts go to slime.
+    out += ["--rollout-batch-size", str(batch.groups), "--n-samples-per-prompt", str(ns.n_samples_per_prompt)]
+    out += ["--meta-rollout-batch-size", str(ns.rollout_batch_size)]
     if given(argv, "--num-rollout") or slime_ns.num_epoch is None:
         out += ["--num-rollout", str(ns.num_rollout)]
     # The trained model is the teacher: slime's temperature is the teacher's (its log-probs divide by it).
@@ -369,7 +381,8 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     if ns.apply_chat_template or ns.meta_apply_chat_template:
         out += ["--meta-apply-chat-template"]
     if slime_ns.global_batch_size is None and slime_ns.num_steps_per_rollout is None:
-        out += ["--num-steps-per-rollout", "1"]  # one optimizer step per outer step, as on one machine
+        # One optimizer step per outer step, as on one machine: global batch = train problems / k x G.
+        out += ["--num-steps-per-rollout", "1", "--global-batch-size", str(groups_samples)]
     out += ["--run-dir", str(run_dir)]
     out += ["--rollout-function-path", PLUGINS["--rollout-function-path"]]
     out += ["--custom-reward-post-process-path", PLUGINS["--custom-reward-post-process-path"]]
@@ -426,6 +439,10 @@ def describe(plan: LaunchPlan) -> str:
     else:
         lines.append("  student  the teacher's router (shared pool: the same, evolving model)")
     lines += [f"  grader   {_grader_line(cfg)}", ""]
+    m = cfg.meta
+    lines.append(batch_plan(cfg).describe(samples_per_prompt=m.n_samples_per_prompt, inner_iterations=m.num_inner_iterations,
+                                          inner_samples=m.n_samples_per_inner_prompt, holdout_samples=m.n_holdout_samples))  # fmt: skip
+    lines.append("")
 
     text = plan.sglang_config_yaml()
     if text:

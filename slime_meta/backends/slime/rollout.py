@@ -3,10 +3,10 @@
     generate_rollout(args, rollout_id, data_source, evaluation=False)
         -> RolloutFnTrainOutput | RolloutFnEvalOutput
 
-Training: draws rollout_batch_size x k train problems plus the holdout problems from slime's data
-source (so the train split yields exactly rollout_batch_size GRPO groups, as slime's trainer
-expects), runs our inner loop against slime's routers and returns one group of
-n_samples_per_prompt samples per teacher prompt: each the teacher's final info, its reward the
+Training: draws our --rollout-batch-size problems from slime's data source (carried as
+--meta-rollout-batch-size), splits them into train and holdout, and runs our inner loop against slime's routers and returns one group of
+n_samples_per_prompt samples per teacher prompt (train / k groups: slime's own
+--rollout-batch-size, as its trainer expects): each the teacher's final info, its reward the
 mean holdout grade. With --train-all-inner-steps each member of a group is the list of that
 chain's K infos, one rollout (they share `Sample.rollout_id`, so slime counts it once).
 
@@ -14,8 +14,11 @@ Pools: the teacher is the first SGLang model (`args.sglang_router_ip/port`; --te
 becomes --sglang-router-port); the student is --student-router-ip/port, else the 'student' model
 of --sglang-config, else the teacher's router (shared pool).
 
-Evaluation: the same loop on a fixed draw of problems (the first --eval-prompt-data set, else
---prompt-data), reported as two data sets: the holdout grade with each final info, and without.
+Evaluation (slime's --eval-interval, --eval-prompt-data NAME PATH ...): the same loop on a fixed
+draw of each set (--eval-num-batches batches of the step's split, the run's seed), no training,
+reported per set as two data sets, NAME/holdout_grade (each final info's reward) and
+NAME/holdout_grade_no_info (the control), which slime logs as eval/NAME/holdout_grade and
+eval/NAME/holdout_grade_no_info, plus eval/NAME/gain.
 
 slime's rollout manager is one long-lived Ray actor calling this function once per step, so the
 pieces (tokenizer, templates, grader, pool clients) are built on the first call and kept with
@@ -43,7 +46,8 @@ from slime_meta.backends.slime.samples import (
     status_value,
     teacher_sample_fields,
 )
-from slime_meta.data import ProblemSampler, load_problems, split_sizes
+from slime_meta.backends.slime.data import batch_plan
+from slime_meta.data import ProblemSampler, load_problems
 from slime_meta.inner_loop import MetaLearningRollout, RolloutResult, describe_batch
 from slime_meta.pools import SGLangPool
 from slime_meta.types import Episode, Problem, TeacherSample
@@ -115,7 +119,7 @@ class _Runtime:
     run_dir: Path
     tracker: Any
     fixed_context: str | None
-    eval_problems: list[Problem] | None = None
+    eval_problems: dict[str, list[Problem]] | None = None
 
     def close(self) -> None:
         async def close_pools() -> None:
@@ -184,13 +188,12 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
     rt = runtime(args)
     if evaluation:
         return rt.loop.run(_evaluate(rt, rollout_id))
-    cfg = rt.cfg
-    num_train, num_holdout = split_sizes(
-        num_prompts=cfg.meta.rollout_batch_size, problems_per_prompt=cfg.meta.n_problems_per_prompt,
-        train_ratio=cfg.meta.inner_loop_train_ratio, heldout_ipb=cfg.meta.heldout_ipb,
-    )  # fmt: skip
-    groups = data_source.get_samples(num_train + num_holdout)
-    return rt.loop.run(_train_rollout(rt, rollout_id, groups, num_train))
+    plan = batch_plan(rt.cfg)
+    if getattr(args, "rollout_batch_size", plan.groups) != plan.groups:
+        raise ValueError(f"slime's --rollout-batch-size is {args.rollout_batch_size}, the plan has {plan.groups} teacher "
+                         "prompts: launch through train.py --backend slime, which sets both")  # fmt: skip
+    groups = data_source.get_samples(plan.problems)
+    return rt.loop.run(_train_rollout(rt, rollout_id, groups, plan.train))
 
 
 def post_process_rewards(args: Namespace, samples: Sequence[Any]) -> tuple[list[float], list[float]]:
@@ -263,7 +266,8 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
     from slime_meta.backends.local.components import counter_metrics
 
     cfg, started = rt.cfg, time.perf_counter()
-    k, num_prompts = cfg.meta.n_problems_per_prompt, cfg.meta.rollout_batch_size
+    k = cfg.meta.n_problems_per_prompt
+    num_prompts = num_train // k
     problems = [
         problem_from_sample(g[0], rubric_key=cfg.data.rubric_key, fallback_uid=f"row-{g[0].group_index}")
         for g in groups
@@ -294,34 +298,43 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
 # ----------------------------------------------------------------------------- evaluation
 
 
-def _eval_problems(rt: _Runtime) -> list[Problem]:
+def _eval_problems(rt: _Runtime) -> dict[str, list[Problem]]:
+    """NAME -> problems of each --eval-prompt-data pair (slime keeps them as a flat NAME PATH list)."""
     if rt.eval_problems is None:
-        datasets = getattr(rt.args, "eval_prompt_data", None) or []
-        path = datasets[1] if len(datasets) >= 2 else rt.cfg.data.prompt_data
+        values = list(getattr(rt.args, "eval_prompt_data", None) or rt.cfg.meta.eval_prompt_data)
         d = rt.cfg.data
-        loaded = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
-        # A file converted for slime's data source keeps rubric and id under `metadata`.
-        rt.eval_problems = [
-            replace(p, rubric=p.rubric or str(p.metadata["metadata"].get("rubric", "")), metadata={**p.metadata, **p.metadata["metadata"]})
-            if isinstance(p.metadata.get("metadata"), dict) else p
-            for p in loaded
-        ]  # fmt: skip
+        rt.eval_problems = {}
+        for name, path in zip(values[0::2], values[1::2]):
+            loaded = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
+            # A file converted for slime's data source keeps rubric and id under `metadata`.
+            rt.eval_problems[name] = [
+                replace(p, rubric=p.rubric or str(p.metadata["metadata"].get("rubric", "")), metadata={**p.metadata, **p.metadata["metadata"]})
+                if isinstance(p.metadata.get("metadata"), dict) else p
+                for p in loaded
+            ]  # fmt: skip
     return rt.eval_problems
 
 
 async def _evaluate(rt: _Runtime, rollout_id: int):
     from slime.rollout.base_types import RolloutFnEvalOutput
+
+    data, metrics = {}, {}
+    for name, problems in _eval_problems(rt).items():
+        set_data, set_metrics = await _evaluate_set(rt, rollout_id, name, problems)
+        data.update(set_data)
+        metrics.update(set_metrics)
+    rt.tracker.log(rollout_id, metrics)  # our metrics.jsonl, for the plot
+    return RolloutFnEvalOutput(data=data, metrics=metrics)
+
+
+async def _evaluate_set(rt: _Runtime, rollout_id: int, name: str, problems: list[Problem]):
     from slime.utils.types import Sample
 
     cfg, meta = rt.cfg, rt.cfg.meta
-    _, num_holdout = split_sizes(
-        num_prompts=meta.rollout_batch_size, problems_per_prompt=meta.n_problems_per_prompt,
-        train_ratio=meta.inner_loop_train_ratio, heldout_ipb=meta.heldout_ipb,
-    )  # fmt: skip
-    # A fresh sampler with the run's seed: every evaluation sees the same problems.
-    episodes = ProblemSampler(_eval_problems(rt), seed=cfg.seed, shuffle=True).next_episodes(
-        num_prompts=meta.rollout_batch_size, problems_per_prompt=meta.n_problems_per_prompt, num_holdout=num_holdout
-    )
+    plan = batch_plan(cfg)
+    # A fresh sampler with the run's seed: every evaluation sees the same problems, split the same way.
+    sampler = ProblemSampler(problems, seed=cfg.seed, shuffle=True)
+    episodes = [e for _ in range(meta.eval_num_batches) for e in sampler.next_episodes(**plan.draw_sizes)]
     result = await rt.rollout.run(episodes, rollout_id, seed=cfg.seed)
     finals = [s for s in result.samples if s.inner_iteration == meta.num_inner_iterations - 1]
     with_info = [
@@ -340,7 +353,7 @@ async def _evaluate(rt: _Runtime, rollout_id: int):
             metadata={"problem_uid": problem.uid},
         )  # fmt: skip
 
-    holdout = [h for e in episodes for h in e.holdout]
+    holdout = [h for e in episodes for h in e.holdout for _ in range(meta.n_holdout_samples)]
     without = list(await asyncio.gather(*[no_info(h, i) for i, h in enumerate(holdout)]))
 
     def dataset(samples):
@@ -350,5 +363,9 @@ async def _evaluate(rt: _Runtime, rollout_id: int):
             "samples": samples,
         }
 
-    data = {"meta_holdout_with_info": dataset(with_info), "meta_holdout_no_info": dataset(without)}
-    return RolloutFnEvalOutput(data=data, metrics={f"eval_{k}": v for k, v in result.metrics.items()})
+    data = {f"{name}/holdout_grade": dataset(with_info), f"{name}/holdout_grade_no_info": dataset(without)}
+    with_grade = sum(s.reward for s in with_info) / len(with_info)
+    no_info_grade = sum(s.reward for s in without) / len(without)
+    metrics = {f"eval/{name}/holdout_grade": with_grade, f"eval/{name}/holdout_grade_no_info": no_info_grade,
+               f"eval/{name}/gain": with_grade - no_info_grade}  # fmt: skip
+    return data, metrics
