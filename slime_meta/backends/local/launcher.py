@@ -118,6 +118,7 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         self._pools: dict[str, _Pool] = {}
         self._reserved_ports: set[int] = set()
         self._previous_sigterm_handler: object = None
+        self._previous_sigint_handler: object = None
         self._child_setup = _die_with_parent_hook()
         # Guards the pools' state between the caller's threads and the supervisor; held only for
         # a spawn, a termination or a weight load: never while a process starts or the router is called.
@@ -162,8 +163,9 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
         self._warn_if_not_main_thread()
-        self._install_sigterm_handler()
         self._stopping.clear()  # a group may be used again after stop()
+        self._install_sigterm_handler()
+        self._install_sigint_hook()
         log_directory = Path(log_dir)
         log_directory.mkdir(parents=True, exist_ok=True)
         frozen_root = str(log_directory / f".{name}-frozen-no-weight-updates")
@@ -382,11 +384,36 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
             return
 
         def exit_on_sigterm(signal_number: int, frame: object) -> None:
+            self._stopping.set()  # the workers got it too, most likely: restart none of them
             raise SystemExit(128 + signal_number)  # unwinds through __exit__ / finally / atexit
 
         self._previous_sigterm_handler = signal.signal(signal.SIGTERM, exit_on_sigterm)
 
+    def _install_sigint_hook(self) -> None:
+        """Ctrl-C reaches the workers and this process together: stop restarting before anything else.
+
+        The program's own handler (Python's KeyboardInterrupt, asyncio's task cancellation) still
+        runs after; an ignored SIGINT stays ignored.
+        """
+        previous = signal.getsignal(signal.SIGINT)
+        if self._previous_sigint_handler is not None or not callable(previous):
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def stop_restarts_then_interrupt(signal_number: int, frame: object) -> None:
+            self._stopping.set()
+            previous(signal_number, frame)
+
+        signal.signal(signal.SIGINT, stop_restarts_then_interrupt)
+        self._previous_sigint_handler = previous
+
     def _restore_sigterm_handler(self) -> None:
-        if self._previous_sigterm_handler is not None and threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._previous_sigterm_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm_handler)
             self._previous_sigterm_handler = None
+        if self._previous_sigint_handler is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint_handler)
+            self._previous_sigint_handler = None
