@@ -51,7 +51,6 @@ from typing import Any
 
 import torch
 from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMessage
 
 from slime_meta.backends.local.worker_batching import GenerationEngine
 from slime_meta.backends.local.worker_openai import OpenAIContext, add_openai_routes
@@ -59,6 +58,7 @@ from slime_meta.backends.local.worker_protocol import (
     FinishedGeneration,
     GenerationSpec,
     RequestError,
+    RouterHttp2ProbeFilter,
     SamplingParams,
     error_body,
     generate_response,
@@ -448,12 +448,9 @@ async def serve(context: WorkerContext, host: str, port: int, access_log: bool) 
     # A router that timed out and retried elsewhere, or a trainer that stopped, leaves such
     # requests behind; cancelling the handler is what frees their batch rows (run_spec).
     runner = web.AppRunner(
-        build_app(context),
-        access_log=logger if access_log else None,
-        handle_signals=False,
-        shutdown_timeout=2.0,
+        build_app(context), access_log=logger if access_log else None, handle_signals=False, shutdown_timeout=2.0,
         handler_cancellation=True,
-    )
+    )  # fmt: skip
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
@@ -472,18 +469,6 @@ async def serve(context: WorkerContext, host: str, port: int, access_log: bool) 
     return received[0]
 
 
-class _RouterHttp2ProbeFilter(logging.Filter):
-    """Drop aiohttp's error log for sglang-router's HTTP/2 probe.
-
-    When a worker registers, the router first tries an HTTP/2 (gRPC) connection; aiohttp
-    rejects the preface, logs a traceback at ERROR, and the router falls back to HTTP/1.1.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        return not (isinstance(error, BadHttpMessage) and "PRI" in str(error))
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(
@@ -491,7 +476,7 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level.upper(),
         format=f"%(asctime)s %(levelname)s worker:{args.port} %(name)s: %(message)s",
     )
-    logging.getLogger("aiohttp.server").addFilter(_RouterHttp2ProbeFilter())
+    logging.getLogger("aiohttp.server").addFilter(RouterHttp2ProbeFilter())
     context = build_context(args)
     path = context.engine.decode_path
     logger.info("loaded %s on %s (%s), decode path %s", args.model_path, context.device, context.dtype, path)
