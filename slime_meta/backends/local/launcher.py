@@ -35,7 +35,8 @@ OOM killer, a crash, a GPU fault; several of a pool at once are restarted togeth
   5. counted: `restarts(pool_name)`.
 A worker that died by SIGINT/SIGTERM/SIGHUP is restarted only after a 2 s grace period: those
 signals usually reach the whole process group (Ctrl-C, a job scheduler), and this process then
-stops the group itself. A worker that dies more than `max_restarts` times within
+stops the group itself (workers end by the signal they got, so their exit says so). While a group
+runs, SIGINT to this process first stops all restarts, then runs the handler it had before. A worker that dies more than `max_restarts` times within
 `restart_window_s` is left down (an error is logged; the router keeps using the others). Routers
 are not restarted. `stop()` first tells the supervisor to stop, waits for it (a restart in
 progress is abandoned, its process terminated with the rest), so nothing is restarted during or
