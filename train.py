@@ -9,6 +9,7 @@ Local backend (one machine, embedded workers behind the real sglang-router) by d
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return slime_main(argv)
     quiet_library_progress_bars()
+    take_sigint()
     try:
         config = parse_config(argv, default_run_dir=time.strftime("runs/%Y%m%d-%H%M%S"))
         backend = get_backend(config.backend)
@@ -46,6 +48,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"run directory: {run_dir}")
     return 0
+
+
+def take_sigint() -> None:
+    """End the run on SIGINT even where it was started with SIGINT ignored (`train.py &` in a script).
+
+    Its routers and workers end on SIGINT whatever they inherit (sglang-router handles it
+    itself), so a trainer that kept ignoring it would only find its pools gone, fail on them and
+    report a pool error; ending as interrupted (exit code 130) says what happened.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def quiet_library_progress_bars() -> None:

@@ -6,12 +6,18 @@ Layout of `--save DIR` (slime's convention for the pointer file):
     DIR/iter_0000003/state.json      next rollout id, data cursor
     DIR/latest_checkpointed_iteration.txt
 A kill during a save leaves a `.tmp-*` directory and the previous pointer intact.
+
+`trainer.pt` holds only tensors and plain values (the RNG states of Python and NumPy as int64
+tensors), so `--load` reads it with `torch.load(weights_only=True)`: a file planted in the
+directory cannot run code. Checkpoints written before that stored NumPy's state as an ndarray;
+they load with exactly the NumPy globals that such a state needs allowed, nothing more.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 from dataclasses import dataclass
@@ -50,14 +56,70 @@ def _write_atomic(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
+RNG_FORMAT = 2  # 1 (no "format" key): Python's state as its tuple, NumPy's with an ndarray
+
+
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The Python, NumPy and torch RNG states as tensors and plain values (loadable with weights_only)."""
+    python_version, python_internal, gauss_next = random.getstate()
+    algorithm, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    return {
+        "format": RNG_FORMAT,
+        "python": {
+            "version": python_version,
+            "internal": torch.tensor(python_internal, dtype=torch.int64),
+            "gauss_next": gauss_next,
+        },
+        "numpy": {
+            "algorithm": str(algorithm),
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "torch": torch.get_rng_state(),
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    if state.get("format") is None:  # written before RNG_FORMAT 2
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+    else:
+        python, numpy_state = state["python"], state["numpy"]
+        random.setstate((python["version"], tuple(python["internal"].tolist()), python["gauss_next"]))
+        np.random.set_state((
+            numpy_state["algorithm"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
+            numpy_state["has_gauss"], numpy_state["cached_gaussian"],
+        ))  # fmt: skip
     torch.set_rng_state(state["torch"])
+
+
+def _legacy_numpy_globals() -> list[Any]:
+    """What pickling one NumPy array needs: its reconstructor, the array type, the dtype."""
+    multiarray = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray
+    return [multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _load_trainer_state(path: Path, load_dir: Path) -> dict[str, Any]:
+    from slime_meta.errors import UserInputError
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        pass
+    try:  # a checkpoint of the previous format: NumPy's RNG state as an ndarray
+        with torch.serialization.safe_globals(_legacy_numpy_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        try:
+            foreign = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)) or "unknown objects"
+        except Exception:  # too damaged to list
+            foreign = "data torch cannot read"
+        raise UserInputError(
+            f"--load {load_dir}: {path.parent.name}/trainer.pt holds {foreign}, not only tensors and plain values; "
+            "it was not written by slime-meta, so it is not loaded (it could run code); give a --save directory of an earlier run"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -105,6 +167,6 @@ def load_checkpoint(load_dir: Path) -> LoadedCheckpoint:
         raise UserInputError(
             f"--load {load_dir}: checkpoint {root.name} lacks {', '.join(missing)}; point {POINTER} at a complete iter_* directory"
         )
-    trainer_state = torch.load(root / "trainer.pt", map_location="cpu", weights_only=False)
+    trainer_state = _load_trainer_state(root / "trainer.pt", load_dir)
     state = json.loads((root / "state.json").read_text(encoding="utf-8"))
     return LoadedCheckpoint(iteration=iteration, model_dir=root / "model", trainer_state=trainer_state, state=state)

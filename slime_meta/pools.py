@@ -58,6 +58,11 @@ class PoolUnavailable(RuntimeError):
     """A pool kept failing after every retry."""
 
 
+class PoolProtocolError(PoolUnavailable):
+    """A pool answered 200 with a reply that breaks the /generate contract (not retried: a
+    server that pairs log-probs with the wrong tokens does so again, and training on them is wrong)."""
+
+
 MAX_RETRY_AFTER_S = 60.0
 
 
@@ -154,6 +159,27 @@ class SGLangPool:
             self.stats.failures += 1
             raise PoolUnavailable(f"{self.name} pool at {self.base_url}{path} failed after {self.max_retries} retries: {error}")
 
+    def _check_logprob_tokens(self, output_ids: Sequence[int], entries: Sequence[Any]) -> None:
+        """Each `[logprob, token_id, text]` entry must be the log-prob of the output token at its position.
+
+        The trainer pairs `output_logprobs[i]` with `output_ids[i]` (the PPO ratio's denominator):
+        log-probs of other tokens, or shifted by one, would train on wrong ratios without an error.
+        """
+        problem = None
+        if len(entries) != len(output_ids):
+            problem = f"returned {len(entries)} log-probs for {len(output_ids)} tokens"
+        else:
+            for position, (token_id, entry) in enumerate(zip(output_ids, entries)):
+                if _logprob_token_id(entry) != token_id:
+                    problem = (
+                        f"returned output_token_logprobs for token {_logprob_token_id(entry)!r} at output position "
+                        f"{position}, where output_ids has {token_id}: log-probs and tokens do not match"
+                    )
+                    break
+        if problem is not None:
+            self.stats.failures += 1
+            raise PoolProtocolError(f"{self.name} pool at {self.base_url}/generate {problem}")
+
     async def generate(
         self,
         *,
@@ -174,11 +200,10 @@ class SGLangPool:
         self.stats.prompt_tokens += int(meta.get("prompt_tokens", 0))
         self.stats.completion_tokens += int(meta.get("completion_tokens", 0))
         output_ids = tuple(reply.get("output_ids") or ())
-        logprobs = tuple(float(entry[0]) for entry in meta.get("output_token_logprobs") or ())
-        if return_logprob and len(logprobs) != len(output_ids):
-            raise PoolUnavailable(
-                f"{self.name} pool returned {len(logprobs)} log-probs for {len(output_ids)} tokens"
-            )
+        entries = meta.get("output_token_logprobs") or ()
+        logprobs = tuple(float(entry[0]) for entry in entries)
+        if return_logprob:
+            self._check_logprob_tokens(output_ids, entries)
         finish = meta.get("finish_reason") or {}
         return Completion(
             text=reply.get("text", ""),
@@ -188,6 +213,10 @@ class SGLangPool:
             finish_reason=finish.get("type", "stop") if isinstance(finish, dict) else str(finish),
             weight_version=str(meta.get("weight_version")) if meta.get("weight_version") is not None else None,
         )
+
+
+def _logprob_token_id(entry: Any) -> Any:
+    return entry[1] if isinstance(entry, (list, tuple)) and len(entry) > 1 else None
 
 
 def check_reachable(url: str, flag: str, timeout_s: float = 5.0) -> None:

@@ -155,3 +155,60 @@ def test_children_die_with_their_parent(tiny_checkpoint: Path, tmp_path: Path) -
             if parent.poll() is None:
                 parent.kill()
                 parent.wait()
+
+
+def ctrl_c_run_args(checkpoint: Path, run_dir: Path) -> list[str]:
+    """A run long enough to be interrupted in its second step (the tiny model, the built-in verifier)."""
+    return [
+        "--use-meta-learning", "--hf-checkpoint", str(checkpoint),
+        "--prompt-data", str(REPO_ROOT / "data/synthetic_suffix.jsonl"), "--group-key", "family",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--n-problems-per-prompt", "2",
+        "--heldout-ipb", "2", "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
+        "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+        "--teacher-max-tokens", "4", "--rollout-max-response-len", "8", "--grader", "verifier",
+        "--num-rollout", "200", "--run-dir", str(run_dir),
+    ]  # fmt: skip
+
+
+# How the trainer starts with SIGINT: from a terminal (Python turns it into KeyboardInterrupt), or
+# as a background job of a script (`train.py &`: inherited as ignored; the workers and the router
+# end on it all the same).
+SIGINT_AT_START = {"terminal": signal.SIG_DFL, "background_job": signal.SIG_IGN}
+
+
+def test_ctrl_c_mid_step_ends_the_run_as_interrupted_and_restarts_nothing(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    runs, stderr_paths = {}, {}
+    for name, disposition in SIGINT_AT_START.items():
+        stderr_paths[name] = tmp_path / f"{name}.stderr"
+        with open(stderr_paths[name], "w") as stderr_file:  # a file: progress bars never fill a pipe
+            runs[name] = subprocess.Popen(
+                [sys.executable, str(REPO_ROOT / "train.py"), *ctrl_c_run_args(tiny_checkpoint, tmp_path / name)],
+                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=stderr_file, text=True,
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"},
+                # A process group of its own, as a terminal's foreground job has: the signal goes to all of it.
+                start_new_session=True, preexec_fn=lambda disposition=disposition: signal.signal(signal.SIGINT, disposition),
+            )  # fmt: skip
+    try:
+        for name, run in runs.items():
+            for line in run.stdout:  # the first step is done: the second one is under way
+                if line.startswith("step 0:"):
+                    break
+            else:
+                pytest.fail(f"{name}: the run ended before its first step:\n{stderr_paths[name].read_text()[-3000:]}")
+        for run in runs.values():
+            time.sleep(0.3)
+            os.killpg(run.pid, signal.SIGINT)
+        for name, run in runs.items():
+            run.communicate(timeout=60)
+            stderr = stderr_paths[name].read_text()
+            assert run.returncode == 130, (name, stderr[-3000:])
+            assert "interrupted: workers and routers stopped" in stderr, (name, stderr[-3000:])
+            assert "restarting" not in stderr, (name, stderr[-3000:])
+            assert "error:" not in stderr, (name, stderr[-3000:])
+            assert wait_until(lambda name=name: processes_mentioning(str(tmp_path / name)) == [], 10), name
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()

@@ -113,3 +113,64 @@ def test_a_kill_during_save_leaves_the_previous_checkpoint_loadable(tiny_checkpo
         ck.save_checkpoint(save_dir, 2, trainer=trainer, tokenizer=tokenizer, state={"next_rollout_id": 2})
         assert ck.load_checkpoint(save_dir).iteration == 2
         assert not list(save_dir.glob(".tmp-*"))
+
+
+class _TouchOnLoad:
+    """What a planted trainer.pt could hold: an object whose unpickling runs code (here: creates a file)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_load_reads_only_tensors_and_plain_values(tiny_checkpoint, tmp_path):
+    import torch
+    from transformers import AutoTokenizer
+
+    import slime_meta.checkpoint as ck
+    from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+    from slime_meta.errors import UserInputError
+
+    trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu"))
+    sum(p.float().pow(2).sum() for p in trainer.model.parameters()).backward()
+    trainer.optimizer.step()  # the optimizer has state tensors to save
+    saved = ck.save_checkpoint(tmp_path, 1, trainer=trainer, tokenizer=AutoTokenizer.from_pretrained(tiny_checkpoint),
+                               state={"next_rollout_id": 1})  # fmt: skip
+    # Everything we write loads without allowing a single global: optimizer and RNG states included.
+    plain = torch.load(saved / "trainer.pt", map_location="cpu", weights_only=True)
+    assert plain["optimizer"]["state"] and plain["rng"]["format"] == ck.RNG_FORMAT
+
+    marker = tmp_path / "code-ran"
+    torch.save({**plain, "rng": _TouchOnLoad(marker)}, saved / "trainer.pt")
+    with pytest.raises(UserInputError, match=r"--load .*iter_0000001/trainer.pt holds .*pathlib.* not loaded"):
+        ck.load_checkpoint(tmp_path)
+    assert not marker.exists()
+
+
+def test_checkpoints_of_the_previous_format_still_load_and_resume_the_rng_streams(tiny_checkpoint, tmp_path):
+    import random
+
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    import slime_meta.checkpoint as ck
+    from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+
+    trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu"))
+    saved = ck.save_checkpoint(tmp_path, 1, trainer=trainer, tokenizer=AutoTokenizer.from_pretrained(tiny_checkpoint),
+                               state={"next_rollout_id": 1})  # fmt: skip
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    random.gauss(0, 1), np.random.randn()  # a cached Gaussian in each state
+    # The previous trainer.pt: Python's state as its tuple, NumPy's as a tuple with an ndarray.
+    previous_rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    torch.save({**trainer.state_dict(), "rng": previous_rng}, saved / "trainer.pt")
+    expected = (random.gauss(0, 1), random.random(), float(np.random.randn()), torch.rand(2).tolist())
+
+    loaded = ck.load_checkpoint(tmp_path)
+    trainer.load_state_dict(loaded.trainer_state)
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    ck.set_rng_state(loaded.trainer_state["rng"])
+    assert (random.gauss(0, 1), random.random(), float(np.random.randn()), torch.rand(2).tolist()) == expected

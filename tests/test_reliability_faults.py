@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 
 from openai_server import run_openai_server
-from slime_meta.pools import MAX_RETRY_AFTER_S, PoolUnavailable, SGLangPool, retry_after_seconds
+from slime_meta.pools import MAX_RETRY_AFTER_S, PoolProtocolError, PoolUnavailable, SGLangPool, retry_after_seconds
 
 FAULTS = ("rate_limit", "server_error", "unavailable", "slow", "malformed", "bad_request")
 
@@ -202,3 +202,43 @@ def test_replay_teachers_answer_through_a_fifth_of_failed_calls(tmp_path, monkey
     assert len(pairs) == 20 and all(p.chosen_answer == "42" and p.rejected_answer == "41" for p in pairs)
     assert {r.authorization for r in server.requests} == {"Bearer sk-replay-test"}
     assert "sk-replay-test" not in (tmp_path / "replay.jsonl").read_text()
+
+
+class LogprobReplies:
+    """A server whose log-prob entries name the tokens given, whatever `output_ids` says."""
+
+    def __init__(self, logprob_ids: list[int]):
+        self.logprob_ids, self.requests = logprob_ids, 0
+
+    async def generate(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        entries = [[-0.5 - index, token_id, None] for index, token_id in enumerate(self.logprob_ids)]
+        meta = {"output_token_logprobs": entries, "finish_reason": {"type": "length"}, "completion_tokens": 3}
+        return web.json_response({"text": "abc", "output_ids": [5, 6, 7], "meta_info": meta})
+
+
+async def generate_with_logprobs(pool: SGLangPool):
+    try:
+        return await pool.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 3}, return_logprob=True)
+    finally:
+        await pool.close()
+
+
+@pytest.mark.parametrize(
+    "logprob_ids, position",
+    [([5, 7, 6], 1), ([6, 7, 8], 0), ([5, 6, None], 2)],  # swapped, shifted by one, id missing
+)
+def test_log_probs_of_other_tokens_are_a_protocol_error_and_not_retried(logprob_ids, position):
+    server = LogprobReplies(logprob_ids)
+    with serve(server) as url:
+        pool = pool_at(url)
+        with pytest.raises(PoolProtocolError, match=f"output position {position}, where output_ids has"):
+            asyncio.run(generate_with_logprobs(pool))
+    assert server.requests == 1 and pool.stats.retries == 0 and pool.stats.failures == 1
+    assert issubclass(PoolProtocolError, PoolUnavailable)  # train.py ends the run with its one line
+
+
+def test_log_probs_of_the_output_tokens_are_accepted():
+    with serve(LogprobReplies([5, 6, 7])) as url:
+        completion = asyncio.run(generate_with_logprobs(pool_at(url)))
+    assert completion.output_ids == (5, 6, 7) and completion.output_logprobs == (-0.5, -1.5, -2.5)

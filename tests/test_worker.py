@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -455,4 +456,37 @@ def test_abort_all_requests(worker_url: str, tokenizer) -> None:
     results = asyncio.run(generate_then_abort())
     assert all(result["meta_info"]["finish_reason"]["type"] == "abort" for result in results)
     assert all(len(result["output_ids"]) < 230 for result in results)
+    assert len(greedy(worker_url, body["input_ids"][0], 3)) == 3  # still serving
+
+
+def test_a_client_that_goes_away_frees_its_rows(worker_url: str, tokenizer) -> None:
+    """A router that times out and retries elsewhere, or a stopped trainer, leaves no generation running."""
+    rows, max_new_tokens = 8, 230
+    body = {
+        "input_ids": [tokenizer.encode(f"nobody waits {i}") for i in range(rows)],
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+    }
+
+    def server_info() -> dict:
+        return json.loads(get(f"{worker_url}/get_server_info")[1])
+
+    tokens_before = server_info()["engine"]["tokens_generated"]
+
+    async def generate_then_hang_up() -> None:
+        async with aiohttp.ClientSession() as session:
+            generation = asyncio.create_task(session.post(f"{worker_url}/generate", json=body))
+            for _ in range(500):
+                async with session.get(f"{worker_url}/get_server_info") as response:
+                    if (await response.json())["running_requests"] > 0:
+                        break
+            generation.cancel()  # the connection closes with the session, no reply read
+
+    asyncio.run(generate_then_hang_up())
+    deadline = time.monotonic() + 30
+    while server_info()["running_requests"] > 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    info = server_info()
+    assert info["running_requests"] == 0
+    # Ended early, not run to the last token for nobody.
+    assert info["engine"]["tokens_generated"] - tokens_before < rows * max_new_tokens
     assert len(greedy(worker_url, body["input_ids"][0], 3)) == 3  # still serving

@@ -35,7 +35,8 @@ OOM killer, a crash, a GPU fault; several of a pool at once are restarted togeth
   5. counted: `restarts(pool_name)`.
 A worker that died by SIGINT/SIGTERM/SIGHUP is restarted only after a 2 s grace period: those
 signals usually reach the whole process group (Ctrl-C, a job scheduler), and this process then
-stops the group itself. A worker that dies more than `max_restarts` times within
+stops the group itself (workers end by the signal they got, so their exit says so). While a group
+runs, SIGINT to this process first stops all restarts, then runs the handler it had before. A worker that dies more than `max_restarts` times within
 `restart_window_s` is left down (an error is logged; the router keeps using the others). Routers
 are not restarted. `stop()` first tells the supervisor to stop, waits for it (a restart in
 progress is abandoned, its process terminated with the rest), so nothing is restarted during or
@@ -118,6 +119,7 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         self._pools: dict[str, _Pool] = {}
         self._reserved_ports: set[int] = set()
         self._previous_sigterm_handler: object = None
+        self._previous_sigint_handler: object = None
         self._child_setup = _die_with_parent_hook()
         # Guards the pools' state between the caller's threads and the supervisor; held only for
         # a spawn, a termination or a weight load: never while a process starts or the router is called.
@@ -162,8 +164,9 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
         self._warn_if_not_main_thread()
-        self._install_sigterm_handler()
         self._stopping.clear()  # a group may be used again after stop()
+        self._install_sigterm_handler()
+        self._install_sigint_hook()
         log_directory = Path(log_dir)
         log_directory.mkdir(parents=True, exist_ok=True)
         frozen_root = str(log_directory / f".{name}-frozen-no-weight-updates")
@@ -382,11 +385,36 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
             return
 
         def exit_on_sigterm(signal_number: int, frame: object) -> None:
+            self._stopping.set()  # the workers got it too, most likely: restart none of them
             raise SystemExit(128 + signal_number)  # unwinds through __exit__ / finally / atexit
 
         self._previous_sigterm_handler = signal.signal(signal.SIGTERM, exit_on_sigterm)
 
+    def _install_sigint_hook(self) -> None:
+        """Ctrl-C reaches the workers and this process together: stop restarting before anything else.
+
+        The program's own handler (Python's KeyboardInterrupt, asyncio's task cancellation) still
+        runs after; an ignored SIGINT stays ignored.
+        """
+        previous = signal.getsignal(signal.SIGINT)
+        if self._previous_sigint_handler is not None or not callable(previous):
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def stop_restarts_then_interrupt(signal_number: int, frame: object) -> None:
+            self._stopping.set()
+            previous(signal_number, frame)
+
+        signal.signal(signal.SIGINT, stop_restarts_then_interrupt)
+        self._previous_sigint_handler = previous
+
     def _restore_sigterm_handler(self) -> None:
-        if self._previous_sigterm_handler is not None and threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._previous_sigterm_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm_handler)
             self._previous_sigterm_handler = None
+        if self._previous_sigint_handler is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint_handler)
+            self._previous_sigint_handler = None

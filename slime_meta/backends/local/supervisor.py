@@ -23,6 +23,11 @@ _POLITE_DEATH_GRACE_S = 2.0
 _ROUTER_SYNC_TIMEOUT_S = 15.0
 
 
+def _stopped_by_polite_signal(returncode: int | None) -> bool:
+    """Killed by SIGINT/SIGTERM/SIGHUP (-N), or exited 128+N after handling one."""
+    return returncode is not None and (-returncode in _POLITE_SIGNALS or returncode - 128 in _POLITE_SIGNALS)
+
+
 class _Supervision:
     """Restarts dead workers and keeps the routers' worker lists in step.
 
@@ -72,7 +77,9 @@ class _Supervision:
         now = time.monotonic()
         if worker.seen_dead_at is None:
             worker.seen_dead_at = now
-        if process.returncode is not None and -process.returncode in _POLITE_SIGNALS:
+        if _stopped_by_polite_signal(process.returncode):
+            # Most likely the whole process group got it (Ctrl-C, a scheduler) and this process
+            # is stopping too: its handler sets _stopping within the grace, and nothing restarts.
             return now - worker.seen_dead_at >= _POLITE_DEATH_GRACE_S
         return True
 

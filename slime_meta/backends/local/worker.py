@@ -51,7 +51,6 @@ from typing import Any
 
 import torch
 from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMessage
 
 from slime_meta.backends.local.worker_batching import GenerationEngine
 from slime_meta.backends.local.worker_openai import OpenAIContext, add_openai_routes
@@ -59,6 +58,7 @@ from slime_meta.backends.local.worker_protocol import (
     FinishedGeneration,
     GenerationSpec,
     RequestError,
+    RouterHttp2ProbeFilter,
     SamplingParams,
     error_body,
     generate_response,
@@ -221,6 +221,12 @@ def _weight_update_reply(success: bool, message: str, status: int = 200) -> web.
 
 
 async def handle_update_weights_from_disk(request: web.Request) -> web.Response:
+    # Handlers are cancelled when their client goes away (see serve); a weight update is not
+    # stopped halfway for that: the version and the counters must describe the weights served.
+    return await asyncio.shield(_update_weights_from_disk(request))
+
+
+async def _update_weights_from_disk(request: web.Request) -> web.Response:
     context = request.app[CONTEXT_KEY]
     try:
         body = await read_json(request)
@@ -424,16 +430,27 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
     )
 
 
-async def serve(context: WorkerContext, host: str, port: int, access_log: bool) -> None:
+async def serve(context: WorkerContext, host: str, port: int, access_log: bool) -> int:
+    """Serve until SIGTERM or SIGINT; return the signal that stopped the server."""
     stop_requested = asyncio.Event()
+    received: list[int] = []
     loop = asyncio.get_running_loop()
+
+    def request_stop(signal_number: int) -> None:
+        received.append(signal_number)
+        stop_requested.set()
+
     for signal_number in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signal_number, stop_requested.set)
+        loop.add_signal_handler(signal_number, request_stop, signal_number)
     # A short shutdown: requests still in flight belong to a client that is gone or stopping (a
     # trainer killed mid-step leaves the router's connections open; aiohttp would wait 60 s).
+    # handler_cancellation: aiohttp (>= 3.7) no longer cancels a handler whose client went away.
+    # A router that timed out and retried elsewhere, or a trainer that stopped, leaves such
+    # requests behind; cancelling the handler is what frees their batch rows (run_spec).
     runner = web.AppRunner(
-        build_app(context), access_log=logger if access_log else None, handle_signals=False, shutdown_timeout=2.0
-    )
+        build_app(context), access_log=logger if access_log else None, handle_signals=False, shutdown_timeout=2.0,
+        handler_cancellation=True,
+    )  # fmt: skip
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
@@ -449,18 +466,7 @@ async def serve(context: WorkerContext, host: str, port: int, access_log: bool) 
             await asyncio.wait_for(runner.cleanup(), timeout=5.0)
         except asyncio.TimeoutError:
             logger.warning("connections still open after 5 s; exiting anyway")
-
-
-class _RouterHttp2ProbeFilter(logging.Filter):
-    """Drop aiohttp's error log for sglang-router's HTTP/2 probe.
-
-    When a worker registers, the router first tries an HTTP/2 (gRPC) connection; aiohttp
-    rejects the preface, logs a traceback at ERROR, and the router falls back to HTTP/1.1.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        return not (isinstance(error, BadHttpMessage) and "PRI" in str(error))
+    return received[0]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -470,17 +476,22 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level.upper(),
         format=f"%(asctime)s %(levelname)s worker:{args.port} %(name)s: %(message)s",
     )
-    logging.getLogger("aiohttp.server").addFilter(_RouterHttp2ProbeFilter())
+    logging.getLogger("aiohttp.server").addFilter(RouterHttp2ProbeFilter())
     context = build_context(args)
     path = context.engine.decode_path
     logger.info("loaded %s on %s (%s), decode path %s", args.model_path, context.device, context.dtype, path)
-    asyncio.run(serve(context, args.host, args.port, access_log=args.log_level == "debug"))
+    stopped_by = asyncio.run(serve(context, args.host, args.port, access_log=args.log_level == "debug"))
     # Everything is closed by now. Tearing down an interpreter with torch loaded takes about a
     # second, which every stop and restart of a pool would pay; skip it.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    # End by the signal that stopped us, as an unhandled one would: the supervisor reads "killed
+    # by SIGINT" as Ctrl-C reaching the whole process group (no restart), where exit code 0
+    # would look like a worker that quit on its own.
+    signal.signal(stopped_by, signal.SIG_DFL)
+    os.kill(os.getpid(), stopped_by)
+    os._exit(128 + stopped_by)  # not reached: the default action of SIGTERM/SIGINT ends the process
 
 
 if __name__ == "__main__":

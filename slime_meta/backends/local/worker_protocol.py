@@ -8,11 +8,14 @@ instead of a plausible-looking but different result, because callers train on th
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiohttp.http_exceptions import BadHttpMessage
 
 # Below this temperature a request is greedy (SGLang uses the same convention).
 GREEDY_TEMPERATURE_THRESHOLD = 1e-6
@@ -302,3 +305,15 @@ def generate_response(result: FinishedGeneration) -> dict[str, Any]:
 
 def error_body(message: str) -> dict[str, Any]:
     return {"error": {"message": message}}
+
+
+class RouterHttp2ProbeFilter(logging.Filter):
+    """Drop aiohttp's error log for sglang-router's HTTP/2 probe.
+
+    When a worker registers, the router first tries an HTTP/2 (gRPC) connection; aiohttp
+    rejects the preface, logs a traceback at ERROR, and the router falls back to HTTP/1.1.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, BadHttpMessage) and "PRI" in str(error))
