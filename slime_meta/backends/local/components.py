@@ -17,6 +17,7 @@ from slime_meta.arguments_objectives import read_context
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
 from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
+from slime_meta.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit
 from slime_meta.data import ProblemSampler, load_problems, split_sizes
 from slime_meta.errors import UserInputError
 from slime_meta.grading import build_grader, default_grader_kind
@@ -33,6 +34,7 @@ def prepare_run_dir(cfg: MetaConfig) -> Path:
         raise UserInputError(
             f"--run-dir {run_dir}: holds an earlier run's metrics.jsonl; give a new --run-dir, or --load its checkpoints to resume"
         )
+    check_context_fits(cfg)  # the last check before anything is written
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "weights").mkdir(exist_ok=True)
     cfg.save(run_dir / "config.json")
@@ -61,6 +63,7 @@ def load_data(cfg: MetaConfig) -> Data:
         train_ratio=meta.inner_loop_train_ratio,
         heldout_ipb=meta.heldout_ipb,
     )
+    problems = rows_that_fit_context(cfg, problems)
     sampler = ProblemSampler(
         problems, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=cfg.data.group_key is not None
     )
@@ -73,6 +76,46 @@ def load_data(cfg: MetaConfig) -> Data:
         )
     sizes = {"num_prompts": meta.rollout_batch_size, "problems_per_prompt": meta.n_problems_per_prompt, "num_holdout": num_holdout}
     return Data(sampler=sampler, num_holdout=num_holdout, draw_sizes=sizes)
+
+
+def context_limits(cfg: MetaConfig, tokenizer=None) -> ContextLimits:
+    """Each role's model context (from its checkpoint's config) and its tokenizer's prompt ids.
+
+    The student's model is the separate --student-checkpoint when given; an external student
+    router (--student-router-ip) is taken to serve a model like the teacher's.
+    """
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.pools.hf_checkpoint)
+    teacher_renderer = PromptRenderer(tokenizer, cfg.data.apply_chat_template)
+    student_dir = cfg.pools.student_checkpoint or cfg.pools.hf_checkpoint
+    student_renderer = teacher_renderer
+    if cfg.pools.student_checkpoint:
+        student_renderer = PromptRenderer(load_tokenizer(student_dir), cfg.data.apply_chat_template)
+    student_flag = "--student-checkpoint" if cfg.pools.student_checkpoint else "--hf-checkpoint"
+    return ContextLimits(
+        teacher_context=context_length_of(cfg.pools.hf_checkpoint), student_context=context_length_of(student_dir),
+        teacher_source=f"--hf-checkpoint {cfg.pools.hf_checkpoint}", student_source=f"{student_flag} {student_dir}",
+        teacher_max_tokens=cfg.sampling.teacher_max_tokens, student_max_tokens=cfg.sampling.rollout_max_response_len,
+        teacher_ids=teacher_renderer.ids, student_ids=student_renderer.ids,
+    )  # fmt: skip
+
+
+def _budget_templates(cfg: MetaConfig):
+    return (load_template("generator", cfg.meta.generator_template, "--generator-template"),
+            load_template("teacher", cfg.meta.teacher_template, "--teacher-template"))  # fmt: skip
+
+
+def check_context_fits(cfg: MetaConfig) -> None:
+    """Refuse flags with which a request can never fit its model's context (exit 2, naming the flag)."""
+    generator, teacher = _budget_templates(cfg)
+    check_flags_fit(context_limits(cfg), generator, teacher, cfg.meta.additional_info_position)
+
+
+def rows_that_fit_context(cfg: MetaConfig, problems: list) -> list:
+    """The rows whose problem fits the contexts; the others reported (file, row, length) and skipped."""
+    generator, teacher = _budget_templates(cfg)
+    return split_rows_by_fit(
+        problems, context_limits(cfg), generator, teacher, cfg.meta.additional_info_position, cfg.data.prompt_data
+    )
 
 
 def check_model_dir(path: str | None, flag: str) -> str:
@@ -128,6 +171,7 @@ def build_rollout(
     cfg: MetaConfig, pieces: RolePieces, teacher_pool: SGLangPool, student_pool: SGLangPool, tokenizer
 ) -> MetaLearningRollout:
     renderer = PromptRenderer(tokenizer, cfg.data.apply_chat_template)
+    student_dir = cfg.pools.student_checkpoint or cfg.pools.hf_checkpoint
     student = StudentRole(
         pool=student_pool,
         template=pieces.generator_template,
@@ -135,6 +179,9 @@ def build_rollout(
         info_position=cfg.meta.additional_info_position,
         temperature=cfg.sampling.rollout_temperature,
         max_new_tokens=cfg.sampling.rollout_max_response_len,
+        context_length=context_length_of(student_dir),
+        context_renderer=(PromptRenderer(load_tokenizer(student_dir), cfg.data.apply_chat_template)
+                          if cfg.pools.student_checkpoint else None),  # fmt: skip
     )
     teacher = TeacherRole(
         pool=teacher_pool,
@@ -142,6 +189,7 @@ def build_rollout(
         renderer=renderer,
         temperature=cfg.sampling.teacher_temperature,
         max_new_tokens=cfg.sampling.teacher_max_tokens,
+        context_length=context_length_of(cfg.pools.hf_checkpoint),
     )
     settings = InnerLoopSettings(
         num_inner_iterations=cfg.meta.num_inner_iterations,
@@ -233,7 +281,7 @@ def make_solver_builder(cfg: MetaConfig, pieces: "RolePieces", teacher_pool: SGL
     policy_as_student = StudentRole(
         pool=teacher_pool, template=pieces.generator_template, renderer=PromptRenderer(tokenizer, cfg.data.apply_chat_template),
         info_position=cfg.meta.additional_info_position, temperature=cfg.sampling.rollout_temperature,
-        max_new_tokens=cfg.sampling.rollout_max_response_len,
+        max_new_tokens=cfg.sampling.rollout_max_response_len, context_length=context_length_of(cfg.pools.hf_checkpoint),
     )  # fmt: skip
     settings = SolverSettings(
         attempts_per_problem=cfg.meta.n_samples_per_inner_prompt, reuse_chain_attempts=not cfg.separate_student,
