@@ -83,7 +83,9 @@ def metrics_of(*roles: Any) -> dict[str, float]:
         for name in vars(total):
             setattr(total, name, getattr(total, name) + getattr(stats, name))
             setattr(stats, name, 0)
-    metrics = {f"meta_learning/{name}": float(value) for name, value in vars(total).items() if name not in ("teacher_prompts", "student_requests")}
+    totals = ("teacher_prompts", "student_requests", "teacher_prompts_truncated")
+    metrics = {f"meta_learning/{name}": float(value) for name, value in vars(total).items() if name not in totals}
+    # The share of teacher prompts shortened this step; the other counters count items.
     metrics["meta_learning/teacher_prompt_truncated"] = total.teacher_prompts_truncated / max(1, total.teacher_prompts)
     return metrics
 
