@@ -115,6 +115,8 @@ class TokenCounter:
         marker = ELISION_MARKER.format(count=len(ids) - max_tokens)
         keep = max(0, max_tokens - self.count(marker))
         head, tail = (keep + 1) // 2, keep // 2
+        if keep < 2:  # no room for the marker: the start alone
+            marker, head, tail = "", max(0, max_tokens), 0
         if offsets is not None:  # slices of the text itself: nothing re-decoded
             start = text[: offsets[head - 1][1]] if head else ""
             end = text[offsets[len(ids) - tail][0] :] if tail else ""
