@@ -95,8 +95,7 @@ class TokenCounter:
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._backend = backend
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: ids and offsets
 
     def _encoding(self, text: str):
         if self._backend is not None:
@@ -166,7 +165,10 @@ def fit_teacher_prompt(
     flat = [(k, j, a) for k, attempts_M in enumerate(attempts_K_M) for j, a in enumerate(attempts_M)]
     empty_K = [[] for _ in attempts_K_M]
     fixed = len(build(problems, empty_K, previous_info)[1])
-    blank_K_M = [[dataclasses.replace(a, solution="", grade=dataclasses.replace(a.grade, explanation="")) for a in M] for M in attempts_K_M]
+    def blank(a: GradedAttempt) -> GradedAttempt:
+        return dataclasses.replace(a, solution="", grade=dataclasses.replace(a.grade, explanation=""))
+
+    blank_K_M = [[blank(a) for a in attempts_M] for attempts_M in attempts_K_M]
     overhead = (len(build(problems, blank_K_M, previous_info)[1]) - fixed) / max(1, len(flat))
     solution_tokens = [counter.count(a.solution) for _, _, a in flat]
     explanation_tokens = [counter.count(a.grade.explanation) for _, _, a in flat]
@@ -225,7 +227,9 @@ def _fit_problems(build, problems, empty_K, previous_info, budget, counter, stat
     return text, ids[: budget // 2] + ids[len(ids) - (budget - budget // 2) :]
 
 
-def student_new_tokens(prompt: str, max_new_tokens: int, context_length: int | None, count: Callable[[str], int]) -> tuple[int, int | None]:
+def student_new_tokens(
+    prompt: str, max_new_tokens: int, context_length: int | None, count: Callable[[str], int]
+) -> tuple[int, int | None]:
     """(max_new_tokens that fit, the prompt's token count or None when it was not needed)."""
     if context_length is None or len(prompt.encode("utf-8")) + SPECIAL_TOKENS_SLACK + max_new_tokens <= context_length:
         return max_new_tokens, None
@@ -301,7 +305,9 @@ def flags_fit(limits: ContextLimits, generator_template: Any, teacher_template: 
     return True
 
 
-def row_need(limits: ContextLimits, generator_template: Any, teacher_template: Any, position: str, problem: Problem) -> tuple[int, int, str] | None:
+def row_need(
+    limits: ContextLimits, generator_template: Any, teacher_template: Any, position: str, problem: Problem
+) -> tuple[int, int, str] | None:
     """None if `problem` fits both roles' contexts; else (tokens needed, context, which role)."""
     T, R = limits.teacher_max_tokens, limits.student_max_tokens
     answer = min(R, MIN_ANSWER_TOKENS)

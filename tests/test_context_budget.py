@@ -8,6 +8,7 @@ model of `helpers_tiny`, 256 positions, and the 4k-context BPE model of `helpers
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -35,12 +36,16 @@ def long_tokenizer(long_checkpoint):
 
 
 def problems_and_attempts(k: int, m: int, solution_chars: int, iterations: int = 1, explanation_chars: int = 40):
-    rng, words = __import__("random").Random(3), pseudo_words(0)
-    problems = [Problem(uid=str(i), prompt=row["prompt"], label=row["label"], rubric=row["rubric"]) for i, row in enumerate(long_rows(count=k))]
+    rng, words = random.Random(3), pseudo_words(0)
+    rows = long_rows(count=k)
+    problems = [Problem(uid=str(i), prompt=r["prompt"], label=r["label"], rubric=r["rubric"]) for i, r in enumerate(rows)]
     attempts_K_M = [
         [
-            GradedAttempt(problem=p, solution=f"<start {i}.{it}.{j}> " + pseudo_text(rng, words, solution_chars) + f" <end {i}.{it}.{j}>",
-                          grade=Grade(0.5, f"<why {i}.{it}.{j}> " + pseudo_text(rng, words, explanation_chars)), iteration=it)
+            GradedAttempt(
+                problem=p, iteration=it,
+                solution=f"<start {i}.{it}.{j}> " + pseudo_text(rng, words, solution_chars) + f" <end {i}.{it}.{j}>",
+                grade=Grade(0.5, f"<why {i}.{it}.{j}> " + pseudo_text(rng, words, explanation_chars)),
+            )
             for it in range(iterations) for j in range(m)
         ]
         for i, p in enumerate(problems)
@@ -127,7 +132,7 @@ def test_problems_alone_over_the_budget_are_shortened_as_a_last_resort(tiny_chec
 
 def test_token_counter_keeps_both_ends(long_tokenizer):
     counter = TokenCounter(long_tokenizer)
-    text = "HEAD " + pseudo_text(__import__("random").Random(0), pseudo_words(0), 4000) + " TAIL"
+    text = "HEAD " + pseudo_text(random.Random(0), pseudo_words(0), 4000) + " TAIL"
     cut, was_cut = counter.elide_middle(text, 100)
     assert was_cut and cut.startswith("HEAD") and cut.endswith("TAIL") and counter.count(cut) <= 104
     assert counter.elide_middle("short", 100) == ("short", False)
@@ -168,7 +173,10 @@ def test_flags_that_can_never_fit_exit_2_naming_the_flag(extra, flag, tmp_path, 
     assert not (tmp_path / "run").exists()
     fit = re.search(rf"use {flag} (\d+)", err)
     if fit:  # the value the message suggests passes that check
-        cfg = parse_config(base_args(tiny_checkpoint, data, tmp_path / "run", *extra, flag, fit.group(1), "--rollout-max-response-len", "8"))
+        # (the student's flag kept small where the teacher's is checked: the next check would refuse 256)
+        student = ("--rollout-max-response-len", "8") if flag == "--teacher-max-tokens" else ()
+        fixed = (*extra, flag, fit.group(1), *student)
+        cfg = parse_config(base_args(tiny_checkpoint, data, tmp_path / "run", *fixed))
         C.check_context_fits(cfg)
 
 
