@@ -247,11 +247,12 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--rollout-shuffle", action="store_true", help="Shuffle the dataset (seeded) each epoch.")
     add("--apply-chat-template", action="store_true", help="Render prompts with the tokenizer's chat template.")
     add("--rollout-temperature", type=float, default=1.0, help="Student sampling temperature.")
-    add("--rollout-max-response-len", type=_positive_int, default=256, help="Student max new tokens.")
+    add("--rollout-max-response-len", type=_positive_int, default=256, help="Student max new tokens (a request gets less when its prompt leaves less of the model's context).")
 
     add = groups.group("teacher sampling")
     add("--teacher-temperature", type=float, default=0.7)
-    add("--teacher-max-tokens", type=_positive_int, default=256)
+    add("--teacher-max-tokens", type=_positive_int, default=256,
+        help="Teacher max new tokens; the teacher's prompt is shortened to the model's context minus this.")
     add("--teacher-concurrency", type=_positive_int, default=64, help="Teacher requests in flight.")
     add("--student-concurrency", type=_positive_int, default=128, help="Student requests in flight.")
     add("--request-timeout", type=float, default=300.0, help="Seconds before an inference request is retried.")

@@ -254,7 +254,7 @@ def load_problems(
             uid = str(index)
 
         metadata = {key: _none_if_nan(row.get(key)) for key in kept_columns}
-        problems.append(Problem(uid=uid, prompt=text, label=label, rubric=rubric, group=group, metadata=metadata))
+        problems.append(Problem(uid=uid, prompt=text, label=label, rubric=rubric, group=group, metadata=metadata, source=where))
     return problems
 
 

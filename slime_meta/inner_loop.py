@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from slime_meta.context_budget import metrics_of as context_budget_metrics
 from slime_meta.rewards import group_rewards_and_advantages
 from slime_meta.roles import Grader, StudentRole, TeacherRole
 from slime_meta.types import Chain, Episode, GradedAttempt, InfoStep, Problem, TeacherSample
@@ -105,6 +106,7 @@ class MetaLearningRollout:
 
         metrics = self._metrics(chains_E_P_G, control_grades_E, elapsed=time.perf_counter() - started)
         metrics["meta_learning/num_train_samples"] = float(len(samples))
+        metrics.update(context_budget_metrics(self.student, self.teacher))  # what was shortened to fit the context
         traces = [self._trace_record(c, rollout_id) for c in chains if c.traced]
         return RolloutResult(samples=samples, metrics=metrics, chains=chains, traces=traces)
 

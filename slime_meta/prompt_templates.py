@@ -140,6 +140,9 @@ class GraderPromptTemplate(PromptTemplate):
         return [{"role": "user", "content": content}]
 
 
+ATTEMPTS_LEFT_OUT = "(attempts left out: they do not fit the model's context)"
+
+
 class TeacherPromptTemplate(PromptTemplate):
     """The teacher's prompt: k train problems, the student's graded attempts, the previous info."""
 
@@ -161,7 +164,8 @@ class TeacherPromptTemplate(PromptTemplate):
     def format_attempts(self, problems: Sequence[Problem], attempts_K_M: Sequence[Sequence[GradedAttempt]]) -> str:
         blocks = []
         for index, (problem, attempts) in enumerate(zip(problems, attempts_K_M)):
-            body = "\n\n".join(self.format_attempt(n + 1, a) for n, a in enumerate(attempts))
+            # Attempts can be left out to fit the model's context (slime_meta/context_budget.py).
+            body = "\n\n".join(self.format_attempt(n + 1, a) for n, a in enumerate(attempts)) or ATTEMPTS_LEFT_OUT
             blocks.append(body if len(problems) == 1 else f"On problem {index + 1}:\n{body}")
         return "\n\n".join(blocks)
 

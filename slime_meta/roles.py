@@ -3,13 +3,18 @@
 Each role turns domain values (problems, attempts, infos) into prompts through its template and
 into requests to its pool. The teacher's prompt is tokenised here and sent as `input_ids`, so the
 trainer later trains on exactly the ids the engine saw and sampled.
+
+With its model's `context_length` known, a role never sends a request that cannot fit: the
+teacher's attempts are shortened to the budget, a student request's `max_new_tokens` is clamped
+to what its prompt leaves (slime_meta/context_budget.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+from slime_meta.context_budget import ContextBudgetStats, TokenCounter, fit_teacher_prompt, student_new_tokens
 from slime_meta.pools import SGLangPool
 from slime_meta.prompt_templates import GeneratorPromptTemplate, Message, TeacherPromptTemplate
 from slime_meta.types import Completion, Grade, GradedAttempt, Problem
@@ -71,6 +76,10 @@ class StudentRole:
     info_position: str
     temperature: float
     max_new_tokens: int
+    context_length: int | None = None  # the student model's; None: requests are not clamped
+    # Counts the prompt in the student pool's own tokenizer (a separate student may have another).
+    context_renderer: PromptRenderer | None = None
+    budget_stats: ContextBudgetStats = field(default_factory=ContextBudgetStats)
 
     def prompt(self, problem: Problem, info: str) -> str:
         return self.renderer.text(self.template.build(problem, info, self.info_position))
@@ -85,7 +94,18 @@ class StudentRole:
         on as the policy's own sample (solver-role channels); otherwise plain text is enough.
         """
         prompt = self.prompt(problem, info)
-        sampling = {"temperature": self.temperature, "max_new_tokens": self.max_new_tokens}
+        counting = self.context_renderer or self.renderer
+        max_new_tokens, prompt_tokens = student_new_tokens(
+            prompt, self.max_new_tokens, self.context_length, lambda text: len(counting.ids_of_text(text))
+        )
+        self.budget_stats.student_requests += 1
+        if max_new_tokens < 1:  # the prompt alone fills the context: an empty answer, not a refused request
+            self.budget_stats.student_requests_skipped += 1
+            ids = tuple(self.renderer.ids_of_text(prompt)) if with_tokens else ()
+            return prompt, Completion(text="", prompt_ids=ids, finish_reason="length")
+        if max_new_tokens < self.max_new_tokens:
+            self.budget_stats.student_requests_clamped += 1
+        sampling = {"temperature": self.temperature, "max_new_tokens": max_new_tokens}
         if with_tokens:
             ids = self.renderer.ids_of_text(prompt)
             return prompt, await self.pool.generate(input_ids=ids, sampling_params=sampling, return_logprob=True)
@@ -109,14 +129,33 @@ class TeacherRole:
     renderer: PromptRenderer
     temperature: float
     max_new_tokens: int
+    context_length: int | None = None  # the teacher model's; None: the prompt is not fitted
+    budget_stats: ContextBudgetStats = field(default_factory=ContextBudgetStats)
+
+    def __post_init__(self):
+        self._counter = TokenCounter(self.renderer.tokenizer) if self.context_length is not None else None
+
+    def prompt_and_ids(
+        self, problems: Sequence[Problem], attempts_K_M: Sequence[Sequence[GradedAttempt]], previous_info: str
+    ) -> tuple[str, list[int]]:
+        """The teacher's prompt and its ids, shortened to leave `max_new_tokens` of the context."""
+
+        def build(problems_K, attempts, info) -> tuple[str, list[int]]:
+            text = self.renderer.text(self.template.build(problems_K, attempts, info))
+            return text, self.renderer.ids_of_text(text)
+
+        if self._counter is None:
+            return build(problems, attempts_K_M, previous_info)
+        budget = self.context_length - self.max_new_tokens
+        return fit_teacher_prompt(build, problems, attempts_K_M, previous_info, budget, self._counter, self.budget_stats)
 
     async def write_info(
         self, problems: Sequence[Problem], attempts_K_M: Sequence[Sequence[GradedAttempt]], previous_info: str
     ) -> tuple[str, Completion, str]:
         """The teacher's next info: (info, the sampled completion, the prompt text)."""
-        prompt = self.renderer.text(self.template.build(problems, attempts_K_M, previous_info))
+        prompt, ids = self.prompt_and_ids(problems, attempts_K_M, previous_info)
         completion = await self.pool.generate(
-            input_ids=self.renderer.ids_of_text(prompt),
+            input_ids=ids,
             sampling_params={"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},
             return_logprob=True,
         )

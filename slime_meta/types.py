@@ -25,6 +25,7 @@ class Problem:
     rubric: str = ""
     group: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    source: str = field(default="", compare=False)  # "file: line 7", for messages about this row
 
     @property
     def ground_truth(self) -> str:
@@ -63,6 +64,7 @@ class GradedAttempt:
     solution: str
     grade: Grade
     completion: "Completion | None" = None
+    iteration: int = 0  # the inner iteration it was made in: a long teacher prompt drops the oldest first
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from slime_meta.arguments_objectives import read_context
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
 from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
+from slime_meta.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit
 from slime_meta.data import BatchPlan, ProblemSampler, load_problems, plan_batch
 from slime_meta.errors import UserInputError
 from slime_meta.grading import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
@@ -33,6 +34,7 @@ def prepare_run_dir(cfg: MetaConfig) -> Path:
         raise UserInputError(
             f"--run-dir {run_dir}: holds an earlier run's metrics.jsonl; give a new --run-dir, or --load its checkpoints to resume"
         )
+    check_context_fits(cfg)  # the last check before anything is written
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "weights").mkdir(exist_ok=True)
     cfg.save(run_dir / "config.json")
@@ -65,7 +67,8 @@ def load_data(cfg: MetaConfig) -> Data:
         rollout_batch_size=meta.rollout_batch_size, train_ratio=meta.inner_loop_train_ratio, heldout_ipb=meta.heldout_ipb,
         problems_per_prompt=meta.n_problems_per_prompt, per_family=cfg.data.group_key is not None,
     )  # fmt: skip
-    eval_problems = {name: load(path) for name, path in zip(meta.eval_prompt_data[0::2], meta.eval_prompt_data[1::2])}
+    eval_paths = dict(zip(meta.eval_prompt_data[0::2], meta.eval_prompt_data[1::2]))
+    eval_problems = {name: rows_that_fit_context(cfg, load(path), path) for name, path in eval_paths.items()}
     # An eval problem is never drawn for training: the same text and label leave the training pool.
     held_out = {_problem_key(p) for found in eval_problems.values() for p in found}
     kept = [p for p in problems if _problem_key(p) not in held_out]
@@ -75,6 +78,7 @@ def load_data(cfg: MetaConfig) -> Data:
     if not kept:
         raise UserInputError(f"--prompt-data {cfg.data.prompt_data}: every problem is also in --eval-prompt-data; "
                              "give an eval set of other problems")  # fmt: skip
+    kept = rows_that_fit_context(cfg, kept)
     group_key_used = cfg.data.group_key is not None
     sampler = ProblemSampler(kept, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=group_key_used)
     sampler.validate(meta.n_problems_per_prompt, plan.holdout_per_episode, plan.groups)
@@ -124,6 +128,46 @@ async def evaluate(cfg: MetaConfig, rollout: MetaLearningRollout, eval_sets: dic
         metrics.update({f"eval/{name}/holdout_grade": with_info, f"eval/{name}/holdout_grade_no_info": no_info,
                         f"eval/{name}/gain": with_info - no_info})  # fmt: skip
     return metrics
+
+
+def context_limits(cfg: MetaConfig, tokenizer=None) -> ContextLimits:
+    """Each role's model context (from its checkpoint's config) and its tokenizer's prompt ids.
+
+    The student's model is the separate --student-checkpoint when given; an external student
+    router (--student-router-ip) is taken to serve a model like the teacher's.
+    """
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.pools.hf_checkpoint)
+    teacher_renderer = PromptRenderer(tokenizer, cfg.data.apply_chat_template)
+    student_dir = cfg.pools.student_checkpoint or cfg.pools.hf_checkpoint
+    student_renderer = teacher_renderer
+    if cfg.pools.student_checkpoint:
+        student_renderer = PromptRenderer(load_tokenizer(student_dir), cfg.data.apply_chat_template)
+    student_flag = "--student-checkpoint" if cfg.pools.student_checkpoint else "--hf-checkpoint"
+    return ContextLimits(
+        teacher_context=context_length_of(cfg.pools.hf_checkpoint), student_context=context_length_of(student_dir),
+        teacher_source=f"--hf-checkpoint {cfg.pools.hf_checkpoint}", student_source=f"{student_flag} {student_dir}",
+        teacher_max_tokens=cfg.sampling.teacher_max_tokens, student_max_tokens=cfg.sampling.rollout_max_response_len,
+        teacher_ids=teacher_renderer.ids, student_ids=student_renderer.ids,
+    )  # fmt: skip
+
+
+def _budget_templates(cfg: MetaConfig):
+    return (load_template("generator", cfg.meta.generator_template, "--generator-template"),
+            load_template("teacher", cfg.meta.teacher_template, "--teacher-template"))  # fmt: skip
+
+
+def check_context_fits(cfg: MetaConfig) -> None:
+    """Refuse flags with which a request can never fit its model's context (exit 2, naming the flag)."""
+    generator, teacher = _budget_templates(cfg)
+    check_flags_fit(context_limits(cfg), generator, teacher, cfg.meta.additional_info_position)
+
+
+def rows_that_fit_context(cfg: MetaConfig, problems: list, path: str | None = None) -> list:
+    """The rows whose problem fits the contexts; the others reported (file, row, length) and skipped."""
+    generator, teacher = _budget_templates(cfg)
+    return split_rows_by_fit(
+        problems, context_limits(cfg), generator, teacher, cfg.meta.additional_info_position, path or cfg.data.prompt_data
+    )
 
 
 def check_model_dir(path: str | None, flag: str) -> str:
@@ -180,6 +224,7 @@ def build_rollout(
     cfg: MetaConfig, pieces: RolePieces, teacher_pool: SGLangPool, student_pool: SGLangPool, tokenizer
 ) -> MetaLearningRollout:
     renderer = PromptRenderer(tokenizer, cfg.data.apply_chat_template)
+    student_dir = cfg.pools.student_checkpoint or cfg.pools.hf_checkpoint
     student = StudentRole(
         pool=student_pool,
         template=pieces.generator_template,
@@ -187,6 +232,9 @@ def build_rollout(
         info_position=cfg.meta.additional_info_position,
         temperature=cfg.sampling.rollout_temperature,
         max_new_tokens=cfg.sampling.rollout_max_response_len,
+        context_length=context_length_of(student_dir),
+        context_renderer=(PromptRenderer(load_tokenizer(student_dir), cfg.data.apply_chat_template)
+                          if cfg.pools.student_checkpoint else None),  # fmt: skip
     )
     teacher = TeacherRole(
         pool=teacher_pool,
@@ -194,6 +242,7 @@ def build_rollout(
         renderer=renderer,
         temperature=cfg.sampling.teacher_temperature,
         max_new_tokens=cfg.sampling.teacher_max_tokens,
+        context_length=context_length_of(cfg.pools.hf_checkpoint),
     )
     settings = InnerLoopSettings(
         num_inner_iterations=cfg.meta.num_inner_iterations,
@@ -287,7 +336,7 @@ def make_solver_builder(cfg: MetaConfig, pieces: "RolePieces", teacher_pool: SGL
     policy_as_student = StudentRole(
         pool=teacher_pool, template=pieces.generator_template, renderer=PromptRenderer(tokenizer, cfg.data.apply_chat_template),
         info_position=cfg.meta.additional_info_position, temperature=cfg.sampling.rollout_temperature,
-        max_new_tokens=cfg.sampling.rollout_max_response_len,
+        max_new_tokens=cfg.sampling.rollout_max_response_len, context_length=context_length_of(cfg.pools.hf_checkpoint),
     )  # fmt: skip
     settings = SolverSettings(
         attempts_per_problem=cfg.meta.n_samples_per_inner_prompt, reuse_chain_attempts=not cfg.separate_student,
