@@ -208,9 +208,9 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--max-async-level", type=int, default=0,
         help="Rollouts may run this many steps ahead of training (0: synchronous; 1: step t+1's rollout overlaps step t's training).")
     add("--group-key", default=None, help="Dataset column of task families: each teacher prompt and its holdout come from one family.")
-    add("--generator-template", default=None, help="Student prompt: a file, a template text, or module.Class (GeneratorPromptTemplate subclass).")
-    add("--grader-template", default=None, help="Grader prompt: a file, a template text, or module.Class (GraderPromptTemplate subclass).")
-    add("--teacher-template", default=None, help="Teacher prompt: a file, a template text, or module.Class (TeacherPromptTemplate subclass).")
+    add("--generator-template", default=None, help="Student prompt: a file, a template text, module.name of a GeneratorPromptTemplate instance, or module.Class (a subclass); default prompt_templates/generator.txt.")
+    add("--grader-template", default=None, help="Grader prompt: a file, a template text, module.name of a GraderPromptTemplate instance, or module.Class (a subclass); default prompt_templates/grader.txt.")
+    add("--teacher-template", default=None, help="Teacher prompt: a file, a template text, module.name of a TeacherPromptTemplate instance, or module.Class (a subclass); default prompt_templates/teacher.txt.")
     add("--trace-sample-rate", type=float, default=0.1, help="Share of chains written in full to traces.jsonl.")
 
     add = groups.group("data (slime-compatible)")
