@@ -83,8 +83,8 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
         "missing group column": (["--prompt-data", str(good), "--group-key", "topic"], "topic"),
         "ratio outside (0, 1)": (["--prompt-data", str(good), "--inner-loop-train-ratio", "1.5"], "--inner-loop-train-ratio"),
         "unreachable router": (
-            ["--prompt-data", str(good), "--student-router-ip", "127.0.0.1", "--student-router-port", str(closed_port())],
-            "--student-router-ip",
+            ["--prompt-data", str(good), "--external-student-url", f"http://127.0.0.1:{closed_port()}"],
+            "--external-student-url",
         ),
         "no checkpoint": (["--prompt-data", str(good), "--hf-checkpoint", str(tmp_path)], "--hf-checkpoint"),
         "bad template class": (["--prompt-data", str(good), "--teacher-template", "json.JSONDecoder"], "--teacher-template"),

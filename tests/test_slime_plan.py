@@ -75,7 +75,7 @@ def test_split_node_generates_a_frozen_student_model():
 def test_two_nodes_teacher_colocated_student_on_its_own_gpus():
     plan = plan_of(
         "--actor-num-gpus-per-node", "8", "--colocate", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2",
-        "--student-checkpoint", "/ckpt/small", "--student-num-gpus", "4",
+        "--student-checkpoint", "/ckpt/small", "--student-num-gpus", "4", "--student-num-gpus-per-engine", "1",
     )  # fmt: skip
     lay = plan.layout
     # colocated: one group of max(training, rollout) GPUs, the student's 4 after the teacher's 8
@@ -100,7 +100,7 @@ def test_write_sglang_config(tmp_path):
             "not a multiple of --rollout-num-gpus-per-engine",
         ),
         (["--colocate", "--student-checkpoint", "/s"], "--student-num-gpus None"),
-        (["--colocate", "--student-num-gpus", "2"], "give the checkpoint too"),
+        (["--colocate", "--student-num-gpus", "2", "--sglang-config", "x.yaml"], "--sglang-config and --student-num-gpus"),
         (
             ["--colocate", "--student-checkpoint", "/s", "--student-num-gpus", "2", "--sglang-config", "x.yaml"],
             "give one",
@@ -120,7 +120,7 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--teacher-context", "x", "--teacher-tau", "1", "--skip-verification"], "--adv-tau 0"),
         (
             ["--colocate", "--student-router-ip", "10.0.0.2"],
-            "--student-router-ip and --student-router-port go together",
+            "--student-router-ip: slime starts the student router",
         ),
     ],
 )
