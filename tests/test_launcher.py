@@ -155,3 +155,19 @@ def test_children_die_with_their_parent(tiny_checkpoint: Path, tmp_path: Path) -
             if parent.poll() is None:
                 parent.kill()
                 parent.wait()
+
+
+def test_router_port_that_is_taken_is_refused_before_anything_starts(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    import socket
+
+    from slime_meta.backends.local.launcher import PortInUse
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with LocalProcessGroup() as group:
+            with pytest.raises(PortInUse) as error:
+                group.start_pool("teacher", str(tiny_checkpoint), 1, device="cpu", weights_root=None,
+                                 log_dir=str(tmp_path), router_port=port)  # fmt: skip
+            assert error.value.port == port and group.child_pids() == [] and group.pool_names() == []

@@ -121,3 +121,15 @@ def test_student_pool_flags_that_cannot_work_are_refused(flags, needle, capsys):
         code = exit.code
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and needle in err, err
+
+
+def test_teacher_port_that_is_taken_exits_2_naming_the_flag(tiny_checkpoint, tmp_path, capsys):
+    import train
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = train.main(e2e.synthetic_args(tiny_checkpoint, tmp_path / "run", "--teacher-port", str(port)))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: --teacher-port {port}: cannot listen there"), err
