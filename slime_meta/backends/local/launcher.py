@@ -161,8 +161,9 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
 
         Ports: `base_port + i` for worker i, then the router and its metrics port; without
         `base_port`, free loopback ports. `router_port` instead: the router there (a user-facing
-        address such as `--teacher-port`), workers and metrics on free ports. `gpu_ids`: worker i sees only GPU
-        `gpu_ids[i % len(gpu_ids)]` (several workers may share one GPU).
+        address such as `--teacher-port`), workers and metrics on free ports; PortInUse when it
+        cannot be bound. `gpu_ids`: worker i sees only GPU `gpu_ids[i % len(gpu_ids)]` (several
+        workers may share one GPU).
         `weights_root`: the only directory `/update_weights_from_disk` may load from (the run's
         weight directory); None makes a frozen pool that refuses every weight update (its root
         is an empty directory of its own under `log_dir`).
