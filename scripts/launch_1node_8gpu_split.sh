@@ -31,7 +31,7 @@ MEGATRON_DIR=${MEGATRON_DIR:-/root/Megatron-LM}
 MODEL=${MODEL:-qwen3-4B}
 HF_CHECKPOINT=${HF_CHECKPOINT:-/root/Qwen3-4B}
 REF_LOAD=${REF_LOAD:-/root/Qwen3-4B_torch_dist}
-STUDENT_CHECKPOINT=${STUDENT_CHECKPOINT:-$HF_CHECKPOINT}
+STUDENT_CHECKPOINT=${STUDENT_CHECKPOINT:-}   # empty: --student-num-gpus alone, a frozen copy of HF_CHECKPOINT
 SAVE_DIR=${SAVE_DIR:-/root/slime-meta-ckpt/split}
 DATA=${DATA:-data/math_word_problems.jsonl}
 RUN_DIR=${RUN_DIR:-$REPO_DIR/runs/cluster-split-$(date +%Y%m%d-%H%M%S)}
@@ -86,9 +86,9 @@ esac
 POOL_ARGS=(
   --actor-num-nodes 1 --actor-num-gpus-per-node 4          # training: GPUs 0-3
   --rollout-num-gpus 2 --rollout-num-gpus-per-engine 1     # teacher inference: GPUs 4-5, 2 engines
-  --student-checkpoint "$STUDENT_CHECKPOINT"               # a separate, frozen student pool ...
-  --student-num-gpus 2 --student-num-gpus-per-engine 1     # ... on GPUs 6-7, 2 engines
-)
+  --student-num-gpus 2                                     # a separate, frozen student pool: GPUs 6-7, 2 engines
+)                                                          # (engines of --rollout-num-gpus-per-engine GPUs)
+if [ -n "$STUDENT_CHECKPOINT" ]; then POOL_ARGS+=(--student-checkpoint "$STUDENT_CHECKPOINT"); fi
 TRAIN_ARGS=(
   --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98
   --eps-clip 0.2 --eps-clip-high 0.28

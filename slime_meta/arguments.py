@@ -104,6 +104,7 @@ class PoolConfig:
     student_num_gpus_per_engine: int
     student_router_ip: str | None
     student_router_port: int | None
+    external_student_url: str | None
     local_num_workers: int
     local_student_num_workers: int
     device: str
@@ -157,8 +158,13 @@ class MetaConfig:
 
     @property
     def separate_student(self) -> bool:
-        """A student pool of its own: started from a checkpoint, or an external router."""
-        return bool(self.pools.student_checkpoint or self.pools.student_router_ip)
+        """The student is not the evolving teacher: a frozen pool we start, or an external server.
+
+        A frozen pool is asked for by --student-checkpoint or --student-num-gpus (its checkpoint
+        then defaults to the teacher's starting weights); an external one by --external-student-url.
+        """
+        p = self.pools
+        return bool(p.student_checkpoint or p.student_num_gpus or p.external_student_url)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -218,9 +224,9 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--max-async-level", type=int, default=0,
         help="Rollouts may run this many steps ahead of training (0: synchronous; 1: step t+1's rollout overlaps step t's training).")
     add("--group-key", default=None, help="Dataset column of task families: each teacher prompt and its holdout come from one family.")
-    add("--generator-template", default=None, help="Student prompt: a file, a template text, or module.Class (GeneratorPromptTemplate subclass).")
-    add("--grader-template", default=None, help="Grader prompt: a file, a template text, or module.Class (GraderPromptTemplate subclass).")
-    add("--teacher-template", default=None, help="Teacher prompt: a file, a template text, or module.Class (TeacherPromptTemplate subclass).")
+    add("--generator-template", default=None, help="Student prompt: a file, a template text, module.name of a GeneratorPromptTemplate instance, or module.Class (a subclass); default prompt_templates/generator.txt.")
+    add("--grader-template", default=None, help="Grader prompt: a file, a template text, module.name of a GraderPromptTemplate instance, or module.Class (a subclass); default prompt_templates/grader.txt.")
+    add("--teacher-template", default=None, help="Teacher prompt: a file, a template text, module.name of a TeacherPromptTemplate instance, or module.Class (a subclass); default prompt_templates/teacher.txt.")
     add("--trace-sample-rate", type=float, default=0.1, help="Share of chains written in full to traces.jsonl.")
     add("--n-holdout-samples", type=_positive_int, default=1,
         help="S: student attempts per (final info, holdout problem), and per holdout problem of the no-info control; "
@@ -280,17 +286,30 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--actor-num-nodes", type=_positive_int, default=1)
     add("--actor-num-gpus-per-node", type=int, default=0)
     add("--teacher-port", type=int, default=None,
-        help="Local: first port of the teacher pool (workers take it and the next ones, then the router); default: free ports.")
-    add("--student-checkpoint", default=None, help="A separate, frozen student pool from this checkpoint.")
-    add("--student-num-gpus", type=int, default=None,
-        help="GPUs of a separate student pool (local backend on GPUs: placed after the teacher's).")
-    add("--student-num-gpus-per-engine", type=_positive_int, default=1)
-    add("--student-router-ip", default=None, help="Use an already running SGLang-API router as the student pool.")
-    add("--student-router-port", type=int, default=None)
+        help="Port of the teacher's router (slime: --sglang-router-port; local: the router we start, its workers on "
+             "free ports); default: a free port.")
+    add("--student-checkpoint", default=None,
+        help="A separate, frozen student pool from this checkpoint; default: with --student-num-gpus, the teacher's "
+             "starting checkpoint (--hf-checkpoint), else no separate pool (the student shares the teacher's).")
+    add("--student-num-gpus", type=_positive_int, default=None,
+        help="GPUs of a separate, frozen student pool (from --student-checkpoint, default the teacher's starting "
+             "weights); local backend: --student-num-gpus / --student-num-gpus-per-engine workers, on CUDA placed "
+             "after the teacher's GPUs; default: no separate pool (shared with the teacher).")
+    add("--student-num-gpus-per-engine", type=_positive_int, default=None,
+        help="GPUs per student engine; default: --rollout-num-gpus-per-engine.")
+    add("--student-router-ip", default=None,
+        help="Address of the student router; default: the teacher's (local backend: --host, the only value it takes; "
+             "slime picks it itself).")
+    add("--student-router-port", type=int, default=None,
+        help="Local backend: port of the separate student pool's router we start; default: a free port "
+             "(slime assigns it itself).")
+    add("--external-student-url", default=None,
+        help="Use an already running SGLang-API server or router (http://HOST:PORT) as the student pool; "
+             "nothing is started for the student. Default: none.")
     add("--local-num-workers", type=_positive_int, default=1,
         help="Local backend: embedded teacher workers when --rollout-num-gpus is not given (CPU, or sharing one GPU).")
     add("--local-student-num-workers", type=_positive_int, default=1,
-        help="Local backend: embedded student workers when --student-num-gpus is not given.")
+        help="Local backend: workers of a separate student pool (--student-checkpoint) when --student-num-gpus is not given.")
     add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="Local backend: cuda if available, else cpu.")
     add("--host", default="127.0.0.1", help="Local backend: address workers and routers bind to.")
 
@@ -366,7 +385,7 @@ def build_config(namespace: argparse.Namespace, *, default_run_dir: str | None =
         meta=_pick(MetaLearningConfig, namespace, eval_prompt_data=tuple(namespace.eval_prompt_data or ())),
         sampling=_pick(SamplingConfig, namespace),
         grader=_pick(GraderConfig, namespace),
-        pools=_pick(PoolConfig, namespace),
+        pools=_pick(PoolConfig, namespace, **student_pool_defaults(namespace)),
         train=_pick(TrainConfig, namespace),
         objectives=_pick(ObjectivesConfig, namespace, replay_teachers=tuple(namespace.replay_teachers)),
         checkpoint=_pick(CheckpointConfig, namespace),
@@ -394,8 +413,7 @@ def validate_flags(ns: argparse.Namespace) -> None:
     for flag in ("teacher_temperature", "rollout_temperature", "grader_temperature"):
         if getattr(ns, flag) < 0:
             fail(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be >= 0")
-    if ns.teacher_port is not None and not 1 <= ns.teacher_port <= 65535 - 16:
-        fail(f"--teacher-port {ns.teacher_port}: must be a port between 1 and 65519 (the pool takes it and the next ones)")
+    validate_pool_flags(ns)
     if not _is_host(ns.host):
         fail(f"--host {ns.host!r}: not an IP address or host name; use 127.0.0.1 (default) or this machine's address")
     if ns.request_retries < 0:
@@ -406,10 +424,6 @@ def validate_flags(ns: argparse.Namespace) -> None:
         fail(f"--lr {ns.lr}: must be > 0")
     if ns.eps_clip <= 0:
         fail(f"--eps-clip {ns.eps_clip}: must be > 0")
-    if (ns.student_router_ip is None) != (ns.student_router_port is None):
-        fail("--student-router-ip and --student-router-port go together: give both or neither")
-    if ns.student_router_ip and ns.student_checkpoint:
-        fail("--student-router-ip points at a running student pool; --student-checkpoint starts one: give one of them")
     if ns.load and not Path(ns.load).exists():
         fail(f"--load {ns.load}: no such directory; give a --save directory of an earlier run")
     if ns.save_interval and not ns.save:
@@ -436,6 +450,47 @@ def validate_eval_flags(ns: argparse.Namespace) -> None:
             raise UserInputError(f"--eval-prompt-data {name} {path}: no such file; give a .parquet, .jsonl or .json dataset")
     if ns.eval_interval is not None and not values:
         raise UserInputError("--eval-interval needs --eval-prompt-data NAME PATH (the fixed evaluation set)")
+
+
+def validate_pool_flags(ns: argparse.Namespace) -> None:
+    """The pool flags: ports, and one way to get the student (shared, a pool we start, or a running server)."""
+    for flag in ("teacher_port", "student_router_port"):
+        port = getattr(ns, flag)
+        if port is not None and not 1 <= port <= 65535:
+            raise UserInputError(f"--{flag.replace('_', '-')} {port}: must be a port between 1 and 65535")
+    starts_student = bool(ns.student_checkpoint or ns.student_num_gpus)
+    if ns.external_student_url:
+        if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", ns.external_student_url):
+            raise UserInputError(f"--external-student-url {ns.external_student_url}: give the server as http://HOST:PORT")
+        if starts_student or ns.student_router_port is not None or ns.student_router_ip is not None:
+            raise UserInputError(
+                "--external-student-url uses a running student server; --student-checkpoint, --student-num-gpus and "
+                "--student-router-ip/--student-router-port describe a student pool this run starts: give one or the other"
+            )
+    if ns.backend == "local":
+        if ns.student_router_ip is not None and ns.student_router_ip != ns.host:
+            raise UserInputError(
+                f"--student-router-ip {ns.student_router_ip}: the local backend starts the student router on --host "
+                f"({ns.host}); leave it out, or use --external-student-url for a server that runs elsewhere"
+            )
+        if ns.student_router_port is not None and not starts_student:
+            raise UserInputError(
+                f"--student-router-port {ns.student_router_port}: no student router is started (the student shares the "
+                "teacher's pool); add --student-num-gpus or --student-checkpoint for a separate pool, or use "
+                "--external-student-url for a running server"
+            )
+
+
+def student_pool_defaults(ns: argparse.Namespace) -> dict[str, Any]:
+    """The student flags whose default is the teacher's: the checkpoint of a separate pool, the engine size."""
+    checkpoint = ns.student_checkpoint
+    if ns.student_num_gpus and not checkpoint:
+        checkpoint = ns.hf_checkpoint  # a frozen student from the teacher's starting weights (also after a resume)
+    per_engine = ns.student_num_gpus_per_engine
+    return {
+        "student_checkpoint": checkpoint,
+        "student_num_gpus_per_engine": ns.rollout_num_gpus_per_engine if per_engine is None else per_engine,
+    }
 
 
 def _is_host(host: str) -> bool:

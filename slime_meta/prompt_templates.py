@@ -5,12 +5,23 @@ value is inserted verbatim: braces, quotes and template-like strings inside a pr
 student's solution are never interpreted. `{{` and `}}` in a template are literal braces; any
 other brace that is not a known `{name}` slot stays as written (JSON examples in a template work).
 
-Customise a role in one of three ways (`--generator-template`, `--grader-template`,
+Build one in Python as the design document shows:
+
+    from slime_meta.prompt_templates import GraderPromptTemplate
+    custom_template = GraderPromptTemplate(template='''Grade {solution} against {ground_truth}.''')
+
+Customise a role for a run in one of four ways (`--generator-template`, `--grader-template`,
 `--teacher-template`):
   - a path to a text file with the slots of that role;
   - a template text given directly on the command line (anything with a `{slot}`);
+  - `package.module.name`, where `name` is a template instance such as `custom_template` above;
   - `package.module.ClassName`, a subclass of the role's class that overrides `build`,
-    `format_info`, `format_attempt`, ... (see prompt_templates/examples/ for one).
+    `format_info`, `format_attempt`, ... (`slime_meta/tasks/synthetic.py` has two).
+
+Every slot in a template must be one of its role's (`{typo}` is refused at construction). A
+template a run uses must also have the role's required slots (`required`: the problem for the
+generator, the solution for the grader, the graded attempts for the teacher); a bad template
+ends the run before it starts, in one line naming the slot and the allowed ones.
 """
 
 from __future__ import annotations
@@ -37,31 +48,54 @@ def read_template_file(path: str) -> str:
 _SLOT = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+def _listed(slots: frozenset[str]) -> str:
+    return ", ".join("{" + slot + "}" for slot in sorted(slots))
+
+
+class TemplateSlotError(UserInputError):
+    """A template with a slot its role does not have, or without one its role needs."""
+
+    def __init__(self, owner: str, detail: str):
+        super().__init__(f"{owner}: {detail}")
+        self.detail = detail
+
+
 class PromptTemplate:
-    """A text with named slots. Subclasses name their slots and their default file."""
+    """A text with named slots. Subclasses name their slots, the required ones and their default file."""
 
     role: ClassVar[str] = "template"
     slots: ClassVar[frozenset[str]] = frozenset()
+    required: ClassVar[frozenset[str]] = frozenset()  # checked by `check_required` (load_template does)
     default_file: ClassVar[str | None] = None
 
-    def __init__(self, text: str | None = None, *, source: str = "default"):
-        if text is None:
+    def __init__(self, template: str | None = None, *, source: str | None = None):
+        if template is None:
             if self.default_file is None:
-                raise TypeError(f"{type(self).__name__} needs a text or a default_file")
+                raise TypeError(f"{type(self).__name__} needs a template text or a default_file")
             source = str(TEMPLATE_DIR / self.default_file)
-            text = read_template_file(source)
-        if not text.strip():
-            flag = {"generator": "--generator-template", "grader": "--grader-template", "teacher": "--teacher-template"}.get(self.role, self.role)
-            raise UserInputError(f"{flag} {source}: the template is empty; give a text with its {{slots}}")
-        unknown = sorted(set(self.slots_in(text)) - self.slots)
+            template = read_template_file(source)
+        owner = f"{type(self).__name__} ({source or 'template text'})"
+        if not template.strip():
+            raise TemplateSlotError(owner, f"the template is empty; give a text with its {_listed(self.slots)} slots")
+        unknown = sorted(set(self.slots_in(template)) - self.slots)
         if unknown:
-            raise UserInputError(
-                f"{self.role} template {source}: unknown placeholder {{{unknown[0]}}}; "
-                f"allowed: {', '.join('{' + s + '}' for s in sorted(self.slots))} "
-                "(write {{ and }} for literal braces)"
+            raise TemplateSlotError(
+                owner,
+                f"unknown placeholder {{{unknown[0]}}}; the {self.role} template allows {_listed(self.slots)}"
+                " (write {{ and }} for literal braces)",
             )
-        self.text = text
-        self.source = source
+        self.text = template
+        self.source = source or "template text"
+
+    def check_required(self) -> None:
+        """Raise TemplateSlotError when a slot the role needs is missing (a run cannot use it then)."""
+        missing = sorted(self.required - set(self.slots_in(self.text)))
+        if missing:
+            raise TemplateSlotError(
+                f"{type(self).__name__} ({self.source})",
+                f"no {{{missing[0]}}} placeholder, which the {self.role} template needs "
+                f"(required: {_listed(self.required)}; allowed: {_listed(self.slots)})",
+            )
 
     @staticmethod
     def slots_in(text: str) -> list[str]:
@@ -88,6 +122,7 @@ class GeneratorPromptTemplate(PromptTemplate):
 
     role = "generator"
     slots = frozenset({"problem", "additional_info"})
+    required = frozenset({"problem"})  # without it the student never sees the problem
     default_file = "generator.txt"
 
     def format_info(self, info: str) -> str:
@@ -126,6 +161,7 @@ class GraderPromptTemplate(PromptTemplate):
 
     role = "grader"
     slots = frozenset({"problem", "solution", "rubric", "ground_truth", "solution_tag"})
+    required = frozenset({"solution"})  # what is graded
     default_file = "grader.txt"
 
     def build(self, problem: Problem, solution: str, solution_tag: str | None = None) -> list[Message]:
@@ -148,6 +184,7 @@ class TeacherPromptTemplate(PromptTemplate):
 
     role = "teacher"
     slots = frozenset({"problem", "rubric", "ground_truth", "attempts_and_grades", "previous_info"})
+    required = frozenset({"attempts_and_grades"})  # the inner loop's only signal: graded attempts and feedback
     default_file = "teacher.txt"
 
     def format_problems(self, problems: Sequence[Problem]) -> str:
@@ -200,22 +237,43 @@ _DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+$")
 
 
 def load_template(role: str, spec: str | None, flag: str) -> PromptTemplate:
-    """The template for `role` from a flag value: None, a file, `module.Class`, or a text."""
+    """The template for `role` from a flag value: None, a file, `module.name` (an instance or a class), or a text.
+
+    Whatever the source, the template has only its role's slots and every required one; a bad
+    one raises UserInputError naming `flag`, the value, the slot and the allowed slots.
+    """
     base = ROLE_CLASSES[role]
+    try:
+        template = _template_from(base, spec, flag)
+        template.check_required()
+    except TemplateSlotError as error:
+        raise UserInputError(f"{flag} {spec or '(default)'}: {error.detail}") from None
+    return template
+
+
+def _template_from(base: type[PromptTemplate], spec: str | None, flag: str) -> PromptTemplate:
     if not spec:
         return base()
     if os.path.isfile(spec):
         return base(read_template_file(spec), source=spec)
     looks_like_path = "/" in spec or spec.endswith((".txt", ".md", ".jinja", ".tmpl"))
     if _DOTTED.match(spec) and not looks_like_path:
-        module_name, _, class_name = spec.rpartition(".")
+        module_name, _, attribute = spec.rpartition(".")
         try:
-            cls = getattr(importlib.import_module(module_name), class_name)
+            found = getattr(importlib.import_module(module_name), attribute)
         except (ImportError, AttributeError) as exc:
-            raise UserInputError(f"{flag} {spec}: cannot import it ({exc}); give a file path, a template text or module.Class")
-        if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise UserInputError(f"{flag} {spec}: is not a subclass of {base.__name__}")
-        return cls()
+            raise UserInputError(
+                f"{flag} {spec}: cannot import it ({exc}); give a file path, a template text, "
+                f"module.name of a {base.__name__}, or module.Class"
+            ) from None
+        if isinstance(found, base):
+            return found
+        if isinstance(found, type) and issubclass(found, base):
+            return found()
+        raise UserInputError(f"{flag} {spec}: is neither a {base.__name__} nor a subclass of it")
     if "{" in spec:
         return base(spec, source=flag)
-    raise UserInputError(f"{flag} {spec}: no such file; give a file path, a template text with {{slots}} or module.Class")
+    raise UserInputError(
+        f"{flag} {spec}: no such file; give a file path, a template text with {{slots}}, "
+        f"module.name of a {base.__name__}, or module.Class"
+    )

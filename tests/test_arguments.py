@@ -59,7 +59,9 @@ def test_flags_slime_already_defines_are_skipped():
     [
         (["--inner-loop-train-ratio", "1.0"], "--inner-loop-train-ratio"),
         (["--inner-loop-train-ratio", "0"], "--inner-loop-train-ratio"),
-        (["--student-router-ip", "127.0.0.1"], "--student-router-port"),
+        (["--student-router-ip", "10.0.0.9"], "--student-router-ip"),
+        (["--student-router-port", "30000"], "--student-router-port"),
+        (["--external-student-url", "http://h:1", "--student-num-gpus", "1"], "--external-student-url"),
         (["--save-interval", "2"], "--save"),
         (["--load", "/nonexistent/ckpt"], "--load"),
         (["--lr", "-1"], "--lr"),

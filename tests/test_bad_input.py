@@ -85,8 +85,8 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
                                   "--heldout-ipb", "2"], "topic"),  # fmt: skip
         "ratio outside (0, 1)": (["--prompt-data", str(good), "--inner-loop-train-ratio", "1.5"], "--inner-loop-train-ratio"),
         "unreachable router": (
-            ["--prompt-data", str(good), "--student-router-ip", "127.0.0.1", "--student-router-port", str(closed_port())],
-            "--student-router-ip",
+            ["--prompt-data", str(good), "--external-student-url", f"http://127.0.0.1:{closed_port()}"],
+            "--external-student-url",
         ),
         "no checkpoint": (["--prompt-data", str(good), "--hf-checkpoint", str(tmp_path)], "--hf-checkpoint"),
         "bad template class": (["--prompt-data", str(good), "--teacher-template", "json.JSONDecoder"], "--teacher-template"),
@@ -146,7 +146,7 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
         "negative learning rate": (["--prompt-data", str(good), "--lr", "-1"], "--lr"),
         "negative save interval": (["--prompt-data", str(good), "--save-interval", "-2"], "--save-interval"),
         "zero rollouts": (["--prompt-data", str(good), "--num-rollout", "0"], "--num-rollout"),
-        "student port without ip": (["--prompt-data", str(good), "--student-router-port", "1234"], "--student-router-ip"),
+        "student port without a student pool": (["--prompt-data", str(good), "--student-router-port", "1234"], "--student-router-port"),
         "unknown device": (["--prompt-data", str(good), "--device", "tpu"], "--device"),
         "unknown holdout advantage": (["--prompt-data", str(good), "--holdout-advantage", "max"], "--holdout-advantage"),
         "unknown backend": (["--prompt-data", str(good), "--backend", "ray"], "--backend"),
@@ -189,7 +189,7 @@ CASES = [
     "unknown flag", "trace rate above 1", "openai grader without a key", "unknown verifier metric",
     "wandb online without a key", "empty checkpoint flag", "template file missing", "unknown grader slot",
     "replay without enough teachers", "negative learning rate", "negative save interval", "zero rollouts",
-    "student port without ip", "unknown device", "unknown holdout advantage", "unknown backend", "negative clip",
+    "student port without a student pool", "unknown device", "unknown holdout advantage", "unknown backend", "negative clip",
     "negative temperature", "zero teacher tokens", "file not utf-8", "load pointer is garbage",
     "load pointer names a missing checkpoint", "load checkpoint without its files", "teacher port out of range",
     "host not an address", "negative request retries", "empty template file", "student checkpoint not a model",

@@ -162,8 +162,8 @@ def ctrl_c_run_args(checkpoint: Path, run_dir: Path) -> list[str]:
     return [
         "--use-meta-learning", "--hf-checkpoint", str(checkpoint),
         "--prompt-data", str(REPO_ROOT / "data/synthetic_suffix.jsonl"), "--group-key", "family",
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--n-problems-per-prompt", "2",
-        "--heldout-ipb", "2", "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
+        "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--n-problems-per-prompt", "2",
+        "--heldout-ipb", "4", "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
         "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
         "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
         "--teacher-max-tokens", "4", "--rollout-max-response-len", "8", "--grader", "verifier",
@@ -212,3 +212,19 @@ def test_ctrl_c_mid_step_ends_the_run_as_interrupted_and_restarts_nothing(tiny_c
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
                 run.wait()
+
+
+def test_router_port_that_is_taken_is_refused_before_anything_starts(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    import socket
+
+    from slime_meta.backends.local.launcher import PortInUse
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with LocalProcessGroup() as group:
+            with pytest.raises(PortInUse) as error:
+                group.start_pool("teacher", str(tiny_checkpoint), 1, device="cpu", weights_root=None,
+                                 log_dir=str(tmp_path), router_port=port)  # fmt: skip
+            assert error.value.port == port and group.child_pids() == [] and group.pool_names() == []

@@ -75,7 +75,7 @@ def test_split_node_generates_a_frozen_student_model():
 def test_two_nodes_teacher_colocated_student_on_its_own_gpus():
     plan = plan_of(
         "--actor-num-gpus-per-node", "8", "--colocate", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2",
-        "--student-checkpoint", "/ckpt/small", "--student-num-gpus", "4",
+        "--student-checkpoint", "/ckpt/small", "--student-num-gpus", "4", "--student-num-gpus-per-engine", "1",
     )  # fmt: skip
     lay = plan.layout
     # colocated: one group of max(training, rollout) GPUs, the student's 4 after the teacher's 8
@@ -100,7 +100,7 @@ def test_write_sglang_config(tmp_path):
             "not a multiple of --rollout-num-gpus-per-engine",
         ),
         (["--colocate", "--student-checkpoint", "/s"], "--student-num-gpus None"),
-        (["--colocate", "--student-num-gpus", "2"], "give the checkpoint too"),
+        (["--colocate", "--student-num-gpus", "2", "--sglang-config", "x.yaml"], "--sglang-config and --student-num-gpus"),
         (
             ["--colocate", "--student-checkpoint", "/s", "--student-num-gpus", "2", "--sglang-config", "x.yaml"],
             "give one",
@@ -120,7 +120,7 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--teacher-context", "x", "--teacher-tau", "1", "--skip-verification"], "--adv-tau 0"),
         (
             ["--colocate", "--student-router-ip", "10.0.0.2"],
-            "--student-router-ip and --student-router-port go together",
+            "--student-router-ip: slime starts the student router",
         ),
     ],
 )
@@ -363,3 +363,29 @@ def test_launch_script_grader_switch_keeps_the_key_off_the_command_line(tmp_path
     environment.update(GRADER="openai", PYTHON=sys.executable)
     missing = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=False)
     assert missing.returncode != 0 and "OPENAI_API_KEY" in missing.stderr
+
+
+# ----------------------------------------------------------------------------- the student pool flags of the design document
+
+
+def test_student_num_gpus_alone_starts_a_frozen_copy_of_the_teacher_with_the_teachers_engine_size():
+    plan = plan_of("--colocate", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus-per-engine", "2",
+                   "--student-num-gpus", "4")  # fmt: skip
+    student = plan.layout.student
+    assert (student.model_path, student.num_gpus, student.gpus_per_engine, student.engines) == ("/ckpt/teacher", 4, 2, 2)
+    assert plan.layout.sglang_config()["sglang"][1]["update_weights"] is False
+    assert plan.config.separate_student
+    assert (plan.config.pools.student_checkpoint, plan.config.pools.student_num_gpus_per_engine) == ("/ckpt/teacher", 2)
+    assert "frozen /ckpt/teacher" in cli.describe(plan)
+    # The rollout manager rebuilds the config from slime's namespace: the same defaults come out.
+    slime_args = argparse.Namespace(**{**vars(meta_parser().parse_known_args(list(plan.slime_argv))[0]), "rollout_num_gpus_per_engine": 2})
+    rebuilt = config_from_slime_args(slime_args).pools
+    assert (rebuilt.student_checkpoint, rebuilt.student_num_gpus_per_engine) == ("/ckpt/teacher", 2)
+
+
+def test_external_student_server_has_its_own_flag_and_no_pool():
+    plan = plan_of("--colocate", "--external-student-url", "http://10.0.0.9:30000")
+    assert plan.layout.student is None and plan.config.separate_student
+    assert "student  external server http://10.0.0.9:30000" in cli.describe(plan)
+    with pytest.raises(UserInputError, match="--student-router-port: slime starts the student router"):
+        plan_of("--colocate", "--student-num-gpus", "2", "--student-router-port", "30001")

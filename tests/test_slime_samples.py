@@ -85,14 +85,14 @@ def test_post_process_rewards_returns_the_rollouts_advantages():
 
 
 def test_router_urls_for_shared_separate_and_external_students():
-    cfg = SimpleNamespace(pools=SimpleNamespace(student_router_ip=None, student_router_port=None))
+    cfg = SimpleNamespace(pools=SimpleNamespace(external_student_url=None))
     args = SimpleNamespace(
         sglang_router_ip="10.0.0.1", sglang_router_port=3000, sglang_model_routers={"default": ("10.0.0.1", 3000)}
     )
     assert router_urls(args, cfg) == ("http://10.0.0.1:3000", "http://10.0.0.1:3000")
     args.sglang_model_routers = {"actor": ("10.0.0.1", 3000), "student": ("10.0.0.2", 3100)}
     assert router_urls(args, cfg)[1] == "http://10.0.0.2:3100"
-    cfg.pools.student_router_ip, cfg.pools.student_router_port = "10.0.0.9", 30000
+    cfg.pools.external_student_url = "http://10.0.0.9:30000/"
     assert router_urls(args, cfg)[1] == "http://10.0.0.9:30000"
 
 

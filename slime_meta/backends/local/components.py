@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from slime_meta.arguments import MetaConfig
 from slime_meta.arguments_objectives import read_context
 from slime_meta.backends.local.channels import LossSettings
+from slime_meta.backends.local.launcher import PortInUse
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
 from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
 from slime_meta.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit
@@ -195,6 +196,8 @@ class RolePieces:
 
 
 def build_role_pieces(cfg: MetaConfig) -> RolePieces:
+    if cfg.pools.external_student_url:
+        external_student_url(cfg)  # an unreachable student server is bad input: refused before the run dir exists
     grader_template = load_template("grader", cfg.meta.grader_template, "--grader-template")
     g = cfg.grader
     grader_kind = choose_grader_kind(g.grader, model=g.grader_model, api_key_env=g.grader_api_key_env, base_url=g.grader_base_url)
@@ -269,8 +272,11 @@ def worker_layouts(cfg: MetaConfig) -> tuple[WorkerLayout, WorkerLayout]:
     """Teacher and student workers: from the slime GPU flags on GPUs, else the local counts.
 
     The local worker runs one engine per GPU, so a pool of G GPUs with E GPUs per engine gets
-    G // E workers; the student's GPUs follow the teacher's. Without GPU flags, workers share
-    whatever device they find (CPU, or one GPU with the trainer).
+    G // E workers (E defaults to the teacher's for the student); the student's GPUs follow the
+    teacher's. Without GPU flags, workers share whatever device they find (CPU, or one GPU with
+    the trainer): --local-num-workers teacher workers, and for a separate student pool given by
+    --student-checkpoint alone, --local-student-num-workers. The student layout matters only when
+    `cfg.separate_student` (a shared student uses the teacher's workers).
     """
     p = cfg.pools
     if p.rollout_num_gpus > 0:
@@ -288,22 +294,44 @@ def worker_layouts(cfg: MetaConfig) -> tuple[WorkerLayout, WorkerLayout]:
 
 
 def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, external_student_url: str | None):
-    """Start the teacher pool (and a separate student pool if asked): (teacher endpoints, student URL)."""
-    logs, (teacher_layout, student_layout) = str(run_dir / "logs"), worker_layouts(cfg)
-    teacher = processes.start_pool(
-        "teacher", teacher_model, teacher_layout.num_workers, device=cfg.pools.device, gpu_ids=teacher_layout.gpu_ids,
-        weights_root=str(run_dir / "weights"), log_dir=logs, base_port=cfg.pools.teacher_port,
+    """Start the teacher pool (and a separate student pool if asked): (teacher endpoints, student URL).
+
+    The teacher's router listens on --teacher-port, the student's on --student-router-port (free
+    ports without them); the workers behind each router take free ports. A separate student
+    starts from --student-checkpoint, which defaults to the teacher's *starting* checkpoint
+    (--hf-checkpoint, also when the teacher resumes from trained weights) and stays frozen.
+    """
+    p, logs, (teacher_layout, student_layout) = cfg.pools, str(run_dir / "logs"), worker_layouts(cfg)
+    external_student_url = external_student_url or (p.external_student_url or "").rstrip("/") or None
+    student_model = None
+    if cfg.separate_student and not external_student_url:
+        student_model = check_model_dir(p.student_checkpoint or p.hf_checkpoint, "--student-checkpoint")
+    teacher = _start_pool(
+        processes, "teacher", teacher_model, teacher_layout, cfg, logs,
+        weights_root=str(run_dir / "weights"), router_port=p.teacher_port, port_flag="--teacher-port",
     )  # fmt: skip
     if external_student_url:
         return teacher, external_student_url
-    if cfg.pools.student_checkpoint:
-        student_model = check_model_dir(cfg.pools.student_checkpoint, "--student-checkpoint")
-        student = processes.start_pool(
-            "student", student_model, student_layout.num_workers, device=cfg.pools.device,
-            gpu_ids=student_layout.gpu_ids, weights_root=None, log_dir=logs,
+    if student_model is not None:
+        student = _start_pool(
+            processes, "student", student_model, student_layout, cfg, logs,
+            weights_root=None, router_port=p.student_router_port, port_flag="--student-router-port",
         )  # fmt: skip
         return teacher, student.router_url
     return teacher, teacher.router_url  # shared pool: the student is the same, evolving model
+
+
+def _start_pool(processes, name, model, layout: WorkerLayout, cfg: MetaConfig, logs: str, *, weights_root, router_port, port_flag):
+    try:
+        return processes.start_pool(
+            name, model, layout.num_workers, device=cfg.pools.device, gpu_ids=layout.gpu_ids,
+            weights_root=weights_root, log_dir=logs, router_port=router_port,
+        )  # fmt: skip
+    except PortInUse as error:
+        raise UserInputError(
+            f"{port_flag} {error.port}: cannot listen there on {cfg.pools.host} (in use?); give a free port, "
+            "or leave the flag out for a free one"
+        ) from None
 
 
 def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
@@ -457,9 +485,12 @@ def make_pool(cfg: MetaConfig, name: str, url: str, concurrency: int) -> SGLangP
     )
 
 
-def external_student_url(cfg: MetaConfig) -> str:
-    url = f"http://{cfg.pools.student_router_ip}:{cfg.pools.student_router_port}"
-    check_reachable(url, "--student-router-ip/--student-router-port")
+def external_student_url(cfg: MetaConfig) -> str | None:
+    """The running student server of --external-student-url, checked reachable; None without one."""
+    url = cfg.pools.external_student_url
+    if url:
+        url = url.rstrip("/")
+        check_reachable(url, "--external-student-url")
     return url
 
 

@@ -93,6 +93,14 @@ logger = logging.getLogger(__name__)
 _RETRIES_METRIC = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*retries_total)(?:\{[^}]*\})?\s+(?P<value>[0-9.eE+-]+)\s*$")
 
 
+class PortInUse(LaunchError):
+    """The port asked for a pool's router cannot be bound (taken, or not an address of this host)."""
+
+    def __init__(self, port: int, message: str):
+        super().__init__(message)
+        self.port = port
+
+
 class LocalProcessGroup(_Supervision, _ChildProcesses):
     """Owns every worker and router it starts; use as a context manager."""
 
@@ -146,6 +154,7 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         weights_root: str | None,
         log_dir: str,
         base_port: int | None = None,
+        router_port: int | None = None,
         gpu_ids: Sequence[int] | None = None,
         worker_args: Sequence[str] = (),
         router_args: Sequence[str] = (),
@@ -153,8 +162,10 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         """Start `num_workers` workers and a router; return once the router reports ready.
 
         Ports: `base_port + i` for worker i, then the router and its metrics port; without
-        `base_port`, free loopback ports. `gpu_ids`: worker i sees only GPU
-        `gpu_ids[i % len(gpu_ids)]` (several workers may share one GPU).
+        `base_port`, free loopback ports. `router_port` instead: the router there (a user-facing
+        address such as `--teacher-port`), workers and metrics on free ports; PortInUse when it
+        cannot be bound. `gpu_ids`: worker i sees only GPU `gpu_ids[i % len(gpu_ids)]` (several
+        workers may share one GPU).
         `weights_root`: the only directory `/update_weights_from_disk` may load from (the run's
         weight directory); None makes a frozen pool that refuses every weight update (its root
         is an empty directory of its own under `log_dir`).
@@ -172,7 +183,17 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         frozen_root = str(log_directory / f".{name}-frozen-no-weight-updates")
         if weights_root is None:
             Path(frozen_root).mkdir(exist_ok=True)
-        ports = self._choose_ports(num_workers + 2, base_port)
+        if router_port is not None:
+            if base_port is not None:
+                raise ValueError("give base_port or router_port, not both")
+            try:
+                router_port = self._choose_ports(1, router_port)[0]
+            except LaunchError as error:
+                raise PortInUse(router_port, f"pool {name!r} router: {error}") from None
+            ports = self._choose_ports(num_workers + 1, None)
+            ports.insert(num_workers, router_port)
+        else:
+            ports = self._choose_ports(num_workers + 2, base_port)
         worker_ports, router_port, metrics_port = ports[:num_workers], ports[num_workers], ports[num_workers + 1]
 
         workers = []

@@ -200,21 +200,19 @@ def plan_gpus(ns: argparse.Namespace, slime_ns: argparse.Namespace, argv: Sequen
     teacher = InferencePool(TEACHER_MODEL, ns.hf_checkpoint, teacher_gpus, ns.rollout_num_gpus_per_engine, True)
 
     student = None
-    if ns.student_checkpoint:
+    if ns.student_checkpoint or ns.student_num_gpus:
+        # A separate, frozen student pool; its checkpoint defaults to the teacher's starting one.
+        flag = "--student-checkpoint" if ns.student_checkpoint else "--student-num-gpus"
         if slime_ns.sglang_config:
             raise UserInputError(
-                "--sglang-config and --student-checkpoint: give one; the student pool is generated from "
-                "--student-checkpoint/--student-num-gpus, or name a 'student' model in your own --sglang-config"
+                f"--sglang-config and {flag}: give one; the student pool is generated from "
+                "--student-num-gpus (and --student-checkpoint), or name a 'student' model in your own --sglang-config"
             )
-        student_gpus = _positive(
-            ns.student_num_gpus, "--student-num-gpus", "the student pool's GPUs (with --student-checkpoint)"
-        )
-        _divisible(student_gpus, ns.student_num_gpus_per_engine, "--student-num-gpus", "--student-num-gpus-per-engine")
-        student = InferencePool(
-            STUDENT_MODEL, ns.student_checkpoint, student_gpus, ns.student_num_gpus_per_engine, False
-        )
-    elif ns.student_num_gpus:
-        raise UserInputError("--student-num-gpus sizes the pool of --student-checkpoint: give the checkpoint too")
+        student_gpus = _positive(ns.student_num_gpus, "--student-num-gpus", "the separate student pool's GPUs")
+        per_engine = ns.student_num_gpus_per_engine or ns.rollout_num_gpus_per_engine
+        _divisible(student_gpus, per_engine, "--student-num-gpus", "--student-num-gpus-per-engine")
+        checkpoint = ns.student_checkpoint or ns.hf_checkpoint
+        student = InferencePool(STUDENT_MODEL, checkpoint, student_gpus, per_engine, False)
     return GpuLayout(
         actor_num_nodes=nodes, actor_num_gpus_per_node=per_node, num_gpus_per_node=slime_ns.num_gpus_per_node,
         colocate=colocate, teacher=teacher, student=student, user_sglang_config=slime_ns.sglang_config,
@@ -293,8 +291,10 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
         fail(
             f"--teacher-temperature {ns.teacher_temperature}: must be > 0 on slime (the trained policy samples with it)"
         )
-    if ns.student_router_ip and ns.student_checkpoint:
-        fail("--student-router-ip points at a running student pool; --student-checkpoint starts one: give one of them")
+    for flag in ("--student-router-ip", "--student-router-port"):
+        if getattr(ns, flag[2:].replace("-", "_")) is not None:
+            fail(f"{flag}: slime starts the student router (with --student-num-gpus) at an address it picks itself; "
+                 "leave it out, or give --external-student-url for a student server you run")  # fmt: skip
 
 
 # Flags whose relative paths are made absolute: slime's actors do not run in our directory.
@@ -432,8 +432,8 @@ def describe(plan: LaunchPlan) -> str:
     lines.append("pools")
     first = "the first model's router (args.sglang_router_ip/port)"
     lines.append(f"  teacher  {first}" + (f", port {cfg.pools.teacher_port}" if cfg.pools.teacher_port else ""))
-    if cfg.pools.student_router_ip:
-        lines.append(f"  student  external router http://{cfg.pools.student_router_ip}:{cfg.pools.student_router_port}")
+    if cfg.pools.external_student_url:
+        lines.append(f"  student  external server {cfg.pools.external_student_url}")
     elif s is not None or lay.user_sglang_config:
         lines.append(f"  student  router of model '{STUDENT_MODEL}' (args.sglang_model_routers['{STUDENT_MODEL}'])")
     else:

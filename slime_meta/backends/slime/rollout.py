@@ -76,8 +76,8 @@ class _LoopThread:
 def router_urls(args: Namespace, cfg: MetaConfig) -> tuple[str, str]:
     """(teacher URL, student URL) from what slime wrote into `args` after starting its routers."""
     teacher = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-    if cfg.pools.student_router_ip:
-        return teacher, f"http://{cfg.pools.student_router_ip}:{cfg.pools.student_router_port}"
+    if cfg.pools.external_student_url:
+        return teacher, cfg.pools.external_student_url.rstrip("/")
     routers = getattr(args, "sglang_model_routers", None) or {}
     if STUDENT_MODEL in routers:
         ip, port = routers[STUDENT_MODEL]
