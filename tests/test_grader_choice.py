@@ -46,21 +46,21 @@ def test_a_named_llm_grader_without_its_key_exits_2_naming_the_variable(flags, a
 
 
 def test_the_start_line_says_which_grader_and_that_the_verifier_ignores_rubrics(tmp_path, tiny_checkpoint):
-    # The unreachable student router stops the run right after the grader is chosen.
+    # The unreachable student server stops the run right after the grader is chosen.
     port = str(closed_port())
-    result = train(tmp_path, tiny_checkpoint, "--student-router-ip", "127.0.0.1", "--student-router-port", port)
+    result = train(tmp_path, tiny_checkpoint, "--external-student-url", f"http://127.0.0.1:{port}")
     grader_lines = [line for line in result.stdout.splitlines() if line.startswith("grader:")]
     assert grader_lines == [
         "grader: the built-in verifier (normalized) against the labels; it does not read rubrics "
         "(column 'rubric' is not used for grading; an LLM grader would use it)"
     ], result.stdout + result.stderr
-    assert result.returncode == 2 and "--student-router" in result.stderr
+    assert result.returncode == 2 and "--external-student-url" in result.stderr
 
 
 def test_a_named_llm_grader_with_a_server_says_so_at_start(tmp_path, tiny_checkpoint):
     port = str(closed_port())
     result = train(tmp_path, tiny_checkpoint, "--grader-model", "judge-x", "--grader-base-url", "http://127.0.0.1:9/v1",
-                   "--student-router-ip", "127.0.0.1", "--student-router-port", port)  # fmt: skip
+                   "--external-student-url", f"http://127.0.0.1:{port}")  # fmt: skip
     grader_lines = [line for line in result.stdout.splitlines() if line.startswith("grader:")]
     assert len(grader_lines) == 1 and "LLM grader judge-x at http://127.0.0.1:9/v1" in grader_lines[0]
     assert "rubrics from column 'rubric'" in grader_lines[0]

@@ -130,7 +130,8 @@ def test_flag_takes_a_template_instance_by_module_name(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "role, spec, slot, allowed",
     [
-        ("grader", "Grade {problem} against {ground_truth}", "{solution}", "{ground_truth}, {problem}, {rubric}, {solution}"),
+        ("grader", "Grade {problem} against {ground_truth}", "{solution}",
+         "{ground_truth}, {problem}, {rubric}, {solution}, {solution_tag}"),
         ("generator", "Hint: {additional_info}", "{problem}", "{additional_info}, {problem}"),
         ("teacher", "Improve on {problem}.", "{attempts_and_grades}",
          "{attempts_and_grades}, {ground_truth}, {previous_info}, {problem}, {rubric}"),
@@ -150,7 +151,7 @@ def test_unknown_slot_names_the_flag_the_slot_and_the_allowed_ones(tmp_path):
         load_template("grader", str(path), "--grader-template")
     assert str(error.value) == (
         f"--grader-template {path}: unknown placeholder {{rubrik}}; the grader template allows "
-        "{ground_truth}, {problem}, {rubric}, {solution} (write {{ and }} for literal braces)"
+        "{ground_truth}, {problem}, {rubric}, {solution}, {solution_tag} (write {{ and }} for literal braces)"
     )
 
 

@@ -183,11 +183,14 @@ def test_all_three_channels_and_context_distillation_in_one_run(tiny_checkpoint,
     """GRPO + SDPO + N-teacher replay DPO + context distillation + TIS + KL: 2 outer steps."""
     from openai_server import run_openai_server
 
+    labels = {row["prompt"]: row["label"] for row in read_jsonl(ROOT / "data/synthetic_suffix.jsonl")}
+
     def teacher_reply(messages: list[dict]) -> str:
-        # The solver prompt is `S|word=`: both replay teachers answer word + "ab".
+        # The solver prompt is `S|word=`: both replay teachers answer the label (pairs need a chosen
+        # side that is correct by the label).
         prompt = messages[-1]["content"]
         word = prompt.split("|", 1)[1].rstrip("=")
-        return f"{word}ab."
+        return f"{labels[word]}."
 
     run_dir = tmp_path / "channels"
     with run_openai_server(reply_fn=teacher_reply) as (url_a, _), run_openai_server(reply_fn=teacher_reply) as (url_b, _):
@@ -208,7 +211,7 @@ def test_all_three_channels_and_context_distillation_in_one_run(tiny_checkpoint,
             assert r[key] is not None and r[key] == r[key], key  # present and not NaN
         assert r["solver/num_samples"] == 2 * 3 * 2 * 2  # prompts x G x k x m first-round attempts
         assert r["train/sdpo_tokens"] > 0 and r["train/kl_ref"] >= 0.0
-        assert r["train/replay_pairs"] > 0  # the teachers agree on "ab", the random policy does not
+        assert r["train/replay_pairs"] > 0  # the teachers agree on the label, the random policy does not
         assert r["loss/total"] == pytest.approx(r["loss/grpo"] + 0.5 * r["loss/sdpo_kl"] + 0.5 * r["loss/trace_replay_dpo"], rel=1e-5)
         assert "distill/teacher_minus_student_logp" in r
     cached = read_jsonl(run_dir / "replay_pairs.jsonl")

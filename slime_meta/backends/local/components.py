@@ -196,13 +196,13 @@ class RolePieces:
 
 
 def build_role_pieces(cfg: MetaConfig) -> RolePieces:
-    if cfg.pools.external_student_url:
-        external_student_url(cfg)  # an unreachable student server is bad input: refused before the run dir exists
     grader_template = load_template("grader", cfg.meta.grader_template, "--grader-template")
     g = cfg.grader
     grader_kind = choose_grader_kind(g.grader, model=g.grader_model, api_key_env=g.grader_api_key_env, base_url=g.grader_base_url)
     print(grader_line(grader_kind, model=g.grader_model, base_url=g.grader_base_url, api_key_env=g.grader_api_key_env,
                       metric=g.verifier_metric, rubric_key=cfg.data.rubric_key), flush=True)  # fmt: skip
+    if cfg.pools.external_student_url:
+        external_student_url(cfg)  # an unreachable student server is bad input: refused before the run dir exists
     if grader_kind == "verifier":
         grader = build_grader("verifier", metric=cfg.grader.verifier_metric)
     else:
