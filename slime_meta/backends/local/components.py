@@ -1,4 +1,4 @@
-"""Building the pieces of a local run from the config: run dir, data, pools, roles, grader.
+"""Building the pieces of a local run from the config: run dir, pools, roles, grader, trainer.
 
 Kept apart from `run.py` so that the outer loop there reads on one screen.
 """
@@ -10,16 +10,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
 from slime_meta.arguments import MetaConfig
 from slime_meta.arguments_objectives import read_context
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.launcher import PortInUse
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
 from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
-from slime_meta.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit
-from slime_meta.data import BatchPlan, ProblemSampler, load_problems, plan_batch
+from slime_meta.context_budget import context_length_of
 from slime_meta.errors import UserInputError
 from slime_meta.grading import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
 from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
@@ -27,6 +24,12 @@ from slime_meta.pools import SGLangPool, check_reachable, post_json_sync
 from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate, load_template
 from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole
 from slime_meta.types import PreferencePair
+
+# The run's data and its evaluations live in their own modules; the outer loop reaches them here.
+from slime_meta.backends.local.evaluation import baseline_eval, eval_due, evaluate  # noqa: F401
+from slime_meta.backends.local.run_data import (  # noqa: F401
+    Data, check_context_fits, context_limits, describe_plan, load_data, load_tokenizer, rows_that_fit_context,
+)
 
 
 def prepare_run_dir(cfg: MetaConfig) -> Path:
@@ -42,135 +45,6 @@ def prepare_run_dir(cfg: MetaConfig) -> Path:
     return run_dir
 
 
-@dataclass
-class Data:
-    sampler: ProblemSampler
-    num_holdout: int  # holdout problems per episode (per teacher prompt's family with --group-key)
-    draw_sizes: dict  # keyword arguments of sampler.next_episodes for one step
-    plan: BatchPlan
-    eval_sets: dict[str, list]  # NAME -> its fixed episodes (--eval-prompt-data)
-
-
-def _problem_key(problem) -> tuple[str, str]:
-    return problem.prompt.strip(), problem.ground_truth.strip()
-
-
-def load_data(cfg: MetaConfig) -> Data:
-    def load(path: str):
-        return load_problems(
-            path, input_key=cfg.data.input_key, label_key=cfg.data.label_key, rubric_key=cfg.data.rubric_key,
-            group_key=cfg.data.group_key,
-        )  # fmt: skip
-
-    problems = load(cfg.data.prompt_data)
-    meta = cfg.meta
-    plan = plan_batch(
-        rollout_batch_size=meta.rollout_batch_size, train_ratio=meta.inner_loop_train_ratio, heldout_ipb=meta.heldout_ipb,
-        problems_per_prompt=meta.n_problems_per_prompt, per_family=cfg.data.group_key is not None,
-    )  # fmt: skip
-    eval_paths = dict(zip(meta.eval_prompt_data[0::2], meta.eval_prompt_data[1::2]))
-    eval_problems = {name: rows_that_fit_context(cfg, load(path), path) for name, path in eval_paths.items()}
-    # An eval problem is never drawn for training: the same text and label leave the training pool.
-    held_out = {_problem_key(p) for found in eval_problems.values() for p in found}
-    kept = [p for p in problems if _problem_key(p) not in held_out]
-    if held_out and len(kept) < len(problems):
-        print(f"{len(problems) - len(kept)} problems of {cfg.data.prompt_data} are also in --eval-prompt-data: "
-              "they are left out of training", flush=True)  # fmt: skip
-    if not kept:
-        raise UserInputError(f"--prompt-data {cfg.data.prompt_data}: every problem is also in --eval-prompt-data; "
-                             "give an eval set of other problems")  # fmt: skip
-    kept = rows_that_fit_context(cfg, kept)
-    group_key_used = cfg.data.group_key is not None
-    sampler = ProblemSampler(kept, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=group_key_used)
-    sampler.validate(meta.n_problems_per_prompt, plan.holdout_per_episode, plan.groups)
-    context_key = cfg.objectives.context_key
-    if context_key and context_key not in problems[0].metadata:
-        raise UserInputError(
-            f"--context-key {context_key}: no such column in {cfg.data.prompt_data} "
-            f"(columns besides problem and label: {', '.join(sorted(problems[0].metadata)) or 'none'})"
-        )
-    eval_sets = {}
-    for name, found in eval_problems.items():
-        # A fresh sampler with the run's seed: every evaluation sees the same problems, split the same way.
-        eval_sampler = ProblemSampler(found, seed=cfg.seed, shuffle=True, group_key_used=group_key_used)
-        try:
-            eval_sampler.validate(meta.n_problems_per_prompt, plan.holdout_per_episode, plan.groups)
-        except UserInputError as error:
-            raise UserInputError(f"--eval-prompt-data {name}: {error}") from None
-        eval_sets[name] = [e for _ in range(meta.eval_num_batches) for e in eval_sampler.next_episodes(**plan.draw_sizes)]
-    return Data(sampler=sampler, num_holdout=plan.holdout_per_episode, draw_sizes=plan.draw_sizes, plan=plan, eval_sets=eval_sets)
-
-
-def describe_plan(cfg: MetaConfig, data: Data) -> str:
-    """The resolved batch plan, and the eval sets: printed once at start."""
-    m = cfg.meta
-    lines = [data.plan.describe(samples_per_prompt=m.n_samples_per_prompt, inner_iterations=m.num_inner_iterations,
-                                inner_samples=m.n_samples_per_inner_prompt, holdout_samples=m.n_holdout_samples)]  # fmt: skip
-    for name, episodes in data.eval_sets.items():
-        count = sum(len(e.holdout) + sum(len(c) for c in e.train_chunks_P) for e in episodes)
-        when = f"every {m.eval_interval} steps" if m.eval_interval else "before the first and after the last step"
-        lines.append(f"eval {name}: {count} fixed problems ({m.eval_num_batches} batch(es) of the plan above), {when}")
-    return "\n".join(lines)
-
-
-def eval_due(cfg: MetaConfig, done: int) -> bool:
-    """After `done` training steps: every --eval-interval steps, and after the last one."""
-    interval = cfg.meta.eval_interval
-    return done == cfg.meta.num_rollout or bool(interval and done % interval == 0)
-
-
-async def evaluate(cfg: MetaConfig, rollout: MetaLearningRollout, eval_sets: dict, step: int) -> dict[str, float]:
-    """The meta-learning rollout on each fixed eval set, without training: does the teacher help there?"""
-    metrics = {}
-    for name, episodes in eval_sets.items():
-        result = await rollout.run(episodes, step, seed=cfg.seed)
-        with_info = result.metrics["meta_learning/avg_holdout_grade"]
-        no_info = result.metrics["meta_learning/holdout_grade_no_info"]
-        metrics.update({f"eval/{name}/holdout_grade": with_info, f"eval/{name}/holdout_grade_no_info": no_info,
-                        f"eval/{name}/gain": with_info - no_info})  # fmt: skip
-    return metrics
-
-
-def context_limits(cfg: MetaConfig, tokenizer=None) -> ContextLimits:
-    """Each role's model context (from its checkpoint's config) and its tokenizer's prompt ids.
-
-    The student's model is the separate --student-checkpoint when given; an external student
-    router (--student-router-ip) is taken to serve a model like the teacher's.
-    """
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.pools.hf_checkpoint)
-    teacher_renderer = PromptRenderer(tokenizer, cfg.data.apply_chat_template)
-    student_dir = cfg.pools.student_checkpoint or cfg.pools.hf_checkpoint
-    student_renderer = teacher_renderer
-    if cfg.pools.student_checkpoint:
-        student_renderer = PromptRenderer(load_tokenizer(student_dir), cfg.data.apply_chat_template)
-    student_flag = "--student-checkpoint" if cfg.pools.student_checkpoint else "--hf-checkpoint"
-    return ContextLimits(
-        teacher_context=context_length_of(cfg.pools.hf_checkpoint), student_context=context_length_of(student_dir),
-        teacher_source=f"--hf-checkpoint {cfg.pools.hf_checkpoint}", student_source=f"{student_flag} {student_dir}",
-        teacher_max_tokens=cfg.sampling.teacher_max_tokens, student_max_tokens=cfg.sampling.rollout_max_response_len,
-        teacher_ids=teacher_renderer.ids, student_ids=student_renderer.ids,
-    )  # fmt: skip
-
-
-def _budget_templates(cfg: MetaConfig):
-    return (load_template("generator", cfg.meta.generator_template, "--generator-template"),
-            load_template("teacher", cfg.meta.teacher_template, "--teacher-template"))  # fmt: skip
-
-
-def check_context_fits(cfg: MetaConfig) -> None:
-    """Refuse flags with which a request can never fit its model's context (exit 2, naming the flag)."""
-    generator, teacher = _budget_templates(cfg)
-    check_flags_fit(context_limits(cfg), generator, teacher, cfg.meta.additional_info_position)
-
-
-def rows_that_fit_context(cfg: MetaConfig, problems: list, path: str | None = None) -> list:
-    """The rows whose problem fits the contexts; the others reported (file, row, length) and skipped."""
-    generator, teacher = _budget_templates(cfg)
-    return split_rows_by_fit(
-        problems, context_limits(cfg), generator, teacher, cfg.meta.additional_info_position, path or cfg.data.prompt_data
-    )
-
-
 def check_model_dir(path: str | None, flag: str) -> str:
     if not path:
         raise UserInputError(
@@ -180,10 +54,6 @@ def check_model_dir(path: str | None, flag: str) -> str:
     if not (Path(path) / "config.json").is_file():
         raise UserInputError(f"{flag} {path}: not an HF checkpoint directory (no config.json in it)")
     return path
-
-
-def load_tokenizer(model_dir: str):
-    return AutoTokenizer.from_pretrained(model_dir)
 
 
 @dataclass(frozen=True)
@@ -413,37 +283,6 @@ async def solver_channel_inputs(builder, replayer, chains, tokenizer, trainer=No
         # Counters since the start of this process (a resume starts them again).
         metrics.update({f"replay/{k}": float(v) for k, v in replayer.stats.as_dict().items()})
     return solver_samples, pairs, metrics
-
-
-async def baseline_eval(cfg: MetaConfig, rollout: MetaLearningRollout, problems, limit: int = 32) -> dict[str, float]:
-    """`--eval-baseline`: the student with and without the distillation context, before training.
-
-    Needs a context that exists before training (--teacher-context or --context-key); the
-    meta-teacher's own info (--distill-context additional_info) does not exist yet, so nothing is
-    measured for it.
-    """
-    o = cfg.objectives
-    if not o.eval_baseline or not (o.teacher_context or o.context_key):
-        return {}
-    fixed = read_context(o.teacher_context)
-    chosen = list(problems)[:limit]
-
-    async def graded(problem, context: str) -> float:
-        _, completion = await rollout.student.solve(problem, context)
-        return (await rollout.grader.grade(problem, completion.text)).score
-
-    def context_of(problem) -> str:
-        return fixed if fixed is not None else str(problem.metadata.get(o.context_key, "") or "")
-
-    plain = await asyncio.gather(*[graded(p, "") for p in chosen])
-    with_context = await asyncio.gather(*[graded(p, context_of(p)) for p in chosen])
-    name = Path(cfg.data.prompt_data).stem
-    student, teacher = sum(plain) / len(plain), sum(with_context) / len(with_context)
-    return {
-        f"eval/{name}/baseline_student/avg": student,
-        f"eval/{name}/baseline_teacher/avg": teacher,
-        f"eval/{name}/baseline_diff": teacher - student,
-    }
 
 
 async def close_clients(*clients) -> None:

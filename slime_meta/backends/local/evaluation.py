@@ -1,0 +1,59 @@
+"""Evaluations without training: the fixed eval sets (--eval-prompt-data) and --eval-baseline."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from slime_meta.arguments import MetaConfig
+from slime_meta.arguments_objectives import read_context
+from slime_meta.inner_loop import MetaLearningRollout
+
+
+def eval_due(cfg: MetaConfig, done: int) -> bool:
+    """After `done` training steps: every --eval-interval steps, and after the last one."""
+    interval = cfg.meta.eval_interval
+    return done == cfg.meta.num_rollout or bool(interval and done % interval == 0)
+
+
+async def evaluate(cfg: MetaConfig, rollout: MetaLearningRollout, eval_sets: dict, step: int) -> dict[str, float]:
+    """The meta-learning rollout on each fixed eval set, without training: does the teacher help there?"""
+    metrics = {}
+    for name, episodes in eval_sets.items():
+        result = await rollout.run(episodes, step, seed=cfg.seed)
+        with_info = result.metrics["meta_learning/avg_holdout_grade"]
+        no_info = result.metrics["meta_learning/holdout_grade_no_info"]
+        metrics.update({f"eval/{name}/holdout_grade": with_info, f"eval/{name}/holdout_grade_no_info": no_info,
+                        f"eval/{name}/gain": with_info - no_info})  # fmt: skip
+    return metrics
+
+
+async def baseline_eval(cfg: MetaConfig, rollout: MetaLearningRollout, problems, limit: int = 32) -> dict[str, float]:
+    """`--eval-baseline`: the student with and without the distillation context, before training.
+
+    Needs a context that exists before training (--teacher-context or --context-key); the
+    meta-teacher's own info (--distill-context additional_info) does not exist yet, so nothing is
+    measured for it.
+    """
+    o = cfg.objectives
+    if not o.eval_baseline or not (o.teacher_context or o.context_key):
+        return {}
+    fixed = read_context(o.teacher_context)
+    chosen = list(problems)[:limit]
+
+    async def graded(problem, context: str) -> float:
+        _, completion = await rollout.student.solve(problem, context)
+        return (await rollout.grader.grade(problem, completion.text)).score
+
+    def context_of(problem) -> str:
+        return fixed if fixed is not None else str(problem.metadata.get(o.context_key, "") or "")
+
+    plain = await asyncio.gather(*[graded(p, "") for p in chosen])
+    with_context = await asyncio.gather(*[graded(p, context_of(p)) for p in chosen])
+    name = Path(cfg.data.prompt_data).stem
+    student, teacher = sum(plain) / len(plain), sum(with_context) / len(with_context)
+    return {
+        f"eval/{name}/baseline_student/avg": student,
+        f"eval/{name}/baseline_teacher/avg": teacher,
+        f"eval/{name}/baseline_diff": teacher - student,
+    }
