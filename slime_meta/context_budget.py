@@ -289,7 +289,7 @@ def check_flags_fit(limits: ContextLimits, generator_template: Any, teacher_temp
         if template + T + R > C:
             fit = (C - template - T) // 2
             fix = (f"use --rollout-max-response-len {fit} (half of what is left) or less" if fit >= 1
-                   else f"lower --teacher-max-tokens (the info goes into the student's prompt)")  # fmt: skip
+                   else "lower --teacher-max-tokens (the info goes into the student's prompt)")  # fmt: skip
             raise UserInputError(
                 f"--rollout-max-response-len {R}: the student's prompt ({template} tokens of template, up to {T} of "
                 f"info from --teacher-max-tokens) plus {R} new tokens exceed the {C}-token context of "
