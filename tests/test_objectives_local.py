@@ -188,17 +188,18 @@ def test_distillation_adds_no_solver_grpo_term_unless_asked(tiny_checkpoint, bat
     assert any(not torch.equal(a, b) for a, b in changed)
 
 
-def test_adv_tau_not_given_keeps_the_teachers_grpo_on_slime():
-    """On slime the shaped samples are the teacher's infos: --adv-tau not given (None) means 1 there."""
+def test_adv_tau_not_given_means_zero_on_slime_too():
+    """slime distils the same solver samples as the local backend: --adv-tau not given (None) is 0 there."""
     from argparse import Namespace
 
-    from slime_meta.backends.slime.advantages import context_distillation
+    from slime_meta.backends.slime.advantages import meta_advantages
+    from slime_meta.backends.slime.samples import SOLVER_INDEX_BASE
 
     def advantages(adv_tau):
         data = {"rewards": [1.5], "kl": [torch.zeros(2)], "teacher_log_probs": [torch.tensor([-1.0, -2.0])],
-                "log_probs": [torch.tensor([-0.5, -0.5])], "rollout_log_probs": [torch.zeros(2)]}  # fmt: skip
-        context_distillation(Namespace(adv_tau=adv_tau, teacher_tau=0.5, student_tau=0.0, use_rollout_logprobs=False), data)
+                "sample_indices": [SOLVER_INDEX_BASE], "rollout_log_probs": [torch.zeros(2)]}  # fmt: skip
+        meta_advantages(Namespace(adv_tau=adv_tau, teacher_tau=0.5, student_tau=0.0), data)
         return data["advantages"][0]
 
-    torch.testing.assert_close(advantages(None), advantages(1.0))
-    torch.testing.assert_close(advantages(None), torch.tensor([1.5 - 0.5, 1.5 - 1.0]))
+    torch.testing.assert_close(advantages(None), advantages(0.0))
+    torch.testing.assert_close(advantages(None), torch.tensor([-0.5, -1.0]))

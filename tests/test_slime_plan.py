@@ -112,12 +112,12 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--sdpo-alpha", "0.1"], "fixed set of batch keys"),
         (
             ["--colocate", "--distill-context", "additional_info", "--teacher-tau", "1"],
-            "--distill-context additional_info",
+            "--rollout-temperature 1.0 with context distillation",
         ),
+        (["--colocate", "--custom-convert-samples-to-train-data-path", "my.convert"], "is set by --backend slime"),
         (["--colocate", "--rollout-batch-size", "0"], "must be >= 1"),
         (["--colocate", "--max-async-level", "1"], "--max-async-level 1"),
         (["--colocate", "--eval-baseline"], "--eval-baseline"),
-        (["--colocate", "--teacher-context", "x", "--teacher-tau", "1", "--skip-verification"], "--adv-tau 0"),
         (
             ["--colocate", "--student-router-ip", "10.0.0.2"],
             "--student-router-ip: slime starts the student router",
@@ -167,11 +167,26 @@ def test_temperatures_and_chat_template_move_to_their_meaning_on_slime():
 def test_distillation_adds_the_advantage_plugin_and_teacher_port_the_router_port():
     argv = list(
         plan_of(
-            "--colocate", "--teacher-context", "Be brief.", "--teacher-tau", "1", "--teacher-port", "30000"
+            "--colocate", "--teacher-context", "Be brief.", "--teacher-tau", "1", "--teacher-port", "30000",
+            "--rollout-temperature", "0.7",
         ).slime_argv
     )
     assert value(argv, "--custom-advantage-function-path") == PLUGINS["--custom-advantage-function-path"]
     assert value(argv, "--sglang-router-port") == "30000"
+
+
+@pytest.mark.parametrize("context", [["--distill-context", "additional_info"], ["--teacher-context", "Be brief."]])
+def test_distillation_of_solver_samples_runs_on_slime(context):
+    """The solver samples and the per-channel token means travel through slime's stock plugin flags."""
+    argv = list(plan_of("--colocate", *context, "--teacher-tau", "0.5", "--skip-verification",
+                        "--rollout-temperature", "0.7", "--teacher-temperature", "0.7").slime_argv)  # fmt: skip
+    assert value(argv, "--custom-advantage-function-path") == "slime_meta.backends.slime.advantages.meta_advantages"
+    assert value(argv, "--custom-convert-samples-to-train-data-path") == (
+        "slime_meta.backends.slime.train_data.convert_samples_to_train_data"
+    )
+    plain = list(plan_of("--colocate").slime_argv)  # GRPO alone: the token-mean conversion, no advantage plugin
+    assert "--custom-advantage-function-path" not in plain
+    assert value(plain, "--custom-convert-samples-to-train-data-path") == value(argv, "--custom-convert-samples-to-train-data-path")
 
 
 def test_num_rollout_and_batch_steps_defer_to_slime_flags():

@@ -36,7 +36,8 @@ PLUGINS = {
     "--rollout-function-path": "slime_meta.backends.slime.rollout.generate_rollout",
     "--custom-reward-post-process-path": "slime_meta.backends.slime.rollout.post_process_rewards",
     "--custom-loss-function-path": "slime_meta.backends.slime.loss.meta_loss",
-    "--custom-advantage-function-path": "slime_meta.backends.slime.advantages.context_distillation",
+    "--custom-advantage-function-path": "slime_meta.backends.slime.advantages.meta_advantages",
+    "--custom-convert-samples-to-train-data-path": "slime_meta.backends.slime.train_data.convert_samples_to_train_data",
 }
 TEACHER_MODEL = "actor"  # slime's name for the trained model's pool in its own examples
 STUDENT_MODEL = "student"
@@ -77,7 +78,6 @@ def _slime_side_parser() -> argparse.ArgumentParser:
     parser.add_argument("--loss-type", default=None)
     for flag in PLUGINS:
         parser.add_argument(flag, default=None)
-    parser.add_argument("--custom-convert-samples-to-train-data-path", default=None)
     parser.add_argument("--custom-tis-function-path", default=None)
     parser.add_argument("--advantage-estimator", default="grpo")
     parser.add_argument("--release-train", action="store_true")
@@ -258,10 +258,8 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
             fail(f"{flag} is set by --backend slime (to {PLUGINS[flag]}); leave it out")
     if slime_ns.loss_type not in (None, "custom_loss"):
         fail(f"--loss-type {slime_ns.loss_type}: --backend slime trains with its own loss (custom_loss); leave it out")
-    if slime_ns.custom_convert_samples_to_train_data_path or slime_ns.custom_tis_function_path:
-        fail(
-            "--custom-convert-samples-to-train-data-path / --custom-tis-function-path: not supported with --backend slime"
-        )
+    if slime_ns.custom_tis_function_path:
+        fail("--custom-tis-function-path: not supported with --backend slime (use --use-tis / --aipo-delta)")
     if slime_ns.advantage_estimator != "grpo":
         fail(f"--advantage-estimator {slime_ns.advantage_estimator}: --backend slime computes GRPO advantages over "
              "holdout rewards in the rollout; leave it at grpo")  # fmt: skip
@@ -275,15 +273,15 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
     if ns.sdpo_alpha != 0.0 or ns.replay_beta != 0.0:
         fail("--sdpo-alpha / --replay-beta: slime forwards a fixed set of batch keys to a custom loss, so top-k "
              "SDPO targets and replay pairs cannot reach it; use the local backend for channels 2 and 3")  # fmt: skip
-    if ns.distill_context == "additional_info":
-        fail("--distill-context additional_info: on slime the trained samples are the teacher's infos; "
-             "give the distillation context with --teacher-context or --context-key")  # fmt: skip
+    solver_on = ns.teacher_tau != 0.0 or ns.student_tau != 0.0
+    student_temperature = ns.rollout_temperature if ns.student_temperature is None else ns.student_temperature
+    if solver_on and student_temperature != ns.teacher_temperature:
+        fail(f"--rollout-temperature {student_temperature} with context distillation: slime's trainer scores every "
+             f"sample at one temperature, and the solver samples are drawn at the student's; give --rollout-temperature "
+             f"{ns.teacher_temperature} (= --teacher-temperature), or train on the local backend")  # fmt: skip
     if ns.eval_baseline:
         fail("--eval-baseline: local backend only; on slime, --eval-interval with --eval-prompt-data NAME PATH reports "
              "the holdout grade with and without the teacher's info")  # fmt: skip
-    if ns.skip_verification:
-        fail("--skip-verification acts on the solver samples of the local backend; for pure distillation of the "
-             "teacher's infos on slime give --adv-tau 0")  # fmt: skip
     if ns.max_async_level:
         fail(f"--max-async-level {ns.max_async_level}: the slime loop trains each step's rollout before the next one; "
              "leave it at 0 on slime")  # fmt: skip
@@ -387,7 +385,9 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     out += ["--rollout-function-path", PLUGINS["--rollout-function-path"]]
     out += ["--custom-reward-post-process-path", PLUGINS["--custom-reward-post-process-path"]]
     out += ["--loss-type", "custom_loss", "--custom-loss-function-path", PLUGINS["--custom-loss-function-path"]]
-    if config.objectives.distillation_on:
+    # Always: our denominators make slime's step loss the local one (infos' token mean, + solver samples').
+    out += ["--custom-convert-samples-to-train-data-path", PLUGINS["--custom-convert-samples-to-train-data-path"]]
+    if config.objectives.distillation_on:  # solver samples with shaped token advantages
         out += ["--custom-advantage-function-path", PLUGINS["--custom-advantage-function-path"]]
     return LaunchPlan(tuple(out), config, layout, run_dir, ns.dry_run)
 

@@ -37,12 +37,12 @@ from pathlib import Path
 from typing import Any, Awaitable, Sequence, TypeVar
 
 from slime_meta.arguments import MetaConfig
-from slime_meta.arguments_objectives import read_context
 from slime_meta.backends.slime.flags import config_from_slime_args
 from slime_meta.backends.slime.samples import (
     advantage_of,
     apply_fields,
     problem_from_sample,
+    solver_sample_fields,
     status_value,
     teacher_sample_fields,
 )
@@ -50,7 +50,7 @@ from slime_meta.backends.slime.data import batch_plan
 from slime_meta.data import ProblemSampler, load_problems
 from slime_meta.inner_loop import MetaLearningRollout, RolloutResult, describe_batch
 from slime_meta.pools import SGLangPool
-from slime_meta.types import Episode, Problem, TeacherSample
+from slime_meta.types import Episode, Problem, SolverSample, TeacherSample
 
 T = TypeVar("T")
 STUDENT_MODEL = "student"
@@ -85,28 +85,6 @@ def router_urls(args: Namespace, cfg: MetaConfig) -> tuple[str, str]:
     return teacher, teacher  # shared pool: the student is the evolving teacher
 
 
-def context_prompt_ids(tokenizer, context: str, prompt_ids: Sequence[int]) -> list[int]:
-    """The teacher's prompt with the distillation context in front (after a leading BOS)."""
-    context_ids = list(tokenizer(context.strip() + "\n\n", add_special_tokens=False)["input_ids"])
-    bos = tokenizer.bos_token_id
-    if prompt_ids and bos is not None and prompt_ids[0] == bos:
-        return [bos, *context_ids, *prompt_ids[1:]]
-    return [*context_ids, *prompt_ids]
-
-
-async def score(
-    pool: SGLangPool, prompt_ids: Sequence[int], response_ids: Sequence[int], temperature: float
-) -> list[float]:
-    """log p(response | prompt) per response token, by SGLang's scoring call (no generation)."""
-    reply = await pool.post(
-        "/generate",
-        {"input_ids": [*prompt_ids, *response_ids], "return_logprob": True, "logprob_start_len": 0,
-         "sampling_params": {"max_new_tokens": 0, "temperature": temperature}},
-    )  # fmt: skip
-    entries = reply["meta_info"]["input_token_logprobs"]
-    return [float(entry[0]) for entry in entries[len(entries) - len(response_ids) :]]
-
-
 @dataclass
 class _Runtime:
     args: Namespace
@@ -118,7 +96,7 @@ class _Runtime:
     student_pool: SGLangPool
     run_dir: Path
     tracker: Any
-    fixed_context: str | None
+    solver_builder: Any  # SolverSampleBuilder when a solver channel is on, else None
     eval_problems: dict[str, list[Problem]] | None = None
 
     def close(self) -> None:
@@ -154,15 +132,17 @@ def _build_runtime(args: Namespace) -> _Runtime:
 
     teacher_pool, student_pool = loop.run(make_pools())
     rollout = C.build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
-    # On slime the trained samples are the teacher's infos: no solver-role tokens to keep; and no
+    # The solver samples (context distillation, SDPO shaping) come from the same builder as on one
+    # machine: the context goes where `distillation_prompt_ids` puts it, on both backends. No
     # progress bar inside a Ray actor's log.
-    rollout.settings = replace(rollout.settings, keep_solver_attempts=False, show_progress=False)
+    rollout.settings = replace(rollout.settings, show_progress=False)
+    solver_builder = C.make_solver_builder(cfg, pieces, teacher_pool, tokenizer)
     run_dir = Path(cfg.tracking.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict())
     return _Runtime(
         args=args, cfg=cfg, loop=loop, tokenizer=tokenizer, rollout=rollout, teacher_pool=teacher_pool,
-        student_pool=student_pool, run_dir=run_dir, tracker=tracker, fixed_context=read_context(cfg.objectives.teacher_context),
+        student_pool=student_pool, run_dir=run_dir, tracker=tracker, solver_builder=solver_builder,
     )  # fmt: skip
 
 
@@ -218,46 +198,52 @@ def _episode(problems: Sequence[Problem], num_prompts: int, k: int, num_train: i
     )
 
 
-async def _teacher_log_probs(rt: _Runtime, samples: Sequence[TeacherSample], chunks_P) -> list[list[float] | None]:
-    """Context distillation: log p(info | context + teacher prompt) of each trained sample."""
-    o = rt.cfg.objectives
-    if not o.distillation_on:
-        return [None] * len(samples)
-
-    async def one(sample: TeacherSample) -> list[float]:
-        if rt.fixed_context is not None:
-            context = rt.fixed_context
-        else:  # --context-key: the contexts of the prompt's problems
-            contexts = [str(p.metadata.get(o.context_key or "", "") or "") for p in chunks_P[sample.group_index]]
-            context = "\n\n".join(c for c in contexts if c)
-        prompt_ids = (
-            context_prompt_ids(rt.tokenizer, context, sample.prompt_ids) if context else list(sample.prompt_ids)
-        )
-        return await score(rt.teacher_pool, prompt_ids, sample.response_ids, rt.cfg.sampling.teacher_temperature)
-
-    return list(await asyncio.gather(*[one(s) for s in samples]))
-
-
 def _traces_by_chain(result: RolloutResult) -> dict[tuple[int, int], dict]:
     return {(t["prompt_index"], t["sample_index"]): t for t in result.traces}
 
 
-def _chain_output(rt: _Runtime, base: Any, steps: list[tuple[TeacherSample, list[float] | None]], trace: dict | None):
-    """One group member: the chain's final info, or (--train-all-inner-steps) its K infos as one rollout."""
+def _chain_output(rt: _Runtime, base: Any, steps: list[TeacherSample], trace: dict | None,
+                  solver: Sequence[SolverSample], first_solver_index: int):  # fmt: skip
+    """One group member: the chain's final info, or (--train-all-inner-steps) its K infos as one
+    rollout; with solver channels on, the chain's solver samples join that rollout."""
     compact = rt.cfg.meta.train_all_inner_steps
+    with_solver = rt.solver_builder is not None
     members = []
-    for sample, logps in steps:
+    for sample in steps:
         fields = teacher_sample_fields(
             sample,
             prompt=rt.tokenizer.decode(sample.prompt_ids),
             response=rt.tokenizer.decode(sample.response_ids),
             base_metadata=base.metadata,
-            teacher_log_probs=logps,
-            rollout_id=base.index if compact else None,  # siblings share it: slime counts one rollout
-            trace=trace if sample is steps[-1][0] else None,
+            # slime forwards teacher_log_probs only when every sample has them; an info's are unused.
+            teacher_log_probs=sample.rollout_logprobs if with_solver else None,
+            rollout_id=base.index if (compact or with_solver) else None,  # siblings share it: one rollout
+            trace=trace if sample is steps[-1] else None,
         )
-        members.append(apply_fields(base if len(steps) == 1 else copy.deepcopy(base), fields))
-    return members if compact else members[-1]
+        members.append(apply_fields(base if len(steps) == 1 and not with_solver else copy.deepcopy(base), fields))
+    for n, x in enumerate(solver):
+        fields = solver_sample_fields(
+            x, prompt=rt.tokenizer.decode(x.prompt_ids), response=rt.tokenizer.decode(x.response_ids),
+            teacher_log_probs=solver_teacher_log_probs(rt.cfg, x), index=first_solver_index + n, rollout_id=base.index,
+            base_metadata=base.metadata,
+        )  # fmt: skip
+        members.append(apply_fields(copy.deepcopy(base), fields))
+    infos, solvers = members[: len(steps)], members[len(steps) :]
+    if compact:
+        return infos + solvers
+    # slime flattens by its first member's type: with solver channels on, every member is a list.
+    return [infos[-1], *solvers] if with_solver else infos[-1]
+
+
+def solver_teacher_log_probs(cfg: MetaConfig, sample: SolverSample) -> tuple[float, ...]:
+    """What a solver sample's `teacher_log_probs` carry: the context-conditioned scores."""
+    return sample.teacher_logprobs or tuple(sample.rollout_logprobs)
+
+
+def trained_solver_samples(cfg: MetaConfig, samples: Sequence[SolverSample]) -> list[SolverSample]:
+    """The solver samples the trainer uses, as the local trainer picks them: distillation trains
+    every sample that has context scores."""
+    return [x for x in samples if x.response_ids and x.teacher_logprobs is not None]
 
 
 async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int):
@@ -274,21 +260,30 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
     ]
     episode = _episode(problems, num_prompts, k, num_train)
     result = await rt.rollout.run([episode], rollout_id, seed=cfg.seed)
-    teacher_log_probs = await _teacher_log_probs(rt, result.samples, episode.train_chunks_P)
+    solver_metrics: dict[str, float] = {}
+    solver_by_chain: dict[tuple[int, int], list[SolverSample]] = {}
+    if rt.solver_builder is not None:
+        per_chain, solver_metrics = await rt.solver_builder.build_per_chain(result.chains)
+        for chain, samples in zip(result.chains, per_chain):
+            solver_by_chain[(chain.prompt_index, chain.sample_index)] = trained_solver_samples(cfg, samples)
     traces = _traces_by_chain(result)
 
     # One output group per teacher prompt p, built on the data source's n copies of its first problem.
-    steps_P_G: list[list[list[tuple[TeacherSample, list[float] | None]]]] = [
+    steps_P_G: list[list[list[TeacherSample]]] = [
         [[] for _ in range(cfg.meta.n_samples_per_prompt)] for _ in range(num_prompts)
     ]
-    for sample, logps in zip(result.samples, teacher_log_probs):
-        steps_P_G[sample.group_index][sample.sample_index].append((sample, logps))
-    output = [
-        [_chain_output(rt, groups[p * k][g], steps, traces.get((p, g))) for g, steps in enumerate(steps_G)]
-        for p, steps_G in enumerate(steps_P_G)
-    ]
+    for sample in result.samples:
+        steps_P_G[sample.group_index][sample.sample_index].append(sample)
+    output, solver_count = [], 0
+    for p, steps_G in enumerate(steps_P_G):
+        group = []
+        for g, steps in enumerate(steps_G):
+            solver = solver_by_chain.get((p, g), [])
+            group.append(_chain_output(rt, groups[p * k][g], steps, traces.get((p, g)), solver, solver_count))
+            solver_count += len(solver)
+        output.append(group)
 
-    metrics = {**result.metrics, **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader)}
+    metrics = {**result.metrics, **solver_metrics, **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader)}
     metrics["perf/meta_rollout_time"] = time.perf_counter() - started
     rt.tracker.log(rollout_id, metrics)
     rt.tracker.write_traces([describe_batch([episode], rollout_id), *result.traces])
