@@ -29,7 +29,7 @@ from slime_meta.backends.slime import rollout as plugin
 from slime_meta.backends.slime.data import convert
 from slime_meta.backends.slime.flags import arguments_for_slime
 from slime_meta.backends.slime.plan import meta_parser, translate
-from slime_meta.backends.slime.samples import META_KEY
+from slime_meta.backends.slime.samples import META_KEY, is_solver_index
 
 REPO = Path(__file__).resolve().parents[1]
 SLIME_SRC = os.environ.get("SLIME_SRC")
@@ -176,7 +176,8 @@ def test_train_and_eval_rollouts_meet_slimes_plugin_contract(slime, pools, tiny_
 def test_student_pool_compact_steps_and_distillation(slime, pools, tiny_checkpoint, tmp_path):
     models = {"actor": host_port(pools.teacher), "student": host_port(pools.student)}
     extra = ["--num-inner-iterations", "2", "--train-all-inner-steps",
-             "--teacher-context", "Hints are two letters.", "--teacher-tau", "0.5", "--student-tau", "0.5"]  # fmt: skip
+             "--teacher-context", "Hints are two letters.", "--teacher-tau", "0.5", "--student-tau", "0.5",
+             "--rollout-temperature", "0.7", "--teacher-temperature", "0.7"]  # fmt: skip
     args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, extra=extra, models=models)
     output = plugin.generate_rollout(args, 3, slime.DataSource(args))
 
@@ -184,12 +185,18 @@ def test_student_pool_compact_steps_and_distillation(slime, pools, tiny_checkpoi
     slime.validate_rollout_id_annotated(output.samples)  # each chain: one rollout of K samples
     for group in output.samples:
         for chain in group:
-            assert [s.metadata[META_KEY]["inner_iteration"] for s in chain] == [0, 1]
+            infos = [s for s in chain if not is_solver_index(s.index)]
+            solvers = [s for s in chain if is_solver_index(s.index)]
+            assert [s.metadata[META_KEY]["inner_iteration"] for s in infos] == [0, 1]
             assert len({s.rollout_id for s in chain}) == 1 and chain[0].rollout_id is not None
+            # Distillation trains the policy's own answers to the chain's problems, not the infos.
+            assert len(solvers) == 1 and all(s.metadata[META_KEY]["kind"] == "solver" for s in solvers)
             for sample in chain:
                 slime.contracts.assert_sample_contract(sample)
                 assert len(sample.teacher_log_probs) == sample.response_length
                 assert all(lp <= 0.0 for lp in sample.teacher_log_probs)
+            assert all(s.teacher_log_probs == s.rollout_log_probs for s in infos)  # carried, never read
+            assert any(s.teacher_log_probs != s.rollout_log_probs for s in solvers)  # the context changes them
     assert plugin.runtime(args).student_pool.base_url == pools.student  # the 'student' model's URL ...
     assert output.metrics["pool/student_requests"] > 0  # ... served the student
 
