@@ -40,6 +40,7 @@ class SolverSettings:
     sdpo_on: str  # "errors" | "all"
     skip_verification: bool
     std_normalize: bool
+    sdpo_shaping: bool = False  # score the answers of error sites under the hint prompt
 
 
 def distillation_prompt_ids(policy: StudentRole, problem: Problem, context: str) -> tuple[int, ...]:
@@ -98,6 +99,9 @@ class SolverSampleBuilder:
                 if context_ids is not None:
                     teacher_logprobs = tuple(await self.policy.score(context_ids, completion.output_ids))
                 error = attempt.grade.score < s.sdpo_grade_threshold or s.sdpo_on == "all"
+                hint_logprobs = None
+                if s.sdpo_shaping and error and hint_ids is not None:
+                    hint_logprobs = tuple(await self.policy.score(hint_ids, completion.output_ids))
                 samples.append(
                     SolverSample(
                         problem_uid=problem.uid,
@@ -113,6 +117,7 @@ class SolverSampleBuilder:
                         teacher_logprobs=teacher_logprobs,
                         hint_prompt_ids=hint_ids,
                         is_error_site=error,
+                        hint_logprobs=hint_logprobs,
                     )
                 )
         return samples

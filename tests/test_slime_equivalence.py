@@ -33,6 +33,7 @@ from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
 from slime_meta.backends.slime.advantages import meta_advantages
 from slime_meta.backends.slime.loss import meta_loss
+from slime_meta.backends.slime.rollout import solver_teacher_log_probs, trained_solver_samples
 from slime_meta.backends.slime.samples import apply_fields, solver_sample_fields, teacher_sample_fields
 from slime_meta.backends.slime.train_data import convert_samples_to_train_data
 from slime_meta.types import SolverSample, TeacherSample
@@ -125,7 +126,8 @@ def make_step(seed: int = 0):
             chain_solvers.append(SolverSample(
                 problem_uid=f"p{chain}", prompt_ids=(1, *ids(6)), response_ids=ids(length), rollout_logprobs=logps(length),
                 temperature=TEMPERATURE, grade=float(n % 2), task_advantage=(1.0 if n % 2 else -1.0) * (chain + 1) / 4,
-                prompt_text="", solution_text="", teacher_logprobs=logps(length),
+                prompt_text="", solution_text="", teacher_logprobs=logps(length), is_error_site=n % 2 == 0,
+                hint_logprobs=logps(length) if n % 2 == 0 else None,
             ))  # fmt: skip
         solvers.append(chain_solvers)
     return infos, solvers
@@ -136,7 +138,7 @@ def local_step(checkpoint: Path, settings: TrainerSettings, infos, solvers):
     trainer = LocalTrainer(str(checkpoint), settings)
     trainer.model.double()
     metrics = trainer.compute_gradients(infos, [x for chain in solvers for x in chain])
-    loss = metrics["train/loss"] + metrics.get("train/distill_loss", 0.0)
+    loss = metrics["train/loss"] + metrics.get("train/distill_loss", 0.0) + metrics.get("train/sdpo_shaping_loss", 0.0)
     return loss, [p.grad.detach().clone() for p in trainer.model.parameters()]
 
 
@@ -146,13 +148,15 @@ def slime_args(settings: TrainerSettings, num_rollouts: int) -> Namespace:
         rollout_temperature=TEMPERATURE, rollout_top_p=1.0, eps_clip=s.eps_clip, eps_clip_high=s.eps_clip_high, eps_clip_c=s.eps_clip_c,
         use_tis=s.use_tis, tis_clip=s.tis_clip, tis_clip_low=s.tis_clip_low, aipo_delta=s.aipo_delta,
         use_rollout_logprobs=False, entropy_coef=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="k1",
-        sdpo_alpha=0.0, replay_beta=0.0, adv_tau=d.adv_tau, teacher_tau=d.teacher_tau, student_tau=d.student_tau,
+        sdpo_alpha=s.sdpo_alpha, sdpo_form=s.sdpo_form, replay_beta=0.0, adv_tau=d.adv_tau, teacher_tau=d.teacher_tau, student_tau=d.student_tau,
         tensor_model_parallel_size=1, context_parallel_size=1, global_batch_size=num_rollouts,
         custom_convert_samples_to_train_data_path="slime_meta.backends.slime.train_data.convert_samples_to_train_data",
     )  # fmt: skip
 
 
-def slime_samples(slime, infos, solvers, with_solver: bool):
+def slime_samples(slime, infos, solvers, with_solver: bool, sdpo_shaping: bool = False):
+    """As the rollout plugin builds them: its own choice of trained solver samples and their scores."""
+    cfg = types.SimpleNamespace(objectives=types.SimpleNamespace(sdpo_shaping=sdpo_shaping))
     out, count = [], 0
     for chain, (info, chain_solvers) in enumerate(zip(infos, solvers)):
         rollout_id = 100 + chain
@@ -161,9 +165,9 @@ def slime_samples(slime, infos, solvers, with_solver: bool):
             info, prompt="", response="", rollout_id=rollout_id,
             teacher_log_probs=info.rollout_logprobs if with_solver else None,
         )))  # fmt: skip
-        for x in chain_solvers if with_solver else ():
-            fields = solver_sample_fields(x, prompt="", response="", teacher_log_probs=x.teacher_logprobs, index=count,
-                                          rollout_id=rollout_id)  # fmt: skip
+        for x in trained_solver_samples(cfg, chain_solvers) if with_solver else ():
+            fields = solver_sample_fields(x, prompt="", response="", teacher_log_probs=solver_teacher_log_probs(cfg, x),
+                                          index=count, rollout_id=rollout_id)  # fmt: skip
             out.append(apply_fields(slime.Sample(group_index=info.group_index), fields))
             count += 1
     return out
@@ -173,9 +177,10 @@ def slime_step(slime, checkpoint: Path, settings: TrainerSettings, infos, solver
                slimes_own_denominators: bool = False):  # fmt: skip
     from transformers import AutoModelForCausalLM
 
-    with_solver = settings.distill.on
+    shaping = bool(settings.loss.sdpo_alpha) and settings.loss.sdpo_form == "shaping"
+    with_solver = settings.distill.on or shaping
     args = slime_args(settings, len(infos))
-    samples = slime_samples(slime, infos, solvers, with_solver)
+    samples = slime_samples(slime, infos, solvers, with_solver, sdpo_shaping=shaping)
     train_data = convert_samples_to_train_data(args, samples)
     if slimes_own_denominators:  # as without the conversion plugin: each rollout's tokens
         train_data["rollout_mask_sums"] = _per_rollout(train_data["rollout_ids"], train_data["loss_masks"])
@@ -230,7 +235,7 @@ def assert_same(local, remote):
     # The model runs in float64 on both sides; the per-token terms are float32 on slime's side
     # (slime hands log-probs and advantages over as float32, and the plugin works in it), hence
     # agreement to float32 rounding, not to float64's.
-    assert slime_loss == pytest.approx(local_loss, rel=1e-6, abs=1e-9)
+    assert slime_loss == pytest.approx(local_loss, rel=1e-6, abs=1e-7)  # terms of either sign: float32 eps
     for a, b in zip(local_grads, slime_grads):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
     assert any(float(g.abs().max()) > 0 for g in local_grads)
@@ -257,6 +262,19 @@ def test_context_distillation_gives_the_local_loss_and_gradient(slime, tiny_chec
     assert sorted(set(train_data["rollout_mask_sums"])) == sorted({
         float(sum(len(x.response_ids) for x in infos)), float(sum(len(x.response_ids) for c in solvers for x in c))
     })  # fmt: skip
+
+
+def test_sdpo_shaping_gives_the_local_loss_and_gradient(slime, tiny_checkpoint):
+    """Channel 2 in its shaping form: alpha * (log p_hint - log p) on the error sites, both backends."""
+    infos, solvers = make_step(seed=3)
+    loss = dataclasses.replace(TIS, sdpo_alpha=0.5, sdpo_form="shaping")
+    settings = TrainerSettings(lr=1e-2, device="cpu", temperature=TEMPERATURE, loss=loss, micro_batch_size=2)
+    remote = slime_step(slime, tiny_checkpoint, settings, infos, solvers)
+    assert_same(local_step(tiny_checkpoint, settings, infos, solvers), remote)
+    solver_tokens = sum(len(x.response_ids) for c in solvers for x in c if x.is_error_site)
+    assert float(solver_tokens) in set(remote[2]["rollout_mask_sums"])  # only the error sites are trained
+    grpo_alone = local_step(tiny_checkpoint, dataclasses.replace(settings, loss=TIS), infos, solvers)
+    assert grpo_alone[0] != pytest.approx(remote[0], rel=1e-4)  # the shaping term is there
 
 
 def test_slimes_own_denominators_would_differ(slime, tiny_checkpoint):

@@ -109,10 +109,12 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--loss-type", "policy_loss"], "--loss-type policy_loss"),
         (["--colocate", "--advantage-estimator", "ppo"], "--advantage-estimator ppo"),
         (["--colocate", "--group-key", "family"], "--group-key"),
-        (["--colocate", "--sdpo-alpha", "0.1"], "fixed set of batch keys"),
+        (["--colocate", "--sdpo-alpha", "0.1"], "give --sdpo-form shaping"),
+        (["--colocate", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"], "fixed set of batch keys"),
+        (["--colocate", "--sdpo-alpha", "0.1", "--sdpo-form", "shaping"], "--rollout-temperature 1.0 with solver samples"),
         (
             ["--colocate", "--distill-context", "additional_info", "--teacher-tau", "1"],
-            "--rollout-temperature 1.0 with context distillation",
+            "--rollout-temperature 1.0 with solver samples",
         ),
         (["--colocate", "--custom-convert-samples-to-train-data-path", "my.convert"], "is set by --backend slime"),
         (["--colocate", "--rollout-batch-size", "0"], "must be >= 1"),
@@ -184,6 +186,9 @@ def test_distillation_of_solver_samples_runs_on_slime(context):
     assert value(argv, "--custom-convert-samples-to-train-data-path") == (
         "slime_meta.backends.slime.train_data.convert_samples_to_train_data"
     )
+    shaping = list(plan_of("--colocate", "--sdpo-alpha", "0.5", "--sdpo-form", "shaping", "--rollout-temperature", "0.7",
+                           "--teacher-temperature", "0.7").slime_argv)  # fmt: skip
+    assert value(shaping, "--custom-advantage-function-path") == value(argv, "--custom-advantage-function-path")
     plain = list(plan_of("--colocate").slime_argv)  # GRPO alone: the token-mean conversion, no advantage plugin
     assert "--custom-advantage-function-path" not in plain
     assert value(plain, "--custom-convert-samples-to-train-data-path") == value(argv, "--custom-convert-samples-to-train-data-path")

@@ -13,9 +13,13 @@ sample is told apart by its index (`sample_indices[i] >= SOLVER_INDEX_BASE`, see
     solver, distillation (--teacher-tau / --student-tau):
                     A[i, t] = adv_tau * reward[i] + teacher_tau * teacher_logp[i, t] - student_tau * rollout_logp[i, t]
 
+    solver, SDPO shaping form (--sdpo-alpha with --sdpo-form shaping), error sites only:
+                    A[i, t] = sdpo_alpha * (teacher_logp[i, t] - rollout_logp[i, t])
+
 teacher_logp: `teacher_log_probs`, the solver's answer scored under its prompt with the context
-(`slime_meta.solver_samples.distillation_prompt_ids`); rollout_logp: the engine's log-probs of
-the answer, as on the local backend. --adv-tau not given means 0 on both backends.
+(`slime_meta.solver_samples.distillation_prompt_ids`), or with the hint for SDPO; rollout_logp:
+the engine's log-probs of the answer, as on the local backend. --adv-tau not given means 0 on
+both backends.
 """
 
 from __future__ import annotations
@@ -38,11 +42,20 @@ def _taus(args: Namespace) -> dict[str, float]:
     }
 
 
+def _sdpo_shaping(args: Namespace) -> bool:
+    return bool(getattr(args, "sdpo_alpha", 0.0)) and getattr(args, "sdpo_form", "jsd") == "shaping"
+
+
 def solver_advantages(args: Namespace, reward: float, teacher_logp: torch.Tensor, rollout_logp: torch.Tensor) -> torch.Tensor:
     """One solver sample's token advantages `[R]` (float32)."""
     task = torch.tensor([float(reward)], dtype=torch.float64)
+    if _sdpo_shaping(args):  # alpha * (log p_hint - log p), no task term: as the local shaping pass
+        alpha = float(args.sdpo_alpha)
+        taus = {"adv_tau": 0.0, "teacher_tau": alpha, "student_tau": alpha}
+    else:
+        taus = _taus(args)
     shaped = context_distillation_advantages(
-        task, teacher_logp.double()[None], rollout_logp.double()[None], **_taus(args)
+        task, teacher_logp.double()[None], rollout_logp.double()[None], **taus
     )  # fmt: skip
     return shaped[0].to(torch.float32)
 

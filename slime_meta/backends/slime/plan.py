@@ -270,13 +270,17 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
     if ns.group_key:
         fail("--group-key: slime's data source draws rows in its own order, not per task family; "
              "run --group-key on the local backend, or leave it out")  # fmt: skip
-    if ns.sdpo_alpha != 0.0 or ns.replay_beta != 0.0:
-        fail("--sdpo-alpha / --replay-beta: slime forwards a fixed set of batch keys to a custom loss, so top-k "
-             "SDPO targets and replay pairs cannot reach it; use the local backend for channels 2 and 3")  # fmt: skip
-    solver_on = ns.teacher_tau != 0.0 or ns.student_tau != 0.0
+    if ns.sdpo_alpha != 0.0 and ns.sdpo_form == "jsd":
+        fail("--sdpo-alpha with --sdpo-form jsd: the JSD needs the hint-conditioned distribution over the vocabulary "
+             "at every token, and slime forwards only per-token log-probs into a custom loss; give --sdpo-form "
+             "shaping (the same hint, as token advantages), or run the JSD on the local backend")  # fmt: skip
+    if ns.replay_beta != 0.0:
+        fail("--replay-beta: slime forwards a fixed set of batch keys to a custom loss, and replay pairs are not "
+             "among them; use the local backend for channel 3")  # fmt: skip
+    solver_on = ns.teacher_tau != 0.0 or ns.student_tau != 0.0 or ns.sdpo_alpha != 0.0
     student_temperature = ns.rollout_temperature if ns.student_temperature is None else ns.student_temperature
     if solver_on and student_temperature != ns.teacher_temperature:
-        fail(f"--rollout-temperature {student_temperature} with context distillation: slime's trainer scores every "
+        fail(f"--rollout-temperature {student_temperature} with solver samples (distillation, SDPO): slime's trainer scores every "
              f"sample at one temperature, and the solver samples are drawn at the student's; give --rollout-temperature "
              f"{ns.teacher_temperature} (= --teacher-temperature), or train on the local backend")  # fmt: skip
     if ns.eval_baseline:
@@ -387,7 +391,7 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     out += ["--loss-type", "custom_loss", "--custom-loss-function-path", PLUGINS["--custom-loss-function-path"]]
     # Always: our denominators make slime's step loss the local one (infos' token mean, + solver samples').
     out += ["--custom-convert-samples-to-train-data-path", PLUGINS["--custom-convert-samples-to-train-data-path"]]
-    if config.objectives.distillation_on:  # solver samples with shaped token advantages
+    if config.objectives.distillation_on or config.objectives.sdpo_shaping:  # solver samples, shaped advantages
         out += ["--custom-advantage-function-path", PLUGINS["--custom-advantage-function-path"]]
     return LaunchPlan(tuple(out), config, layout, run_dir, ns.dry_run)
 

@@ -236,13 +236,17 @@ def _chain_output(rt: _Runtime, base: Any, steps: list[TeacherSample], trace: di
 
 
 def solver_teacher_log_probs(cfg: MetaConfig, sample: SolverSample) -> tuple[float, ...]:
-    """What a solver sample's `teacher_log_probs` carry: the context-conditioned scores."""
-    return sample.teacher_logprobs or tuple(sample.rollout_logprobs)
+    """What a solver sample's `teacher_log_probs` carry: the context-conditioned scores
+    (distillation) or the hint-conditioned ones (SDPO, shaping form); never both (refused at start)."""
+    scores = sample.hint_logprobs if cfg.objectives.sdpo_shaping else sample.teacher_logprobs
+    return tuple(sample.rollout_logprobs) if scores is None else scores
 
 
 def trained_solver_samples(cfg: MetaConfig, samples: Sequence[SolverSample]) -> list[SolverSample]:
     """The solver samples the trainer uses, as the local trainer picks them: distillation trains
-    every sample that has context scores."""
+    every answer with context scores, SDPO's shaping form the error sites' answers with hint scores."""
+    if cfg.objectives.sdpo_shaping:
+        return [x for x in samples if x.response_ids and x.is_error_site and x.hint_logprobs is not None]
     return [x for x in samples if x.response_ids and x.teacher_logprobs is not None]
 
 
