@@ -177,9 +177,14 @@ def test_student_pool_compact_steps_and_distillation(slime, pools, tiny_checkpoi
     models = {"actor": host_port(pools.teacher), "student": host_port(pools.student)}
     extra = ["--num-inner-iterations", "2", "--train-all-inner-steps",
              "--teacher-context", "Hints are two letters.", "--teacher-tau", "0.5", "--student-tau", "0.5",
-             "--rollout-temperature", "0.7", "--teacher-temperature", "0.7"]  # fmt: skip
+             "--rollout-temperature", "0.7", "--teacher-temperature", "0.7", "--eval-baseline"]  # fmt: skip
     args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, extra=extra, models=models)
-    output = plugin.generate_rollout(args, 3, slime.DataSource(args))
+    output = plugin.generate_rollout(args, 0, slime.DataSource(args))
+    # --eval-baseline: the student with and without the context, measured at the first step only.
+    baseline = {k: v for k, v in output.metrics.items() if "baseline" in k}
+    assert set(baseline) == {"eval/prompts.slime/baseline_student/avg", "eval/prompts.slime/baseline_teacher/avg",
+                             "eval/prompts.slime/baseline_diff"}  # fmt: skip
+    assert not any("baseline" in k for k in plugin.generate_rollout(args, 1, slime.DataSource(args)).metrics)
 
     assert len(output.samples) == 2 and all(len(group) == 2 for group in output.samples)
     slime.validate_rollout_id_annotated(output.samples)  # each chain: one rollout of K samples

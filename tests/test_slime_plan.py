@@ -119,7 +119,7 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--custom-convert-samples-to-train-data-path", "my.convert"], "is set by --backend slime"),
         (["--colocate", "--rollout-batch-size", "0"], "must be >= 1"),
         (["--colocate", "--max-async-level", "1"], "--max-async-level 1"),
-        (["--colocate", "--eval-baseline"], "--eval-baseline"),
+        (["--max-async-level", "2"], "--max-async-level 2: slime's pattern"),
         (
             ["--colocate", "--student-router-ip", "10.0.0.2"],
             "--student-router-ip: slime starts the student router",

@@ -283,12 +283,12 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
         fail(f"--rollout-temperature {student_temperature} with solver samples (distillation, SDPO): slime's trainer scores every "
              f"sample at one temperature, and the solver samples are drawn at the student's; give --rollout-temperature "
              f"{ns.teacher_temperature} (= --teacher-temperature), or train on the local backend")  # fmt: skip
-    if ns.eval_baseline:
-        fail("--eval-baseline: local backend only; on slime, --eval-interval with --eval-prompt-data NAME PATH reports "
-             "the holdout grade with and without the teacher's info")  # fmt: skip
-    if ns.max_async_level:
-        fail(f"--max-async-level {ns.max_async_level}: the slime loop trains each step's rollout before the next one; "
-             "leave it at 0 on slime")  # fmt: skip
+    if ns.max_async_level > 1:
+        fail(f"--max-async-level {ns.max_async_level}: slime's pattern for rollouts ahead of training runs one step "
+             "ahead; give --max-async-level 1 (or 0), or run deeper levels on the local backend")  # fmt: skip
+    if ns.max_async_level and slime_ns.colocate:
+        fail("--max-async-level 1 with --colocate: the next rollout runs while the trainer trains, so they need "
+             "GPUs of their own; leave out --colocate (a split topology) or give --max-async-level 0")  # fmt: skip
     if ns.teacher_temperature <= 0:
         fail(
             f"--teacher-temperature {ns.teacher_temperature}: must be > 0 on slime (the trained policy samples with it)"

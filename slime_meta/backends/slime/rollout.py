@@ -97,6 +97,7 @@ class _Runtime:
     run_dir: Path
     tracker: Any
     solver_builder: Any  # SolverSampleBuilder when a solver channel is on, else None
+    baseline_done: bool = False  # --eval-baseline: measured once, at the first step of this run
     eval_problems: dict[str, list[Problem]] | None = None
 
     def close(self) -> None:
@@ -263,6 +264,14 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
         for g in groups
     ]
     episode = _episode(problems, num_prompts, k, num_train)
+    baseline: dict[str, float] = {}
+    if cfg.objectives.eval_baseline and not rt.baseline_done and rollout_id == 0:  # not after a resume, as locally
+        # The student with and without the distillation context, before any training: on slime the
+        # first step's problems (the data source hands out rows one step at a time).
+        from slime_meta.backends.local.evaluation import baseline_eval
+
+        baseline = await baseline_eval(cfg, rt.rollout, problems)
+    rt.baseline_done = True
     result = await rt.rollout.run([episode], rollout_id, seed=cfg.seed)
     solver_metrics: dict[str, float] = {}
     solver_by_chain: dict[tuple[int, int], list[SolverSample]] = {}
@@ -287,7 +296,7 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
             solver_count += len(solver)
         output.append(group)
 
-    metrics = {**result.metrics, **solver_metrics, **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader)}
+    metrics = {**result.metrics, **solver_metrics, **baseline, **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader)}
     metrics["perf/meta_rollout_time"] = time.perf_counter() - started
     rt.tracker.log(rollout_id, metrics)
     rt.tracker.write_traces([describe_batch([episode], rollout_id), *result.traces])
