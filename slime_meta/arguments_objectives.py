@@ -166,9 +166,6 @@ def validate_objective_flags(ns: argparse.Namespace) -> None:
         fail(f"--sdpo-top-k {ns.sdpo_top_k}: must be >= 1")
     if not 0.0 <= ns.sdpo_beta <= 1.0:
         fail(f"--sdpo-beta {ns.sdpo_beta}: must be in [0, 1]")
-    if getattr(ns, "sdpo_form", "jsd") == "shaping" and ns.sdpo_alpha != 0.0 and distill:
-        fail("--sdpo-form shaping with --teacher-tau/--student-tau: both shape the same solver samples' advantages "
-             "from one scoring call each; give one of them (or --sdpo-form jsd)")  # fmt: skip
     if ns.replay_beta != 0.0 and len(ns.replay_teachers) < max(ns.replay_min_agree, 1):
         fail(f"--replay-beta needs at least --replay-min-agree ({ns.replay_min_agree}) --replay-teachers (name@base_url)")
     if ns.replay_min_agree < 1:

@@ -33,7 +33,7 @@ from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
 from slime_meta.backends.slime.advantages import meta_advantages
 from slime_meta.backends.slime.loss import meta_loss
-from slime_meta.backends.slime.rollout import solver_teacher_log_probs, trained_solver_samples
+from slime_meta.backends.slime.rollout import trained_solver_samples
 from slime_meta.backends.slime.samples import apply_fields, solver_sample_fields, teacher_sample_fields
 from slime_meta.backends.slime.train_data import convert_samples_to_train_data
 from slime_meta.types import SolverSample, TeacherSample
@@ -154,10 +154,11 @@ def slime_args(settings: TrainerSettings, num_rollouts: int) -> Namespace:
     )  # fmt: skip
 
 
-def slime_samples(slime, infos, solvers, with_solver: bool, sdpo_shaping: bool = False):
+def slime_samples(slime, infos, solvers, distill: bool, sdpo_shaping: bool):
     """As the rollout plugin builds them: its own choice of trained solver samples and their scores."""
-    cfg = types.SimpleNamespace(objectives=types.SimpleNamespace(sdpo_shaping=sdpo_shaping))
-    out, count = [], 0
+    cfg = types.SimpleNamespace(objectives=types.SimpleNamespace(distillation_on=distill, sdpo_shaping=sdpo_shaping))
+    with_solver = distill or sdpo_shaping
+    out, counts = [], {}
     for chain, (info, chain_solvers) in enumerate(zip(infos, solvers)):
         rollout_id = 100 + chain
         base = slime.Sample(group_index=info.group_index, index=rollout_id)
@@ -165,11 +166,11 @@ def slime_samples(slime, infos, solvers, with_solver: bool, sdpo_shaping: bool =
             info, prompt="", response="", rollout_id=rollout_id,
             teacher_log_probs=info.rollout_logprobs if with_solver else None,
         )))  # fmt: skip
-        for x in trained_solver_samples(cfg, chain_solvers) if with_solver else ():
-            fields = solver_sample_fields(x, prompt="", response="", teacher_log_probs=solver_teacher_log_probs(cfg, x),
-                                          index=count, rollout_id=rollout_id)  # fmt: skip
+        for kind, x, scores in trained_solver_samples(cfg, chain_solvers):
+            fields = solver_sample_fields(x, prompt="", response="", teacher_log_probs=scores, index=counts.get(kind, 0),
+                                          rollout_id=rollout_id, kind=kind)  # fmt: skip
             out.append(apply_fields(slime.Sample(group_index=info.group_index), fields))
-            count += 1
+            counts[kind] = counts.get(kind, 0) + 1
     return out
 
 
@@ -180,7 +181,7 @@ def slime_step(slime, checkpoint: Path, settings: TrainerSettings, infos, solver
     shaping = bool(settings.loss.sdpo_alpha) and settings.loss.sdpo_form == "shaping"
     with_solver = settings.distill.on or shaping
     args = slime_args(settings, len(infos))
-    samples = slime_samples(slime, infos, solvers, with_solver, sdpo_shaping=shaping)
+    samples = slime_samples(slime, infos, solvers, settings.distill.on, shaping)
     train_data = convert_samples_to_train_data(args, samples)
     if slimes_own_denominators:  # as without the conversion plugin: each rollout's tokens
         train_data["rollout_mask_sums"] = _per_rollout(train_data["rollout_ids"], train_data["loss_masks"])
@@ -275,6 +276,17 @@ def test_sdpo_shaping_gives_the_local_loss_and_gradient(slime, tiny_checkpoint):
     assert float(solver_tokens) in set(remote[2]["rollout_mask_sums"])  # only the error sites are trained
     grpo_alone = local_step(tiny_checkpoint, dataclasses.replace(settings, loss=TIS), infos, solvers)
     assert grpo_alone[0] != pytest.approx(remote[0], rel=1e-4)  # the shaping term is there
+
+
+def test_all_channels_slime_runs_give_the_local_loss_and_gradient(slime, tiny_checkpoint):
+    """Distillation and the SDPO shaping form together: an answer in both is two slime samples."""
+    infos, solvers = make_step(seed=4)
+    loss = dataclasses.replace(TIS, sdpo_alpha=0.5, sdpo_form="shaping")
+    settings = TrainerSettings(lr=1e-2, device="cpu", temperature=TEMPERATURE, loss=loss, micro_batch_size=2,
+                               distill=DistillSettings(adv_tau=0.5, teacher_tau=0.5, student_tau=0.25))  # fmt: skip
+    remote = slime_step(slime, tiny_checkpoint, settings, infos, solvers)
+    assert_same(local_step(tiny_checkpoint, settings, infos, solvers), remote)
+    assert len(set(remote[2]["rollout_mask_sums"])) == 3  # infos, distillation, SDPO: three token means
 
 
 def test_slimes_own_denominators_would_differ(slime, tiny_checkpoint):

@@ -195,7 +195,7 @@ def test_student_pool_compact_steps_and_distillation(slime, pools, tiny_checkpoi
             assert [s.metadata[META_KEY]["inner_iteration"] for s in infos] == [0, 1]
             assert len({s.rollout_id for s in chain}) == 1 and chain[0].rollout_id is not None
             # Distillation trains the policy's own answers to the chain's problems, not the infos.
-            assert len(solvers) == 1 and all(s.metadata[META_KEY]["kind"] == "solver" for s in solvers)
+            assert len(solvers) == 1 and all(s.metadata[META_KEY]["kind"] == "distill" for s in solvers)
             for sample in chain:
                 slime.contracts.assert_sample_contract(sample)
                 assert len(sample.teacher_log_probs) == sample.response_length

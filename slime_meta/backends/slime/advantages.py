@@ -6,8 +6,8 @@ the policy's own solutions (solver samples), as the local trainer gives them.
 slime calls it on the trainer, per data-parallel rank, after the reference KL and before any
 --normalize-advantages whitening. `rollout_data["rewards"][i]` is what the reward post-process
 plugin returned: an info's GRPO advantage over the holdout rewards, a solver sample's task
-advantage (GRPO over the m attempts at its problem; 0 with --skip-verification). A solver
-sample is told apart by its index (`sample_indices[i] >= SOLVER_INDEX_BASE`, see samples.py).
+advantage (GRPO over the m attempts at its problem; 0 with --skip-verification). The kind of a
+sample is told by its index (`samples.kind_of_index`: info, distill, sdpo).
 
     info:           A[i, t] = reward[i]
     solver, distillation (--teacher-tau / --student-tau):
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from slime_meta.backends.slime.samples import is_solver_index
+from slime_meta.backends.slime.samples import kind_of_index
 from slime_meta.losses import context_distillation_advantages
 
 
@@ -42,14 +42,11 @@ def _taus(args: Namespace) -> dict[str, float]:
     }
 
 
-def _sdpo_shaping(args: Namespace) -> bool:
-    return bool(getattr(args, "sdpo_alpha", 0.0)) and getattr(args, "sdpo_form", "jsd") == "shaping"
-
-
-def solver_advantages(args: Namespace, reward: float, teacher_logp: torch.Tensor, rollout_logp: torch.Tensor) -> torch.Tensor:
-    """One solver sample's token advantages `[R]` (float32)."""
+def solver_advantages(args: Namespace, kind: str, reward: float, teacher_logp: torch.Tensor,
+                      rollout_logp: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """One solver sample's token advantages `[R]` (float32); `kind` "distill" or "sdpo"."""
     task = torch.tensor([float(reward)], dtype=torch.float64)
-    if _sdpo_shaping(args):  # alpha * (log p_hint - log p), no task term: as the local shaping pass
+    if kind == "sdpo":  # alpha * (log p_hint - log p), no task term: as the local shaping pass
         alpha = float(args.sdpo_alpha)
         taus = {"adv_tau": 0.0, "teacher_tau": alpha, "student_tau": alpha}
     else:
@@ -66,8 +63,9 @@ def meta_advantages(args: Namespace, rollout_data: dict[str, Any]) -> None:
     teacher, rollout = rollout_data.get("teacher_log_probs"), rollout_data.get("rollout_log_probs")
     advantages = []
     for i, like in enumerate(shapes):
-        if is_solver_index(indices[i]) and teacher is not None and rollout is not None:
-            advantages.append(solver_advantages(args, float(rewards[i]), teacher[i], rollout[i]).to(like.device))
+        kind = kind_of_index(indices[i])
+        if kind != "info" and teacher is not None and rollout is not None:
+            advantages.append(solver_advantages(args, kind, float(rewards[i]), teacher[i], rollout[i]).to(like.device))
         else:
             advantages.append(torch.full(like.shape, float(rewards[i]), dtype=torch.float32, device=like.device))
     rollout_data["advantages"] = advantages

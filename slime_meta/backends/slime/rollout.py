@@ -204,7 +204,7 @@ def _traces_by_chain(result: RolloutResult) -> dict[tuple[int, int], dict]:
 
 
 def _chain_output(rt: _Runtime, base: Any, steps: list[TeacherSample], trace: dict | None,
-                  solver: Sequence[SolverSample], first_solver_index: int):  # fmt: skip
+                  solver: Sequence[tuple[str, SolverSample, tuple[float, ...]]], counts: dict[str, int]):  # fmt: skip
     """One group member: the chain's final info, or (--train-all-inner-steps) its K infos as one
     rollout; with solver channels on, the chain's solver samples join that rollout."""
     compact = rt.cfg.meta.train_all_inner_steps
@@ -222,12 +222,13 @@ def _chain_output(rt: _Runtime, base: Any, steps: list[TeacherSample], trace: di
             trace=trace if sample is steps[-1] else None,
         )
         members.append(apply_fields(base if len(steps) == 1 and not with_solver else copy.deepcopy(base), fields))
-    for n, x in enumerate(solver):
+    for kind, x, scores in solver:
         fields = solver_sample_fields(
             x, prompt=rt.tokenizer.decode(x.prompt_ids), response=rt.tokenizer.decode(x.response_ids),
-            teacher_log_probs=solver_teacher_log_probs(rt.cfg, x), index=first_solver_index + n, rollout_id=base.index,
-            base_metadata=base.metadata,
+            teacher_log_probs=scores, index=counts.get(kind, 0), rollout_id=base.index, base_metadata=base.metadata,
+            kind=kind,
         )  # fmt: skip
+        counts[kind] = counts.get(kind, 0) + 1
         members.append(apply_fields(copy.deepcopy(base), fields))
     infos, solvers = members[: len(steps)], members[len(steps) :]
     if compact:
@@ -236,19 +237,19 @@ def _chain_output(rt: _Runtime, base: Any, steps: list[TeacherSample], trace: di
     return [infos[-1], *solvers] if with_solver else infos[-1]
 
 
-def solver_teacher_log_probs(cfg: MetaConfig, sample: SolverSample) -> tuple[float, ...]:
-    """What a solver sample's `teacher_log_probs` carry: the context-conditioned scores
-    (distillation) or the hint-conditioned ones (SDPO, shaping form); never both (refused at start)."""
-    scores = sample.hint_logprobs if cfg.objectives.sdpo_shaping else sample.teacher_logprobs
-    return tuple(sample.rollout_logprobs) if scores is None else scores
-
-
-def trained_solver_samples(cfg: MetaConfig, samples: Sequence[SolverSample]) -> list[SolverSample]:
-    """The solver samples the trainer uses, as the local trainer picks them: distillation trains
-    every answer with context scores, SDPO's shaping form the error sites' answers with hint scores."""
-    if cfg.objectives.sdpo_shaping:
-        return [x for x in samples if x.response_ids and x.is_error_site and x.hint_logprobs is not None]
-    return [x for x in samples if x.response_ids and x.teacher_logprobs is not None]
+def trained_solver_samples(cfg: MetaConfig, samples: Sequence[SolverSample]) -> list[tuple[str, SolverSample, tuple[float, ...]]]:
+    """(kind, sample, its teacher_log_probs) of each solver sample the trainer uses, picked as the
+    local trainer picks them: distillation trains every answer with context scores, SDPO's
+    shaping form the error sites' answers with hint scores (an answer in both is two samples)."""
+    o, out = cfg.objectives, []
+    for x in samples:
+        if not x.response_ids:
+            continue
+        if o.distillation_on and x.teacher_logprobs is not None:
+            out.append(("distill", x, tuple(x.teacher_logprobs)))
+        if o.sdpo_shaping and x.is_error_site and x.hint_logprobs is not None:
+            out.append(("sdpo", x, tuple(x.hint_logprobs)))
+    return out
 
 
 async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int):
@@ -274,7 +275,7 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
     rt.baseline_done = True
     result = await rt.rollout.run([episode], rollout_id, seed=cfg.seed)
     solver_metrics: dict[str, float] = {}
-    solver_by_chain: dict[tuple[int, int], list[SolverSample]] = {}
+    solver_by_chain: dict[tuple[int, int], list[tuple[str, SolverSample, tuple[float, ...]]]] = {}
     if rt.solver_builder is not None:
         per_chain, solver_metrics = await rt.solver_builder.build_per_chain(result.chains)
         for chain, samples in zip(result.chains, per_chain):
@@ -287,14 +288,12 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
     ]
     for sample in result.samples:
         steps_P_G[sample.group_index][sample.sample_index].append(sample)
-    output, solver_count = [], 0
-    for p, steps_G in enumerate(steps_P_G):
-        group = []
-        for g, steps in enumerate(steps_G):
-            solver = solver_by_chain.get((p, g), [])
-            group.append(_chain_output(rt, groups[p * k][g], steps, traces.get((p, g)), solver, solver_count))
-            solver_count += len(solver)
-        output.append(group)
+    counts: dict[str, int] = {}  # solver samples so far, per kind: their indices
+    output = [
+        [_chain_output(rt, groups[p * k][g], steps, traces.get((p, g)), solver_by_chain.get((p, g), []), counts)
+         for g, steps in enumerate(steps_G)]
+        for p, steps_G in enumerate(steps_P_G)
+    ]  # fmt: skip
 
     metrics = {**result.metrics, **solver_metrics, **baseline, **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader)}
     metrics["perf/meta_rollout_time"] = time.perf_counter() - started

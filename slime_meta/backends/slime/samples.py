@@ -16,9 +16,11 @@ What a solver sample becomes (context distillation, SDPO shaping: the policy ans
 problem itself, `SolverSample`): the same fields over the solver's prompt and answer, with
   teacher_log_probs  log p(answer | prompt with the context or hint), the scoring call's
   reward             the answer's grade; metadata["meta_learning"]["advantage"] its task advantage
-  index              SOLVER_INDEX_BASE + n: the mark by which the advantage plugin tells a solver
-                     sample from a teacher sample (slime forwards `Sample.index` to the trainer as
-                     `sample_indices`, and no free-form per-sample field)
+  index              SOLVER_INDEX_BASE + n (distillation, context scores) or SDPO_INDEX_BASE + n
+                     (SDPO shaping, hint scores): the mark by which the advantage and conversion
+                     plugins tell the kinds apart (slime forwards `Sample.index` to the trainer as
+                     `sample_indices`, and no free-form per-sample field). An answer trained by
+                     both channels is two samples, one of each kind.
   rollout_id         the rollout of the chain it came from: slime keeps a rollout's samples in one
                      training step, and the number of rollouts per step stays slime's own count
 When a step has solver samples every teacher sample carries `teacher_log_probs` too (slime forwards
@@ -32,7 +34,9 @@ from typing import Any, Mapping, Sequence
 from slime_meta.types import Problem, SolverSample, TeacherSample
 
 META_KEY = "meta_learning"
-SOLVER_INDEX_BASE = 1 << 40  # far above any data-source index
+SOLVER_INDEX_BASE = 1 << 40  # far above any data-source index: distillation's solver samples
+SDPO_INDEX_BASE = 2 << 40  # the same answers as SDPO's shaping samples (hint scores)
+KINDS = ("info", "distill", "sdpo")
 _STATUS_BY_FINISH = {"stop": "completed", "length": "truncated", "abort": "aborted"}
 
 
@@ -138,12 +142,14 @@ def solver_sample_fields(
     index: int,
     rollout_id: int,
     base_metadata: Mapping[str, Any] | None = None,
+    kind: str = "distill",
 ) -> dict[str, Any]:
-    """The slime `Sample` fields of one solver sample (`index` counts from 0 within the step)."""
+    """The slime `Sample` fields of one solver sample of `kind` ("distill" | "sdpo"); `index`
+    counts from 0 within the step and kind."""
     if len(teacher_log_probs) != len(sample.response_ids):
         raise ValueError(f"{len(teacher_log_probs)} teacher log-probs for {len(sample.response_ids)} response tokens")
     return {
-        "index": SOLVER_INDEX_BASE + index,
+        "index": (SDPO_INDEX_BASE if kind == "sdpo" else SOLVER_INDEX_BASE) + index,
         "prompt": prompt,
         "tokens": [int(t) for t in sample.prompt_ids] + [int(t) for t in sample.response_ids],
         "response": response,
@@ -156,11 +162,16 @@ def solver_sample_fields(
         "rollout_id": rollout_id,
         "metadata": {
             **dict(base_metadata or {}),
-            META_KEY: {"kind": "solver", "advantage": float(sample.task_advantage), "problem_uid": sample.problem_uid,
+            META_KEY: {"kind": kind, "advantage": float(sample.task_advantage), "problem_uid": sample.problem_uid,
                        "error_site": bool(sample.is_error_site)},
         },
     }  # fmt: skip
 
 
+def kind_of_index(index: Any) -> str:
+    index = int(index)
+    return "sdpo" if index >= SDPO_INDEX_BASE else "distill" if index >= SOLVER_INDEX_BASE else "info"
+
+
 def is_solver_index(index: Any) -> bool:
-    return int(index) >= SOLVER_INDEX_BASE
+    return kind_of_index(index) != "info"

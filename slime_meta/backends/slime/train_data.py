@@ -12,9 +12,9 @@ per-sample denominator of slime's loss reducer (checked at slime 624b824):
 
 slime sets rollout_mask_sums[i] to the tokens of sample i's rollout, so the step loss is a mean
 over rollouts of per-rollout token means. The local trainer takes one token mean over all the
-teacher's info tokens of the step and, beside it, one over all solver tokens (distillation,
-SDPO shaping). With rollout_mask_sums[i] = the step's tokens of sample i's kind, and `meta_loss`
-multiplying by G, slime's step loss is the local one: teacher token mean + solver token mean.
+teacher's info tokens of the step and, beside it, one over the distillation tokens and one over
+the SDPO shaping tokens. With rollout_mask_sums[i] = the step's tokens of sample i's kind, and
+`meta_loss` multiplying by G, slime's step loss is the local one: the sum of those token means.
 Steps are formed as slime forms them (`slime.utils.dp_schedule.build_dp_schedule`): rollouts in
 order of first appearance, G per step.
 """
@@ -25,7 +25,7 @@ from argparse import Namespace
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-from slime_meta.backends.slime.samples import is_solver_index
+from slime_meta.backends.slime.samples import kind_of_index
 
 
 def _rollout_manager_class():
@@ -55,14 +55,14 @@ def slime_train_data(args: Namespace, samples: Sequence[Any]) -> dict[str, Any]:
 
 def channel_token_denominators(rollout_ids: Sequence[int], sample_indices: Sequence[int],
                                loss_masks: Sequence[Sequence[int]], global_batch_size: int) -> list[float]:  # fmt: skip
-    """Per sample: the tokens of its kind (teacher info / solver) in its training step."""
+    """Per sample: the tokens of its kind (info, distillation, SDPO shaping) in its training step."""
     order: dict[int, int] = {}
     for rid in rollout_ids:
         order.setdefault(rid, len(order))
     totals: dict[tuple[int, bool], float] = {}
     keys = []
     for rid, index, mask in zip(rollout_ids, sample_indices, loss_masks):
-        key = (order[rid] // global_batch_size, is_solver_index(index))
+        key = (order[rid] // global_batch_size, kind_of_index(index))
         totals[key] = totals.get(key, 0.0) + float(sum(mask))
         keys.append(key)
     return [totals[key] for key in keys]
