@@ -335,13 +335,13 @@ SCRIPTS = {
 }
 
 
-def run_script(name: str, tmp_path: Path, **env) -> subprocess.CompletedProcess:
+def run_script(name: str, tmp_path: Path, *flags: str, **env) -> subprocess.CompletedProcess:
     environment = {
         **os.environ, "PYTHON": sys.executable, "RUN_DIR": str(tmp_path / "run"),
         "SLIME_DIR": os.environ.get("SLIME_SRC", str(tmp_path / "no-slime")), **env,
     }  # fmt: skip
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environment.get("PYTHONPATH")]))
-    command = ["bash", str(REPO / "scripts" / name), "--dry-run"]
+    command = ["bash", str(REPO / "scripts" / name), "--dry-run", *flags]
     return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -409,3 +409,19 @@ def test_external_student_server_has_its_own_flag_and_no_pool():
     assert "student  external server http://10.0.0.9:30000" in cli.describe(plan)
     with pytest.raises(UserInputError, match="--student-router-port: slime starts the student router"):
         plan_of("--colocate", "--student-num-gpus", "2", "--student-router-port", "30001")
+
+
+ALL_CHANNELS = ("--teacher-context", "Be brief.", "--teacher-tau", "0.5", "--student-tau", "0.5", "--sdpo-alpha", "0.5",
+                "--sdpo-form", "shaping", "--use-tis", "--rollout-temperature", "0.7", "--teacher-temperature", "0.7",
+                "--skip-verification", "--eval-baseline")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_launch_script_dry_run_with_every_channel_slime_runs(name, tmp_path):
+    """Distillation, SDPO (shaping form), TIS: the dry run prints each plugin path and the channel flags."""
+    result = run_script(name, tmp_path, *ALL_CHANNELS)
+    assert result.returncode == 0, result.stderr
+    for flag, path in PLUGINS.items():
+        assert re.search(rf"{re.escape(flag)} {re.escape(path)}\b", result.stdout), flag
+    for flag in ("--teacher-tau 0.5", "--sdpo-alpha 0.5", "--sdpo-form shaping", "--use-tis", "--eval-baseline"):
+        assert flag in result.stdout
