@@ -34,9 +34,10 @@ from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, Tra
 from slime_meta.backends.slime.advantages import meta_advantages
 from slime_meta.backends.slime.loss import meta_loss
 from slime_meta.backends.slime.rollout import trained_solver_samples
-from slime_meta.backends.slime.samples import apply_fields, solver_sample_fields, teacher_sample_fields
+from slime_meta.backends.slime.replay_samples import replay_samples
+from slime_meta.backends.slime.samples import apply_fields, replay_sample_fields, solver_sample_fields, teacher_sample_fields
 from slime_meta.backends.slime.train_data import convert_samples_to_train_data
-from slime_meta.types import SolverSample, TeacherSample
+from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
 SLIME_SRC = os.environ.get("SLIME_SRC")
 if not SLIME_SRC and importlib.util.find_spec("slime") is None:
@@ -133,11 +134,11 @@ def make_step(seed: int = 0):
     return infos, solvers
 
 
-def local_step(checkpoint: Path, settings: TrainerSettings, infos, solvers):
+def local_step(checkpoint: Path, settings: TrainerSettings, infos, solvers, pairs=()):
     torch.manual_seed(0)
     trainer = LocalTrainer(str(checkpoint), settings)
     trainer.model.double()
-    metrics = trainer.compute_gradients(infos, [x for chain in solvers for x in chain])
+    metrics = trainer.compute_gradients(infos, [x for chain in solvers for x in chain], [p for c in pairs for p in c])
     loss = metrics["train/loss"] + metrics.get("train/distill_loss", 0.0) + metrics.get("train/sdpo_shaping_loss", 0.0)
     return loss, [p.grad.detach().clone() for p in trainer.model.parameters()]
 
@@ -175,13 +176,31 @@ def slime_samples(slime, infos, solvers, distill: bool, sdpo_shaping: bool):
 
 
 def slime_step(slime, checkpoint: Path, settings: TrainerSettings, infos, solvers, micro_batch_size: int = 3,
-               slimes_own_denominators: bool = False):  # fmt: skip
+               slimes_own_denominators: bool = False, pairs=(), temperature: float = TEMPERATURE):  # fmt: skip
     from transformers import AutoModelForCausalLM
 
     shaping = bool(settings.loss.sdpo_alpha) and settings.loss.sdpo_form == "shaping"
-    with_solver = settings.distill.on or shaping
+    with_solver = settings.distill.on or shaping or bool(pairs)
     args = slime_args(settings, len(infos))
+    args.rollout_temperature = temperature
     samples = slime_samples(slime, infos, solvers, settings.distill.on, shaping)
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float64)
+    if pairs:  # as the rollout makes them: the policy's log-probs (temperature 1) of both sides, then w
+        def policy_logps(prompt, response):
+            with torch.no_grad():
+                tokens = torch.tensor([*prompt, *response])
+                rows = model(input_ids=tokens[None]).logits[0][len(prompt) - 1 : len(tokens) - 1]
+                return torch.log_softmax(rows, -1).gather(-1, tokens[len(prompt):, None])[:, 0].tolist()
+
+        count = 0
+        for chain, chain_pairs in enumerate(pairs):
+            scored = [(policy_logps(p.prompt_ids, p.chosen_ids), policy_logps(p.prompt_ids, p.rejected_ids)) for p in chain_pairs]
+            for x in replay_samples(chain_pairs, scored, settings.loss.replay_beta, settings.loss.replay_dpo_beta):
+                fields = replay_sample_fields(x, index=count, rollout_id=100 + chain)
+                samples.append(apply_fields(slime.Sample(group_index=infos[chain].group_index), fields))
+                count += 1
+        for sample in samples:  # slime forwards teacher_log_probs only when every sample has them
+            sample.teacher_log_probs = sample.teacher_log_probs or sample.rollout_log_probs
     train_data = convert_samples_to_train_data(args, samples)
     if slimes_own_denominators:  # as without the conversion plugin: each rollout's tokens
         train_data["rollout_mask_sums"] = _per_rollout(train_data["rollout_ids"], train_data["loss_masks"])
@@ -191,8 +210,6 @@ def slime_step(slime, checkpoint: Path, settings: TrainerSettings, infos, solver
                      "rollout_mask_sums", "rollout_log_probs", "teacher_log_probs") if key in train_data}  # fmt: skip
     slime.tensorize(rollout_data)
 
-    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float64)
-
     def response_logits(tokens, response_length):
         logits = model(input_ids=tokens[None].long()).logits[0]
         return logits, logits[len(tokens) - response_length - 1 : len(tokens) - 1]
@@ -201,7 +218,7 @@ def slime_step(slime, checkpoint: Path, settings: TrainerSettings, infos, solver
         log_probs = []
         for tokens, length in zip(rollout_data["tokens"], rollout_data["response_lengths"]):
             _, rows = response_logits(tokens, length)
-            scaled = torch.log_softmax(rows / TEMPERATURE, dim=-1)
+            scaled = torch.log_softmax(rows / temperature, dim=-1)
             log_probs.append(scaled.gather(-1, tokens[len(tokens) - length :].long()[:, None])[:, 0])
     rollout_data["log_probs"] = log_probs
     rollout_data["kl"] = [torch.zeros_like(x) for x in log_probs]
@@ -231,12 +248,13 @@ def slime_step(slime, checkpoint: Path, settings: TrainerSettings, infos, solver
     return total, [p.grad.detach().clone() for p in model.parameters()], train_data
 
 
-def assert_same(local, remote):
+def assert_same(local, remote, same_loss: bool = True):
     (local_loss, local_grads), (slime_loss, slime_grads) = local, remote[:2]
     # The model runs in float64 on both sides; the per-token terms are float32 on slime's side
     # (slime hands log-probs and advantages over as float32, and the plugin works in it), hence
     # agreement to float32 rounding, not to float64's.
-    assert slime_loss == pytest.approx(local_loss, rel=1e-6, abs=1e-7)  # terms of either sign: float32 eps
+    if same_loss:
+        assert slime_loss == pytest.approx(local_loss, rel=1e-6, abs=1e-7)  # terms of either sign: float32 eps
     for a, b in zip(local_grads, slime_grads):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
     assert any(float(g.abs().max()) > 0 for g in local_grads)
@@ -287,6 +305,26 @@ def test_all_channels_slime_runs_give_the_local_loss_and_gradient(slime, tiny_ch
     remote = slime_step(slime, tiny_checkpoint, settings, infos, solvers)
     assert_same(local_step(tiny_checkpoint, settings, infos, solvers), remote)
     assert len(set(remote[2]["rollout_mask_sums"])) == 3  # infos, distillation, SDPO: three token means
+
+
+def test_replay_dpo_gives_the_local_gradient(slime, tiny_checkpoint):
+    """Channel 3 as two samples per pair with advantages +-replay_beta * w: DPO's gradient (the loss
+    value is the surrogate's, so only the gradient is compared). Temperature 1, as DPO's."""
+    infos, solvers = make_step(seed=5)
+    g = torch.Generator().manual_seed(5)
+
+    def ids(n):
+        return tuple(torch.randint(VOCAB_LOW, VOCAB_HIGH, (n,), generator=g).tolist())
+
+    pairs = [[PreferencePair((1, *ids(5)), ids(4 + c % 3), ids(3 + c % 2), reference_chosen_logp=-30.0 - c,
+                             reference_rejected_logp=-25.0 + c)] * (1 + c % 2) for c in range(4)]  # fmt: skip
+    loss = dataclasses.replace(TIS, replay_beta=0.5, replay_dpo_beta=0.1)
+    settings = TrainerSettings(lr=1e-2, device="cpu", temperature=1.0, loss=loss, micro_batch_size=2)
+    remote = slime_step(slime, tiny_checkpoint, settings, infos, [[] for _ in infos], pairs=pairs, temperature=1.0)
+    local = local_step(tiny_checkpoint, settings, infos, [[] for _ in infos], pairs)
+    assert_same(local, remote, same_loss=False)
+    grpo_alone = local_step(tiny_checkpoint, dataclasses.replace(settings, loss=TIS), infos, [[] for _ in infos])
+    assert not torch.allclose(grpo_alone[1][0], local[1][0], rtol=1e-3)  # the replay term is in the gradient
 
 
 def test_slimes_own_denominators_would_differ(slime, tiny_checkpoint):

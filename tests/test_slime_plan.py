@@ -110,7 +110,9 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--advantage-estimator", "ppo"], "--advantage-estimator ppo"),
         (["--colocate", "--group-key", "family"], "--group-key"),
         (["--colocate", "--sdpo-alpha", "0.1"], "give --sdpo-form shaping"),
-        (["--colocate", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"], "fixed set of batch keys"),
+        (["--colocate", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"], "a frozen pool of the start weights"),
+        (["--student-num-gpus", "2", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"],
+         "--replay-beta with --teacher-temperature 0.7"),
         (["--colocate", "--sdpo-alpha", "0.1", "--sdpo-form", "shaping"], "--rollout-temperature 1.0 with solver samples"),
         (
             ["--colocate", "--distill-context", "additional_info", "--teacher-tau", "1"],
@@ -189,6 +191,9 @@ def test_distillation_of_solver_samples_runs_on_slime(context):
     shaping = list(plan_of("--colocate", "--sdpo-alpha", "0.5", "--sdpo-form", "shaping", "--rollout-temperature", "0.7",
                            "--teacher-temperature", "0.7").slime_argv)  # fmt: skip
     assert value(shaping, "--custom-advantage-function-path") == value(argv, "--custom-advantage-function-path")
+    replay = list(plan_of("--rollout-num-gpus", "2", "--student-num-gpus", "2", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y",
+                          "--teacher-temperature", "1", "--rollout-temperature", "1").slime_argv)  # fmt: skip
+    assert value(replay, "--custom-advantage-function-path") == value(argv, "--custom-advantage-function-path")
     plain = list(plan_of("--colocate").slime_argv)  # GRPO alone: the token-mean conversion, no advantage plugin
     assert "--custom-advantage-function-path" not in plain
     assert value(plain, "--custom-convert-samples-to-train-data-path") == value(argv, "--custom-convert-samples-to-train-data-path")

@@ -10,6 +10,7 @@ advantage (GRPO over the m attempts at its problem; 0 with --skip-verification).
 sample is told by its index (`samples.kind_of_index`: info, distill, sdpo).
 
     info:           A[i, t] = reward[i]
+    replay side:    A[i, t] = reward[i] = +-replay_beta * w of its pair (replay_samples.py)
     solver, distillation (--teacher-tau / --student-tau):
                     A[i, t] = adv_tau * reward[i] + teacher_tau * teacher_logp[i, t] - student_tau * rollout_logp[i, t]
 
@@ -64,7 +65,7 @@ def meta_advantages(args: Namespace, rollout_data: dict[str, Any]) -> None:
     advantages = []
     for i, like in enumerate(shapes):
         kind = kind_of_index(indices[i])
-        if kind != "info" and teacher is not None and rollout is not None:
+        if kind in ("distill", "sdpo") and teacher is not None and rollout is not None:
             advantages.append(solver_advantages(args, kind, float(rewards[i]), teacher[i], rollout[i]).to(like.device))
         else:
             advantages.append(torch.full(like.shape, float(rewards[i]), dtype=torch.float32, device=like.device))

@@ -34,7 +34,10 @@ channel 3, replay DPO (--replay-beta): active when the batch carries `replay_pai
   pair id, -1 for none), `replay_is_chosen[i]` and `ref_log_probs`; a pair counts when both of
   its samples are in this micro-batch. Skipped otherwise.
 slime (checked at 624b824) forwards a fixed set of keys into this batch, without the channel 2
-and 3 keys: the launcher refuses those weights on slime until it forwards them.
+and 3 keys above, so on stock slime both channels arrive as advantages instead: SDPO in its
+shaping form (--sdpo-form shaping) and replay as two samples per pair (advantages.py,
+replay_samples.py); the launcher refuses --sdpo-form jsd. The two channels here run as soon as
+a slime forwards their keys.
 """
 
 from __future__ import annotations

@@ -274,10 +274,14 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
         fail("--sdpo-alpha with --sdpo-form jsd: the JSD needs the hint-conditioned distribution over the vocabulary "
              "at every token, and slime forwards only per-token log-probs into a custom loss; give --sdpo-form "
              "shaping (the same hint, as token advantages), or run the JSD on the local backend")  # fmt: skip
-    if ns.replay_beta != 0.0:
-        fail("--replay-beta: slime forwards a fixed set of batch keys to a custom loss, and replay pairs are not "
-             "among them; use the local backend for channel 3")  # fmt: skip
-    solver_on = ns.teacher_tau != 0.0 or ns.student_tau != 0.0 or ns.sdpo_alpha != 0.0
+    if ns.replay_beta != 0.0 and (ns.student_num_gpus is None or ns.student_checkpoint or ns.external_student_url):
+        fail("--replay-beta on slime: DPO's reference log-probs are scored on a frozen pool of the start weights; "
+             "give --student-num-gpus N without --student-checkpoint (a frozen student pool of --hf-checkpoint), "
+             "or run channel 3 on the local backend")  # fmt: skip
+    if ns.replay_beta != 0.0 and ns.teacher_temperature != 1.0:
+        fail(f"--replay-beta with --teacher-temperature {ns.teacher_temperature}: DPO's log-probs are at temperature "
+             "1 and slime's trainer scores at --teacher-temperature; give --teacher-temperature 1 --rollout-temperature 1")  # fmt: skip
+    solver_on = ns.teacher_tau != 0.0 or ns.student_tau != 0.0 or ns.sdpo_alpha != 0.0 or ns.replay_beta != 0.0
     student_temperature = ns.rollout_temperature if ns.student_temperature is None else ns.student_temperature
     if solver_on and student_temperature != ns.teacher_temperature:
         fail(f"--rollout-temperature {student_temperature} with solver samples (distillation, SDPO): slime's trainer scores every "
@@ -391,7 +395,8 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     out += ["--loss-type", "custom_loss", "--custom-loss-function-path", PLUGINS["--custom-loss-function-path"]]
     # Always: our denominators make slime's step loss the local one (infos' token mean, + solver samples').
     out += ["--custom-convert-samples-to-train-data-path", PLUGINS["--custom-convert-samples-to-train-data-path"]]
-    if config.objectives.distillation_on or config.objectives.sdpo_shaping:  # solver samples, shaped advantages
+    o = config.objectives
+    if o.distillation_on or o.sdpo_shaping or o.replay_on:  # solver and replay samples: advantages per kind
         out += ["--custom-advantage-function-path", PLUGINS["--custom-advantage-function-path"]]
     return LaunchPlan(tuple(out), config, layout, run_dir, ns.dry_run)
 

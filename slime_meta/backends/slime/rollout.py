@@ -42,11 +42,13 @@ from slime_meta.backends.slime.samples import (
     advantage_of,
     apply_fields,
     problem_from_sample,
+    replay_sample_fields,
     solver_sample_fields,
     status_value,
     teacher_sample_fields,
 )
 from slime_meta.backends.slime.data import batch_plan
+from slime_meta.backends.slime.replay_samples import ReplaySample, pairs_by_chain, replay_samples
 from slime_meta.data import ProblemSampler, load_problems
 from slime_meta.inner_loop import MetaLearningRollout, RolloutResult, describe_batch
 from slime_meta.pools import SGLangPool
@@ -98,6 +100,7 @@ class _Runtime:
     tracker: Any
     solver_builder: Any  # SolverSampleBuilder when a solver channel is on, else None
     baseline_done: bool = False  # --eval-baseline: measured once, at the first step of this run
+    replayer: Any = None  # ReplayPairer with --replay-beta
     eval_problems: dict[str, list[Problem]] | None = None
 
     def close(self) -> None:
@@ -138,12 +141,13 @@ def _build_runtime(args: Namespace) -> _Runtime:
     # progress bar inside a Ray actor's log.
     rollout.settings = replace(rollout.settings, show_progress=False)
     solver_builder = C.make_solver_builder(cfg, pieces, teacher_pool, tokenizer)
+    replayer = C.make_replayer(cfg, Path(cfg.tracking.run_dir)) if cfg.objectives.replay_on else None
     run_dir = Path(cfg.tracking.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict())
     return _Runtime(
         args=args, cfg=cfg, loop=loop, tokenizer=tokenizer, rollout=rollout, teacher_pool=teacher_pool,
-        student_pool=student_pool, run_dir=run_dir, tracker=tracker, solver_builder=solver_builder,
+        student_pool=student_pool, run_dir=run_dir, tracker=tracker, solver_builder=solver_builder, replayer=replayer,
     )  # fmt: skip
 
 
@@ -204,7 +208,8 @@ def _traces_by_chain(result: RolloutResult) -> dict[tuple[int, int], dict]:
 
 
 def _chain_output(rt: _Runtime, base: Any, steps: list[TeacherSample], trace: dict | None,
-                  solver: Sequence[tuple[str, SolverSample, tuple[float, ...]]], counts: dict[str, int]):  # fmt: skip
+                  solver: Sequence[tuple[str, SolverSample, tuple[float, ...]]], counts: dict[str, int],
+                  replay: Sequence[ReplaySample] = ()):  # fmt: skip
     """One group member: the chain's final info, or (--train-all-inner-steps) its K infos as one
     rollout; with solver channels on, the chain's solver samples join that rollout."""
     compact = rt.cfg.meta.train_all_inner_steps
@@ -230,6 +235,10 @@ def _chain_output(rt: _Runtime, base: Any, steps: list[TeacherSample], trace: di
         )  # fmt: skip
         counts[kind] = counts.get(kind, 0) + 1
         members.append(apply_fields(copy.deepcopy(base), fields))
+    for x in replay:
+        fields = replay_sample_fields(x, index=counts.get("replay", 0), rollout_id=base.index, base_metadata=base.metadata)
+        counts["replay"] = counts.get("replay", 0) + 1
+        members.append(apply_fields(copy.deepcopy(base), fields))
     infos, solvers = members[: len(steps)], members[len(steps) :]
     if compact:
         return infos + solvers
@@ -250,6 +259,34 @@ def trained_solver_samples(cfg: MetaConfig, samples: Sequence[SolverSample]) -> 
         if o.sdpo_shaping and x.is_error_site and x.hint_logprobs is not None:
             out.append(("sdpo", x, tuple(x.hint_logprobs)))
     return out
+
+
+async def _score(pool: SGLangPool, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+    """log p(response | prompt) per response token at temperature 1, by SGLang's scoring call."""
+    reply = await pool.post("/generate", {"input_ids": [*prompt_ids, *response_ids], "return_logprob": True,
+                                          "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 0}})  # fmt: skip
+    entries = reply["meta_info"]["input_token_logprobs"]
+    return [float(entry[0]) for entry in entries[len(entries) - len(response_ids) :]]
+
+
+async def _replay_by_chain(rt: _Runtime, chains, per_chain) -> tuple[dict, dict[str, float]]:
+    """Channel 3: each chain's pairs as replay samples (reference: the frozen pool of the start weights)."""
+    o = rt.cfg.objectives
+    pairs_C = await pairs_by_chain(
+        rt.replayer, chains, per_chain, rt.tokenizer, reference=lambda p, r: _score(rt.student_pool, p, r),
+        reference_id=f"start-weights:{rt.cfg.pools.hf_checkpoint}", loop_run=rt.loop.run,
+    )  # fmt: skip
+    out, first = {}, 0
+    for chain, pairs in zip(chains, pairs_C):
+        policy = await asyncio.gather(*[
+            asyncio.gather(_score(rt.teacher_pool, p.prompt_ids, p.chosen_ids), _score(rt.teacher_pool, p.prompt_ids, p.rejected_ids))
+            for p in pairs
+        ])  # fmt: skip
+        out[(chain.prompt_index, chain.sample_index)] = replay_samples(pairs, policy, o.replay_beta, o.replay_dpo_beta, first)
+        first += len(pairs)
+    metrics = {f"replay/{k}": float(v) for k, v in rt.replayer.stats.as_dict().items()}
+    metrics["replay/pairs"] = float(first)
+    return out, metrics
 
 
 async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int):
@@ -276,10 +313,14 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
     result = await rt.rollout.run([episode], rollout_id, seed=cfg.seed)
     solver_metrics: dict[str, float] = {}
     solver_by_chain: dict[tuple[int, int], list[tuple[str, SolverSample, tuple[float, ...]]]] = {}
+    replay_by_chain: dict[tuple[int, int], list[ReplaySample]] = {}
     if rt.solver_builder is not None:
         per_chain, solver_metrics = await rt.solver_builder.build_per_chain(result.chains)
         for chain, samples in zip(result.chains, per_chain):
             solver_by_chain[(chain.prompt_index, chain.sample_index)] = trained_solver_samples(cfg, samples)
+        if rt.replayer is not None:
+            replay_by_chain, replay_metrics = await _replay_by_chain(rt, result.chains, per_chain)
+            solver_metrics.update(replay_metrics)
     traces = _traces_by_chain(result)
 
     # One output group per teacher prompt p, built on the data source's n copies of its first problem.
@@ -290,7 +331,8 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
         steps_P_G[sample.group_index][sample.sample_index].append(sample)
     counts: dict[str, int] = {}  # solver samples so far, per kind: their indices
     output = [
-        [_chain_output(rt, groups[p * k][g], steps, traces.get((p, g)), solver_by_chain.get((p, g), []), counts)
+        [_chain_output(rt, groups[p * k][g], steps, traces.get((p, g)), solver_by_chain.get((p, g), []), counts,
+                       replay_by_chain.get((p, g), []))
          for g, steps in enumerate(steps_G)]
         for p, steps_G in enumerate(steps_P_G)
     ]  # fmt: skip

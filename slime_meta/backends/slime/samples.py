@@ -36,7 +36,8 @@ from slime_meta.types import Problem, SolverSample, TeacherSample
 META_KEY = "meta_learning"
 SOLVER_INDEX_BASE = 1 << 40  # far above any data-source index: distillation's solver samples
 SDPO_INDEX_BASE = 2 << 40  # the same answers as SDPO's shaping samples (hint scores)
-KINDS = ("info", "distill", "sdpo")
+REPLAY_INDEX_BASE = 3 << 40  # the two sides of replay DPO pairs (replay_samples.py)
+KINDS = ("info", "distill", "sdpo", "replay")
 _STATUS_BY_FINISH = {"stop": "completed", "length": "truncated", "abort": "aborted"}
 
 
@@ -170,7 +171,31 @@ def solver_sample_fields(
 
 def kind_of_index(index: Any) -> str:
     index = int(index)
-    return "sdpo" if index >= SDPO_INDEX_BASE else "distill" if index >= SOLVER_INDEX_BASE else "info"
+    for base, kind in ((REPLAY_INDEX_BASE, "replay"), (SDPO_INDEX_BASE, "sdpo"), (SOLVER_INDEX_BASE, "distill")):
+        if index >= base:
+            return kind
+    return "info"
+
+
+def replay_sample_fields(sample: Any, *, index: int, rollout_id: int, base_metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The slime `Sample` fields of one side of a replay pair (`replay_samples.ReplaySample`): its
+    advantage (+-replay_beta * w) travels as the reward post-process plugin's value."""
+    logps = [float(x) for x in sample.policy_logprobs]
+    return {
+        "index": REPLAY_INDEX_BASE + index,
+        "prompt": "",
+        "tokens": [int(t) for t in sample.prompt_ids] + [int(t) for t in sample.response_ids],
+        "response": "",
+        "response_length": len(sample.response_ids),
+        "loss_mask": [1] * len(sample.response_ids),
+        "rollout_log_probs": logps,
+        "teacher_log_probs": logps,
+        "reward": float(sample.advantage),
+        "status": "completed",
+        "rollout_id": rollout_id,
+        "metadata": {**dict(base_metadata or {}), META_KEY: {"kind": "replay", "advantage": float(sample.advantage),
+                                                             "pair_index": sample.pair_index, "chosen": sample.chosen}},
+    }  # fmt: skip
 
 
 def is_solver_index(index: Any) -> bool:

@@ -15,6 +15,7 @@ over rollouts of per-rollout token means. The local trainer takes one token mean
 teacher's info tokens of the step and, beside it, one over the distillation tokens and one over
 the SDPO shaping tokens. With rollout_mask_sums[i] = the step's tokens of sample i's kind, and
 `meta_loss` multiplying by G, slime's step loss is the local one: the sum of those token means.
+Replay samples (two per DPO pair) get the step's pair count instead: DPO's mean over pairs.
 Steps are formed as slime forms them (`slime.utils.dp_schedule.build_dp_schedule`): rollouts in
 order of first appearance, G per step.
 """
@@ -63,7 +64,8 @@ def channel_token_denominators(rollout_ids: Sequence[int], sample_indices: Seque
     keys = []
     for rid, index, mask in zip(rollout_ids, sample_indices, loss_masks):
         key = (order[rid] // global_batch_size, kind_of_index(index))
-        totals[key] = totals.get(key, 0.0) + float(sum(mask))
+        # Replay: DPO's mean is over pairs (each side's tokens summed), so its denominator counts pairs.
+        totals[key] = totals.get(key, 0.0) + (0.5 if key[1] == "replay" else float(sum(mask)))
         keys.append(key)
     return [totals[key] for key in keys]
 
