@@ -239,3 +239,49 @@ def test_slimes_argument_groups_take_ours_without_conflicts(slime):
     assert (args.rollout_temperature, args.student_temperature, args.num_inner_iterations) == (0.9, 0.6, 5)
     assert args.rollout_function_path == "slime_meta.backends.slime.rollout.generate_rollout"
     assert args.loss_type == "custom_loss" and args.input_key == "prompt" and args.colocate
+
+
+def test_replay_pairs_become_two_samples_of_their_chains_rollout(slime, pools, tiny_checkpoint, tmp_path, monkeypatch):
+    """Channel 3 through the real rollout: teachers on an OpenAI-compatible server answer with the
+    label, the policy's wrong answers become pairs, each pair two samples (+-w) in its chain's rollout,
+    the reference log-probs scored once on the frozen pool of the start weights and cached."""
+    import json
+
+    try:
+        from tests.openai_server import run_openai_server
+    except ImportError:
+        from openai_server import run_openai_server
+
+    labels = {}
+    for line in (REPO / "data/synthetic_suffix.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        labels[row["prompt"]] = row["label"]
+
+    def reply(messages):
+        text = messages[-1]["content"]
+        return next((label for word, label in labels.items() if word in text), "?")
+
+    monkeypatch.setenv("SLIME_META_TEST_REPLAY_KEY", "sk-test")
+    with run_openai_server(reply_fn=reply) as (url_a, _), run_openai_server(reply_fn=reply) as (url_b, _):
+        models = {"actor": host_port(pools.teacher), "student": host_port(pools.student)}
+        extra = ["--student-num-gpus", "1", "--replay-beta", "0.5", "--replay-teachers",
+                 f"a@{url_a}#SLIME_META_TEST_REPLAY_KEY", f"b@{url_b}#SLIME_META_TEST_REPLAY_KEY",
+                 "--teacher-temperature", "1", "--rollout-temperature", "1"]  # fmt: skip
+        args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, extra=extra, models=models)
+        output = plugin.generate_rollout(args, 0, slime.DataSource(args))
+
+    slime.validate_rollout_id_annotated(output.samples)
+    replay = [s for group in output.samples for chain in group for s in chain if s.metadata[META_KEY].get("kind") == "replay"]
+    assert output.metrics["replay/pairs"] == len(replay) / 2 > 0
+    by_pair = {}
+    for s in replay:
+        slime.contracts.assert_sample_contract(s)
+        by_pair.setdefault(s.metadata[META_KEY]["pair_index"], []).append(s)
+    for chosen, rejected in by_pair.values():
+        assert chosen.metadata[META_KEY]["chosen"] and not rejected.metadata[META_KEY]["chosen"]
+        assert chosen.rollout_id == rejected.rollout_id  # one step, one rollout
+        assert chosen.reward == -rejected.reward > 0  # +w and -w, times --replay-beta
+        assert len(chosen.rollout_log_probs) == chosen.response_length
+    raw, advantages = plugin.post_process_rewards(args, replay)
+    assert advantages == [s.reward for s in replay]
+    assert (tmp_path / "run" / "replay_pairs.jsonl").read_text().count('"reference"') >= 1  # cached for a resume
