@@ -285,3 +285,28 @@ def test_replay_pairs_become_two_samples_of_their_chains_rollout(slime, pools, t
     raw, advantages = plugin.post_process_rewards(args, replay)
     assert advantages == [s.reward for s in replay]
     assert (tmp_path / "run" / "replay_pairs.jsonl").read_text().count('"reference"') >= 1  # cached for a resume
+
+
+def test_group_key_keeps_each_prompt_and_its_holdout_in_one_family(slime, pools, tiny_checkpoint, tmp_path):
+    """--group-key on slime: the problems come from the per-family sampler (the local backend's),
+    the data source's Samples carry the drawn problem's metadata, and a step draws new families."""
+    import json
+
+    extra = ["--group-key", "family"]
+    args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, extra=extra)
+    first = plugin.generate_rollout(args, 0, slime.DataSource(args))
+    second = plugin.generate_rollout(args, 1, slime.DataSource(args))
+    batches = [json.loads(line) for line in (tmp_path / "run" / "traces.jsonl").read_text().splitlines()]
+    batches = [b for b in batches if b.get("type") == "batch"]
+    assert [b["rollout_id"] for b in batches] == [0, 1]
+    for batch in batches:
+        assert len(batch["episodes"]) == 2  # one episode (family) per teacher prompt
+        for episode in batch["episodes"]:
+            families = {uid.split("-")[0] for chunk in episode["train"] for uid in chunk} | {
+                uid.split("-")[0] for uid in episode["holdout"]}  # fmt: skip
+            assert len(families) == 1 and len(episode["holdout"]) == 1
+    for output, batch in zip((first, second), batches):
+        for group, episode in zip(output.samples, batch["episodes"]):
+            assert {s.metadata["uid"] for s in group} == {episode["train"][0][0]}
+            assert {s.metadata["family"] for s in group} == {episode["train"][0][0].split("-")[0]}
+    assert batches[0]["episodes"] != batches[1]["episodes"]

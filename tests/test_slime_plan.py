@@ -108,7 +108,7 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--rollout-function-path", "my.rollout"], "--rollout-function-path is set by --backend slime"),
         (["--colocate", "--loss-type", "policy_loss"], "--loss-type policy_loss"),
         (["--colocate", "--advantage-estimator", "ppo"], "--advantage-estimator ppo"),
-        (["--colocate", "--group-key", "family"], "--group-key"),
+        (["--colocate", "--group-key", "family"], "--heldout-ipb"),  # per family: the holdout must divide evenly
         (["--colocate", "--sdpo-alpha", "0.1"], "give --sdpo-form shaping"),
         (["--colocate", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"], "a frozen pool of the start weights"),
         (["--student-num-gpus", "2", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"],

@@ -267,9 +267,6 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
         fail("--release-train: not supported by the slime-meta loop; leave it out")
     if slime_ns.disable_rollout_global_dataset:
         fail("--disable-rollout-global-dataset: the rollout draws its problems from slime's data source; leave it out")
-    if ns.group_key:
-        fail("--group-key: slime's data source draws rows in its own order, not per task family; "
-             "run --group-key on the local backend, or leave it out")  # fmt: skip
     if ns.sdpo_alpha != 0.0 and ns.sdpo_form == "jsd":
         fail("--sdpo-alpha with --sdpo-form jsd: the JSD needs the hint-conditioned distribution over the vocabulary "
              "at every token, and slime forwards only per-token log-probs into a custom loss; give --sdpo-form "

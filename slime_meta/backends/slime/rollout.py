@@ -14,6 +14,10 @@ Pools: the teacher is the first SGLang model (`args.sglang_router_ip/port`; --te
 becomes --sglang-router-port); the student is --student-router-ip/port, else the 'student' model
 of --sglang-config, else the teacher's router (shared pool).
 
+With --group-key the problems come from our per-family sampler instead of the data source's
+order (`_family_episodes`). Solver samples (distillation, SDPO shaping) and replay pairs join
+the rollout of the chain they came from (samples.py).
+
 Evaluation (slime's --eval-interval, --eval-prompt-data NAME PATH ...): the same loop on a fixed
 draw of each set (--eval-num-batches batches of the step's split, the run's seed), no training,
 reported per set as two data sets, NAME/holdout_grade (each final info's reward) and
@@ -101,6 +105,8 @@ class _Runtime:
     solver_builder: Any  # SolverSampleBuilder when a solver channel is on, else None
     baseline_done: bool = False  # --eval-baseline: measured once, at the first step of this run
     replayer: Any = None  # ReplayPairer with --replay-beta
+    family_sampler: Any = None  # --group-key: our own per-family sampler over --prompt-data
+    family_draws: int = 0
     eval_problems: dict[str, list[Problem]] | None = None
 
     def close(self) -> None:
@@ -178,7 +184,26 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
         raise ValueError(f"slime's --rollout-batch-size is {args.rollout_batch_size}, the plan has {plan.groups} teacher "
                          "prompts: launch through train.py --backend slime, which sets both")  # fmt: skip
     groups = data_source.get_samples(plan.problems)
-    return rt.loop.run(_train_rollout(rt, rollout_id, groups, plan.train))
+    return rt.loop.run(_train_rollout(rt, rollout_id, groups, plan.train, _family_episodes(rt, rollout_id, plan)))
+
+
+def _family_episodes(rt: _Runtime, rollout_id: int, plan) -> list[Episode] | None:
+    """--group-key: slime's data source hands out rows in its own order, not per task family, so
+    the problems come from our own seeded per-family sampler over --prompt-data (the one the local
+    backend uses; a resumed run replays the draws before its step). The data source still hands
+    out the Sample objects slime counts and trains; their metadata becomes the drawn problem's."""
+    cfg = rt.cfg
+    if cfg.data.group_key is None:
+        return None
+    if rt.family_sampler is None:
+        problems = [replace(p, group=str(p.metadata.get(cfg.data.group_key, "") or "") or None)
+                    for p in _converted_problems(rt, cfg.data.prompt_data)]  # fmt: skip
+        rt.family_sampler = ProblemSampler(problems, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=True)
+    while rt.family_draws < rollout_id:
+        rt.family_sampler.next_episodes(**plan.draw_sizes)
+        rt.family_draws += 1
+    rt.family_draws += 1
+    return rt.family_sampler.next_episodes(**plan.draw_sizes)
 
 
 def post_process_rewards(args: Namespace, samples: Sequence[Any]) -> tuple[list[float], list[float]]:
@@ -289,7 +314,8 @@ async def _replay_by_chain(rt: _Runtime, chains, per_chain) -> tuple[dict, dict[
     return out, metrics
 
 
-async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int):
+async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int,
+                         family_episodes: list[Episode] | None = None):  # fmt: skip
     from slime.rollout.base_types import RolloutFnTrainOutput
 
     from slime_meta.backends.local.components import counter_metrics
@@ -301,7 +327,14 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
         problem_from_sample(g[0], rubric_key=cfg.data.rubric_key, fallback_uid=f"row-{g[0].group_index}")
         for g in groups
     ]
-    episode = _episode(problems, num_prompts, k, num_train)
+    episodes = [_episode(problems, num_prompts, k, num_train)]
+    if family_episodes is not None:  # --group-key: each prompt's train and holdout problems of one family
+        episodes = family_episodes
+        problems = [q for e in episodes for chunk in e.train_chunks_P for q in chunk] + [q for e in episodes for q in e.holdout]
+        for p, episode in enumerate(episodes):
+            first = episode.train_chunks_P[0][0]
+            for base in groups[p * k]:
+                base.metadata = {**first.metadata, "uid": first.uid}
     baseline: dict[str, float] = {}
     if cfg.objectives.eval_baseline and not rt.baseline_done and rollout_id == 0:  # not after a resume, as locally
         # The student with and without the distillation context, before any training: on slime the
@@ -310,7 +343,7 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
 
         baseline = await baseline_eval(cfg, rt.rollout, problems)
     rt.baseline_done = True
-    result = await rt.rollout.run([episode], rollout_id, seed=cfg.seed)
+    result = await rt.rollout.run(episodes, rollout_id, seed=cfg.seed)
     solver_metrics: dict[str, float] = {}
     solver_by_chain: dict[tuple[int, int], list[tuple[str, SolverSample, tuple[float, ...]]]] = {}
     replay_by_chain: dict[tuple[int, int], list[ReplaySample]] = {}
@@ -340,27 +373,31 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
     metrics = {**result.metrics, **solver_metrics, **baseline, **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader)}
     metrics["perf/meta_rollout_time"] = time.perf_counter() - started
     rt.tracker.log(rollout_id, metrics)
-    rt.tracker.write_traces([describe_batch([episode], rollout_id), *result.traces])
+    rt.tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
     return RolloutFnTrainOutput(samples=output, metrics=metrics)
 
 
 # ----------------------------------------------------------------------------- evaluation
 
 
+def _converted_problems(rt: _Runtime, path: str) -> list[Problem]:
+    """The problems of a data file, also one converted for slime's data source (rubric, id and
+    other columns under `metadata`, moved back up here)."""
+    d = rt.cfg.data
+    loaded = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
+    return [
+        replace(p, rubric=p.rubric or str(p.metadata["metadata"].get("rubric", "")), metadata={**p.metadata, **p.metadata["metadata"]},
+                uid=str(p.metadata["metadata"].get("uid", p.uid)))
+        if isinstance(p.metadata.get("metadata"), dict) else p
+        for p in loaded
+    ]  # fmt: skip
+
+
 def _eval_problems(rt: _Runtime) -> dict[str, list[Problem]]:
     """NAME -> problems of each --eval-prompt-data pair (slime keeps them as a flat NAME PATH list)."""
     if rt.eval_problems is None:
         values = list(getattr(rt.args, "eval_prompt_data", None) or rt.cfg.meta.eval_prompt_data)
-        d = rt.cfg.data
-        rt.eval_problems = {}
-        for name, path in zip(values[0::2], values[1::2]):
-            loaded = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
-            # A file converted for slime's data source keeps rubric and id under `metadata`.
-            rt.eval_problems[name] = [
-                replace(p, rubric=p.rubric or str(p.metadata["metadata"].get("rubric", "")), metadata={**p.metadata, **p.metadata["metadata"]})
-                if isinstance(p.metadata.get("metadata"), dict) else p
-                for p in loaded
-            ]  # fmt: skip
+        rt.eval_problems = {name: _converted_problems(rt, path) for name, path in zip(values[0::2], values[1::2])}
     return rt.eval_problems
 
 
