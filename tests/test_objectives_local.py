@@ -121,8 +121,8 @@ def test_distillation_logprobs_align_to_the_students_tokens_on_a_chat_prompt(tin
 
         settings = SolverSettings(
             attempts_per_problem=2, reuse_chain_attempts=False, distill_context="fixed", fixed_context=context,
-            context_key=None, distill=True, sdpo=True, sdpo_hint=None, sdpo_grade_threshold=1.0, sdpo_on="errors",
-            skip_verification=False, std_normalize=True,
+            context_key=None, distill=True, sdpo=True, sdpo_hint="Use the suffix ab.", sdpo_grade_threshold=1.0,
+            sdpo_on="errors", skip_verification=False, std_normalize=True, sdpo_shaping=True,
         )  # fmt: skip
         chain = Chain(prompt_index=0, sample_index=0, problems=[problem])
         samples, metrics = await SolverSampleBuilder(student, ExactGrader(), settings).build([chain])
@@ -146,6 +146,16 @@ def test_distillation_logprobs_align_to_the_students_tokens_on_a_chat_prompt(tin
         expected = [logp[start + i, token].item() for i, token in enumerate(sample.response_ids)]
         assert sample.teacher_logprobs == pytest.approx(expected, abs=1e-4)
         assert sample.hint_prompt_ids is not None and sample.is_error_site == (sample.grade < 1.0)
+        # SDPO's shaping form: the error sites' answers scored under the hint prompt, token for token.
+        if not sample.is_error_site:
+            assert sample.hint_logprobs is None
+            continue
+        ids = torch.tensor([sample.hint_prompt_ids + sample.response_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, :-1].double(), dim=-1)
+        start = len(sample.hint_prompt_ids) - 1
+        expected = [logp[start + i, token].item() for i, token in enumerate(sample.response_ids)]
+        assert sample.hint_logprobs == pytest.approx(expected, abs=1e-4)
 
 
 def gradients(checkpoint, settings: TrainerSettings, teacher, solver=()) -> list[torch.Tensor]:
