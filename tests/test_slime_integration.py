@@ -292,10 +292,13 @@ def test_group_key_keeps_each_prompt_and_its_holdout_in_one_family(slime, pools,
     the data source's Samples carry the drawn problem's metadata, and a step draws new families."""
     import json
 
+    held = tmp_path / "held.slime.jsonl"
+    convert(REPO / "data/synthetic_suffix.jsonl", held)
     extra = ["--group-key", "family"]
-    args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, extra=extra)
+    args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, extra=extra, eval_set=held)
     first = plugin.generate_rollout(args, 0, slime.DataSource(args))
     second = plugin.generate_rollout(args, 1, slime.DataSource(args))
+    evaluation = plugin.generate_rollout(args, 2, slime.DataSource(args), evaluation=True)
     batches = [json.loads(line) for line in (tmp_path / "run" / "traces.jsonl").read_text().splitlines()]
     batches = [b for b in batches if b.get("type") == "batch"]
     assert [b["rollout_id"] for b in batches] == [0, 1]
@@ -310,3 +313,4 @@ def test_group_key_keeps_each_prompt_and_its_holdout_in_one_family(slime, pools,
             assert {s.metadata["uid"] for s in group} == {episode["train"][0][0]}
             assert {s.metadata["family"] for s in group} == {episode["train"][0][0].split("-")[0]}
     assert batches[0]["episodes"] != batches[1]["episodes"]
+    assert "eval/held/gain" in evaluation.metrics  # the fixed eval draw, per family as well

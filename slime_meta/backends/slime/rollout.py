@@ -419,7 +419,10 @@ async def _evaluate_set(rt: _Runtime, rollout_id: int, name: str, problems: list
     cfg, meta = rt.cfg, rt.cfg.meta
     plan = batch_plan(cfg)
     # A fresh sampler with the run's seed: every evaluation sees the same problems, split the same way.
-    sampler = ProblemSampler(problems, seed=cfg.seed, shuffle=True)
+    key = cfg.data.group_key  # per family with --group-key, as the training draws and the local backend
+    if key is not None:
+        problems = [replace(p, group=str(p.metadata.get(key, "") or "") or None) for p in problems]
+    sampler = ProblemSampler(problems, seed=cfg.seed, shuffle=True, group_key_used=key is not None)
     episodes = [e for _ in range(meta.eval_num_batches) for e in sampler.next_episodes(**plan.draw_sizes)]
     result = await rt.rollout.run(episodes, rollout_id, seed=cfg.seed)
     finals = [s for s in result.samples if s.inner_iteration == meta.num_inner_iterations - 1]
