@@ -79,6 +79,7 @@ def _slime_side_parser() -> argparse.ArgumentParser:
     for flag in PLUGINS:
         parser.add_argument(flag, default=None)
     parser.add_argument("--custom-tis-function-path", default=None)
+    parser.add_argument("--calculate-per-token-loss", action="store_true")
     parser.add_argument("--advantage-estimator", default="grpo")
     parser.add_argument("--release-train", action="store_true")
     parser.add_argument("--disable-rollout-global-dataset", action="store_true")
@@ -258,6 +259,9 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
             fail(f"{flag} is set by --backend slime (to {PLUGINS[flag]}); leave it out")
     if slime_ns.loss_type not in (None, "custom_loss"):
         fail(f"--loss-type {slime_ns.loss_type}: --backend slime trains with its own loss (custom_loss); leave it out")
+    if slime_ns.calculate_per_token_loss:
+        fail("--calculate-per-token-loss: the conversion plugin gives each channel its own token mean (as on one "
+             "machine); slime's per-token mode would pool them into one; leave it out")  # fmt: skip
     if slime_ns.custom_tis_function_path:
         fail("--custom-tis-function-path: not supported with --backend slime (use --use-tis / --aipo-delta)")
     if slime_ns.advantage_estimator != "grpo":
