@@ -4,7 +4,8 @@
   regularisers           --kl-loss-coef / --kl-loss-type (k3) against a frozen reference, --entropy-coef
   context distillation   --teacher-tau / --student-tau / --adv-tau with a context: --teacher-context,
                          --context-key, or the meta-teacher's own info (--distill-context additional_info)
-  channel 2 (SDPO)       --sdpo-alpha ...: JSD to the same model with the hint in its prompt
+  channel 2 (SDPO)       --sdpo-alpha ...: JSD to the same model with the hint in its prompt, or
+                         (--sdpo-form shaping) token advantages alpha * (log p_hint - log p) at error sites
   channel 3 (replay)     --replay-beta ...: DPO on pairs where N external teachers agree
 
 Every weight at zero (the defaults) leaves the plain GRPO loss unchanged.
@@ -47,6 +48,7 @@ class ObjectivesConfig:
     sdpo_grade_threshold: float
     sdpo_on: str
     sdpo_hint: str | None
+    sdpo_form: str  # "jsd" | "shaping"
     # channel 3: N-teacher trace replay
     replay_beta: float
     replay_teachers: tuple[str, ...]
@@ -59,12 +61,16 @@ class ObjectivesConfig:
 
     @property
     def solver_adv_tau(self) -> float:
-        """The local backend's weight of the solver samples' task advantage: off unless --adv-tau is given."""
+        """The weight of the solver samples' task advantage (both backends): off unless --adv-tau is given."""
         return 0.0 if self.adv_tau is None else self.adv_tau
 
     @property
     def sdpo_on_any(self) -> bool:
         return self.sdpo_alpha != 0.0
+
+    @property
+    def sdpo_shaping(self) -> bool:
+        return self.sdpo_on_any and self.sdpo_form == "shaping"
 
     @property
     def replay_on(self) -> bool:
@@ -101,17 +107,21 @@ def add_objective_arguments(add_group) -> None:
     add("--distill-context", choices=("none", "additional_info"), default="none",
         help="additional_info: the meta-teacher's own final info for that problem is the context.")
     add("--adv-tau", type=float, default=None,
-        help="Weight of the task advantage in the distillation advantage of the samples distillation shapes. "
-             "Local backend: the policy's own solver samples, a GRPO term on them; not given = 0 (off: "
-             "distillation adds only its log-prob terms, the teacher's infos keep their own GRPO). --backend "
-             "slime: the teacher's infos; not given = 1 (their GRPO advantage kept).")
+        help="Weight of the task advantage (GRPO over the m attempts at a problem) in the distillation "
+             "advantage of the policy's own solver samples, on both backends; not given = 0 (off: distillation "
+             "adds only its log-prob terms; the teacher's infos keep their own GRPO either way).")
     add("--teacher-tau", type=float, default=0.0, help="Weight of log p(token | context + prompt).")
     add("--student-tau", type=float, default=0.0, help="Weight of -log p(token | prompt).")
     add("--skip-verification", action="store_true", help="Pure distillation: the solver samples get no task advantage.")
     add("--eval-baseline", action="store_true", help="Before training, grade the student with and without the context.")
 
     add = add_group("objectives: channel 2, hint self-distillation (SDPO)")
-    add("--sdpo-alpha", type=float, default=0.0, help="Weight of the JSD to the hint-conditioned self.")
+    add("--sdpo-alpha", type=float, default=0.0, help="Weight of the JSD to the hint-conditioned self (or of the shaping term).")
+    add("--sdpo-form", choices=("jsd", "shaping"), default="jsd",
+        help="jsd (default, local backend): alpha x JSD(student || hint-conditioned self) per token, full "
+             "vocabulary. shaping (both backends): policy-gradient token advantages alpha x (log p(token | hint "
+             "prompt) - log p(token | prompt)) on the error sites' answers, the hint's log-probs from the "
+             "pool's scoring call; its own token mean.")
     add("--sdpo-beta", type=float, default=0.5, help="JSD mixture: 0 forward KL(teacher||student), 1 reverse KL.")
     add("--sdpo-temperature", type=float, default=1.0)
     add("--sdpo-top-k", type=int, default=None, help="Restrict the JSD to the hint-conditioned model's top-k tokens.")

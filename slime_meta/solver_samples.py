@@ -40,6 +40,15 @@ class SolverSettings:
     sdpo_on: str  # "errors" | "all"
     skip_verification: bool
     std_normalize: bool
+    sdpo_shaping: bool = False  # score the answers of error sites under the hint prompt
+
+
+def distillation_prompt_ids(policy: StudentRole, problem: Problem, context: str) -> tuple[int, ...]:
+    """Where the distillation context goes, for both backends: into the solver's own prompt, in the
+    slot where the student reads an info (generator template, chat template, --additional-info-position),
+    so the context-conditioned teacher is the same model reading the same prompt plus the context.
+    What is scored under it: the solver's response tokens only (the teacher's infos are never distilled)."""
+    return tuple(policy.prompt_ids(problem, context))
 
 
 class SolverSampleBuilder:
@@ -79,7 +88,7 @@ class SolverSampleBuilder:
             else:  # GRPO over the m attempts at this problem
                 advantages_M = grpo_advantages(grades_M, len(attempts_M), std_normalize=s.std_normalize).tolist()
             prompt_ids = tuple(self.policy.prompt_ids(problem, ""))
-            context_ids = tuple(self.policy.prompt_ids(problem, self.context_for(chain, problem))) if s.distill else None
+            context_ids = distillation_prompt_ids(self.policy, problem, self.context_for(chain, problem)) if s.distill else None
             hint = s.sdpo_hint if s.sdpo_hint is not None else chain.final_info
             hint_ids = tuple(self.policy.prompt_ids(problem, hint)) if s.sdpo else None
             for attempt, advantage in zip(attempts_M, advantages_M):
@@ -90,6 +99,9 @@ class SolverSampleBuilder:
                 if context_ids is not None:
                     teacher_logprobs = tuple(await self.policy.score(context_ids, completion.output_ids))
                 error = attempt.grade.score < s.sdpo_grade_threshold or s.sdpo_on == "all"
+                hint_logprobs = None
+                if s.sdpo_shaping and error and hint_ids is not None:
+                    hint_logprobs = tuple(await self.policy.score(hint_ids, completion.output_ids))
                 samples.append(
                     SolverSample(
                         problem_uid=problem.uid,
@@ -105,13 +117,22 @@ class SolverSampleBuilder:
                         teacher_logprobs=teacher_logprobs,
                         hint_prompt_ids=hint_ids,
                         is_error_site=error,
+                        hint_logprobs=hint_logprobs,
                     )
                 )
         return samples
 
+    async def build_per_chain(self, chains: Sequence[Chain]) -> tuple[list[list[SolverSample]], dict[str, float]]:
+        """The solver samples of each chain, in chain order (slime attaches them to the chain's rollout)."""
+        per_chain = list(await asyncio.gather(*[self._chain_samples(c) for c in chains]))
+        return per_chain, self._metrics([x for chain_samples in per_chain for x in chain_samples])
+
     async def build(self, chains: Sequence[Chain]) -> tuple[list[SolverSample], dict[str, float]]:
-        per_chain = await asyncio.gather(*[self._chain_samples(c) for c in chains])
-        samples = [x for chain_samples in per_chain for x in chain_samples]
+        per_chain, metrics = await self.build_per_chain(chains)
+        return [x for chain_samples in per_chain for x in chain_samples], metrics
+
+    @staticmethod
+    def _metrics(samples: Sequence[SolverSample]) -> dict[str, float]:
         metrics = {"solver/num_samples": float(len(samples))}
         if samples:
             metrics["solver/avg_grade"] = fmean(x.grade for x in samples)
@@ -123,4 +144,4 @@ class SolverSampleBuilder:
                 sum(t - s for t, s in zip(x.teacher_logprobs, x.rollout_logprobs)) / len(x.response_ids)
                 for x in with_teacher
             )
-        return samples, metrics
+        return metrics

@@ -164,6 +164,7 @@ class SolverSample:
     teacher_logprobs: tuple[float, ...] | None = None
     hint_prompt_ids: tuple[int, ...] | None = None
     is_error_site: bool = False
+    hint_logprobs: tuple[float, ...] | None = None  # log p(response | hint prompt): SDPO's shaping form
 
 
 @dataclass(frozen=True)

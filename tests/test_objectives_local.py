@@ -121,8 +121,8 @@ def test_distillation_logprobs_align_to_the_students_tokens_on_a_chat_prompt(tin
 
         settings = SolverSettings(
             attempts_per_problem=2, reuse_chain_attempts=False, distill_context="fixed", fixed_context=context,
-            context_key=None, distill=True, sdpo=True, sdpo_hint=None, sdpo_grade_threshold=1.0, sdpo_on="errors",
-            skip_verification=False, std_normalize=True,
+            context_key=None, distill=True, sdpo=True, sdpo_hint="Use the suffix ab.", sdpo_grade_threshold=1.0,
+            sdpo_on="errors", skip_verification=False, std_normalize=True, sdpo_shaping=True,
         )  # fmt: skip
         chain = Chain(prompt_index=0, sample_index=0, problems=[problem])
         samples, metrics = await SolverSampleBuilder(student, ExactGrader(), settings).build([chain])
@@ -146,6 +146,16 @@ def test_distillation_logprobs_align_to_the_students_tokens_on_a_chat_prompt(tin
         expected = [logp[start + i, token].item() for i, token in enumerate(sample.response_ids)]
         assert sample.teacher_logprobs == pytest.approx(expected, abs=1e-4)
         assert sample.hint_prompt_ids is not None and sample.is_error_site == (sample.grade < 1.0)
+        # SDPO's shaping form: the error sites' answers scored under the hint prompt, token for token.
+        if not sample.is_error_site:
+            assert sample.hint_logprobs is None
+            continue
+        ids = torch.tensor([sample.hint_prompt_ids + sample.response_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, :-1].double(), dim=-1)
+        start = len(sample.hint_prompt_ids) - 1
+        expected = [logp[start + i, token].item() for i, token in enumerate(sample.response_ids)]
+        assert sample.hint_logprobs == pytest.approx(expected, abs=1e-4)
 
 
 def gradients(checkpoint, settings: TrainerSettings, teacher, solver=()) -> list[torch.Tensor]:
@@ -188,17 +198,18 @@ def test_distillation_adds_no_solver_grpo_term_unless_asked(tiny_checkpoint, bat
     assert any(not torch.equal(a, b) for a, b in changed)
 
 
-def test_adv_tau_not_given_keeps_the_teachers_grpo_on_slime():
-    """On slime the shaped samples are the teacher's infos: --adv-tau not given (None) means 1 there."""
+def test_adv_tau_not_given_means_zero_on_slime_too():
+    """slime distils the same solver samples as the local backend: --adv-tau not given (None) is 0 there."""
     from argparse import Namespace
 
-    from slime_meta.backends.slime.advantages import context_distillation
+    from slime_meta.backends.slime.advantages import meta_advantages
+    from slime_meta.backends.slime.samples import SOLVER_INDEX_BASE
 
     def advantages(adv_tau):
         data = {"rewards": [1.5], "kl": [torch.zeros(2)], "teacher_log_probs": [torch.tensor([-1.0, -2.0])],
-                "log_probs": [torch.tensor([-0.5, -0.5])], "rollout_log_probs": [torch.zeros(2)]}  # fmt: skip
-        context_distillation(Namespace(adv_tau=adv_tau, teacher_tau=0.5, student_tau=0.0, use_rollout_logprobs=False), data)
+                "sample_indices": [SOLVER_INDEX_BASE], "rollout_log_probs": [torch.zeros(2)]}  # fmt: skip
+        meta_advantages(Namespace(adv_tau=adv_tau, teacher_tau=0.5, student_tau=0.0), data)
         return data["advantages"][0]
 
-    torch.testing.assert_close(advantages(None), advantages(1.0))
-    torch.testing.assert_close(advantages(None), torch.tensor([1.5 - 0.5, 1.5 - 1.0]))
+    torch.testing.assert_close(advantages(None), advantages(0.0))
+    torch.testing.assert_close(advantages(None), torch.tensor([-0.5, -1.0]))

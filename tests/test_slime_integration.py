@@ -29,7 +29,7 @@ from slime_meta.backends.slime import rollout as plugin
 from slime_meta.backends.slime.data import convert
 from slime_meta.backends.slime.flags import arguments_for_slime
 from slime_meta.backends.slime.plan import meta_parser, translate
-from slime_meta.backends.slime.samples import META_KEY
+from slime_meta.backends.slime.samples import META_KEY, is_solver_index
 
 REPO = Path(__file__).resolve().parents[1]
 SLIME_SRC = os.environ.get("SLIME_SRC")
@@ -176,20 +176,32 @@ def test_train_and_eval_rollouts_meet_slimes_plugin_contract(slime, pools, tiny_
 def test_student_pool_compact_steps_and_distillation(slime, pools, tiny_checkpoint, tmp_path):
     models = {"actor": host_port(pools.teacher), "student": host_port(pools.student)}
     extra = ["--num-inner-iterations", "2", "--train-all-inner-steps",
-             "--teacher-context", "Hints are two letters.", "--teacher-tau", "0.5", "--student-tau", "0.5"]  # fmt: skip
+             "--teacher-context", "Hints are two letters.", "--teacher-tau", "0.5", "--student-tau", "0.5",
+             "--rollout-temperature", "0.7", "--teacher-temperature", "0.7", "--eval-baseline"]  # fmt: skip
     args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, extra=extra, models=models)
-    output = plugin.generate_rollout(args, 3, slime.DataSource(args))
+    output = plugin.generate_rollout(args, 0, slime.DataSource(args))
+    # --eval-baseline: the student with and without the context, measured at the first step only.
+    baseline = {k: v for k, v in output.metrics.items() if "baseline" in k}
+    assert set(baseline) == {"eval/prompts.slime/baseline_student/avg", "eval/prompts.slime/baseline_teacher/avg",
+                             "eval/prompts.slime/baseline_diff"}  # fmt: skip
+    assert not any("baseline" in k for k in plugin.generate_rollout(args, 1, slime.DataSource(args)).metrics)
 
     assert len(output.samples) == 2 and all(len(group) == 2 for group in output.samples)
     slime.validate_rollout_id_annotated(output.samples)  # each chain: one rollout of K samples
     for group in output.samples:
         for chain in group:
-            assert [s.metadata[META_KEY]["inner_iteration"] for s in chain] == [0, 1]
+            infos = [s for s in chain if not is_solver_index(s.index)]
+            solvers = [s for s in chain if is_solver_index(s.index)]
+            assert [s.metadata[META_KEY]["inner_iteration"] for s in infos] == [0, 1]
             assert len({s.rollout_id for s in chain}) == 1 and chain[0].rollout_id is not None
+            # Distillation trains the policy's own answers to the chain's problems, not the infos.
+            assert len(solvers) == 1 and all(s.metadata[META_KEY]["kind"] == "distill" for s in solvers)
             for sample in chain:
                 slime.contracts.assert_sample_contract(sample)
                 assert len(sample.teacher_log_probs) == sample.response_length
                 assert all(lp <= 0.0 for lp in sample.teacher_log_probs)
+            assert all(s.teacher_log_probs == s.rollout_log_probs for s in infos)  # carried, never read
+            assert any(s.teacher_log_probs != s.rollout_log_probs for s in solvers)  # the context changes them
     assert plugin.runtime(args).student_pool.base_url == pools.student  # the 'student' model's URL ...
     assert output.metrics["pool/student_requests"] > 0  # ... served the student
 
@@ -227,3 +239,78 @@ def test_slimes_argument_groups_take_ours_without_conflicts(slime):
     assert (args.rollout_temperature, args.student_temperature, args.num_inner_iterations) == (0.9, 0.6, 5)
     assert args.rollout_function_path == "slime_meta.backends.slime.rollout.generate_rollout"
     assert args.loss_type == "custom_loss" and args.input_key == "prompt" and args.colocate
+
+
+def test_replay_pairs_become_two_samples_of_their_chains_rollout(slime, pools, tiny_checkpoint, tmp_path, monkeypatch):
+    """Channel 3 through the real rollout: teachers on an OpenAI-compatible server answer with the
+    label, the policy's wrong answers become pairs, each pair two samples (+-w) in its chain's rollout,
+    the reference log-probs scored once on the frozen pool of the start weights and cached."""
+    import json
+
+    try:
+        from tests.openai_server import run_openai_server
+    except ImportError:
+        from openai_server import run_openai_server
+
+    labels = {}
+    for line in (REPO / "data/synthetic_suffix.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        labels[row["prompt"]] = row["label"]
+
+    def reply(messages):
+        text = messages[-1]["content"]
+        return next((label for word, label in labels.items() if word in text), "?")
+
+    monkeypatch.setenv("SLIME_META_TEST_REPLAY_KEY", "sk-test")
+    with run_openai_server(reply_fn=reply) as (url_a, _), run_openai_server(reply_fn=reply) as (url_b, _):
+        models = {"actor": host_port(pools.teacher), "student": host_port(pools.student)}
+        extra = ["--student-num-gpus", "1", "--replay-beta", "0.5", "--replay-teachers",
+                 f"a@{url_a}#SLIME_META_TEST_REPLAY_KEY", f"b@{url_b}#SLIME_META_TEST_REPLAY_KEY",
+                 "--teacher-temperature", "1", "--rollout-temperature", "1"]  # fmt: skip
+        args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, extra=extra, models=models)
+        output = plugin.generate_rollout(args, 0, slime.DataSource(args))
+
+    slime.validate_rollout_id_annotated(output.samples)
+    replay = [s for group in output.samples for chain in group for s in chain if s.metadata[META_KEY].get("kind") == "replay"]
+    assert output.metrics["replay/pairs"] == len(replay) / 2 > 0
+    by_pair = {}
+    for s in replay:
+        slime.contracts.assert_sample_contract(s)
+        by_pair.setdefault(s.metadata[META_KEY]["pair_index"], []).append(s)
+    for chosen, rejected in by_pair.values():
+        assert chosen.metadata[META_KEY]["chosen"] and not rejected.metadata[META_KEY]["chosen"]
+        assert chosen.rollout_id == rejected.rollout_id  # one step, one rollout
+        assert chosen.reward == -rejected.reward > 0  # +w and -w, times --replay-beta
+        assert len(chosen.rollout_log_probs) == chosen.response_length
+    raw, advantages = plugin.post_process_rewards(args, replay)
+    assert advantages == [s.reward for s in replay]
+    assert (tmp_path / "run" / "replay_pairs.jsonl").read_text().count('"reference"') >= 1  # cached for a resume
+
+
+def test_group_key_keeps_each_prompt_and_its_holdout_in_one_family(slime, pools, tiny_checkpoint, tmp_path):
+    """--group-key on slime: the problems come from the per-family sampler (the local backend's),
+    the data source's Samples carry the drawn problem's metadata, and a step draws new families."""
+    import json
+
+    held = tmp_path / "held.slime.jsonl"
+    convert(REPO / "data/synthetic_suffix.jsonl", held)
+    extra = ["--group-key", "family"]
+    args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, extra=extra, eval_set=held)
+    first = plugin.generate_rollout(args, 0, slime.DataSource(args))
+    second = plugin.generate_rollout(args, 1, slime.DataSource(args))
+    evaluation = plugin.generate_rollout(args, 2, slime.DataSource(args), evaluation=True)
+    batches = [json.loads(line) for line in (tmp_path / "run" / "traces.jsonl").read_text().splitlines()]
+    batches = [b for b in batches if b.get("type") == "batch"]
+    assert [b["rollout_id"] for b in batches] == [0, 1]
+    for batch in batches:
+        assert len(batch["episodes"]) == 2  # one episode (family) per teacher prompt
+        for episode in batch["episodes"]:
+            families = {uid.split("-")[0] for chunk in episode["train"] for uid in chunk} | {
+                uid.split("-")[0] for uid in episode["holdout"]}  # fmt: skip
+            assert len(families) == 1 and len(episode["holdout"]) == 1
+    for output, batch in zip((first, second), batches):
+        for group, episode in zip(output.samples, batch["episodes"]):
+            assert {s.metadata["uid"] for s in group} == {episode["train"][0][0]}
+            assert {s.metadata["family"] for s in group} == {episode["train"][0][0].split("-")[0]}
+    assert batches[0]["episodes"] != batches[1]["episodes"]
+    assert "eval/held/gain" in evaluation.metrics  # the fixed eval draw, per family as well

@@ -17,7 +17,7 @@ from argparse import Namespace
 import pytest
 import torch
 
-from slime_meta.backends.slime.advantages import context_distillation
+from slime_meta.backends.slime.advantages import meta_advantages
 from slime_meta.backends.slime.loss import (
     REPLAY_IS_CHOSEN,
     REPLAY_PAIR_INDEX,
@@ -26,6 +26,7 @@ from slime_meta.backends.slime.loss import (
     meta_loss,
     response_logits,
 )
+from slime_meta.backends.slime.samples import SOLVER_INDEX_BASE
 
 V = 13
 
@@ -227,23 +228,31 @@ def test_empty_micro_batch_keeps_the_graph():
 
 
 def test_context_distillation_advantages():
+    """Solver samples (index from SOLVER_INDEX_BASE) get the shaped advantage, with the engine's
+    log-probs as the student term (as on the local backend); infos keep their GRPO advantage."""
     args = Namespace(adv_tau=1.0, teacher_tau=0.5, student_tau=0.25, use_rollout_logprobs=False)
     data = {
-        "rewards": [1.0, -2.0],
-        "kl": [torch.zeros(3), torch.zeros(2)],
-        "teacher_log_probs": [torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([-0.1, -0.2])],
-        "log_probs": [torch.tensor([-0.5, -0.5, -0.5]), torch.tensor([-1.0, -3.0])],
-        "rollout_log_probs": [torch.zeros(3), torch.zeros(2)],
+        "rewards": [1.0, -2.0, 0.75],
+        "kl": [torch.zeros(3), torch.zeros(2), torch.zeros(2)],
+        "sample_indices": [SOLVER_INDEX_BASE, SOLVER_INDEX_BASE + 1, 7],
+        "teacher_log_probs": [torch.tensor([-1.0, -2.0, -0.5]), torch.tensor([-0.1, -0.2]), torch.tensor([-9.0, -9.0])],
+        "log_probs": [torch.tensor([-3.0, -3.0, -3.0]), torch.tensor([-4.0, -4.0]), torch.tensor([-1.0, -1.0])],
+        "rollout_log_probs": [torch.tensor([-0.5, -0.5, -0.5]), torch.tensor([-1.0, -3.0]), torch.tensor([-1.0, -1.0])],
     }
-    context_distillation(args, data)
+    meta_advantages(args, data)
     torch.testing.assert_close(
         data["advantages"][0], torch.tensor([1.0 - 0.5 + 0.125, 1.0 - 1.0 + 0.125, 1.0 - 0.25 + 0.125])
     )
     torch.testing.assert_close(data["advantages"][1], torch.tensor([-2.0 - 0.05 + 0.25, -2.0 - 0.1 + 0.75]))
+    torch.testing.assert_close(data["advantages"][2], torch.full((2,), 0.75))  # an info: its GRPO advantage
     torch.testing.assert_close(data["returns"][1], data["advantages"][1])
 
-    plain = {"rewards": [0.5], "kl": [torch.zeros(4)]}  # no teacher log-probs: slime's GRPO returns
-    context_distillation(args, plain)
+    not_given = dict(data, sample_indices=[SOLVER_INDEX_BASE] * 3)
+    meta_advantages(Namespace(adv_tau=None, teacher_tau=0.5, student_tau=0.25), not_given)
+    torch.testing.assert_close(not_given["advantages"][0], torch.tensor([-0.5 + 0.125, -1.0 + 0.125, -0.25 + 0.125]))
+
+    plain = {"rewards": [0.5], "kl": [torch.zeros(4)]}  # no solver samples: slime's GRPO returns
+    meta_advantages(args, plain)
     torch.testing.assert_close(plain["advantages"][0], torch.full((4,), 0.5))
 
 

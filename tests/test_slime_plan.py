@@ -108,16 +108,21 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--rollout-function-path", "my.rollout"], "--rollout-function-path is set by --backend slime"),
         (["--colocate", "--loss-type", "policy_loss"], "--loss-type policy_loss"),
         (["--colocate", "--advantage-estimator", "ppo"], "--advantage-estimator ppo"),
-        (["--colocate", "--group-key", "family"], "--group-key"),
-        (["--colocate", "--sdpo-alpha", "0.1"], "fixed set of batch keys"),
+        (["--colocate", "--group-key", "family"], "--heldout-ipb"),  # per family: the holdout must divide evenly
+        (["--colocate", "--sdpo-alpha", "0.1"], "give --sdpo-form shaping"),
+        (["--colocate", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"], "a frozen pool of the start weights"),
+        (["--student-num-gpus", "2", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"],
+         "--replay-beta with --teacher-temperature 0.7"),
+        (["--colocate", "--sdpo-alpha", "0.1", "--sdpo-form", "shaping"], "--rollout-temperature 1.0 with solver samples"),
         (
             ["--colocate", "--distill-context", "additional_info", "--teacher-tau", "1"],
-            "--distill-context additional_info",
+            "--rollout-temperature 1.0 with solver samples",
         ),
+        (["--colocate", "--custom-convert-samples-to-train-data-path", "my.convert"], "is set by --backend slime"),
         (["--colocate", "--rollout-batch-size", "0"], "must be >= 1"),
         (["--colocate", "--max-async-level", "1"], "--max-async-level 1"),
-        (["--colocate", "--eval-baseline"], "--eval-baseline"),
-        (["--colocate", "--teacher-context", "x", "--teacher-tau", "1", "--skip-verification"], "--adv-tau 0"),
+        (["--max-async-level", "2"], "--max-async-level 2: slime's pattern"),
+        (["--colocate", "--calculate-per-token-loss"], "--calculate-per-token-loss: the conversion plugin"),
         (
             ["--colocate", "--student-router-ip", "10.0.0.2"],
             "--student-router-ip: slime starts the student router",
@@ -167,11 +172,32 @@ def test_temperatures_and_chat_template_move_to_their_meaning_on_slime():
 def test_distillation_adds_the_advantage_plugin_and_teacher_port_the_router_port():
     argv = list(
         plan_of(
-            "--colocate", "--teacher-context", "Be brief.", "--teacher-tau", "1", "--teacher-port", "30000"
+            "--colocate", "--teacher-context", "Be brief.", "--teacher-tau", "1", "--teacher-port", "30000",
+            "--rollout-temperature", "0.7",
         ).slime_argv
     )
     assert value(argv, "--custom-advantage-function-path") == PLUGINS["--custom-advantage-function-path"]
     assert value(argv, "--sglang-router-port") == "30000"
+
+
+@pytest.mark.parametrize("context", [["--distill-context", "additional_info"], ["--teacher-context", "Be brief."]])
+def test_distillation_of_solver_samples_runs_on_slime(context):
+    """The solver samples and the per-channel token means travel through slime's stock plugin flags."""
+    argv = list(plan_of("--colocate", *context, "--teacher-tau", "0.5", "--skip-verification",
+                        "--rollout-temperature", "0.7", "--teacher-temperature", "0.7").slime_argv)  # fmt: skip
+    assert value(argv, "--custom-advantage-function-path") == "slime_meta.backends.slime.advantages.meta_advantages"
+    assert value(argv, "--custom-convert-samples-to-train-data-path") == (
+        "slime_meta.backends.slime.train_data.convert_samples_to_train_data"
+    )
+    shaping = list(plan_of("--colocate", "--sdpo-alpha", "0.5", "--sdpo-form", "shaping", "--rollout-temperature", "0.7",
+                           "--teacher-temperature", "0.7").slime_argv)  # fmt: skip
+    assert value(shaping, "--custom-advantage-function-path") == value(argv, "--custom-advantage-function-path")
+    replay = list(plan_of("--rollout-num-gpus", "2", "--student-num-gpus", "2", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y",
+                          "--teacher-temperature", "1", "--rollout-temperature", "1").slime_argv)  # fmt: skip
+    assert value(replay, "--custom-advantage-function-path") == value(argv, "--custom-advantage-function-path")
+    plain = list(plan_of("--colocate").slime_argv)  # GRPO alone: the token-mean conversion, no advantage plugin
+    assert "--custom-advantage-function-path" not in plain
+    assert value(plain, "--custom-convert-samples-to-train-data-path") == value(argv, "--custom-convert-samples-to-train-data-path")
 
 
 def test_num_rollout_and_batch_steps_defer_to_slime_flags():
@@ -315,13 +341,13 @@ SCRIPTS = {
 }
 
 
-def run_script(name: str, tmp_path: Path, **env) -> subprocess.CompletedProcess:
+def run_script(name: str, tmp_path: Path, *flags: str, **env) -> subprocess.CompletedProcess:
     environment = {
         **os.environ, "PYTHON": sys.executable, "RUN_DIR": str(tmp_path / "run"),
         "SLIME_DIR": os.environ.get("SLIME_SRC", str(tmp_path / "no-slime")), **env,
     }  # fmt: skip
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environment.get("PYTHONPATH")]))
-    command = ["bash", str(REPO / "scripts" / name), "--dry-run"]
+    command = ["bash", str(REPO / "scripts" / name), "--dry-run", *flags]
     return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -389,3 +415,19 @@ def test_external_student_server_has_its_own_flag_and_no_pool():
     assert "student  external server http://10.0.0.9:30000" in cli.describe(plan)
     with pytest.raises(UserInputError, match="--student-router-port: slime starts the student router"):
         plan_of("--colocate", "--student-num-gpus", "2", "--student-router-port", "30001")
+
+
+ALL_CHANNELS = ("--teacher-context", "Be brief.", "--teacher-tau", "0.5", "--student-tau", "0.5", "--sdpo-alpha", "0.5",
+                "--sdpo-form", "shaping", "--use-tis", "--rollout-temperature", "0.7", "--teacher-temperature", "0.7",
+                "--skip-verification", "--eval-baseline")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_launch_script_dry_run_with_every_channel_slime_runs(name, tmp_path):
+    """Distillation, SDPO (shaping form), TIS: the dry run prints each plugin path and the channel flags."""
+    result = run_script(name, tmp_path, *ALL_CHANNELS)
+    assert result.returncode == 0, result.stderr
+    for flag, path in PLUGINS.items():
+        assert re.search(rf"{re.escape(flag)} {re.escape(path)}\b", result.stdout), flag
+    for flag in ("--teacher-tau 0.5", "--sdpo-alpha 0.5", "--sdpo-form shaping", "--use-tis", "--eval-baseline"):
+        assert flag in result.stdout

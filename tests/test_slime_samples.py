@@ -10,15 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from slime_meta.backends.slime.rollout import context_prompt_ids, post_process_rewards, router_urls
+from slime_meta.backends.slime.rollout import post_process_rewards, router_urls
 from slime_meta.backends.slime.samples import (
     META_KEY,
     problem_from_sample,
+    is_solver_index,
     prompt_text,
+    solver_sample_fields,
     status_value,
     teacher_sample_fields,
 )
-from slime_meta.types import TeacherSample
+from slime_meta.types import SolverSample, TeacherSample
 
 
 def teacher_sample(**overrides) -> TeacherSample:
@@ -96,12 +98,24 @@ def test_router_urls_for_shared_separate_and_external_students():
     assert router_urls(args, cfg)[1] == "http://10.0.0.9:30000"
 
 
-def test_context_goes_after_a_leading_bos():
-    class Tok:
-        bos_token_id = 1
+def test_solver_sample_fields_join_their_chains_rollout():
+    solver = SolverSample(
+        problem_uid="u3", prompt_ids=(1, 40), response_ids=(50, 51, 52), rollout_logprobs=(-0.5, -0.25, -1.0),
+        temperature=0.7, grade=0.0, task_advantage=-1.5, prompt_text="P", solution_text="S",
+        context_prompt_ids=(1, 9, 40), teacher_logprobs=(-0.1, -0.2, -0.3), is_error_site=True,
+    )  # fmt: skip
+    fields = solver_sample_fields(solver, prompt="P", response="S", teacher_log_probs=solver.teacher_logprobs,
+                                  index=2, rollout_id=17, base_metadata={"uid": "u1"})  # fmt: skip
+    assert fields["tokens"] == [1, 40, 50, 51, 52] and fields["response_length"] == 3
+    assert fields["teacher_log_probs"] == [-0.1, -0.2, -0.3] and fields["rollout_log_probs"] == [-0.5, -0.25, -1.0]
+    assert fields["rollout_id"] == 17 and fields["reward"] == 0.0
+    assert is_solver_index(fields["index"]) and not is_solver_index(17)
+    assert fields["metadata"][META_KEY]["advantage"] == -1.5 and fields["metadata"]["uid"] == "u1"
 
-        def __call__(self, text, add_special_tokens):
-            return {"input_ids": [ord(c) for c in text]}
+    class Sample:  # the attributes post_process_rewards reads
+        reward = fields["reward"]
+        metadata = fields["metadata"]
 
-    assert context_prompt_ids(Tok(), "ab", [1, 5, 6]) == [1, 97, 98, 10, 10, 5, 6]
-    assert context_prompt_ids(Tok(), "ab", [5, 6]) == [97, 98, 10, 10, 5, 6]
+    assert post_process_rewards(None, [Sample()]) == ([0.0], [-1.5])  # the task advantage, not the grade
+    with pytest.raises(ValueError, match="teacher log-probs"):
+        solver_sample_fields(solver, prompt="P", response="S", teacher_log_probs=(-0.1,), index=0, rollout_id=1)

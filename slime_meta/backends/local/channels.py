@@ -4,7 +4,9 @@
              infos and, with distillation on, over the policy's own solutions with shaped token
              advantages: two passes, each its own token mean
   channel 2  SDPO: JSD between the policy on the plain prompt and the same weights (no grad) on the
-             hint-injected prompt, on the response tokens of the error sites
+             hint-injected prompt, on the response tokens of the error sites; or (sdpo_form
+             "shaping") a policy-gradient pass over those answers with token advantages
+             alpha * (log p_hint - log p), its own token mean (the form slime runs too)
   channel 3  trace replay: DPO on (teacher-agreed answer, policy answer) pairs
 
 Each pass backpropagates `weight * its mean` (token mean for 1 and 2, pair mean for 3), so a
@@ -33,6 +35,7 @@ from slime_meta.backends.local.batching import (
     response_columns,
 )
 from slime_meta.losses import (
+    context_distillation_advantages,
     dpo_loss,
     entropy_from_logits,
     generalized_jsd,
@@ -73,6 +76,7 @@ class LossSettings:
     sdpo_temperature: float = 1.0
     sdpo_top_k: int | None = None
     sdpo_token_clip: float | None = None
+    sdpo_form: str = "jsd"  # "jsd": sdpo_pass; "shaping": sdpo_shaping_sequences through the policy gradient
     replay_beta: float = 0.0
     replay_dpo_beta: float = 0.1
     # Tokens per chunk of the vocabulary-wide computations (JSD, entropy): measured on an H100 at
@@ -181,6 +185,22 @@ def sdpo_pass(
         (s.sdpo_alpha * jsd * share).backward()
         jsd_sum += jsd.item() * share
     return {"sdpo_jsd": jsd_sum, "sdpo_tokens": float(total_tokens)}
+
+
+def sdpo_shaping_sequences(samples: Sequence[SolverSample], alpha: float) -> list[PolicySequence]:
+    """Channel 2, shaping form: the error sites' answers with token advantages
+    alpha * (log p(token | hint prompt) - log p(token | prompt)), the first from the pool's scoring
+    call, the second the engine's own (both known at rollout time, as on slime)."""
+    out = []
+    for x in samples:
+        if not x.response_ids or not x.is_error_site or x.hint_logprobs is None:
+            continue
+        advantages_T = context_distillation_advantages(
+            torch.zeros(1), torch.tensor([x.hint_logprobs]), torch.tensor([x.rollout_logprobs]),
+            adv_tau=0.0, teacher_tau=alpha, student_tau=alpha,
+        )[0]  # fmt: skip
+        out.append(PolicySequence(x.prompt_ids, x.response_ids, x.rollout_logprobs, tuple(advantages_T.tolist()), x.temperature))
+    return out
 
 
 def _sequence_logp_sums(forward: ModelCall, pairs_ids: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], pad_id: int,

@@ -210,7 +210,7 @@ def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
         eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high, eps_clip_c=o.eps_clip_c, use_tis=o.use_tis,
         tis_clip=o.tis_clip, tis_clip_low=o.tis_clip_low, aipo_delta=o.aipo_delta, kl_loss_coef=o.kl_loss_coef,
         kl_loss_type=o.kl_loss_type, entropy_coef=o.entropy_coef, sdpo_alpha=o.sdpo_alpha, sdpo_beta=o.sdpo_beta,
-        sdpo_temperature=o.sdpo_temperature, sdpo_top_k=o.sdpo_top_k, sdpo_token_clip=o.sdpo_token_clip,
+        sdpo_temperature=o.sdpo_temperature, sdpo_top_k=o.sdpo_top_k, sdpo_token_clip=o.sdpo_token_clip, sdpo_form=o.sdpo_form,
         replay_beta=o.replay_beta, replay_dpo_beta=o.replay_dpo_beta,
     )  # fmt: skip
     settings = TrainerSettings(
@@ -241,6 +241,7 @@ def make_solver_builder(cfg: MetaConfig, pieces: "RolePieces", teacher_pool: SGL
         distill_context=source, fixed_context=read_context(o.teacher_context), context_key=o.context_key,
         distill=o.distillation_on, sdpo=o.sdpo_on_any, sdpo_hint=o.sdpo_hint, sdpo_grade_threshold=o.sdpo_grade_threshold,
         sdpo_on=o.sdpo_on, skip_verification=o.skip_verification, std_normalize=cfg.train.std_normalize,
+        sdpo_shaping=o.sdpo_shaping,
     )  # fmt: skip
     return SolverSampleBuilder(policy_as_student, pieces.grader, settings)
 

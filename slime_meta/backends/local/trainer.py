@@ -35,6 +35,7 @@ from slime_meta.backends.local.channels import (
     reference_logp_sums,
     replay_dpo_pass,
     sdpo_pass,
+    sdpo_shaping_sequences,
 )
 from slime_meta.losses import (
     ThreeChannelInputs,
@@ -244,9 +245,14 @@ class LocalTrainer:
             metrics.update({f"train/distill_{k}": v for k, v in distill.items()})
             metrics["train/distill_tokens"] = float(sum(len(x.response_ids) for x in solver))
             pg_loss += distill["loss"]
-        channels = ThreeChannelInputs(grpo=torch.tensor(pg_loss))
+        channels = ThreeChannelInputs(grpo=torch.tensor(pg_loss))  # with the shaping form, SDPO's term too
+        shaped = sdpo_shaping_sequences(solver_samples, s.loss.sdpo_alpha) if s.loss.sdpo_form == "shaping" else []
+        if shaped:  # channel 2 as token advantages: a policy-gradient term of its own, like distillation's
+            sdpo = policy_gradient_pass(policy, reference, shaped, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+            metrics.update({f"train/sdpo_shaping_{k}": v for k, v in sdpo.items()})
+            pg_loss += sdpo["loss"]
         sdpo_samples = [x for x in solver_samples if x.is_error_site and x.hint_prompt_ids and x.response_ids]
-        if s.loss.sdpo_alpha and sdpo_samples:
+        if s.loss.sdpo_alpha and s.loss.sdpo_form == "jsd" and sdpo_samples:
             sdpo = sdpo_pass(policy, sdpo_samples, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
             metrics.update({f"train/{k}": v for k, v in sdpo.items()})
             channels.sdpo_jsd = torch.tensor(sdpo["sdpo_jsd"])

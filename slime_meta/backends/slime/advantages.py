@@ -1,18 +1,26 @@
-"""slime's `--custom-advantage-function-path`: context distillation on top of our GRPO advantages.
+"""slime's `--custom-advantage-function-path`: per-token advantages of the teacher's infos and of
+the policy's own solutions (solver samples), as the local trainer gives them.
 
-    context_distillation(args, rollout_data) -> None   (sets rollout_data["advantages"], ["returns"])
+    meta_advantages(args, rollout_data) -> None   (sets rollout_data["advantages"], ["returns"])
 
 slime calls it on the trainer, per data-parallel rank, after the reference KL and before any
---normalize-advantages whitening. `rollout_data["rewards"][i]` is already sample i's GRPO
-advantage over the holdout rewards (the reward post-process plugin put it there). Per response
-token t of sample i:
+--normalize-advantages whitening. `rollout_data["rewards"][i]` is what the reward post-process
+plugin returned: an info's GRPO advantage over the holdout rewards, a solver sample's task
+advantage (GRPO over the m attempts at its problem; 0 with --skip-verification). The kind of a
+sample is told by its index (`samples.kind_of_index`: info, distill, sdpo).
 
-    A[i, t] = adv_tau * reward[i] + teacher_tau * teacher_logp[i, t] - student_tau * student_logp[i, t]
+    info:           A[i, t] = reward[i]
+    replay side:    A[i, t] = reward[i] = +-replay_beta * w of its pair (replay_samples.py)
+    solver, distillation (--teacher-tau / --student-tau):
+                    A[i, t] = adv_tau * reward[i] + teacher_tau * teacher_logp[i, t] - student_tau * rollout_logp[i, t]
 
-teacher_logp: `Sample.teacher_log_probs`, the info's tokens scored under the context-conditioned
-teacher prompt (--teacher-context or --context-key) by the rollout; student_logp: the trainer's
-own log-probs (`log_probs`, or the engine's with --use-rollout-logprobs), as slime's on-policy
-distillation uses them. Without teacher log-probs every token gets reward[i]: slime's GRPO.
+    solver, SDPO shaping form (--sdpo-alpha with --sdpo-form shaping), error sites only:
+                    A[i, t] = sdpo_alpha * (teacher_logp[i, t] - rollout_logp[i, t])
+
+teacher_logp: `teacher_log_probs`, the solver's answer scored under its prompt with the context
+(`slime_meta.solver_samples.distillation_prompt_ids`), or with the hint for SDPO; rollout_logp:
+the engine's log-probs of the answer, as on the local backend. --adv-tau not given means 0 on
+both backends.
 """
 
 from __future__ import annotations
@@ -22,32 +30,46 @@ from typing import Any
 
 import torch
 
+from slime_meta.backends.slime.samples import kind_of_index
 from slime_meta.losses import context_distillation_advantages
 
 
-def context_distillation(args: Namespace, rollout_data: dict[str, Any]) -> None:
-    rewards, shapes = rollout_data["rewards"], rollout_data["kl"]  # kl: one [R_i] tensor per sample
-    teacher = rollout_data.get("teacher_log_probs")
-    student = (
-        rollout_data.get("rollout_log_probs")
-        if getattr(args, "use_rollout_logprobs", False)
-        else rollout_data.get("log_probs")
-    )
-    student = student or rollout_data.get("rollout_log_probs")
-    taus = {
-        "adv_tau": 1.0 if getattr(args, "adv_tau", None) is None else float(args.adv_tau),  # not given: GRPO kept
-        "teacher_tau": float(getattr(args, "teacher_tau", 0.0)),
-        "student_tau": float(getattr(args, "student_tau", 0.0)),
+def _taus(args: Namespace) -> dict[str, float]:
+    adv_tau = getattr(args, "adv_tau", None)
+    return {
+        "adv_tau": 0.0 if adv_tau is None else float(adv_tau),  # not given: the solver's task term is off
+        "teacher_tau": float(getattr(args, "teacher_tau", 0.0) or 0.0),
+        "student_tau": float(getattr(args, "student_tau", 0.0) or 0.0),
     }
+
+
+def solver_advantages(args: Namespace, kind: str, reward: float, teacher_logp: torch.Tensor,
+                      rollout_logp: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """One solver sample's token advantages `[R]` (float32); `kind` "distill" or "sdpo"."""
+    task = torch.tensor([float(reward)], dtype=torch.float64)
+    if kind == "sdpo":  # alpha * (log p_hint - log p), no task term: as the local shaping pass
+        alpha = float(args.sdpo_alpha)
+        taus = {"adv_tau": 0.0, "teacher_tau": alpha, "student_tau": alpha}
+    else:
+        taus = _taus(args)
+    shaped = context_distillation_advantages(
+        task, teacher_logp.double()[None], rollout_logp.double()[None], **taus
+    )  # fmt: skip
+    return shaped[0].to(torch.float32)
+
+
+def meta_advantages(args: Namespace, rollout_data: dict[str, Any]) -> None:
+    rewards, shapes = rollout_data["rewards"], rollout_data["kl"]  # kl: one [R_i] tensor per sample
+    indices = rollout_data.get("sample_indices") or [0] * len(shapes)
+    teacher, rollout = rollout_data.get("teacher_log_probs"), rollout_data.get("rollout_log_probs")
     advantages = []
     for i, like in enumerate(shapes):
-        task = torch.full(like.shape, float(rewards[i]), dtype=torch.float32, device=like.device)
-        if teacher is None or student is None:
-            advantages.append(task)
-            continue
-        shaped = context_distillation_advantages(
-            task, teacher[i].to(like.device), student[i].to(like.device), **taus
-        )  # fmt: skip
-        advantages.append(shaped.to(torch.float32))
+        kind = kind_of_index(indices[i])
+        if kind in ("distill", "sdpo") and teacher is not None and rollout is not None:
+            advantages.append(solver_advantages(args, kind, float(rewards[i]), teacher[i], rollout[i]).to(like.device))
+        else:
+            advantages.append(torch.full(like.shape, float(rewards[i]), dtype=torch.float32, device=like.device))
     rollout_data["advantages"] = advantages
     rollout_data["returns"] = [a.clone() for a in advantages]
+
+

@@ -4,6 +4,12 @@ Ray places the GPUs (one placement group), slime's rollout manager starts the SG
 their routers and calls our `generate_rollout` once per step, Megatron trains the teacher with
 our loss, and the new weights go to the teacher's engines (never to a frozen student pool).
 slime's own train.py is a script; this is the same sequence for the actor-only GRPO case.
+
+--max-async-level 1 follows slime's own pattern for rollouts ahead of training (its
+train_async.py): step n+1's rollout is started before step n trains, the trainer's new weights go
+to the engines once that rollout is in, so each step trains on a rollout drawn with the weights
+of one step before (correct it with --use-tis). It needs training and inference on separate GPUs
+(no --colocate); deeper levels are refused at launch.
 """
 
 from __future__ import annotations
@@ -42,6 +48,11 @@ def train(args) -> None:
     wake_rollout_engines()  # the engines start from --hf-checkpoint; the trainer may have resumed
     if args.num_rollout == 0 and args.eval_interval is not None:
         ray.get(rollout.eval.remote(0))  # evaluation only
+    if getattr(args, "max_async_level", 0):
+        train_one_step_ahead(args, ray, rollout, teacher, rollouts_per_epoch, evaluate_if_due, should_run_periodic_action)
+        ray.get(rollout.dispose.remote())
+        finish_tracking(args)
+        return
     for rollout_id in range(args.start_rollout_id, args.num_rollout):
         evaluate_if_due(rollout_id, before_training=True)
         data = ray.get(rollout.generate.remote(rollout_id))  # our meta-learning rollout
@@ -59,3 +70,21 @@ def train(args) -> None:
 
     ray.get(rollout.dispose.remote())
     finish_tracking(args)
+
+
+def train_one_step_ahead(args, ray, rollout, teacher, rollouts_per_epoch, evaluate_if_due, periodic) -> None:
+    """--max-async-level 1: the next step's rollout runs while this step trains (no colocation)."""
+    evaluate_if_due(args.start_rollout_id, before_training=True)
+    pending, collected = rollout.generate.remote(args.start_rollout_id), None
+    for rollout_id in range(args.start_rollout_id, args.num_rollout):
+        data = ray.get(pending) if pending is not None else collected
+        pending = rollout.generate.remote(rollout_id + 1) if rollout_id + 1 < args.num_rollout else None
+        ray.get(teacher.async_train(rollout_id, data))
+        if periodic(rollout_id, args.save_interval, rollouts_per_epoch, args.num_rollout):
+            teacher.save_model(rollout_id, force_sync=rollout_id == args.num_rollout - 1)
+            if args.rollout_global_dataset:
+                ray.get(rollout.save.remote(rollout_id))
+        if pending is not None:  # collected before the weights change: no update in mid-generation
+            collected, pending = ray.get(pending), None
+        teacher.update_weights()
+        evaluate_if_due(rollout_id)

@@ -11,8 +11,13 @@ sequences packed one after another; per sample i `unconcat_tokens[i]` (prompt + 
 engine's), `ref_log_probs[i]` with a reference model, `teacher_log_probs[i]` when distilling.
 Logits at packed position t score token t+1, so sample i's response rows are
 [end_i - R_i - 1, end_i - 1). `sum_of_sample_mean(x)` reduces a per-token tensor over the
-concatenated responses (a token mean per rollout, summed over samples) and slime scales the
-returned loss for gradient accumulation, so every term here is such a sum.
+concatenated responses (sum_i (x_i * mask_i).sum() / rollout_mask_sums[i]) and slime scales the
+returned loss for gradient accumulation (divides by --global-batch-size rollouts), so every
+term here is such a sum. Our conversion plugin (`train_data.py`) sets rollout_mask_sums[i] to the
+step's tokens of sample i's kind (teacher info or solver sample) and `channel_token_mean`
+multiplies by --global-batch-size: the step loss is then the local trainer's, one token mean
+over the infos plus one over the solver samples (context distillation, SDPO shaping), each
+sample trained with the PPO surrogate on its advantages (advantages.py).
 
 channel 1, GRPO: slime's own policy loss for the grpo estimator, term by term: log-probs from
   slime's `get_log_probs_and_entropy` (vocab- and context-parallel aware, at
@@ -29,7 +34,10 @@ channel 3, replay DPO (--replay-beta): active when the batch carries `replay_pai
   pair id, -1 for none), `replay_is_chosen[i]` and `ref_log_probs`; a pair counts when both of
   its samples are in this micro-batch. Skipped otherwise.
 slime (checked at 624b824) forwards a fixed set of keys into this batch, without the channel 2
-and 3 keys: the launcher refuses those weights on slime until it forwards them.
+and 3 keys above, so on stock slime both channels arrive as advantages instead: SDPO in its
+shaping form (--sdpo-form shaping) and replay as two samples per pair (advantages.py,
+replay_samples.py); the launcher refuses --sdpo-form jsd. The two channels here run as soon as
+a slime forwards their keys.
 """
 
 from __future__ import annotations
@@ -222,12 +230,23 @@ def replay_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tenso
     return out.loss * len(pairs), len(pairs)  # a sum over pairs, like every other term
 
 
+def channel_token_mean(args: Namespace, sum_of_sample_mean: Reducer) -> Reducer:
+    """slime's reducer times its rollouts per step (--global-batch-size): with the denominators of
+    `train_data.convert_samples_to_train_data` (each sample's kind's tokens in the step) slime's
+    step loss becomes the local trainer's, the infos' token mean plus the solver samples' one."""
+    rollouts_per_step = float(getattr(args, "global_batch_size", None) or 1)
+    if getattr(args, "custom_convert_samples_to_train_data_path", None) is None:
+        rollouts_per_step = 1.0  # slime's own denominators: its per-rollout means, as slime has them
+    return lambda x: rollouts_per_step * sum_of_sample_mean(x)
+
+
 def meta_loss(
     args: Namespace, batch: dict[str, Any], logits: Tensor, sum_of_sample_mean: Reducer
 ) -> tuple[Tensor, dict[str, Tensor]]:
     log_probs, entropy = response_log_probs(args, batch, logits, with_entropy=True)
-    grpo, metrics = grpo_channel(args, batch, log_probs, entropy, sum_of_sample_mean, logits)
-    sdpo = sdpo_channel(args, batch, logits, sum_of_sample_mean)
+    reduce = channel_token_mean(args, sum_of_sample_mean)
+    grpo, metrics = grpo_channel(args, batch, log_probs, entropy, reduce, logits)
+    sdpo = sdpo_channel(args, batch, logits, reduce)
     replay, num_pairs = replay_channel(args, batch, log_probs)
     out = total_loss(
         ThreeChannelInputs(grpo=grpo, sdpo_jsd=sdpo, replay_dpo=replay),

@@ -36,7 +36,8 @@ PLUGINS = {
     "--rollout-function-path": "slime_meta.backends.slime.rollout.generate_rollout",
     "--custom-reward-post-process-path": "slime_meta.backends.slime.rollout.post_process_rewards",
     "--custom-loss-function-path": "slime_meta.backends.slime.loss.meta_loss",
-    "--custom-advantage-function-path": "slime_meta.backends.slime.advantages.context_distillation",
+    "--custom-advantage-function-path": "slime_meta.backends.slime.advantages.meta_advantages",
+    "--custom-convert-samples-to-train-data-path": "slime_meta.backends.slime.train_data.convert_samples_to_train_data",
 }
 TEACHER_MODEL = "actor"  # slime's name for the trained model's pool in its own examples
 STUDENT_MODEL = "student"
@@ -77,8 +78,8 @@ def _slime_side_parser() -> argparse.ArgumentParser:
     parser.add_argument("--loss-type", default=None)
     for flag in PLUGINS:
         parser.add_argument(flag, default=None)
-    parser.add_argument("--custom-convert-samples-to-train-data-path", default=None)
     parser.add_argument("--custom-tis-function-path", default=None)
+    parser.add_argument("--calculate-per-token-loss", action="store_true")
     parser.add_argument("--advantage-estimator", default="grpo")
     parser.add_argument("--release-train", action="store_true")
     parser.add_argument("--disable-rollout-global-dataset", action="store_true")
@@ -258,10 +259,11 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
             fail(f"{flag} is set by --backend slime (to {PLUGINS[flag]}); leave it out")
     if slime_ns.loss_type not in (None, "custom_loss"):
         fail(f"--loss-type {slime_ns.loss_type}: --backend slime trains with its own loss (custom_loss); leave it out")
-    if slime_ns.custom_convert_samples_to_train_data_path or slime_ns.custom_tis_function_path:
-        fail(
-            "--custom-convert-samples-to-train-data-path / --custom-tis-function-path: not supported with --backend slime"
-        )
+    if slime_ns.calculate_per_token_loss:
+        fail("--calculate-per-token-loss: the conversion plugin gives each channel its own token mean (as on one "
+             "machine); slime's per-token mode would pool them into one; leave it out")  # fmt: skip
+    if slime_ns.custom_tis_function_path:
+        fail("--custom-tis-function-path: not supported with --backend slime (use --use-tis / --aipo-delta)")
     if slime_ns.advantage_estimator != "grpo":
         fail(f"--advantage-estimator {slime_ns.advantage_estimator}: --backend slime computes GRPO advantages over "
              "holdout rewards in the rollout; leave it at grpo")  # fmt: skip
@@ -269,24 +271,29 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
         fail("--release-train: not supported by the slime-meta loop; leave it out")
     if slime_ns.disable_rollout_global_dataset:
         fail("--disable-rollout-global-dataset: the rollout draws its problems from slime's data source; leave it out")
-    if ns.group_key:
-        fail("--group-key: slime's data source draws rows in its own order, not per task family; "
-             "run --group-key on the local backend, or leave it out")  # fmt: skip
-    if ns.sdpo_alpha != 0.0 or ns.replay_beta != 0.0:
-        fail("--sdpo-alpha / --replay-beta: slime forwards a fixed set of batch keys to a custom loss, so top-k "
-             "SDPO targets and replay pairs cannot reach it; use the local backend for channels 2 and 3")  # fmt: skip
-    if ns.distill_context == "additional_info":
-        fail("--distill-context additional_info: on slime the trained samples are the teacher's infos; "
-             "give the distillation context with --teacher-context or --context-key")  # fmt: skip
-    if ns.eval_baseline:
-        fail("--eval-baseline: local backend only; on slime, --eval-interval with --eval-prompt-data NAME PATH reports "
-             "the holdout grade with and without the teacher's info")  # fmt: skip
-    if ns.skip_verification:
-        fail("--skip-verification acts on the solver samples of the local backend; for pure distillation of the "
-             "teacher's infos on slime give --adv-tau 0")  # fmt: skip
-    if ns.max_async_level:
-        fail(f"--max-async-level {ns.max_async_level}: the slime loop trains each step's rollout before the next one; "
-             "leave it at 0 on slime")  # fmt: skip
+    if ns.sdpo_alpha != 0.0 and ns.sdpo_form == "jsd":
+        fail("--sdpo-alpha with --sdpo-form jsd: the JSD needs the hint-conditioned distribution over the vocabulary "
+             "at every token, and slime forwards only per-token log-probs into a custom loss; give --sdpo-form "
+             "shaping (the same hint, as token advantages), or run the JSD on the local backend")  # fmt: skip
+    if ns.replay_beta != 0.0 and (ns.student_num_gpus is None or ns.student_checkpoint or ns.external_student_url):
+        fail("--replay-beta on slime: DPO's reference log-probs are scored on a frozen pool of the start weights; "
+             "give --student-num-gpus N without --student-checkpoint (a frozen student pool of --hf-checkpoint), "
+             "or run channel 3 on the local backend")  # fmt: skip
+    if ns.replay_beta != 0.0 and ns.teacher_temperature != 1.0:
+        fail(f"--replay-beta with --teacher-temperature {ns.teacher_temperature}: DPO's log-probs are at temperature "
+             "1 and slime's trainer scores at --teacher-temperature; give --teacher-temperature 1 --rollout-temperature 1")  # fmt: skip
+    solver_on = ns.teacher_tau != 0.0 or ns.student_tau != 0.0 or ns.sdpo_alpha != 0.0 or ns.replay_beta != 0.0
+    student_temperature = ns.rollout_temperature if ns.student_temperature is None else ns.student_temperature
+    if solver_on and student_temperature != ns.teacher_temperature:
+        fail(f"--rollout-temperature {student_temperature} with solver samples (distillation, SDPO): slime's trainer scores every "
+             f"sample at one temperature, and the solver samples are drawn at the student's; give --rollout-temperature "
+             f"{ns.teacher_temperature} (= --teacher-temperature), or train on the local backend")  # fmt: skip
+    if ns.max_async_level > 1:
+        fail(f"--max-async-level {ns.max_async_level}: slime's pattern for rollouts ahead of training runs one step "
+             "ahead; give --max-async-level 1 (or 0), or run deeper levels on the local backend")  # fmt: skip
+    if ns.max_async_level and slime_ns.colocate:
+        fail("--max-async-level 1 with --colocate: the next rollout runs while the trainer trains, so they need "
+             "GPUs of their own; leave out --colocate (a split topology) or give --max-async-level 0")  # fmt: skip
     if ns.teacher_temperature <= 0:
         fail(
             f"--teacher-temperature {ns.teacher_temperature}: must be > 0 on slime (the trained policy samples with it)"
@@ -387,7 +394,10 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     out += ["--rollout-function-path", PLUGINS["--rollout-function-path"]]
     out += ["--custom-reward-post-process-path", PLUGINS["--custom-reward-post-process-path"]]
     out += ["--loss-type", "custom_loss", "--custom-loss-function-path", PLUGINS["--custom-loss-function-path"]]
-    if config.objectives.distillation_on:
+    # Always: our denominators make slime's step loss the local one (infos' token mean, + solver samples').
+    out += ["--custom-convert-samples-to-train-data-path", PLUGINS["--custom-convert-samples-to-train-data-path"]]
+    o = config.objectives
+    if o.distillation_on or o.sdpo_shaping or o.replay_on:  # solver and replay samples: advantages per kind
         out += ["--custom-advantage-function-path", PLUGINS["--custom-advantage-function-path"]]
     return LaunchPlan(tuple(out), config, layout, run_dir, ns.dry_run)
 

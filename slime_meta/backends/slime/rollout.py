@@ -14,6 +14,10 @@ Pools: the teacher is the first SGLang model (`args.sglang_router_ip/port`; --te
 becomes --sglang-router-port); the student is --student-router-ip/port, else the 'student' model
 of --sglang-config, else the teacher's router (shared pool).
 
+With --group-key the problems come from our per-family sampler instead of the data source's
+order (`_family_episodes`). Solver samples (distillation, SDPO shaping) and replay pairs join
+the rollout of the chain they came from (samples.py).
+
 Evaluation (slime's --eval-interval, --eval-prompt-data NAME PATH ...): the same loop on a fixed
 draw of each set (--eval-num-batches batches of the step's split, the run's seed), no training,
 reported per set as two data sets, NAME/holdout_grade (each final info's reward) and
@@ -37,20 +41,22 @@ from pathlib import Path
 from typing import Any, Awaitable, Sequence, TypeVar
 
 from slime_meta.arguments import MetaConfig
-from slime_meta.arguments_objectives import read_context
 from slime_meta.backends.slime.flags import config_from_slime_args
 from slime_meta.backends.slime.samples import (
     advantage_of,
     apply_fields,
     problem_from_sample,
+    replay_sample_fields,
+    solver_sample_fields,
     status_value,
     teacher_sample_fields,
 )
 from slime_meta.backends.slime.data import batch_plan
+from slime_meta.backends.slime.replay_samples import ReplaySample, pairs_by_chain, replay_samples
 from slime_meta.data import ProblemSampler, load_problems
 from slime_meta.inner_loop import MetaLearningRollout, RolloutResult, describe_batch
 from slime_meta.pools import SGLangPool
-from slime_meta.types import Episode, Problem, TeacherSample
+from slime_meta.types import Episode, Problem, SolverSample, TeacherSample
 
 T = TypeVar("T")
 STUDENT_MODEL = "student"
@@ -85,28 +91,6 @@ def router_urls(args: Namespace, cfg: MetaConfig) -> tuple[str, str]:
     return teacher, teacher  # shared pool: the student is the evolving teacher
 
 
-def context_prompt_ids(tokenizer, context: str, prompt_ids: Sequence[int]) -> list[int]:
-    """The teacher's prompt with the distillation context in front (after a leading BOS)."""
-    context_ids = list(tokenizer(context.strip() + "\n\n", add_special_tokens=False)["input_ids"])
-    bos = tokenizer.bos_token_id
-    if prompt_ids and bos is not None and prompt_ids[0] == bos:
-        return [bos, *context_ids, *prompt_ids[1:]]
-    return [*context_ids, *prompt_ids]
-
-
-async def score(
-    pool: SGLangPool, prompt_ids: Sequence[int], response_ids: Sequence[int], temperature: float
-) -> list[float]:
-    """log p(response | prompt) per response token, by SGLang's scoring call (no generation)."""
-    reply = await pool.post(
-        "/generate",
-        {"input_ids": [*prompt_ids, *response_ids], "return_logprob": True, "logprob_start_len": 0,
-         "sampling_params": {"max_new_tokens": 0, "temperature": temperature}},
-    )  # fmt: skip
-    entries = reply["meta_info"]["input_token_logprobs"]
-    return [float(entry[0]) for entry in entries[len(entries) - len(response_ids) :]]
-
-
 @dataclass
 class _Runtime:
     args: Namespace
@@ -118,7 +102,11 @@ class _Runtime:
     student_pool: SGLangPool
     run_dir: Path
     tracker: Any
-    fixed_context: str | None
+    solver_builder: Any  # SolverSampleBuilder when a solver channel is on, else None
+    baseline_done: bool = False  # --eval-baseline: measured once, at the first step of this run
+    replayer: Any = None  # ReplayPairer with --replay-beta
+    family_sampler: Any = None  # --group-key: our own per-family sampler over --prompt-data
+    family_draws: int = 0
     eval_problems: dict[str, list[Problem]] | None = None
 
     def close(self) -> None:
@@ -154,15 +142,18 @@ def _build_runtime(args: Namespace) -> _Runtime:
 
     teacher_pool, student_pool = loop.run(make_pools())
     rollout = C.build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
-    # On slime the trained samples are the teacher's infos: no solver-role tokens to keep; and no
+    # The solver samples (context distillation, SDPO shaping) come from the same builder as on one
+    # machine: the context goes where `distillation_prompt_ids` puts it, on both backends. No
     # progress bar inside a Ray actor's log.
-    rollout.settings = replace(rollout.settings, keep_solver_attempts=False, show_progress=False)
+    rollout.settings = replace(rollout.settings, show_progress=False)
+    solver_builder = C.make_solver_builder(cfg, pieces, teacher_pool, tokenizer)
+    replayer = C.make_replayer(cfg, Path(cfg.tracking.run_dir)) if cfg.objectives.replay_on else None
     run_dir = Path(cfg.tracking.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict())
     return _Runtime(
         args=args, cfg=cfg, loop=loop, tokenizer=tokenizer, rollout=rollout, teacher_pool=teacher_pool,
-        student_pool=student_pool, run_dir=run_dir, tracker=tracker, fixed_context=read_context(cfg.objectives.teacher_context),
+        student_pool=student_pool, run_dir=run_dir, tracker=tracker, solver_builder=solver_builder, replayer=replayer,
     )  # fmt: skip
 
 
@@ -193,7 +184,26 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
         raise ValueError(f"slime's --rollout-batch-size is {args.rollout_batch_size}, the plan has {plan.groups} teacher "
                          "prompts: launch through train.py --backend slime, which sets both")  # fmt: skip
     groups = data_source.get_samples(plan.problems)
-    return rt.loop.run(_train_rollout(rt, rollout_id, groups, plan.train))
+    return rt.loop.run(_train_rollout(rt, rollout_id, groups, plan.train, _family_episodes(rt, rollout_id, plan)))
+
+
+def _family_episodes(rt: _Runtime, rollout_id: int, plan) -> list[Episode] | None:
+    """--group-key: slime's data source hands out rows in its own order, not per task family, so
+    the problems come from our own seeded per-family sampler over --prompt-data (the one the local
+    backend uses; a resumed run replays the draws before its step). The data source still hands
+    out the Sample objects slime counts and trains; their metadata becomes the drawn problem's."""
+    cfg = rt.cfg
+    if cfg.data.group_key is None:
+        return None
+    if rt.family_sampler is None:
+        problems = [replace(p, group=str(p.metadata.get(cfg.data.group_key, "") or "") or None)
+                    for p in _converted_problems(rt, cfg.data.prompt_data)]  # fmt: skip
+        rt.family_sampler = ProblemSampler(problems, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=True)
+    while rt.family_draws < rollout_id:
+        rt.family_sampler.next_episodes(**plan.draw_sizes)
+        rt.family_draws += 1
+    rt.family_draws += 1
+    return rt.family_sampler.next_episodes(**plan.draw_sizes)
 
 
 def post_process_rewards(args: Namespace, samples: Sequence[Any]) -> tuple[list[float], list[float]]:
@@ -218,49 +228,94 @@ def _episode(problems: Sequence[Problem], num_prompts: int, k: int, num_train: i
     )
 
 
-async def _teacher_log_probs(rt: _Runtime, samples: Sequence[TeacherSample], chunks_P) -> list[list[float] | None]:
-    """Context distillation: log p(info | context + teacher prompt) of each trained sample."""
-    o = rt.cfg.objectives
-    if not o.distillation_on:
-        return [None] * len(samples)
-
-    async def one(sample: TeacherSample) -> list[float]:
-        if rt.fixed_context is not None:
-            context = rt.fixed_context
-        else:  # --context-key: the contexts of the prompt's problems
-            contexts = [str(p.metadata.get(o.context_key or "", "") or "") for p in chunks_P[sample.group_index]]
-            context = "\n\n".join(c for c in contexts if c)
-        prompt_ids = (
-            context_prompt_ids(rt.tokenizer, context, sample.prompt_ids) if context else list(sample.prompt_ids)
-        )
-        return await score(rt.teacher_pool, prompt_ids, sample.response_ids, rt.cfg.sampling.teacher_temperature)
-
-    return list(await asyncio.gather(*[one(s) for s in samples]))
-
-
 def _traces_by_chain(result: RolloutResult) -> dict[tuple[int, int], dict]:
     return {(t["prompt_index"], t["sample_index"]): t for t in result.traces}
 
 
-def _chain_output(rt: _Runtime, base: Any, steps: list[tuple[TeacherSample, list[float] | None]], trace: dict | None):
-    """One group member: the chain's final info, or (--train-all-inner-steps) its K infos as one rollout."""
+def _chain_output(rt: _Runtime, base: Any, steps: list[TeacherSample], trace: dict | None,
+                  solver: Sequence[tuple[str, SolverSample, tuple[float, ...]]], counts: dict[str, int],
+                  replay: Sequence[ReplaySample] = ()):  # fmt: skip
+    """One group member: the chain's final info, or (--train-all-inner-steps) its K infos as one
+    rollout; with solver channels on, the chain's solver samples join that rollout."""
     compact = rt.cfg.meta.train_all_inner_steps
+    with_solver = rt.solver_builder is not None
     members = []
-    for sample, logps in steps:
+    for sample in steps:
         fields = teacher_sample_fields(
             sample,
             prompt=rt.tokenizer.decode(sample.prompt_ids),
             response=rt.tokenizer.decode(sample.response_ids),
             base_metadata=base.metadata,
-            teacher_log_probs=logps,
-            rollout_id=base.index if compact else None,  # siblings share it: slime counts one rollout
-            trace=trace if sample is steps[-1][0] else None,
+            # slime forwards teacher_log_probs only when every sample has them; an info's are unused.
+            teacher_log_probs=sample.rollout_logprobs if with_solver else None,
+            rollout_id=base.index if (compact or with_solver) else None,  # siblings share it: one rollout
+            trace=trace if sample is steps[-1] else None,
         )
-        members.append(apply_fields(base if len(steps) == 1 else copy.deepcopy(base), fields))
-    return members if compact else members[-1]
+        members.append(apply_fields(base if len(steps) == 1 and not with_solver else copy.deepcopy(base), fields))
+    for kind, x, scores in solver:
+        fields = solver_sample_fields(
+            x, prompt=rt.tokenizer.decode(x.prompt_ids), response=rt.tokenizer.decode(x.response_ids),
+            teacher_log_probs=scores, index=counts.get(kind, 0), rollout_id=base.index, base_metadata=base.metadata,
+            kind=kind,
+        )  # fmt: skip
+        counts[kind] = counts.get(kind, 0) + 1
+        members.append(apply_fields(copy.deepcopy(base), fields))
+    for x in replay:
+        fields = replay_sample_fields(x, index=counts.get("replay", 0), rollout_id=base.index, base_metadata=base.metadata)
+        counts["replay"] = counts.get("replay", 0) + 1
+        members.append(apply_fields(copy.deepcopy(base), fields))
+    infos, solvers = members[: len(steps)], members[len(steps) :]
+    if compact:
+        return infos + solvers
+    # slime flattens by its first member's type: with solver channels on, every member is a list.
+    return [infos[-1], *solvers] if with_solver else infos[-1]
 
 
-async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int):
+def trained_solver_samples(cfg: MetaConfig, samples: Sequence[SolverSample]) -> list[tuple[str, SolverSample, tuple[float, ...]]]:
+    """(kind, sample, its teacher_log_probs) of each solver sample the trainer uses, picked as the
+    local trainer picks them: distillation trains every answer with context scores, SDPO's
+    shaping form the error sites' answers with hint scores (an answer in both is two samples)."""
+    o, out = cfg.objectives, []
+    for x in samples:
+        if not x.response_ids:
+            continue
+        if o.distillation_on and x.teacher_logprobs is not None:
+            out.append(("distill", x, tuple(x.teacher_logprobs)))
+        if o.sdpo_shaping and x.is_error_site and x.hint_logprobs is not None:
+            out.append(("sdpo", x, tuple(x.hint_logprobs)))
+    return out
+
+
+async def _score(pool: SGLangPool, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+    """log p(response | prompt) per response token at temperature 1, by SGLang's scoring call."""
+    reply = await pool.post("/generate", {"input_ids": [*prompt_ids, *response_ids], "return_logprob": True,
+                                          "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 0}})  # fmt: skip
+    entries = reply["meta_info"]["input_token_logprobs"]
+    return [float(entry[0]) for entry in entries[len(entries) - len(response_ids) :]]
+
+
+async def _replay_by_chain(rt: _Runtime, chains, per_chain) -> tuple[dict, dict[str, float]]:
+    """Channel 3: each chain's pairs as replay samples (reference: the frozen pool of the start weights)."""
+    o = rt.cfg.objectives
+    pairs_C = await pairs_by_chain(
+        rt.replayer, chains, per_chain, rt.tokenizer, reference=lambda p, r: _score(rt.student_pool, p, r),
+        reference_id=f"start-weights:{rt.cfg.pools.hf_checkpoint}", loop_run=rt.loop.run,
+    )  # fmt: skip
+    out, first = {}, 0
+    for chain, pairs in zip(chains, pairs_C):
+        policy = await asyncio.gather(*[
+            asyncio.gather(_score(rt.teacher_pool, p.prompt_ids, p.chosen_ids), _score(rt.teacher_pool, p.prompt_ids, p.rejected_ids))
+            for p in pairs
+        ])  # fmt: skip
+        out[(chain.prompt_index, chain.sample_index)] = replay_samples(pairs, policy, o.replay_beta, o.replay_dpo_beta, first)
+        first += len(pairs)
+    metrics = {f"replay/{k}": float(v) for k, v in rt.replayer.stats.as_dict().items()}
+    metrics["replay/pairs"] = float(first)
+    return out, metrics
+
+
+async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int,
+                         family_episodes: list[Episode] | None = None):  # fmt: skip
     from slime.rollout.base_types import RolloutFnTrainOutput
 
     from slime_meta.backends.local.components import counter_metrics
@@ -272,46 +327,77 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
         problem_from_sample(g[0], rubric_key=cfg.data.rubric_key, fallback_uid=f"row-{g[0].group_index}")
         for g in groups
     ]
-    episode = _episode(problems, num_prompts, k, num_train)
-    result = await rt.rollout.run([episode], rollout_id, seed=cfg.seed)
-    teacher_log_probs = await _teacher_log_probs(rt, result.samples, episode.train_chunks_P)
+    episodes = [_episode(problems, num_prompts, k, num_train)]
+    if family_episodes is not None:  # --group-key: each prompt's train and holdout problems of one family
+        episodes = family_episodes
+        problems = [q for e in episodes for chunk in e.train_chunks_P for q in chunk] + [q for e in episodes for q in e.holdout]
+        for p, episode in enumerate(episodes):
+            first = episode.train_chunks_P[0][0]
+            for base in groups[p * k]:
+                base.metadata = {**first.metadata, "uid": first.uid}
+    baseline: dict[str, float] = {}
+    if cfg.objectives.eval_baseline and not rt.baseline_done and rollout_id == 0:  # not after a resume, as locally
+        # The student with and without the distillation context, before any training: on slime the
+        # first step's problems (the data source hands out rows one step at a time).
+        from slime_meta.backends.local.evaluation import baseline_eval
+
+        baseline = await baseline_eval(cfg, rt.rollout, problems)
+    rt.baseline_done = True
+    result = await rt.rollout.run(episodes, rollout_id, seed=cfg.seed)
+    solver_metrics: dict[str, float] = {}
+    solver_by_chain: dict[tuple[int, int], list[tuple[str, SolverSample, tuple[float, ...]]]] = {}
+    replay_by_chain: dict[tuple[int, int], list[ReplaySample]] = {}
+    if rt.solver_builder is not None:
+        per_chain, solver_metrics = await rt.solver_builder.build_per_chain(result.chains)
+        for chain, samples in zip(result.chains, per_chain):
+            solver_by_chain[(chain.prompt_index, chain.sample_index)] = trained_solver_samples(cfg, samples)
+        if rt.replayer is not None:
+            replay_by_chain, replay_metrics = await _replay_by_chain(rt, result.chains, per_chain)
+            solver_metrics.update(replay_metrics)
     traces = _traces_by_chain(result)
 
     # One output group per teacher prompt p, built on the data source's n copies of its first problem.
-    steps_P_G: list[list[list[tuple[TeacherSample, list[float] | None]]]] = [
+    steps_P_G: list[list[list[TeacherSample]]] = [
         [[] for _ in range(cfg.meta.n_samples_per_prompt)] for _ in range(num_prompts)
     ]
-    for sample, logps in zip(result.samples, teacher_log_probs):
-        steps_P_G[sample.group_index][sample.sample_index].append((sample, logps))
+    for sample in result.samples:
+        steps_P_G[sample.group_index][sample.sample_index].append(sample)
+    counts: dict[str, int] = {}  # solver samples so far, per kind: their indices
     output = [
-        [_chain_output(rt, groups[p * k][g], steps, traces.get((p, g))) for g, steps in enumerate(steps_G)]
+        [_chain_output(rt, groups[p * k][g], steps, traces.get((p, g)), solver_by_chain.get((p, g), []), counts,
+                       replay_by_chain.get((p, g), []))
+         for g, steps in enumerate(steps_G)]
         for p, steps_G in enumerate(steps_P_G)
-    ]
+    ]  # fmt: skip
 
-    metrics = {**result.metrics, **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader)}
+    metrics = {**result.metrics, **solver_metrics, **baseline, **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader)}
     metrics["perf/meta_rollout_time"] = time.perf_counter() - started
     rt.tracker.log(rollout_id, metrics)
-    rt.tracker.write_traces([describe_batch([episode], rollout_id), *result.traces])
+    rt.tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
     return RolloutFnTrainOutput(samples=output, metrics=metrics)
 
 
 # ----------------------------------------------------------------------------- evaluation
 
 
+def _converted_problems(rt: _Runtime, path: str) -> list[Problem]:
+    """The problems of a data file, also one converted for slime's data source (rubric, id and
+    other columns under `metadata`, moved back up here)."""
+    d = rt.cfg.data
+    loaded = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
+    return [
+        replace(p, rubric=p.rubric or str(p.metadata["metadata"].get("rubric", "")), metadata={**p.metadata, **p.metadata["metadata"]},
+                uid=str(p.metadata["metadata"].get("uid", p.uid)))
+        if isinstance(p.metadata.get("metadata"), dict) else p
+        for p in loaded
+    ]  # fmt: skip
+
+
 def _eval_problems(rt: _Runtime) -> dict[str, list[Problem]]:
     """NAME -> problems of each --eval-prompt-data pair (slime keeps them as a flat NAME PATH list)."""
     if rt.eval_problems is None:
         values = list(getattr(rt.args, "eval_prompt_data", None) or rt.cfg.meta.eval_prompt_data)
-        d = rt.cfg.data
-        rt.eval_problems = {}
-        for name, path in zip(values[0::2], values[1::2]):
-            loaded = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
-            # A file converted for slime's data source keeps rubric and id under `metadata`.
-            rt.eval_problems[name] = [
-                replace(p, rubric=p.rubric or str(p.metadata["metadata"].get("rubric", "")), metadata={**p.metadata, **p.metadata["metadata"]})
-                if isinstance(p.metadata.get("metadata"), dict) else p
-                for p in loaded
-            ]  # fmt: skip
+        rt.eval_problems = {name: _converted_problems(rt, path) for name, path in zip(values[0::2], values[1::2])}
     return rt.eval_problems
 
 
@@ -333,7 +419,10 @@ async def _evaluate_set(rt: _Runtime, rollout_id: int, name: str, problems: list
     cfg, meta = rt.cfg, rt.cfg.meta
     plan = batch_plan(cfg)
     # A fresh sampler with the run's seed: every evaluation sees the same problems, split the same way.
-    sampler = ProblemSampler(problems, seed=cfg.seed, shuffle=True)
+    key = cfg.data.group_key  # per family with --group-key, as the training draws and the local backend
+    if key is not None:
+        problems = [replace(p, group=str(p.metadata.get(key, "") or "") or None) for p in problems]
+    sampler = ProblemSampler(problems, seed=cfg.seed, shuffle=True, group_key_used=key is not None)
     episodes = [e for _ in range(meta.eval_num_batches) for e in sampler.next_episodes(**plan.draw_sizes)]
     result = await rt.rollout.run(episodes, rollout_id, seed=cfg.seed)
     finals = [s for s in result.samples if s.inner_iteration == meta.num_inner_iterations - 1]

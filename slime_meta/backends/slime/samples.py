@@ -11,15 +11,33 @@ What a trained teacher sample becomes (slime's trainer reads these fields):
   status             from the engine's finish reason (length -> TRUNCATED)
   metadata["meta_learning"]  the GRPO advantage over the holdout rewards (read back by the
                      reward post-process plugin), the info, the inner-loop trace when sampled
+
+What a solver sample becomes (context distillation, SDPO shaping: the policy answering a train
+problem itself, `SolverSample`): the same fields over the solver's prompt and answer, with
+  teacher_log_probs  log p(answer | prompt with the context or hint), the scoring call's
+  reward             the answer's grade; metadata["meta_learning"]["advantage"] its task advantage
+  index              SOLVER_INDEX_BASE + n (distillation, context scores) or SDPO_INDEX_BASE + n
+                     (SDPO shaping, hint scores): the mark by which the advantage and conversion
+                     plugins tell the kinds apart (slime forwards `Sample.index` to the trainer as
+                     `sample_indices`, and no free-form per-sample field). An answer trained by
+                     both channels is two samples, one of each kind.
+  rollout_id         the rollout of the chain it came from: slime keeps a rollout's samples in one
+                     training step, and the number of rollouts per step stays slime's own count
+When a step has solver samples every teacher sample carries `teacher_log_probs` too (slime forwards
+the field only when its first sample has it): its own rollout log-probs, which nothing reads.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from slime_meta.types import Problem, TeacherSample
+from slime_meta.types import Problem, SolverSample, TeacherSample
 
 META_KEY = "meta_learning"
+SOLVER_INDEX_BASE = 1 << 40  # far above any data-source index: distillation's solver samples
+SDPO_INDEX_BASE = 2 << 40  # the same answers as SDPO's shaping samples (hint scores)
+REPLAY_INDEX_BASE = 3 << 40  # the two sides of replay DPO pairs (replay_samples.py)
+KINDS = ("info", "distill", "sdpo", "replay")
 _STATUS_BY_FINISH = {"stop": "completed", "length": "truncated", "abort": "aborted"}
 
 
@@ -114,3 +132,71 @@ def advantage_of(sample: Any) -> float | None:
     meta = (getattr(sample, "metadata", None) or {}).get(META_KEY) or {}
     value = meta.get("advantage")
     return None if value is None else float(value)
+
+
+def solver_sample_fields(
+    sample: SolverSample,
+    *,
+    prompt: str,
+    response: str,
+    teacher_log_probs: Sequence[float],
+    index: int,
+    rollout_id: int,
+    base_metadata: Mapping[str, Any] | None = None,
+    kind: str = "distill",
+) -> dict[str, Any]:
+    """The slime `Sample` fields of one solver sample of `kind` ("distill" | "sdpo"); `index`
+    counts from 0 within the step and kind."""
+    if len(teacher_log_probs) != len(sample.response_ids):
+        raise ValueError(f"{len(teacher_log_probs)} teacher log-probs for {len(sample.response_ids)} response tokens")
+    return {
+        "index": (SDPO_INDEX_BASE if kind == "sdpo" else SOLVER_INDEX_BASE) + index,
+        "prompt": prompt,
+        "tokens": [int(t) for t in sample.prompt_ids] + [int(t) for t in sample.response_ids],
+        "response": response,
+        "response_length": len(sample.response_ids),
+        "loss_mask": [1] * len(sample.response_ids),
+        "rollout_log_probs": [float(x) for x in sample.rollout_logprobs],
+        "teacher_log_probs": [float(x) for x in teacher_log_probs],
+        "reward": float(sample.grade),
+        "status": "completed",
+        "rollout_id": rollout_id,
+        "metadata": {
+            **dict(base_metadata or {}),
+            META_KEY: {"kind": kind, "advantage": float(sample.task_advantage), "problem_uid": sample.problem_uid,
+                       "error_site": bool(sample.is_error_site)},
+        },
+    }  # fmt: skip
+
+
+def kind_of_index(index: Any) -> str:
+    index = int(index)
+    for base, kind in ((REPLAY_INDEX_BASE, "replay"), (SDPO_INDEX_BASE, "sdpo"), (SOLVER_INDEX_BASE, "distill")):
+        if index >= base:
+            return kind
+    return "info"
+
+
+def replay_sample_fields(sample: Any, *, index: int, rollout_id: int, base_metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The slime `Sample` fields of one side of a replay pair (`replay_samples.ReplaySample`): its
+    advantage (+-replay_beta * w) travels as the reward post-process plugin's value."""
+    logps = [float(x) for x in sample.policy_logprobs]
+    return {
+        "index": REPLAY_INDEX_BASE + index,
+        "prompt": "",
+        "tokens": [int(t) for t in sample.prompt_ids] + [int(t) for t in sample.response_ids],
+        "response": "",
+        "response_length": len(sample.response_ids),
+        "loss_mask": [1] * len(sample.response_ids),
+        "rollout_log_probs": logps,
+        "teacher_log_probs": logps,
+        "reward": float(sample.advantage),
+        "status": "completed",
+        "rollout_id": rollout_id,
+        "metadata": {**dict(base_metadata or {}), META_KEY: {"kind": "replay", "advantage": float(sample.advantage),
+                                                             "pair_index": sample.pair_index, "chosen": sample.chosen}},
+    }  # fmt: skip
+
+
+def is_solver_index(index: Any) -> bool:
+    return kind_of_index(index) != "info"
