@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_meta.backends.local.worker_protocol import FinishedGeneration, GenerationSpec, render_output_text
+from slime_meta.serving.protocol import FinishedGeneration, GenerationSpec, render_output_text
 
 Decode = Callable[[Sequence[int], bool], str]  # (token ids, skip_special_tokens) -> text
 

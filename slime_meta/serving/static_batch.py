@@ -1,6 +1,6 @@
 """The fast path's running batch: rows pinned to slots of a static KV cache.
 
-The generation loop (worker_batching.py) owns token choice, stop rules and answers; this class
+The generation loop (engine.py) owns token choice, stop rules and answers; this class
 owns where each row's keys and values live and runs the model for those rows:
 - `prefill` puts new rows into the lowest free slots and returns their first-token logits;
 - `decode` advances every row by one token through `DecodeGraphs`, whose graphs cover slots
@@ -19,12 +19,12 @@ from collections.abc import Sequence
 
 import torch
 
-from slime_meta.backends.local.worker_cuda_graphs import DecodeGraphs
-from slime_meta.backends.local.worker_protocol import GenerationSpec
-from slime_meta.backends.local.worker_rows import GenerationJob, RowState
-from slime_meta.backends.local.worker_sampling import RowSampling
-from slime_meta.backends.local.worker_static_cache import StaticKVCache, bytes_per_token, fit_capacity
-from slime_meta.backends.local.worker_static_model import StaticDecoder, model_shape, unsupported_reason
+from slime_meta.serving.cuda_graphs import DecodeGraphs
+from slime_meta.serving.protocol import GenerationSpec
+from slime_meta.serving.rows import GenerationJob, RowState
+from slime_meta.serving.sampling import RowSampling
+from slime_meta.serving.static_cache import StaticKVCache, bytes_per_token, fit_capacity
+from slime_meta.serving.static_model import StaticDecoder, model_shape, unsupported_reason
 
 logger = logging.getLogger("slime_meta.worker")
 

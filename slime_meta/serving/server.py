@@ -5,7 +5,7 @@ sglang-router. On a laptop, in CI, or for tiny models there is no SGLang; this w
 local Hugging Face causal LM behind the same endpoints, so the rest of the program (and the real
 router) cannot tell the difference for the calls it makes.
 
-    python -m slime_meta.backends.local.worker --model-path DIR --host 127.0.0.1 --port P \
+    python -m slime_meta.serving --model-path DIR --host 127.0.0.1 --port P \
         [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16] [--weights-root DIR] \
         [--max-batch-size 64] [--max-prefill-tokens 16384] [--batch-wait-ms 2] [--seed 0] \
         [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info] \
@@ -30,9 +30,9 @@ stop token or string comes on the last allowed token, finish_reason is `stop` (S
 `length`), so a complete answer is never taken for a truncated one. The third element of every
 log-prob triple is null (`return_text_in_logprobs` is accepted but not honoured).
 
-The model runs in a single generation thread (see worker_batching.py); the asyncio event loop
+The model runs in a single generation thread (see engine.py); the asyncio event loop
 only parses, queues and answers. On CUDA, for Llama/Qwen2-family models, decoding runs through a
-static KV cache and CUDA graphs (`--cuda-graphs`, worker_static_batch.py); `/get_server_info`
+static KV cache and CUDA graphs (`--cuda-graphs`, static_batch.py); `/get_server_info`
 says which path is active (`engine.decode_path`). The line `worker ready on http://HOST:PORT` goes to stdout once
 the socket is listening; logs go to stderr.
 """
@@ -52,9 +52,9 @@ from typing import Any
 import torch
 from aiohttp import web
 
-from slime_meta.backends.local.worker_batching import GenerationEngine
-from slime_meta.backends.local.worker_openai import OpenAIContext, add_openai_routes
-from slime_meta.backends.local.worker_protocol import (
+from slime_meta.serving.engine import GenerationEngine
+from slime_meta.serving.openai_routes import OpenAIContext, add_openai_routes
+from slime_meta.serving.protocol import (
     FinishedGeneration,
     GenerationSpec,
     RequestError,
@@ -64,9 +64,9 @@ from slime_meta.backends.local.worker_protocol import (
     generate_response,
     parse_generate_request,
 )
-from slime_meta.backends.local.worker_rows import GenerationJob
-from slime_meta.backends.local.worker_static_batch import build_fast_path
-from slime_meta.backends.local.worker_weights import (
+from slime_meta.serving.rows import GenerationJob
+from slime_meta.serving.static_batch import build_fast_path
+from slime_meta.serving.weights import (
     SUPPORTED_LOAD_FORMATS,
     WeightUpdateError,
     copy_into_model,
@@ -314,7 +314,9 @@ def build_app(context: WorkerContext) -> web.Application:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Serve a local Hugging Face causal LM with SGLang's /generate API.")
+    parser = argparse.ArgumentParser(
+        prog="python -m slime_meta.serving", description="Serve a local Hugging Face causal LM with SGLang's /generate API."
+    )
     parser.add_argument("--model-path", required=True, help="local directory written by save_pretrained")
     parser.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
     parser.add_argument("--host", default="127.0.0.1")

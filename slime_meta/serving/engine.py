@@ -20,7 +20,7 @@ How batching works (continuous batching on top of HF's `DynamicCache`):
   `run_between_batches`: admission stops, the running batch drains, the operation runs, and
   admission resumes.
 
-The fast path (CUDA, Llama/Qwen2 family; worker_static_batch.py): when the engine is given a
+The fast path (CUDA, Llama/Qwen2 family; static_batch.py): when the engine is given a
 `StaticBatch`, requests it can serve (no prompt scoring, prompt plus max_new_tokens within its
 cache) run there instead: each row owns a slot of a preallocated KV cache and decode steps replay
 CUDA graphs. Everything else (scoring, longer requests) runs on the DynamicCache batch beside it;
@@ -41,16 +41,16 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
-from slime_meta.backends.local.worker_cache import (
+from slime_meta.serving.caches import (
     drop_leading_columns,
     join_caches,
     left_pad_columns,
     supports_row_surgery,
 )
-from slime_meta.backends.local.worker_protocol import FinishedGeneration
-from slime_meta.backends.local.worker_rows import GenerationJob, RowState
-from slime_meta.backends.local.worker_sampling import RowSampling, choose_next_tokens, prompt_logprobs
-from slime_meta.backends.local.worker_static_batch import StaticBatch
+from slime_meta.serving.protocol import FinishedGeneration
+from slime_meta.serving.rows import GenerationJob, RowState
+from slime_meta.serving.sampling import RowSampling, choose_next_tokens, prompt_logprobs
+from slime_meta.serving.static_batch import StaticBatch
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
