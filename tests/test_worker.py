@@ -310,7 +310,9 @@ def test_truncated_sampling_with_one_candidate_is_greedy(worker_url: str, tokeni
         {"text": "a", "input_ids": [1]},
         {},
         {"text": "a", "sampling_params": {"max_new_tokens": 300}},  # beyond 256 positions
-        {"text": "a", "sampling_params": {"n": 2}},
+        {"text": "a", "sampling_params": {"n": 0}},
+        {"text": "a", "sampling_params": {"n": 2.5}},
+        {"input_ids": [[1], [2]], "sampling_params": [{"n": 2}, {"n": 3}]},
         {"text": "a", "sampling_params": {"temperature": -1}},
         {"input_ids": [100000]},
         {"input_ids": []},

@@ -11,6 +11,8 @@ How batching works (continuous batching on top of HF's `DynamicCache`):
 - Each loop turn first admits waiting requests (up to `max_batch_size` rows): they are prefilled
   together in a fresh cache, sample their first token, and are then joined to the running batch
   by left-padding the shorter cache. Then every row decodes one token.
+- The k samples of one `n = k` request share one prefill: their prompt is computed once and its
+  KV cache rows are copied into the k decode rows (`shared_prompts`).
 - Rows that finish (EOS, stop token, stop string, max_new_tokens, client gone) leave the batch at
   once; padding columns that no remaining row uses are cut away.
 - Joining and trimming edit the cache tensors directly, which is only valid for plain
@@ -48,7 +50,7 @@ from slime_meta.serving.caches import (
     supports_row_surgery,
 )
 from slime_meta.serving.protocol import FinishedGeneration
-from slime_meta.serving.rows import GenerationJob, RowState
+from slime_meta.serving.rows import GenerationJob, RowState, shared_prompts
 from slime_meta.serving.sampling import RowSampling, choose_next_tokens, prompt_logprobs
 from slime_meta.serving.static_batch import StaticBatch
 
@@ -115,6 +117,8 @@ class GenerationEngine:
         # the answer goes out, so a client holding its result never sees itself counted.
         self.running_rows = 0
         self.counters = {"requests_finished": 0, "tokens_generated": 0, "prefill_batches": 0, "decode_steps": 0}
+        # Prompts run through a prefill, and rows that got a prompt's cache without running it (`n`).
+        self.counters.update(prefill_prompts=0, shared_prefill_rows=0)
         self.counters.update(static_requests=0, static_decode_steps=0)  # the fast path's share
         self._can_join = self._probe_cache_is_joinable()
 
@@ -131,11 +135,16 @@ class GenerationEngine:
             self._thread.join(timeout_s)
 
     def submit(self, job: GenerationJob) -> None:
+        self.submit_all([job])
+
+    def submit_all(self, jobs: Sequence[GenerationJob]) -> None:
+        """Queue `jobs` at once, so that the samples of one `n` request are admitted together."""
         with self._condition:
             if self._stopping:
-                job.settle(RuntimeError("the worker is shutting down"))
+                for job in jobs:
+                    job.settle(RuntimeError("the worker is shutting down"))
                 return
-            self._waiting.append(job)
+            self._waiting.extend(jobs)
             self._condition.notify_all()
 
     def run_between_batches(self, operation: Callable[[], T]) -> concurrent.futures.Future[T]:
@@ -236,6 +245,7 @@ class GenerationEngine:
 
     def _pop_admissible(self, rows_in_batch: int) -> list[GenerationJob]:
         taken: list[GenerationJob] = []
+        prompts: set[str | int] = set()  # what the prefill will compute: a shared prompt counts once
         longest = 0
         while self._waiting and rows_in_batch + len(taken) < self._max_batch_size:
             job = self._waiting[0]
@@ -243,11 +253,14 @@ class GenerationEngine:
                 self._waiting.popleft()
                 job.settle(RuntimeError("request cancelled"))
                 continue
-            new_longest = max(longest, len(job.spec.input_ids))
-            if taken and new_longest * (len(taken) + 1) > self._max_prefill_tokens:
-                break
+            key = job.spec.shared_prefill if job.spec.shared_prefill is not None else id(job)
+            if key not in prompts:
+                new_longest = max(longest, len(job.spec.input_ids))
+                if taken and new_longest * (len(prompts) + 1) > self._max_prefill_tokens:
+                    break
+                prompts.add(key)
+                longest = new_longest
             taken.append(self._waiting.popleft())
-            longest = new_longest
         return taken
 
     def _run_control_op(self, control_op: _ControlOp) -> None:
@@ -344,26 +357,38 @@ class GenerationEngine:
 
     def _prefill(self, jobs: list[GenerationJob], all_logits: bool) -> _RunningBatch | None:
         rows = [RowState(job) for job in jobs]
-        lengths = [len(job.spec.input_ids) for job in jobs]
+        # Row surgery (copying cache rows) is only known to be valid for joinable caches.
+        prompt_of_row, prompt_jobs = shared_prompts(jobs) if self._can_join else (list(range(len(jobs))), jobs)
+        lengths = [len(job.spec.input_ids) for job in prompt_jobs]
         width = max(lengths)
-        padded = [[self._pad_token_id] * (width - n) + list(job.spec.input_ids) for job, n in zip(jobs, lengths)]
-        input_ids = torch.tensor(padded, dtype=torch.int64, device=self._device)
-        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], dtype=torch.int64, device=self._device)
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
-        output = self._forward(input_ids, mask, positions, cache=None, all_logits=all_logits)
+        padded = [[self._pad_token_id] * (width - n) + list(job.spec.input_ids) for job, n in zip(prompt_jobs, lengths)]
+        input_ids_P_T = torch.tensor(padded, dtype=torch.int64, device=self._device)
+        mask_P_T = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], dtype=torch.int64, device=self._device)
+        positions_P_T = (mask_P_T.cumsum(dim=-1) - 1).clamp(min=0)
+        output = self._forward(input_ids_P_T, mask_P_T, positions_P_T, cache=None, all_logits=all_logits)
         self.counters["prefill_batches"] += 1
+        self.counters["prefill_prompts"] += len(prompt_jobs)
+        self.counters["shared_prefill_rows"] += len(jobs) - len(prompt_jobs)
         if all_logits:
-            for index, row in enumerate(rows):
+            for row, prompt in zip(rows, prompt_of_row):
                 if row.job.spec.wants_input_logprobs:
-                    self._record_prompt_logprobs(row, output.logits[index], input_ids[index], width - lengths[index])
+                    padding = width - lengths[prompt]
+                    self._record_prompt_logprobs(row, output.logits[prompt], input_ids_P_T[prompt], padding)
+        cache, mask_R_T, last_logits_R_V = output.past_key_values, mask_P_T, output.logits[:, -1, :]
+        if len(prompt_jobs) < len(jobs):
+            # Each of a prompt's k rows starts from a copy of that prompt's keys and values.
+            prompt_of_row_R = torch.tensor(prompt_of_row, dtype=torch.int64, device=self._device)
+            cache.batch_select_indices(prompt_of_row_R)
+            mask_R_T = mask_P_T.index_select(0, prompt_of_row_R)
+            last_logits_R_V = last_logits_R_V.index_select(0, prompt_of_row_R)
         batch = _RunningBatch(
             rows=rows,
-            cache=output.past_key_values,
-            attention_mask=mask,
-            next_positions=mask.sum(dim=-1),
+            cache=cache,
+            attention_mask=mask_R_T,
+            next_positions=mask_R_T.sum(dim=-1),
             sampling=self._row_sampling(rows),
         )
-        return self._advance(batch, output.logits[:, -1, :], from_prefill=True)
+        return self._advance(batch, last_logits_R_V, from_prefill=True)
 
     @staticmethod
     def _record_prompt_logprobs(row: RowState, logits: torch.Tensor, input_ids: torch.Tensor, padding: int) -> None:
@@ -395,8 +420,10 @@ class GenerationEngine:
         return self._static.release_all() if self._static is not None else []
 
     def _prefill_static(self, jobs: list[GenerationJob]) -> None:
-        rows, logits = self._static.prefill(jobs)
+        rows, logits, prompts = self._static.prefill(jobs)
         self.counters["prefill_batches"] += 1
+        self.counters["prefill_prompts"] += prompts
+        self.counters["shared_prefill_rows"] += len(rows) - prompts
         self.counters["static_requests"] += len(rows)
         self._drop_finished_static(rows, self._take_tokens(rows, logits, self._row_sampling(rows), from_prefill=True))
 

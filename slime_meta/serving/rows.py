@@ -32,6 +32,27 @@ class GenerationJob:
             self.on_done(outcome)
 
 
+def shared_prompts(jobs: Sequence[GenerationJob]) -> tuple[list[int], list[GenerationJob]]:
+    """Which prompts a prefill must run for `jobs`: (prompt index of each job, one job per prompt).
+
+    The k samples of one `n = k` request hold the same prompt; it is computed once and its KV
+    cache copied into the k rows. Jobs without a shared-prefill key each get their own prompt.
+    """
+    prompt_jobs: list[GenerationJob] = []
+    prompt_of_job: list[int] = []
+    index_by_key: dict[str, int] = {}
+    for job in jobs:
+        key = job.spec.shared_prefill
+        if key is not None and key in index_by_key:
+            prompt_of_job.append(index_by_key[key])
+            continue
+        if key is not None:
+            index_by_key[key] = len(prompt_jobs)
+        prompt_of_job.append(len(prompt_jobs))
+        prompt_jobs.append(job)
+    return prompt_of_job, prompt_jobs
+
+
 class RowState:
     """One job's generation state inside the running batch."""
 

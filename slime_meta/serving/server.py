@@ -11,6 +11,9 @@ router) cannot tell the difference for the calls it makes.
         [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info] \
         [--cuda-graphs auto|on|off] [--static-cache-len 4096]
 
+`sampling_params.n = k` returns k completions of the prompt as a list (SGLang's shape); the k
+rows share one prefill of the prompt (see engine.py).
+
 Endpoints: GET /health, /health_generate, /get_model_info (/model_info), /get_server_info
 (/server_info); POST /generate, /update_weights_from_disk, /abort_request; GET|POST /flush_cache;
 POST /v1/completions, /v1/chat/completions, GET /v1/models.
@@ -46,6 +49,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,27 +108,44 @@ class WorkerContext:
 
     async def run_spec(self, spec: GenerationSpec) -> FinishedGeneration:
         """Queue one spec on the generation thread and wait for its result."""
+        return (await self.run_specs([spec]))[0]
+
+    async def run_specs(self, specs: Sequence[GenerationSpec]) -> list[FinishedGeneration]:
+        """Queue `specs` together (the samples of an `n` request then share one admission, hence
+        one prefill) and wait for all their results, in order."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[FinishedGeneration] = loop.create_future()
+        futures: list[asyncio.Future[FinishedGeneration]] = []
+        jobs: list[GenerationJob] = []
+        for spec in specs:
+            future: asyncio.Future[FinishedGeneration] = loop.create_future()
 
-        def deliver(outcome: FinishedGeneration | BaseException) -> None:
-            if not future.done():
-                if isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
+            def deliver(outcome: FinishedGeneration | BaseException, future=future) -> None:
+                if not future.done():
+                    if isinstance(outcome, BaseException):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
 
-        job = GenerationJob(spec, on_done=lambda outcome: loop.call_soon_threadsafe(deliver, outcome))
-        self.in_flight[spec.rid] = job
+            on_done = lambda outcome, deliver=deliver: loop.call_soon_threadsafe(deliver, outcome)  # noqa: E731
+            jobs.append(GenerationJob(spec, on_done=on_done))
+            futures.append(future)
+        for job in jobs:
+            self.in_flight[job.spec.rid] = job
         try:
-            self.engine.submit(job)
-            return await future
+            self.engine.submit_all(jobs)
+            outcomes = await asyncio.gather(*futures, return_exceptions=True)
         except asyncio.CancelledError:
-            job.cancelled = True  # the client went away: free the batch slot
+            for job in jobs:
+                job.cancelled = True  # the client went away: free the batch slots
             raise
         finally:
-            if self.in_flight.get(spec.rid) is job:
-                del self.in_flight[spec.rid]
+            for job in jobs:
+                if self.in_flight.get(job.spec.rid) is job:
+                    del self.in_flight[job.spec.rid]
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes
 
 
 CONTEXT_KEY = web.AppKey("worker_context", WorkerContext)
@@ -211,7 +232,7 @@ async def handle_generate(request: web.Request) -> web.Response:
     body = await read_json(request)
     specs, is_batch = parse_generate_request(body, context.encode, context.embedding_rows, context.max_positions)
     context.generate_requests += 1
-    results = await asyncio.gather(*(context.run_spec(spec) for spec in specs))
+    results = await context.run_specs(specs)
     responses = [generate_response(result) for result in results]
     return web.json_response(responses if is_batch else responses[0])
 
