@@ -43,15 +43,10 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
-from slime_meta.serving.caches import (
-    drop_leading_columns,
-    join_caches,
-    left_pad_columns,
-    supports_row_surgery,
-)
+from slime_meta.serving.caches import join_caches, left_pad_columns, supports_row_surgery, trim_unused_columns
 from slime_meta.serving.protocol import FinishedGeneration
 from slime_meta.serving.rows import GenerationJob, RowState, shared_prompts
-from slime_meta.serving.sampling import RowSampling, choose_next_tokens, prompt_logprobs
+from slime_meta.serving.sampling import RowSampling, choose_next_tokens
 from slime_meta.serving.static_batch import StaticBatch
 
 logger = logging.getLogger(__name__)
@@ -372,8 +367,7 @@ class GenerationEngine:
         if all_logits:
             for row, prompt in zip(rows, prompt_of_row):
                 if row.job.spec.wants_input_logprobs:
-                    padding = width - lengths[prompt]
-                    self._record_prompt_logprobs(row, output.logits[prompt], input_ids_P_T[prompt], padding)
+                    row.record_prompt_logprobs(output.logits[prompt], input_ids_P_T[prompt], width - lengths[prompt])
         cache, mask_R_T, last_logits_R_V = output.past_key_values, mask_P_T, output.logits[:, -1, :]
         if len(prompt_jobs) < len(jobs):
             # Each of a prompt's k rows starts from a copy of that prompt's keys and values.
@@ -381,25 +375,8 @@ class GenerationEngine:
             cache.batch_select_indices(prompt_of_row_R)
             mask_R_T = mask_P_T.index_select(0, prompt_of_row_R)
             last_logits_R_V = last_logits_R_V.index_select(0, prompt_of_row_R)
-        batch = _RunningBatch(
-            rows=rows,
-            cache=cache,
-            attention_mask=mask_R_T,
-            next_positions=mask_R_T.sum(dim=-1),
-            sampling=self._row_sampling(rows),
-        )
+        batch = _RunningBatch(rows, cache, mask_R_T, mask_R_T.sum(dim=-1), self._row_sampling(rows))
         return self._advance(batch, last_logits_R_V, from_prefill=True)
-
-    @staticmethod
-    def _record_prompt_logprobs(row: RowState, logits: torch.Tensor, input_ids: torch.Tensor, padding: int) -> None:
-        spec = row.job.spec
-        first_scored = max(spec.logprob_start_len, 1)  # position 0 has nothing before it
-        start, end = padding + first_scored, input_ids.shape[0]
-        values, tops = prompt_logprobs(logits[start - 1 : end - 1], input_ids[start:end], spec.top_logprobs_num)
-        leading_none: list[None] = [None] if spec.logprob_start_len == 0 else []
-        row.input_logprobs = leading_none + values
-        if spec.top_logprobs_num > 0:
-            row.input_top_logprobs = leading_none + tops
 
     def _decode_step(self, batch: _RunningBatch) -> _RunningBatch | None:
         newest = torch.tensor([[row.output_ids[-1]] for row in batch.rows], dtype=torch.int64, device=self._device)
@@ -495,20 +472,11 @@ class GenerationEngine:
         batch.cache.batch_select_indices(index)
         mask = batch.attention_mask.index_select(0, index)
         if self._can_join:
-            mask = self._trim_unused_columns(batch.cache, mask)
+            mask = trim_unused_columns(batch.cache, mask)
         rows = [batch.rows[i] for i in keep]
         return _RunningBatch(
             rows, batch.cache, mask, batch.next_positions.index_select(0, index), self._row_sampling(rows)
         )
-
-    @staticmethod
-    def _trim_unused_columns(cache: Any, mask: torch.Tensor) -> torch.Tensor:
-        """Drop leading cache columns that are padding for every remaining row."""
-        first_used = int(mask.any(dim=0).to(torch.int8).argmax())
-        if first_used == 0:
-            return mask
-        drop_leading_columns(cache, first_used)
-        return mask[:, first_used:]
 
     def _join(self, older: _RunningBatch, newer: _RunningBatch) -> _RunningBatch:
         """Merge two batches by left-padding the shorter cache (positions are per row, so safe)."""
