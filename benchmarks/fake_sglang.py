@@ -15,11 +15,17 @@ Endpoints: GET /health, /health_generate, /get_model_info (/model_info), /get_se
 grader); GET /bench/stats and POST /bench/reset {"seed": s, "capacity": c} (benchmark bookkeeping:
 restart the random stream, resize the queue, zero the counters).
 
-What a reply holds, by role: `student` answers "... Answer: 42"; `teacher` a short info text
-with one output id and log-prob per character; `grader` "GRADE: g\nEXPLANATION: ...". Every
-reply carries the service time the worker applied (without queueing): in `meta_info.e2e_latency`
-(seconds) for /generate, and as `service_ms=...` at the end of the grader's explanation, so the
-benchmark can compute each chain's critical path from what really happened.
+What a reply holds, by role: `student` answers "... Answer: 42 (gen_ms=...)"; `teacher` a short
+info text with one output id and log-prob per character; `grader` "GRADE: g\nEXPLANATION: ...".
+Every reply carries the service time the worker applied (without queueing): in
+`meta_info.e2e_latency` (seconds) for /generate, as `gen_ms=...` at the end of a student's text
+(the grader passes it on to the benchmark with the solution) and as `service_ms=...` at the end
+of the grader's explanation, so the benchmark can compute each chain's critical path from what
+really happened.
+
+`sampling_params.n = k` is served as SGLang serves it: k rows, each holding a slot for its own
+drawn latency (k generations of different lengths decoding side by side), and one reply, a list
+of k result objects, once the last row is done.
 
 Several ports in one process share the process's CPU but each has its own queue and its own
 random stream (seeded by `seed` and the port's index), so a run with the same number of
@@ -55,7 +61,8 @@ class VirtualWorker:
     seed: int
     rng: random.Random = field(init=False)
     slots: asyncio.Semaphore = field(init=False)
-    requests: int = 0
+    requests: int = 0  # rows served (an `n = k` request is k rows)
+    http_requests: int = 0  # /generate and chat requests received
     busy_s: float = 0.0  # sum of service times
     queue_s: float = 0.0  # sum of waits for a free slot
     max_in_flight: int = 0
@@ -69,7 +76,7 @@ class VirtualWorker:
             self.capacity = capacity
         self.rng = random.Random(f"{seed}:{self.index}")
         self.slots = asyncio.Semaphore(self.capacity)
-        self.requests = 0
+        self.requests = self.http_requests = 0
         self.busy_s = self.queue_s = 0.0
         self.max_in_flight = self.in_flight = 0
 
@@ -79,9 +86,10 @@ class VirtualWorker:
         factor = math.exp(self.sigma * self.rng.gauss(0.0, 1.0))
         return self.median_s * min(factor, self.max_factor)
 
-    async def serve_one(self) -> tuple[float, float]:
+    async def serve_one(self, latency: float | None = None) -> tuple[float, float]:
         """Wait for a slot, hold it for one drawn latency: (service s, queue s)."""
-        latency = self.draw_latency()  # drawn in arrival order, before queueing
+        if latency is None:
+            latency = self.draw_latency()  # drawn in arrival order, before queueing
         arrived = time.perf_counter()
         async with self.slots:
             started = time.perf_counter()
@@ -118,14 +126,21 @@ def build_app(worker: VirtualWorker, role: str, per_token_ms: float) -> web.Appl
 
     async def generate(request: web.Request) -> web.Response:
         body = json.loads(await request.read())
-        latency, queued = await worker.serve_one()
+        worker.http_requests += 1
+        samples = int((body.get("sampling_params") or {}).get("n") or 1)
+        latencies = [worker.draw_latency() for _ in range(samples)]  # in arrival order, before queueing
+        served = await asyncio.gather(*[worker.serve_one(latency) for latency in latencies])
+        results = [one_result(body, latency, queued) for latency, queued in served]
+        return web.json_response(results if samples > 1 else results[0])
+
+    def one_result(body: dict, latency: float, queued: float) -> dict:
         tokens = max(1, round(latency * 1000.0 / per_token_ms))
         rng = worker.rng
         if role == "teacher":
             text = _teacher_text(rng)
             output_ids = [ord(c) % 250 + 4 for c in text]
         else:
-            text = _student_text(rng, tokens)
+            text = _student_text(rng, tokens) + f" (gen_ms={latency * 1000.0:.3f})"
             output_ids = []  # the student's ids are never read by the loop
         meta = {
             "id": body.get("rid") or "r",
@@ -139,10 +154,11 @@ def build_app(worker: VirtualWorker, role: str, per_token_ms: float) -> web.Appl
         }
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[-0.5, i, None] for i in output_ids]
-        return web.json_response({"text": text, "output_ids": output_ids, "meta_info": meta})
+        return {"text": text, "output_ids": output_ids, "meta_info": meta}
 
     async def chat(request: web.Request) -> web.Response:
         await request.read()
+        worker.http_requests += 1
         latency, queued = await worker.serve_one()
         grade = worker.rng.choice((0.0, 0.25, 0.5, 1.0))
         content = f"GRADE: {grade}\nEXPLANATION: fake grader reply. service_ms={latency * 1000.0:.3f}"
@@ -165,6 +181,7 @@ def build_app(worker: VirtualWorker, role: str, per_token_ms: float) -> web.Appl
             {
                 "port": worker.port,
                 "requests": worker.requests,
+                "http_requests": worker.http_requests,
                 "busy_s": worker.busy_s,
                 "queue_s": worker.queue_s,
                 "max_in_flight": worker.max_in_flight,

@@ -15,8 +15,12 @@ What it reports, per scenario (ample capacity: latency bound; little capacity: c
   where the critical path is the longest chain given the service times the workers really
   applied (per chain: sum over K iterations of [max over its attempts of (generate + grade) +
   teach], plus max over its holdout attempts of (generate + grade); the no-info control counts
-  as a chain of one stage), and work is the sum of service times sent to a pool.
-  The rollout is instrumented by a subclass that only records which chain and attempt each
+  as a chain of one stage), and work is the sum of service times sent to a pool (row-seconds:
+  an `n = m` request is m rows). This bound treats every attempt as free to be graded the
+  moment its own generation ends; the loop sends the m attempts at one problem as one request
+  with `n = m`, whose reply comes when the slowest of the m is done, so it is also given
+  against its own schedule's bound (`bound_n_s`: per problem max generate + max grade).
+  The rollout is instrumented by a subclass that only records which chain and problem each
   request belongs to (context variables), and a pool subclass that reads the service time
   from each reply: the orchestration code itself is the project's.
 - stage_synchronous: the published slime meta-learning module's schedule over the same roles
@@ -61,24 +65,42 @@ TARGETS = {"latency_bound_ratio": 0.9, "capacity_bound_ratio": 0.85, "client_cpu
 # ----------------------------------------------------------------------------- recording
 
 
+Attempt = tuple[float, float]  # (generate s, grade s) of one attempt
+
+
+def _stage_s(groups: list[list[Attempt]], shared_reply: bool) -> float:
+    """Critical path of one stage's attempts (grouped by problem: one `n` request each).
+
+    shared_reply False: each attempt graded when its own generation ends (the strict bound);
+    True: when the slowest of its request's n generations ends (the `n` request's own bound).
+    """
+    if shared_reply:
+        return max((max(g for g, _ in group) + max(s for _, s in group) for group in groups if group), default=0.0)
+    return max((g + s for group in groups for g, s in group), default=0.0)
+
+
 @dataclass
 class ChainRecord:
     """Service times of one chain's requests, grouped as the chain's dependencies run."""
 
-    stages: list[float] = field(default_factory=list)  # closed inner iterations
-    attempts: list[float] = field(default_factory=list)  # generate + grade of the open stage
+    stages: list[list[list[Attempt]]] = field(default_factory=list)  # closed inner iterations
+    teach_s: list[float] = field(default_factory=list)
+    groups: list[list[Attempt]] = field(default_factory=list)  # the open stage, per problem
 
     def close_iteration(self, teach_s: float) -> None:
-        self.stages.append(max(self.attempts, default=0.0) + teach_s)
-        self.attempts = []
+        self.stages.append(self.groups)
+        self.teach_s.append(teach_s)
+        self.groups = []
 
-    def path(self) -> float:
-        return sum(self.stages) + max(self.attempts, default=0.0)
+    def path(self, shared_reply: bool = False) -> float:
+        closed = sum(_stage_s(groups, shared_reply) + teach for groups, teach in zip(self.stages, self.teach_s))
+        return closed + _stage_s(self.groups, shared_reply)
 
 
 _CHAIN: contextvars.ContextVar[ChainRecord | None] = contextvars.ContextVar("bench_chain", default=None)
-_ATTEMPT: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("bench_attempt", default=None)
+_GROUP: contextvars.ContextVar[list[Attempt] | None] = contextvars.ContextVar("bench_group", default=None)
 _SERVICE_MS = re.compile(r"service_ms=([0-9.]+)")
+_GEN_MS = re.compile(r"gen_ms=([0-9.]+)")
 
 
 class Ledger:
@@ -92,10 +114,7 @@ class Ledger:
     def add(self, role: str, service_s: float) -> None:
         self.work_s[role] += service_s
         self.requests[role] += 1
-        attempt = _ATTEMPT.get()
-        if attempt is not None:
-            attempt.append(service_s)
-        elif role == "teacher" and (chain := _CHAIN.get()) is not None:
+        if role == "teacher" and _GROUP.get() is None and (chain := _CHAIN.get()) is not None:
             chain.close_iteration(service_s)
 
 
@@ -107,7 +126,8 @@ class RecordingPool(SGLangPool):
     async def post(self, path: str, payload: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         reply = await super().post(path, payload, *args, **kwargs)
         if self.ledger is not None:
-            self.ledger.add(self.name, float(reply.get("meta_info", {}).get("e2e_latency", 0.0)))
+            results = reply if isinstance(reply, list) else [reply]  # `n` > 1: one result per row
+            self.ledger.add(self.name, sum(float(r.get("meta_info", {}).get("e2e_latency", 0.0)) for r in results))
         return reply
 
 
@@ -122,7 +142,12 @@ class RecordingGrader:
         grade = await self.inner.grade(problem, solution)
         if self.ledger is not None:
             match = _SERVICE_MS.search(grade.explanation)
-            self.ledger.add("grader", float(match.group(1)) / 1000.0 if match else 0.0)
+            grade_s = float(match.group(1)) / 1000.0 if match else 0.0
+            self.ledger.add("grader", grade_s)
+            group = _GROUP.get()
+            generated = _GEN_MS.search(solution)  # the student's service time, written in its text
+            if group is not None:
+                group.append((float(generated.group(1)) / 1000.0 if generated else 0.0, grade_s))
         return grade
 
 
@@ -137,13 +162,13 @@ class InstrumentedRollout(MetaLearningRollout):
         _CHAIN.set(record)  # this chain's task (and the attempt tasks it starts) see it
         await super()._run_chain(chain, *args, **kwargs)
 
-    async def _attempt(self, *args, **kwargs):
-        service: list[float] = []
-        _ATTEMPT.set(service)  # each attempt runs in its own task (asyncio.gather)
-        result = await super()._attempt(*args, **kwargs)
+    async def _attempts(self, *args, **kwargs):
+        group: list[Attempt] = []
+        _GROUP.set(group)  # each problem's attempts run in their own task (asyncio.gather)
+        result = await super()._attempts(*args, **kwargs)
         chain = _CHAIN.get()
         if chain is not None:
-            chain.attempts.append(sum(service))
+            chain.groups.append(group)
         return result
 
     async def _control_grades(self, *args, **kwargs) -> list[float]:
@@ -237,10 +262,14 @@ def _read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def expected_requests(args: argparse.Namespace) -> dict[str, int]:
+def expected_requests(args: argparse.Namespace, one_request_per_attempt: bool = False) -> dict[str, int]:
+    """Requests per pool in one step: ours sends one student request per problem (`n` = its
+    attempts); the baselines one per attempt."""
     chains = args.prompts * args.samples
     attempts = chains * (args.iterations * args.per_prompt * args.attempts + args.holdout) + args.holdout
-    return {"student": attempts, "grader": attempts, "teacher": chains * args.iterations}
+    problems = chains * (args.iterations * args.per_prompt + args.holdout) + args.holdout
+    student = attempts if one_request_per_attempt else problems
+    return {"student": student, "grader": attempts, "teacher": chains * args.iterations}
 
 
 @dataclass
@@ -284,6 +313,7 @@ def worker_stats(pools: Pools) -> dict[str, dict[str, float]]:
         stats = [C.http_json(url + "/bench/stats") for url in urls]
         out[role] = {
             "requests": sum(s["requests"] for s in stats),
+            "http_requests": sum(s["http_requests"] for s in stats),
             "queue_s_mean": sum(s["queue_s"] for s in stats) / max(1, sum(s["requests"] for s in stats)),
             "max_in_flight_per_worker": max(s["max_in_flight"] for s in stats),
         }
@@ -425,13 +455,15 @@ async def scenario(
             outcome["fake_worker_cpu_s"] = sum(v for k, v in cpu_children.items() if k.startswith("fake"))
             if orchestration == "ours":
                 critical = max(c.path() for c in ledger.chains)
+                critical_n = max(c.path(shared_reply=True) for c in ledger.chains)
                 work_bounds = {r: ledger.work_s[r] / (capacity * args.workers) for r in ROLES}
                 outcome.update(
-                    critical_path_s=critical, work_bound_s=work_bounds,
-                    bound_s=max(critical, *work_bounds.values()), work_s=dict(ledger.work_s),
-                    chains_recorded=len(ledger.chains),
+                    critical_path_s=critical, critical_path_n_s=critical_n, work_bound_s=work_bounds,
+                    bound_s=max(critical, *work_bounds.values()), bound_n_s=max(critical_n, *work_bounds.values()),
+                    work_s=dict(ledger.work_s), chains_recorded=len(ledger.chains),
                 )  # fmt: skip
                 outcome["bound_over_achieved"] = outcome["bound_s"] / outcome["wall_s"]
+                outcome["bound_n_over_achieved"] = outcome["bound_n_s"] / outcome["wall_s"]
                 # What this machine allows: every process of the benchmark (client, routers, stand-in
                 # workers) shares its cores, so the step cannot take less than their CPU / cores.
                 cpu_total = outcome["client_cpu_s"] + outcome["router_cpu_s"] + outcome["fake_worker_cpu_s"]
@@ -440,8 +472,11 @@ async def scenario(
                 expected = expected_requests(args)
                 if ledger.requests != expected:
                     raise RuntimeError(f"{design} sent {ledger.requests} requests, expected {expected}")
+                received = outcome["worker_stats"]["student"]["http_requests"]
+                if received != expected["student"]:  # counted where they arrive, behind the router
+                    raise RuntimeError(f"student workers received {received} requests, expected {expected['student']}")
             if orchestration == "sequential" and outcome["chains_run"] < total_chains:
-                scale = sum(expected_requests(args).values()) / outcome["requests"]
+                scale = sum(expected_requests(args, one_request_per_attempt=True).values()) / outcome["requests"]
                 outcome.update(extrapolated=True, measured_wall_s=outcome["wall_s"], wall_s=outcome["wall_s"] * scale)
             runs[design].append(outcome)
             print(f"  [{name}] {design:20s} run {repeat}: {outcome['wall_s']:.3f} s"
@@ -458,7 +493,7 @@ async def scenario(
         summary["router_cpu_ms_per_request"] = 1000.0 * best["router_cpu_s"] / max(1, best["requests"])
         summary["fake_worker_cpu_ms_per_request"] = 1000.0 * best["fake_worker_cpu_s"] / max(1, best["requests"])
         if "bound_s" in best:
-            for key in ("bound_over_achieved", "machine_bound_over_achieved"):
+            for key in ("bound_over_achieved", "bound_n_over_achieved", "machine_bound_over_achieved"):
                 summary[key + "_runs"] = [o[key] for o in outcomes]
                 summary[key] = statistics.median(summary[key + "_runs"])
         results[design] = summary
@@ -479,6 +514,7 @@ async def client_costs(pools: Pools, args: argparse.Namespace) -> dict[str, dict
     out = {}
     for label, grader_kind, call in (
         ("student.solve (SGLangPool, text)", "project", "solve"),
+        ("student.solve_n, n=m (SGLangPool, text; per request of m attempts)", "project", "solve_n"),
         ("teacher.write_info (SGLangPool, ids + log-probs)", "project", "teach"),
         ("OpenAIGrader.grade (chat_api, aiohttp)", "project", "grade"),
         ("OpenAIGrader.grade over the openai SDK (baseline)", "openai_sdk", "grade"),
@@ -493,6 +529,8 @@ async def client_costs(pools: Pools, args: argparse.Namespace) -> dict[str, dict
             p = problems[i % len(problems)]
             if call == "solve":
                 return roles.student.solve(p, "Check the units.")
+            if call == "solve_n":
+                return roles.student.solve_n(p, "Check the units.", args.attempts)
             if call == "teach":
                 return roles.teacher.write_info([p], attempts, "Check the units.")
             return roles.grader.grade(p, solution)
@@ -584,7 +622,8 @@ def print_table(report: dict) -> None:
             d = s[design]
             name = design + (" (extrapolated)" if d.get("extrapolated") else "")
             rows.append([f"{key} ({s['capacity_per_pool']}/pool)" if i == 0 else "", name, d["wall_s"],
-                         d.get("bound_s"), d.get("bound_over_achieved", bound / d["wall_s"]), d.get("cpu_floor_s"),
+                         d.get("bound_s"), d.get("bound_over_achieved", bound / d["wall_s"]),
+                         d.get("bound_n_s"), d.get("bound_n_over_achieved"), d.get("cpu_floor_s"),
                          d.get("machine_bound_over_achieved"), d["wall_over_ours"],
                          d["client_cpu_ms_per_request"],
                          d["router_cpu_ms_per_request"] + d["fake_worker_cpu_ms_per_request"]])  # fmt: skip
@@ -594,7 +633,8 @@ def print_table(report: dict) -> None:
     print(f"\ninner loop: N={st['prompts']} G={st['samples']} K={st['iterations']} m={st['attempts']} "
           f"k={st['per_prompt']} holdout={st['holdout']}, latency lognormal median {st['median_ms']} ms sigma {st['sigma']}, "
           f"{st['workers']} workers/pool, median of {st['repeats']} run(s); baselines' bound/wall: ours' bound")
-    print(C.table(rows, ["scenario (capacity)", "design", "wall s", "bound s", "bound/wall", "CPU floor s",
+    print(C.table(rows, ["scenario (capacity)", "design", "wall s", "bound s", "bound/wall", "n bound s",
+                         "n bound/wall", "CPU floor s",
                          "max(bound, CPU floor)/wall", "wall/ours",
                          "client CPU ms/req", "router+workers CPU ms/req"]))  # fmt: skip
     print("meets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in report["meets"].items()))

@@ -49,12 +49,20 @@ class BatchPlan:
         inner = chains * inner_iterations * self.problems_per_prompt * inner_samples
         holdout = chains * self.holdout_per_episode * holdout_samples
         control = self.holdout * holdout_samples
+        # The attempts at one problem go out as one student request with n = their number.
+        student_requests = sum(
+            requests if samples > 0 else 0
+            for requests, samples in (
+                (chains * inner_iterations * self.problems_per_prompt, inner_samples),
+                (chains * self.holdout_per_episode + self.holdout, holdout_samples),
+            )
+        )
         family = f", {self.holdout_per_episode} holdout per family" if self.per_family else ""
         return (
             f"plan per step: {self.problems} problems = {self.train} train + {self.holdout} holdout{family}; "
             f"{self.groups} teacher prompts (GRPO groups) of {self.problems_per_prompt} x {samples_per_prompt} infos = "
             f"{chains} chains; requests: {chains * inner_iterations} teacher, {inner} student inner + {holdout} holdout "
-            f"+ {control} no-info control (each graded)"
+            f"+ {control} no-info control (each graded), in {student_requests} student requests (n = attempts per problem)"
         )
 
 

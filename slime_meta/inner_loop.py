@@ -11,7 +11,9 @@ For every teacher prompt p (k train problems) and every teacher sample g of its 
 All chains run at once and each goes on to its holdout the moment it ends (no barrier between
 stages), so the critical path is K x (generate + grade + teach) + (generate + grade); the pools
 bound concurrency. The control (holdout with an empty info, also S attempts per problem) runs
-beside them.
+beside them. The m (or S) attempts at one problem are one student request with
+`sampling_params.n = m`: the server prefills the prompt once for all of them, and the pool sees
+m times fewer requests; each attempt is graded on its own.
 """
 
 from __future__ import annotations
@@ -112,10 +114,19 @@ class MetaLearningRollout:
 
     # ------------------------------------------------------------------ one chain
 
-    async def _attempt(self, problem: Problem, info: str, with_tokens: bool = False) -> tuple[str, GradedAttempt]:
-        prompt, completion = await self.student.solve(problem, info, with_tokens=with_tokens)
-        grade = await self.grader.grade(problem, completion.text)
-        return prompt, GradedAttempt(problem=problem, solution=completion.text, grade=grade, completion=completion)
+    async def _attempts(
+        self, problem: Problem, info: str, count: int, with_tokens: bool = False
+    ) -> list[tuple[str, GradedAttempt]]:
+        """`count` attempts at `problem`: one student request with n = count (the prompt is
+        prefilled once for all of them), then each attempt graded on its own."""
+        if count < 1:
+            return []
+        prompt, completions = await self.student.solve_n(problem, info, count, with_tokens=with_tokens)
+        grades = await asyncio.gather(*[self.grader.grade(problem, c.text) for c in completions])
+        return [
+            (prompt, GradedAttempt(problem=problem, solution=c.text, grade=grade, completion=c))
+            for c, grade in zip(completions, grades)
+        ]
 
     async def _run_chain(self, chain: Chain) -> None:
         m = self.settings.n_samples_per_inner_prompt
@@ -124,9 +135,7 @@ class MetaLearningRollout:
             # The first round's no-info attempts are the policy's own solver samples when it is the
             # student (shared pool): keep their tokens for the solver-role channels.
             keep_tokens = iteration == 0 and self.settings.keep_solver_attempts
-            results_K_M = await asyncio.gather(
-                *[asyncio.gather(*[self._attempt(p, info, keep_tokens) for _ in range(m)]) for p in chain.problems]
-            )
+            results_K_M = await asyncio.gather(*[self._attempts(p, info, m, keep_tokens) for p in chain.problems])
             if keep_tokens:
                 chain.solver_attempts_K_M = [[attempt for _, attempt in results_M] for results_M in results_K_M]
             attempts_K_M = [[attempt for _, attempt in results_M] for results_M in results_K_M]
@@ -154,7 +163,8 @@ class MetaLearningRollout:
 
     async def _run_holdout(self, chain: Chain, holdout: Sequence[Problem]) -> None:
         n = self.settings.holdout_samples_per_problem
-        results = await asyncio.gather(*[self._attempt(h, chain.final_info) for h in holdout for _ in range(n)])
+        results_H_N = await asyncio.gather(*[self._attempts(h, chain.final_info, n) for h in holdout])
+        results = [result for results_N in results_H_N for result in results_N]
         # One score per holdout problem, the mean of its n attempts: the reward (their mean) is the
         # mean over all attempts, and normalize-then-mean still lines problems up across the G infos.
         scores_H_N = [[a.grade.score for _, a in results[i * n : (i + 1) * n]] for i in range(len(holdout))]
@@ -168,7 +178,8 @@ class MetaLearningRollout:
     async def _control_grades(self, holdout: Sequence[Problem]) -> list[float]:
         """The no-teacher control: the holdout problems solved with an empty info."""
         n = self.settings.control_samples_per_problem
-        results = await asyncio.gather(*[self._attempt(h, "") for h in holdout for _ in range(n)])
+        results_H_N = await asyncio.gather(*[self._attempts(h, "", n) for h in holdout])
+        results = [result for results_N in results_H_N for result in results_N]
         return [a.grade.score for _, a in results]
 
     # ------------------------------------------------------------------ outputs

@@ -188,7 +188,26 @@ class SGLangPool:
         sampling_params: dict[str, Any],
         return_logprob: bool = False,
     ) -> Completion:
-        payload: dict[str, Any] = {"sampling_params": sampling_params}
+        completions = await self.generate_n(
+            text=text, input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob, n=1
+        )
+        return completions[0]
+
+    async def generate_n(
+        self,
+        *,
+        text: str | None = None,
+        input_ids: Sequence[int] | None = None,
+        sampling_params: dict[str, Any],
+        return_logprob: bool = False,
+        n: int,
+    ) -> list[Completion]:
+        """`n` completions of one prompt in one request (SGLang's `sampling_params.n`).
+
+        The server shares the prompt's prefill among the n rows and answers with a list of n
+        result objects; with n = 1 the request carries no `n` and the answer is one object.
+        """
+        payload: dict[str, Any] = {"sampling_params": sampling_params if n == 1 else {**sampling_params, "n": n}}
         if input_ids is not None:
             payload["input_ids"] = list(input_ids)
         else:
@@ -196,6 +215,15 @@ class SGLangPool:
         if return_logprob:
             payload["return_logprob"] = True
         reply = await self.post("/generate", payload)
+        results = reply if isinstance(reply, list) else [reply]
+        if len(results) != n or not all(isinstance(result, dict) for result in results):
+            self.stats.failures += 1
+            raise PoolProtocolError(
+                f"{self.name} pool at {self.base_url}/generate returned {len(results)} results for n={n}"
+            )
+        return [self._completion(result, input_ids, return_logprob) for result in results]
+
+    def _completion(self, reply: dict[str, Any], input_ids: Sequence[int] | None, return_logprob: bool) -> Completion:
         meta = reply.get("meta_info", {})
         self.stats.prompt_tokens += int(meta.get("prompt_tokens", 0))
         self.stats.completion_tokens += int(meta.get("completion_tokens", 0))

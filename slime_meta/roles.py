@@ -93,23 +93,32 @@ class StudentRole:
         `with_tokens`: send the prompt as ids and ask for log-probs, so the solution can be trained
         on as the policy's own sample (solver-role channels); otherwise plain text is enough.
         """
+        prompt, completions = await self.solve_n(problem, info, 1, with_tokens=with_tokens)
+        return prompt, completions[0]
+
+    async def solve_n(
+        self, problem: Problem, info: str, n: int, *, with_tokens: bool = False
+    ) -> tuple[str, list[Completion]]:
+        """`n` independent solutions of `problem` given the info, as ONE request with
+        `sampling_params.n = n`: the server prefills the prompt once for all n (SGLang's parallel
+        sampling), and the pool sees n times fewer requests. Budget counters count solutions."""
         prompt = self.prompt(problem, info)
         counting = self.context_renderer or self.renderer
         max_new_tokens, prompt_tokens = student_new_tokens(
             prompt, self.max_new_tokens, self.context_length, lambda text: len(counting.ids_of_text(text))
         )
-        self.budget_stats.student_requests += 1
-        if max_new_tokens < 1:  # the prompt alone fills the context: an empty answer, not a refused request
-            self.budget_stats.student_requests_skipped += 1
+        self.budget_stats.student_requests += n
+        if max_new_tokens < 1:  # the prompt alone fills the context: empty answers, not a refused request
+            self.budget_stats.student_requests_skipped += n
             ids = tuple(self.renderer.ids_of_text(prompt)) if with_tokens else ()
-            return prompt, Completion(text="", prompt_ids=ids, finish_reason="length")
+            return prompt, [Completion(text="", prompt_ids=ids, finish_reason="length") for _ in range(n)]
         if max_new_tokens < self.max_new_tokens:
-            self.budget_stats.student_requests_clamped += 1
+            self.budget_stats.student_requests_clamped += n
         sampling = {"temperature": self.temperature, "max_new_tokens": max_new_tokens}
         if with_tokens:
             ids = self.renderer.ids_of_text(prompt)
-            return prompt, await self.pool.generate(input_ids=ids, sampling_params=sampling, return_logprob=True)
-        return prompt, await self.pool.generate(text=prompt, sampling_params=sampling)
+            return prompt, await self.pool.generate_n(input_ids=ids, sampling_params=sampling, return_logprob=True, n=n)
+        return prompt, await self.pool.generate_n(text=prompt, sampling_params=sampling, n=n)
 
     async def score(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
         """log p(response | prompt) per response token, by SGLang's scoring call (no generation)."""

@@ -42,7 +42,8 @@ def test_the_batch_is_split_75_25_with_holdout_samples_averaged_into_the_reward(
     assert result.stdout.count("plan per step:") == 1
     assert (
         "plan per step: 8 problems = 6 train + 2 holdout; 6 teacher prompts (GRPO groups) of 1 x 2 infos = 12 chains; "
-        "requests: 12 teacher, 12 student inner + 72 holdout + 6 no-info control"
+        "requests: 12 teacher, 12 student inner + 72 holdout + 6 no-info control (each graded), in 38 student "
+        "requests (n = attempts per problem)"
     ) in result.stdout
     traces = read_jsonl(run_dir / "traces.jsonl")
     (batch,) = [t for t in traces if t["type"] == "batch"]
@@ -59,9 +60,10 @@ def test_the_batch_is_split_75_25_with_holdout_samples_averaged_into_the_reward(
     (record,) = read_jsonl(run_dir / "metrics.jsonl")
     assert record["meta_learning/num_holdout_evals"] == 12 * 2 * 3
     assert record["meta_learning/num_train_problems"] == 6.0
-    # Shared pool, student client: inner attempts + holdout attempts + the control, S each.
-    assert record["pool/student_requests"] == 12 * 1 * 1 + 12 * 2 * 3 + 2 * 3
-    assert record["grader/calls"] == record["pool/student_requests"]
+    # Shared pool, student client: one request per problem, its S holdout (or control) attempts
+    # as n = S completions; every attempt graded on its own.
+    assert record["pool/student_requests"] == 12 * 1 + 12 * 2 + 2
+    assert record["grader/calls"] == 12 * 1 * 1 + 12 * 2 * 3 + 2 * 3
     assert processes_mentioning(str(run_dir)) == []
 
 

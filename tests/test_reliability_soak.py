@@ -70,7 +70,7 @@ def descendants(pid: int) -> dict[int, str]:
                     continue
                 words = [a.decode(errors="replace") for a in argv]
                 role = ("router" if any("sglang" in w and "router" in w for w in words) else  # it renames itself sglang::router
-                        "worker" if any("local.worker" in w for w in words) else
+                        "worker" if any(w == "slime_meta.serving" for w in words) else
                         "trainer" if any(w.endswith("train.py") for w in words) else "other")  # fmt: skip
                 port = words[words.index("--port") + 1] if "--port" in words else "?"
                 found[child] = f"{role}:{port}"

@@ -152,8 +152,8 @@ def test_sigkill_of_a_worker_mid_step_loses_no_sample_and_the_worker_comes_back(
     assert all(sample.response_ids and len(sample.rollout_logprobs) == len(sample.response_ids) for sample in result.samples)
     total_requests = stats["teacher"]["requests"] + stats["student"]["requests"]
     chains = data.plan.groups * G
-    k, m = cfg.meta.n_problems_per_prompt, cfg.meta.n_samples_per_inner_prompt
-    assert total_requests == chains * (K * (k * m + 1) + data.num_holdout) + data.plan.groups * data.num_holdout
+    k = cfg.meta.n_problems_per_prompt  # a problem's m attempts are one student request (n = m)
+    assert total_requests == chains * (K * (k + 1) + data.num_holdout) + data.plan.groups * data.num_holdout
     assert stats["teacher"]["failures"] == stats["student"]["failures"] == 0
 
     # The retries are counted: the router re-sent the requests of the dead worker (its

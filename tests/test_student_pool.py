@@ -23,8 +23,9 @@ from slime_meta.backends.local.components import worker_layouts
 from slime_meta.backends.local.launcher import LocalProcessGroup
 
 BASE = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", "/ckpt/teacher"]
-# One outer step of the synthetic task: 2 prompts x G=3 x (K=2 x k=2 x m=2 + 2 holdout) attempts + 2 x 2 controls.
-STUDENT_REQUESTS = 2 * 3 * (2 * 2 * 2 + 2) + 2 * 2
+# One outer step of the synthetic task: 2 prompts x G=3 x (K=2 x k=2 + 2 holdout) problems + 2 x 2 controls,
+# one request each: the m=2 attempts at a train problem are one request with n=2 (was 2 requests).
+STUDENT_REQUESTS = 2 * 3 * (2 * 2 + 2) + 2 * 2
 TEACHER_REQUESTS = 2 * 3 * 2
 
 

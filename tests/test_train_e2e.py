@@ -142,11 +142,12 @@ def test_separate_student_pool_is_started_and_used(tiny_checkpoint, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (record,) = read_jsonl(run_dir / "metrics.jsonl")
-    # Teacher pool: only teacher calls (2 prompts x G=3 x K=2); student pool: every attempt.
+    # Teacher pool: only teacher calls (2 prompts x G=3 x K=2); student pool: one request per
+    # problem, its m attempts (or S holdout samples) as n completions of that one request.
     assert record["pool/teacher_requests"] == 2 * 3 * 2
-    attempts = 2 * 3 * (2 * 2 * 2 + 2)  # prompts x G x (K x k x m + holdout)
+    problems = 2 * 3 * (2 * 2 + 2)  # prompts x G x (K x k + holdout); one request per attempt made x m = 2
     control = 2 * 2
-    assert record["pool/student_requests"] == attempts + control
+    assert record["pool/student_requests"] == problems + control
     assert (run_dir / "logs" / "student-worker-0.log").is_file()
     assert processes_mentioning(str(run_dir)) == []
 

@@ -56,7 +56,7 @@ def weights_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def worker_url(tiny_checkpoint: Path, weights_root: Path, tmp_path_factory: pytest.TempPathFactory):
     log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
     command = [
-        sys.executable, "-m", "slime_meta.backends.local.worker", "--model-path", str(tiny_checkpoint),
+        sys.executable, "-m", "slime_meta.serving", "--model-path", str(tiny_checkpoint),
         "--host", "127.0.0.1", "--port", "0", "--device", WORKER_DEVICE, "--dtype", "float32",
         "--weights-root", str(weights_root),
     ]  # fmt: skip
@@ -310,7 +310,9 @@ def test_truncated_sampling_with_one_candidate_is_greedy(worker_url: str, tokeni
         {"text": "a", "input_ids": [1]},
         {},
         {"text": "a", "sampling_params": {"max_new_tokens": 300}},  # beyond 256 positions
-        {"text": "a", "sampling_params": {"n": 2}},
+        {"text": "a", "sampling_params": {"n": 0}},
+        {"text": "a", "sampling_params": {"n": 2.5}},
+        {"input_ids": [[1], [2]], "sampling_params": [{"n": 2}, {"n": 3}]},
         {"text": "a", "sampling_params": {"temperature": -1}},
         {"input_ids": [100000]},
         {"input_ids": []},

@@ -14,14 +14,14 @@ import time
 import pytest
 import torch
 
-from slime_meta.backends.local.worker_batching import GenerationEngine
-from slime_meta.backends.local.worker_cuda_graphs import length_buckets, row_buckets, smallest_bucket
-from slime_meta.backends.local.worker_protocol import GenerationSpec, SamplingParams
-from slime_meta.backends.local.worker_rows import GenerationJob
-from slime_meta.backends.local.worker_static_batch import build_fast_path, build_static_batch
-from slime_meta.backends.local.worker_static_cache import fit_capacity
-from slime_meta.backends.local.worker_static_model import unsupported_reason
-from slime_meta.backends.local.worker_weights import copy_into_model
+from slime_meta.serving.engine import GenerationEngine
+from slime_meta.serving.cuda_graphs import length_buckets, row_buckets, smallest_bucket
+from slime_meta.serving.protocol import GenerationSpec, SamplingParams
+from slime_meta.serving.rows import GenerationJob
+from slime_meta.serving.static_batch import build_fast_path, build_static_batch
+from slime_meta.serving.static_cache import fit_capacity
+from slime_meta.serving.static_model import unsupported_reason
+from slime_meta.serving.weights import copy_into_model
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -231,6 +231,39 @@ def test_engine_greedy_with_rows_joining_and_leaving(qwen2_engine) -> None:
     assert holder[0].output_logprobs == pytest.approx(alone.output_logprobs, abs=1e-5)
     for prompt, result in zip(prompts[1:], joined):
         assert result.output_ids == hf_greedy(model, prompt, 7)
+
+
+def test_engine_n_samples_share_one_prefill_into_their_slots(qwen2_engine) -> None:
+    """The k samples of one `n = k` request: one prompt prefill, its keys and values copied into the
+    other samples' slots; each row then decodes as if it had prefilled its own slot."""
+    model, engine = qwen2_engine
+    shared, other = random_prompts([5, 12], seed=4)
+    sampling = SamplingParams(max_new_tokens=10, temperature=1.0, ignore_eos=True)
+    specs = [GenerationSpec(f"n{j}", tuple(shared), sampling, True, shared_prefill="group") for j in range(4)]
+    specs.append(GenerationSpec("other", tuple(other), sampling, True))
+    before = dict(engine.counters)
+    jobs_done: dict[str, object] = {}
+    done = threading.Semaphore(0)
+    engine.submit_all(
+        [GenerationJob(s, on_done=lambda o, rid=s.rid: (jobs_done.__setitem__(rid, o), done.release())) for s in specs]
+    )
+    for _ in specs:
+        assert done.acquire(timeout=120)
+    results = [jobs_done[s.rid] for s in specs]
+    assert engine.counters["static_requests"] - before["static_requests"] == 5
+    assert engine.counters["prefill_prompts"] - before["prefill_prompts"] == 2
+    assert engine.counters["shared_prefill_rows"] - before["shared_prefill_rows"] == 3
+    for spec, result in zip(specs, results):
+        expected = full_logprobs(model, list(spec.input_ids) + result.output_ids)
+        got = torch.tensor(result.output_logprobs)
+        wanted = expected[len(spec.input_ids) - 1 : -1].gather(1, torch.tensor(result.output_ids)[:, None])[:, 0]
+        assert torch.allclose(got, wanted, atol=1e-4), spec.rid
+    assert len({tuple(r.output_ids) for r in results[:4]}) > 1
+
+    greedy = [greedy_spec(f"gr{j}", shared, 9) for j in range(3)]
+    greedy = [GenerationSpec(g.rid, g.input_ids, g.sampling, True, shared_prefill="greedy") for g in greedy]
+    for result in submit_all(engine, greedy):
+        assert result.output_ids == hf_greedy(model, shared, 9)
 
 
 @pytest.mark.parametrize("sampling", [dict(temperature=0.7), dict(temperature=1.0, top_p=0.8, top_k=20)])

@@ -1,6 +1,6 @@
 """Start and stop pools of embedded workers behind the real sglang-router, as child processes.
 
-A pool is N `slime_meta.backends.local.worker` processes on free loopback ports plus one
+A pool is N `slime_meta.serving` processes on free loopback ports plus one
 `sglang_router.launch_router` in front of them; callers talk to the router URL exactly as they
 would to an SGLang deployment.
 
@@ -199,7 +199,7 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         workers = []
         for index, port in enumerate(worker_ports):
             command = [
-                sys.executable, "-m", "slime_meta.backends.local.worker",
+                sys.executable, "-m", "slime_meta.serving",
                 "--model-path", model_path, "--host", self._host, "--port", str(port), "--device", device,
             ]  # fmt: skip
             command += ["--weights-root", weights_root if weights_root is not None else frozen_root]

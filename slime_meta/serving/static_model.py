@@ -4,7 +4,7 @@ Why our own forward: Hugging Face's forward is dozens of small Python-driven ker
 layer with shapes that change every step, so a decode step is bound by the CPU, not the GPU. This
 forward has fixed shapes for a given (rows, attended length) pair, touches no Python state that
 changes between steps and never synchronises with the host, so one decode step can be captured in
-a CUDA graph (worker_cuda_graphs.py) and replayed.
+a CUDA graph (cuda_graphs.py) and replayed.
 
 It computes what the HF modules compute in the same dtypes (RMSNorm in float32 then cast back
 before the weight, rotary tables in float32 cast to the model dtype, SiLU-gated MLP, q/k/v biases
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from slime_meta.backends.local.worker_static_cache import StaticKVCache
+from slime_meta.serving.static_cache import StaticKVCache
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2"})
 # Rotary types whose inverse frequencies are fixed once the model is built (the "dynamic" and

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slime_meta.backends.local.worker_protocol import SamplingParams
+from slime_meta.serving.protocol import SamplingParams
 
 
 @dataclass(frozen=True)

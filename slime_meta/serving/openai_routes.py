@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from slime_meta.backends.local.worker_protocol import (
+from slime_meta.serving.protocol import (
     FinishedGeneration,
     GenerationSpec,
     RequestError,

@@ -2,8 +2,12 @@
 
 Kept apart from the HTTP layer and the generation loop so that the wire format (what SGLang
 clients such as slime send and read) lives in one place. Parsing is strict on purpose: a field
-this worker would silently ignore (a penalty, a grammar, `n > 1`) is answered with HTTP 400
-instead of a plausible-looking but different result, because callers train on these outputs.
+this worker would silently ignore (a penalty, a grammar) is answered with HTTP 400 instead of a
+plausible-looking but different result, because callers train on these outputs.
+
+`sampling_params.n = k` (SGLang's parallel sampling) asks for k completions of each prompt: the
+answer is then a list of k result objects per prompt, prompt-major (prompt i's sample j at
+i * k + j), as SGLang sends it, even for a single prompt. The k rows share one prefill.
 """
 
 from __future__ import annotations
@@ -20,9 +24,13 @@ from aiohttp.http_exceptions import BadHttpMessage
 # Below this temperature a request is greedy (SGLang uses the same convention).
 GREEDY_TEMPERATURE_THRESHOLD = 1e-6
 DEFAULT_MAX_NEW_TOKENS = 128
+# Most completions one request may ask for per prompt (`sampling_params.n`): a bound on the rows
+# one request can occupy, not a limit of the engine.
+MAX_PARALLEL_SAMPLES = 1024
 
 # Sampling fields SGLang accepts that this worker does not implement, with the value that makes
-# them a no-op. A request that sets one to anything else gets HTTP 400.
+# them a no-op. A request that sets one to anything else gets HTTP 400. (`n` is handled by
+# `parse_generate_request` before the rest is parsed; the OpenAI routes serve one choice only.)
 _NO_OP_SAMPLING_FIELDS: dict[str, Any] = {
     "n": 1,
     "min_new_tokens": 0,
@@ -84,6 +92,9 @@ class GenerationSpec:
     return_logprob: bool = False
     logprob_start_len: int = -1  # -1: output log-probs only
     top_logprobs_num: int = 0
+    # Specs with the same key are the k samples of one prompt sent with `n = k`: the generation
+    # loop prefills that prompt once and copies its KV cache into the k rows.
+    shared_prefill: str | None = None
 
     @property
     def wants_input_logprobs(self) -> bool:
@@ -182,13 +193,28 @@ def _per_item(value: Any, count: int, name: str, is_batch: bool) -> list[Any]:
     return [value] * count
 
 
+def _parallel_samples(raw: Any) -> tuple[int, Any]:
+    """SGLang's `sampling_params.n`: (samples per prompt, the sampling params without `n`)."""
+    if not isinstance(raw, dict) or raw.get("n") is None:
+        return 1, raw
+    n = raw["n"]
+    _require(
+        _is_int(n) and 1 <= n <= MAX_PARALLEL_SAMPLES, f"sampling_params.n must be an integer in [1, {MAX_PARALLEL_SAMPLES}]"
+    )
+    return n, {name: value for name, value in raw.items() if name != "n"}
+
+
 def parse_generate_request(
     body: Any,
     encode: Callable[[str], list[int]],
     vocab_size: int,
     max_positions: int | None,
 ) -> tuple[list[GenerationSpec], bool]:
-    """Validate a `/generate` body. Returns the specs and whether the caller sent a batch."""
+    """Validate a `/generate` body. Returns the specs and whether the answer is a list.
+
+    With `sampling_params.n = k > 1` each prompt becomes k specs sharing a prefill key, and the
+    answer is a list (SGLang turns a single prompt with n > 1 into a batch of one).
+    """
     _require(isinstance(body, dict), "request body must be a JSON object")
     unsupported = sorted(
         name
@@ -216,7 +242,11 @@ def parse_generate_request(
     _require(len(prompts) > 0, "empty batch")
 
     count = len(prompts)
-    sampling_raw = _per_item(body.get("sampling_params"), count, "sampling_params", is_batch)
+    sampling_items = _per_item(body.get("sampling_params"), count, "sampling_params", is_batch)
+    parallel = [_parallel_samples(raw) for raw in sampling_items]
+    samples_per_prompt = parallel[0][0]
+    _require(all(n == samples_per_prompt for n, _ in parallel), "sampling_params.n must be the same for every prompt")
+    sampling_raw = [raw for _, raw in parallel]
     rids = _per_item(body.get("rid"), count, "rid", is_batch)
     return_logprob = body.get("return_logprob", False)
     _require(isinstance(return_logprob, bool), "'return_logprob' must be true or false")
@@ -239,17 +269,21 @@ def parse_generate_request(
                 f"model's context length ({max_positions})",
             )
         _require(rid is None or isinstance(rid, str), "'rid' must be a string or a list of strings")
-        specs.append(
-            GenerationSpec(
-                rid=rid or uuid.uuid4().hex,
-                input_ids=tuple(prompt),
-                sampling=sampling,
-                return_logprob=return_logprob,
-                logprob_start_len=logprob_start_len,
-                top_logprobs_num=top_logprobs_num if return_logprob else 0,
+        base_rid = rid or uuid.uuid4().hex
+        prefill_key = uuid.uuid4().hex if samples_per_prompt > 1 else None  # unique even if a caller reuses a rid
+        for sample in range(samples_per_prompt):
+            specs.append(
+                GenerationSpec(
+                    rid=base_rid if samples_per_prompt == 1 else f"{base_rid}-{sample}",
+                    input_ids=tuple(prompt),
+                    sampling=sampling,
+                    return_logprob=return_logprob,
+                    logprob_start_len=logprob_start_len,
+                    top_logprobs_num=top_logprobs_num if return_logprob else 0,
+                    shared_prefill=prefill_key,
+                )
             )
-        )
-    return specs, is_batch
+    return specs, is_batch or samples_per_prompt > 1
 
 
 def render_output_text(

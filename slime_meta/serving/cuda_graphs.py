@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from slime_meta.backends.local.worker_static_model import StaticDecoder
+from slime_meta.serving.static_model import StaticDecoder
 
 logger = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ How batching works (continuous batching on top of HF's `DynamicCache`):
 - Each loop turn first admits waiting requests (up to `max_batch_size` rows): they are prefilled
   together in a fresh cache, sample their first token, and are then joined to the running batch
   by left-padding the shorter cache. Then every row decodes one token.
+- The k samples of one `n = k` request share one prefill: their prompt is computed once and its
+  KV cache rows are copied into the k decode rows (`shared_prompts`).
 - Rows that finish (EOS, stop token, stop string, max_new_tokens, client gone) leave the batch at
   once; padding columns that no remaining row uses are cut away.
 - Joining and trimming edit the cache tensors directly, which is only valid for plain
@@ -20,7 +22,7 @@ How batching works (continuous batching on top of HF's `DynamicCache`):
   `run_between_batches`: admission stops, the running batch drains, the operation runs, and
   admission resumes.
 
-The fast path (CUDA, Llama/Qwen2 family; worker_static_batch.py): when the engine is given a
+The fast path (CUDA, Llama/Qwen2 family; static_batch.py): when the engine is given a
 `StaticBatch`, requests it can serve (no prompt scoring, prompt plus max_new_tokens within its
 cache) run there instead: each row owns a slot of a preallocated KV cache and decode steps replay
 CUDA graphs. Everything else (scoring, longer requests) runs on the DynamicCache batch beside it;
@@ -41,16 +43,11 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
-from slime_meta.backends.local.worker_cache import (
-    drop_leading_columns,
-    join_caches,
-    left_pad_columns,
-    supports_row_surgery,
-)
-from slime_meta.backends.local.worker_protocol import FinishedGeneration
-from slime_meta.backends.local.worker_rows import GenerationJob, RowState
-from slime_meta.backends.local.worker_sampling import RowSampling, choose_next_tokens, prompt_logprobs
-from slime_meta.backends.local.worker_static_batch import StaticBatch
+from slime_meta.serving.caches import join_caches, left_pad_columns, supports_row_surgery, trim_unused_columns
+from slime_meta.serving.protocol import FinishedGeneration
+from slime_meta.serving.rows import GenerationJob, RowState, shared_prompts
+from slime_meta.serving.sampling import RowSampling, choose_next_tokens
+from slime_meta.serving.static_batch import StaticBatch
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,6 +112,8 @@ class GenerationEngine:
         # the answer goes out, so a client holding its result never sees itself counted.
         self.running_rows = 0
         self.counters = {"requests_finished": 0, "tokens_generated": 0, "prefill_batches": 0, "decode_steps": 0}
+        # Prompts run through a prefill, and rows that got a prompt's cache without running it (`n`).
+        self.counters.update(prefill_prompts=0, shared_prefill_rows=0)
         self.counters.update(static_requests=0, static_decode_steps=0)  # the fast path's share
         self._can_join = self._probe_cache_is_joinable()
 
@@ -131,11 +130,16 @@ class GenerationEngine:
             self._thread.join(timeout_s)
 
     def submit(self, job: GenerationJob) -> None:
+        self.submit_all([job])
+
+    def submit_all(self, jobs: Sequence[GenerationJob]) -> None:
+        """Queue `jobs` at once, so that the samples of one `n` request are admitted together."""
         with self._condition:
             if self._stopping:
-                job.settle(RuntimeError("the worker is shutting down"))
+                for job in jobs:
+                    job.settle(RuntimeError("the worker is shutting down"))
                 return
-            self._waiting.append(job)
+            self._waiting.extend(jobs)
             self._condition.notify_all()
 
     def run_between_batches(self, operation: Callable[[], T]) -> concurrent.futures.Future[T]:
@@ -236,6 +240,7 @@ class GenerationEngine:
 
     def _pop_admissible(self, rows_in_batch: int) -> list[GenerationJob]:
         taken: list[GenerationJob] = []
+        prompts: set[str | int] = set()  # what the prefill will compute: a shared prompt counts once
         longest = 0
         while self._waiting and rows_in_batch + len(taken) < self._max_batch_size:
             job = self._waiting[0]
@@ -243,11 +248,14 @@ class GenerationEngine:
                 self._waiting.popleft()
                 job.settle(RuntimeError("request cancelled"))
                 continue
-            new_longest = max(longest, len(job.spec.input_ids))
-            if taken and new_longest * (len(taken) + 1) > self._max_prefill_tokens:
-                break
+            key = job.spec.shared_prefill if job.spec.shared_prefill is not None else id(job)
+            if key not in prompts:
+                new_longest = max(longest, len(job.spec.input_ids))
+                if taken and new_longest * (len(prompts) + 1) > self._max_prefill_tokens:
+                    break
+                prompts.add(key)
+                longest = new_longest
             taken.append(self._waiting.popleft())
-            longest = new_longest
         return taken
 
     def _run_control_op(self, control_op: _ControlOp) -> None:
@@ -344,37 +352,31 @@ class GenerationEngine:
 
     def _prefill(self, jobs: list[GenerationJob], all_logits: bool) -> _RunningBatch | None:
         rows = [RowState(job) for job in jobs]
-        lengths = [len(job.spec.input_ids) for job in jobs]
+        # Row surgery (copying cache rows) is only known to be valid for joinable caches.
+        prompt_of_row, prompt_jobs = shared_prompts(jobs) if self._can_join else (list(range(len(jobs))), jobs)
+        lengths = [len(job.spec.input_ids) for job in prompt_jobs]
         width = max(lengths)
-        padded = [[self._pad_token_id] * (width - n) + list(job.spec.input_ids) for job, n in zip(jobs, lengths)]
-        input_ids = torch.tensor(padded, dtype=torch.int64, device=self._device)
-        mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], dtype=torch.int64, device=self._device)
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
-        output = self._forward(input_ids, mask, positions, cache=None, all_logits=all_logits)
+        padded = [[self._pad_token_id] * (width - n) + list(job.spec.input_ids) for job, n in zip(prompt_jobs, lengths)]
+        input_ids_P_T = torch.tensor(padded, dtype=torch.int64, device=self._device)
+        mask_P_T = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], dtype=torch.int64, device=self._device)
+        positions_P_T = (mask_P_T.cumsum(dim=-1) - 1).clamp(min=0)
+        output = self._forward(input_ids_P_T, mask_P_T, positions_P_T, cache=None, all_logits=all_logits)
         self.counters["prefill_batches"] += 1
+        self.counters["prefill_prompts"] += len(prompt_jobs)
+        self.counters["shared_prefill_rows"] += len(jobs) - len(prompt_jobs)
         if all_logits:
-            for index, row in enumerate(rows):
+            for row, prompt in zip(rows, prompt_of_row):
                 if row.job.spec.wants_input_logprobs:
-                    self._record_prompt_logprobs(row, output.logits[index], input_ids[index], width - lengths[index])
-        batch = _RunningBatch(
-            rows=rows,
-            cache=output.past_key_values,
-            attention_mask=mask,
-            next_positions=mask.sum(dim=-1),
-            sampling=self._row_sampling(rows),
-        )
-        return self._advance(batch, output.logits[:, -1, :], from_prefill=True)
-
-    @staticmethod
-    def _record_prompt_logprobs(row: RowState, logits: torch.Tensor, input_ids: torch.Tensor, padding: int) -> None:
-        spec = row.job.spec
-        first_scored = max(spec.logprob_start_len, 1)  # position 0 has nothing before it
-        start, end = padding + first_scored, input_ids.shape[0]
-        values, tops = prompt_logprobs(logits[start - 1 : end - 1], input_ids[start:end], spec.top_logprobs_num)
-        leading_none: list[None] = [None] if spec.logprob_start_len == 0 else []
-        row.input_logprobs = leading_none + values
-        if spec.top_logprobs_num > 0:
-            row.input_top_logprobs = leading_none + tops
+                    row.record_prompt_logprobs(output.logits[prompt], input_ids_P_T[prompt], width - lengths[prompt])
+        cache, mask_R_T, last_logits_R_V = output.past_key_values, mask_P_T, output.logits[:, -1, :]
+        if len(prompt_jobs) < len(jobs):
+            # Each of a prompt's k rows starts from a copy of that prompt's keys and values.
+            prompt_of_row_R = torch.tensor(prompt_of_row, dtype=torch.int64, device=self._device)
+            cache.batch_select_indices(prompt_of_row_R)
+            mask_R_T = mask_P_T.index_select(0, prompt_of_row_R)
+            last_logits_R_V = last_logits_R_V.index_select(0, prompt_of_row_R)
+        batch = _RunningBatch(rows, cache, mask_R_T, mask_R_T.sum(dim=-1), self._row_sampling(rows))
+        return self._advance(batch, last_logits_R_V, from_prefill=True)
 
     def _decode_step(self, batch: _RunningBatch) -> _RunningBatch | None:
         newest = torch.tensor([[row.output_ids[-1]] for row in batch.rows], dtype=torch.int64, device=self._device)
@@ -395,8 +397,10 @@ class GenerationEngine:
         return self._static.release_all() if self._static is not None else []
 
     def _prefill_static(self, jobs: list[GenerationJob]) -> None:
-        rows, logits = self._static.prefill(jobs)
+        rows, logits, prompts = self._static.prefill(jobs)
         self.counters["prefill_batches"] += 1
+        self.counters["prefill_prompts"] += prompts
+        self.counters["shared_prefill_rows"] += len(rows) - prompts
         self.counters["static_requests"] += len(rows)
         self._drop_finished_static(rows, self._take_tokens(rows, logits, self._row_sampling(rows), from_prefill=True))
 
@@ -468,20 +472,11 @@ class GenerationEngine:
         batch.cache.batch_select_indices(index)
         mask = batch.attention_mask.index_select(0, index)
         if self._can_join:
-            mask = self._trim_unused_columns(batch.cache, mask)
+            mask = trim_unused_columns(batch.cache, mask)
         rows = [batch.rows[i] for i in keep]
         return _RunningBatch(
             rows, batch.cache, mask, batch.next_positions.index_select(0, index), self._row_sampling(rows)
         )
-
-    @staticmethod
-    def _trim_unused_columns(cache: Any, mask: torch.Tensor) -> torch.Tensor:
-        """Drop leading cache columns that are padding for every remaining row."""
-        first_used = int(mask.any(dim=0).to(torch.int8).argmax())
-        if first_used == 0:
-            return mask
-        drop_leading_columns(cache, first_used)
-        return mask[:, first_used:]
 
     def _join(self, older: _RunningBatch, newer: _RunningBatch) -> _RunningBatch:
         """Merge two batches by left-padding the shorter cache (positions are per row, so safe)."""

@@ -60,3 +60,12 @@ def drop_leading_columns(cache: Any, count: int) -> None:
     for layer in cache.layers:
         layer.keys = layer.keys[:, :, count:, :]
         layer.values = layer.values[:, :, count:, :]
+
+
+def trim_unused_columns(cache: Any, mask: torch.Tensor) -> torch.Tensor:
+    """Drop leading cache columns that are padding for every remaining row; returns the new mask."""
+    first_used = int(mask.any(dim=0).to(torch.int8).argmax())
+    if first_used == 0:
+        return mask
+    drop_leading_columns(cache, first_used)
+    return mask[:, first_used:]

@@ -11,7 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_meta.backends.local.worker_protocol import FinishedGeneration, GenerationSpec, render_output_text
+import torch
+
+from slime_meta.serving.protocol import FinishedGeneration, GenerationSpec, render_output_text
+from slime_meta.serving.sampling import prompt_logprobs
 
 Decode = Callable[[Sequence[int], bool], str]  # (token ids, skip_special_tokens) -> text
 
@@ -30,6 +33,27 @@ class GenerationJob:
         if not self.settled:
             self.settled = True
             self.on_done(outcome)
+
+
+def shared_prompts(jobs: Sequence[GenerationJob]) -> tuple[list[int], list[GenerationJob]]:
+    """Which prompts a prefill must run for `jobs`: (prompt index of each job, one job per prompt).
+
+    The k samples of one `n = k` request hold the same prompt; it is computed once and its KV
+    cache copied into the k rows. Jobs without a shared-prefill key each get their own prompt.
+    """
+    prompt_jobs: list[GenerationJob] = []
+    prompt_of_job: list[int] = []
+    index_by_key: dict[str, int] = {}
+    for job in jobs:
+        key = job.spec.shared_prefill
+        if key is not None and key in index_by_key:
+            prompt_of_job.append(index_by_key[key])
+            continue
+        if key is not None:
+            index_by_key[key] = len(prompt_jobs)
+        prompt_of_job.append(len(prompt_jobs))
+        prompt_jobs.append(job)
+    return prompt_of_job, prompt_jobs
 
 
 class RowState:
@@ -56,6 +80,17 @@ class RowState:
             if spec.top_logprobs_num > 0 and top_values is not None and top_ids is not None:
                 count = spec.top_logprobs_num
                 self.output_top_logprobs.append(list(zip(top_values[:count], top_ids[:count])))
+
+    def record_prompt_logprobs(self, logits_T_V: torch.Tensor, input_ids_T: torch.Tensor, padding: int) -> None:
+        """Prompt log-probs from a prefill's logits (`padding` leading columns are not the prompt)."""
+        spec = self.job.spec
+        first_scored = max(spec.logprob_start_len, 1)  # position 0 has nothing before it
+        start, end = padding + first_scored, input_ids_T.shape[0]
+        values, tops = prompt_logprobs(logits_T_V[start - 1 : end - 1], input_ids_T[start:end], spec.top_logprobs_num)
+        leading_none: list[None] = [None] if spec.logprob_start_len == 0 else []
+        self.input_logprobs = leading_none + values
+        if spec.top_logprobs_num > 0:
+            self.input_top_logprobs = leading_none + tops
 
     def finish_reason(self, eos_token_ids: frozenset[int], decode: Decode) -> dict[str, Any] | None:
         """Why the row is done after its newest token, or None to keep going.

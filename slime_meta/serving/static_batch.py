@@ -1,6 +1,6 @@
 """The fast path's running batch: rows pinned to slots of a static KV cache.
 
-The generation loop (worker_batching.py) owns token choice, stop rules and answers; this class
+The generation loop (engine.py) owns token choice, stop rules and answers; this class
 owns where each row's keys and values live and runs the model for those rows:
 - `prefill` puts new rows into the lowest free slots and returns their first-token logits;
 - `decode` advances every row by one token through `DecodeGraphs`, whose graphs cover slots
@@ -19,12 +19,12 @@ from collections.abc import Sequence
 
 import torch
 
-from slime_meta.backends.local.worker_cuda_graphs import DecodeGraphs
-from slime_meta.backends.local.worker_protocol import GenerationSpec
-from slime_meta.backends.local.worker_rows import GenerationJob, RowState
-from slime_meta.backends.local.worker_sampling import RowSampling
-from slime_meta.backends.local.worker_static_cache import StaticKVCache, bytes_per_token, fit_capacity
-from slime_meta.backends.local.worker_static_model import StaticDecoder, model_shape, unsupported_reason
+from slime_meta.serving.cuda_graphs import DecodeGraphs
+from slime_meta.serving.protocol import GenerationSpec
+from slime_meta.serving.rows import GenerationJob, RowState, shared_prompts
+from slime_meta.serving.sampling import RowSampling
+from slime_meta.serving.static_cache import StaticKVCache, bytes_per_token, fit_capacity
+from slime_meta.serving.static_model import StaticDecoder, model_shape, unsupported_reason
 
 logger = logging.getLogger("slime_meta.worker")
 
@@ -82,25 +82,44 @@ class StaticBatch:
         self._occupied_index = None
         self.sampling = None
 
-    def prefill(self, jobs: Sequence[GenerationJob]) -> tuple[list[RowState], torch.Tensor]:
-        """Place `jobs` in free slots and run their prompts; returns (rows, first-token logits)."""
+    def prefill(self, jobs: Sequence[GenerationJob]) -> tuple[list[RowState], torch.Tensor, int]:
+        """Place `jobs` in free slots and run their prompts: (rows, first-token logits, prompts run).
+
+        The samples of one `n` request run their common prompt once, in the first sample's slot;
+        its keys and values are then copied into the other samples' slots.
+        """
         free = [slot for slot, row in enumerate(self._row_by_slot) if row is None]
         if len(jobs) > len(free):
             raise RuntimeError(f"{len(jobs)} rows for {len(free)} free cache slots")
         slots = free[: len(jobs)]
-        lengths = [len(job.spec.input_ids) for job in jobs]
+        prompt_of_row, prompt_jobs = shared_prompts(jobs)
+        first_row_of_prompt = {prompt: row for row, prompt in reversed(list(enumerate(prompt_of_row)))}
+        prompt_slots = [slots[first_row_of_prompt[prompt]] for prompt in range(len(prompt_jobs))]
+        lengths = [len(job.spec.input_ids) for job in prompt_jobs]
         width = max(lengths)
-        padded = [list(job.spec.input_ids) + [self._pad_token_id] * (width - n) for job, n in zip(jobs, lengths)]
-        input_ids_N_L = torch.tensor(padded, dtype=torch.int64).to(self._device)
-        lengths_N = torch.tensor(lengths, dtype=torch.int64).to(self._device)
-        slots_N = torch.tensor(slots, dtype=torch.int64).to(self._device)
-        logits_N_V = self._decoder.prefill(input_ids_N_L, lengths_N, slots_N)
+        padded = [list(job.spec.input_ids) + [self._pad_token_id] * (width - n) for job, n in zip(prompt_jobs, lengths)]
+        input_ids_P_L = torch.tensor(padded, dtype=torch.int64).to(self._device)
+        lengths_P = torch.tensor(lengths, dtype=torch.int64).to(self._device)
+        slots_P = torch.tensor(prompt_slots, dtype=torch.int64).to(self._device)
+        logits_P_V = self._decoder.prefill(input_ids_P_L, lengths_P, slots_P)
+        copies = [
+            (prompt_slots[prompt], slots[row])
+            for row, prompt in enumerate(prompt_of_row)
+            if first_row_of_prompt[prompt] != row
+        ]
+        if copies:
+            source_C = torch.tensor([source for source, _ in copies], dtype=torch.int64).to(self._device)
+            target_C = torch.tensor([target for _, target in copies], dtype=torch.int64).to(self._device)
+            cache = self._decoder.cache
+            for tensor_L_S_K_T_D in (cache.keys_L_S_K_T_D, cache.values_L_S_K_T_D):
+                tensor_L_S_K_T_D[:, target_C, :, :width] = tensor_L_S_K_T_D[:, source_C, :, :width]
+        logits_N_V = logits_P_V.index_select(0, torch.tensor(prompt_of_row, dtype=torch.int64).to(self._device))
         rows = [RowState(job) for job in jobs]
-        for slot, row, length in zip(slots, rows, lengths):
+        for slot, row, prompt in zip(slots, rows, prompt_of_row):
             self._row_by_slot[slot] = row
-            self._length_by_slot[slot] = length
+            self._length_by_slot[slot] = lengths[prompt]
         self._membership_changed()
-        return rows, logits_N_V
+        return rows, logits_N_V, len(prompt_jobs)
 
     def decode(self) -> torch.Tensor:
         """One token for every running row; returns logits (len(rows), V) in `rows` order."""

@@ -5,11 +5,14 @@ sglang-router. On a laptop, in CI, or for tiny models there is no SGLang; this w
 local Hugging Face causal LM behind the same endpoints, so the rest of the program (and the real
 router) cannot tell the difference for the calls it makes.
 
-    python -m slime_meta.backends.local.worker --model-path DIR --host 127.0.0.1 --port P \
+    python -m slime_meta.serving --model-path DIR --host 127.0.0.1 --port P \
         [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16] [--weights-root DIR] \
         [--max-batch-size 64] [--max-prefill-tokens 16384] [--batch-wait-ms 2] [--seed 0] \
         [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info] \
         [--cuda-graphs auto|on|off] [--static-cache-len 4096]
+
+`sampling_params.n = k` returns k completions of the prompt as a list (SGLang's shape); the k
+rows share one prefill of the prompt (see engine.py).
 
 Endpoints: GET /health, /health_generate, /get_model_info (/model_info), /get_server_info
 (/server_info); POST /generate, /update_weights_from_disk, /abort_request; GET|POST /flush_cache;
@@ -30,9 +33,9 @@ stop token or string comes on the last allowed token, finish_reason is `stop` (S
 `length`), so a complete answer is never taken for a truncated one. The third element of every
 log-prob triple is null (`return_text_in_logprobs` is accepted but not honoured).
 
-The model runs in a single generation thread (see worker_batching.py); the asyncio event loop
+The model runs in a single generation thread (see engine.py); the asyncio event loop
 only parses, queues and answers. On CUDA, for Llama/Qwen2-family models, decoding runs through a
-static KV cache and CUDA graphs (`--cuda-graphs`, worker_static_batch.py); `/get_server_info`
+static KV cache and CUDA graphs (`--cuda-graphs`, static_batch.py); `/get_server_info`
 says which path is active (`engine.decode_path`). The line `worker ready on http://HOST:PORT` goes to stdout once
 the socket is listening; logs go to stderr.
 """
@@ -46,16 +49,15 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from aiohttp import web
 
-from slime_meta.backends.local.worker_batching import GenerationEngine
-from slime_meta.backends.local.worker_openai import OpenAIContext, add_openai_routes
-from slime_meta.backends.local.worker_protocol import (
-    FinishedGeneration,
+from slime_meta.serving.context import WorkerContext
+from slime_meta.serving.engine import GenerationEngine
+from slime_meta.serving.openai_routes import OpenAIContext, add_openai_routes
+from slime_meta.serving.protocol import (
     GenerationSpec,
     RequestError,
     RouterHttp2ProbeFilter,
@@ -64,9 +66,8 @@ from slime_meta.backends.local.worker_protocol import (
     generate_response,
     parse_generate_request,
 )
-from slime_meta.backends.local.worker_rows import GenerationJob
-from slime_meta.backends.local.worker_static_batch import build_fast_path
-from slime_meta.backends.local.worker_weights import (
+from slime_meta.serving.static_batch import build_fast_path
+from slime_meta.serving.weights import (
     SUPPORTED_LOAD_FORMATS,
     WeightUpdateError,
     copy_into_model,
@@ -77,54 +78,6 @@ from slime_meta.backends.local.worker_weights import (
 logger = logging.getLogger("slime_meta.worker")
 _HEALTH_GENERATE_TIMEOUT_S = 60.0
 _MAX_REQUEST_BYTES = 256 * 1024 * 1024  # batched input_ids can be large; aiohttp's default is 1 MiB
-
-
-@dataclass
-class WorkerContext:
-    """Everything the handlers share; one per server, stored on the aiohttp app."""
-
-    engine: GenerationEngine
-    model: torch.nn.Module
-    tokenizer: Any
-    model_path: str
-    tokenizer_path: str
-    weights_root: str | None
-    device: torch.device
-    dtype: torch.dtype
-    max_batch_size: int
-    max_positions: int | None
-    embedding_rows: int
-    in_flight: dict[str, GenerationJob] = field(default_factory=dict)
-    generate_requests: int = 0
-    weight_updates: int = 0
-    update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-    async def run_spec(self, spec: GenerationSpec) -> FinishedGeneration:
-        """Queue one spec on the generation thread and wait for its result."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[FinishedGeneration] = loop.create_future()
-
-        def deliver(outcome: FinishedGeneration | BaseException) -> None:
-            if not future.done():
-                if isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
-
-        job = GenerationJob(spec, on_done=lambda outcome: loop.call_soon_threadsafe(deliver, outcome))
-        self.in_flight[spec.rid] = job
-        try:
-            self.engine.submit(job)
-            return await future
-        except asyncio.CancelledError:
-            job.cancelled = True  # the client went away: free the batch slot
-            raise
-        finally:
-            if self.in_flight.get(spec.rid) is job:
-                del self.in_flight[spec.rid]
 
 
 CONTEXT_KEY = web.AppKey("worker_context", WorkerContext)
@@ -211,7 +164,7 @@ async def handle_generate(request: web.Request) -> web.Response:
     body = await read_json(request)
     specs, is_batch = parse_generate_request(body, context.encode, context.embedding_rows, context.max_positions)
     context.generate_requests += 1
-    results = await asyncio.gather(*(context.run_spec(spec) for spec in specs))
+    results = await context.run_specs(specs)
     responses = [generate_response(result) for result in results]
     return web.json_response(responses if is_batch else responses[0])
 
@@ -314,7 +267,9 @@ def build_app(context: WorkerContext) -> web.Application:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Serve a local Hugging Face causal LM with SGLang's /generate API.")
+    parser = argparse.ArgumentParser(
+        prog="python -m slime_meta.serving", description="Serve a local Hugging Face causal LM with SGLang's /generate API."
+    )
     parser.add_argument("--model-path", required=True, help="local directory written by save_pretrained")
     parser.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
     parser.add_argument("--host", default="127.0.0.1")
