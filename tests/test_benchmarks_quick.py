@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -89,7 +91,13 @@ def test_efficacy_quick(tmp_path):
     assert report["student"] == "frozen"
     config = json.loads((Path(report["run_dir"]) / "config.json").read_text())
     assert config["pools"]["student_checkpoint"] == config["pools"]["hf_checkpoint"]  # a frozen copy
-    assert "gain in budget" in lines[-2]
+    assert "gain in budget" in lines[-2] and "over start" in lines[-2]
+    # What RL added, from the same run's first and last windows and its oracle.
+    r_start, r_end, r_oracle = report["r_first_steps"], report["r_last_steps"], report["r_oracle"]
+    if r_oracle > r_start:
+        assert report["gain_over_start"] == pytest.approx((r_end - r_start) / (r_oracle - r_start))
+    assert f"{report['gain_over_start']:.3f}" == lines[-1].split()[-1]
+    assert Path(report["plot"]).stat().st_size > 0 and report["plot"].endswith("efficacy.png")
 
 
 def test_async_pipeline_quick(tmp_path):
