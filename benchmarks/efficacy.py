@@ -75,6 +75,15 @@ def run(args: argparse.Namespace) -> dict:
     elapsed = [r["time"] - start for r in records]
     within = [r for r, t in zip(records, elapsed) if args.budget_s is None or t <= args.budget_s]
     r_budget = fmean(r["meta_learning/avg_holdout_grade"] for r in within[-args.window :]) if within else float("nan")
+    # Gain and no-info control per consecutive block of --block steps: does the gain hold?
+    blocks = [records[i : i + args.block] for i in range(0, len(records), args.block)]
+    by_block = [
+        {"first_step": b[0]["step"], "last_step": b[-1]["step"],
+         "holdout": fmean(r["meta_learning/avg_holdout_grade"] for r in b),
+         "no_info": fmean(r["meta_learning/holdout_grade_no_info"] for r in b),
+         "normalised_gain": gain(fmean(r["meta_learning/avg_holdout_grade"] for r in b))}
+        for b in blocks
+    ]  # fmt: skip
     curve = [
         {"step": r["step"], "elapsed_s": round(t, 2), "holdout": r["meta_learning/avg_holdout_grade"],
          "no_info": r["meta_learning/holdout_grade_no_info"]}
@@ -98,6 +107,8 @@ def run(args: argparse.Namespace) -> dict:
         "steps_within_budget": len(within),
         "training_s": elapsed[-1],
         "normalised_gain_within_budget": gain(r_budget),
+        "block_steps": args.block,
+        "by_block": by_block,
         "curve": curve,
         "student": "shared" if args.shared_student else "frozen",
         "run_dir": str(run_dir),
@@ -114,6 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--window", type=int, default=10, help="Steps averaged for the first and last grades.")
+    parser.add_argument("--block", type=int, default=50, help="Steps per block of the per-block gain and no-info control.")
     parser.add_argument("--out", default="runs/benchmarks")
     parser.add_argument("--shared-student", action="store_true",
                         help="The student is the model being trained (the demo's setting); default: a frozen copy of the start model.")

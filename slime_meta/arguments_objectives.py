@@ -63,6 +63,11 @@ class ObjectivesConfig:
         return 0.0 if self.adv_tau is None else self.adv_tau
 
     @property
+    def solver_grpo_on(self) -> bool:
+        """Local backend: --adv-tau alone trains the policy on its own graded solver attempts."""
+        return self.solver_adv_tau != 0.0
+
+    @property
     def sdpo_on_any(self) -> bool:
         return self.sdpo_alpha != 0.0
 
@@ -73,7 +78,7 @@ class ObjectivesConfig:
     @property
     def needs_solver_samples(self) -> bool:
         """Channels that train the policy in its solver role need its own solutions."""
-        return self.distillation_on or self.sdpo_on_any or self.replay_on
+        return self.distillation_on or self.solver_grpo_on or self.sdpo_on_any or self.replay_on
 
     @property
     def needs_reference(self) -> bool:
@@ -103,7 +108,9 @@ def add_objective_arguments(add_group) -> None:
     add("--adv-tau", type=float, default=None,
         help="Weight of the task advantage in the distillation advantage of the samples distillation shapes. "
              "Local backend: the policy's own solver samples, a GRPO term on them; not given = 0 (off: "
-             "distillation adds only its log-prob terms, the teacher's infos keep their own GRPO). --backend "
+             "distillation adds only its log-prob terms, the teacher's infos keep their own GRPO); given "
+             "without --teacher-tau/--student-tau it is a solver-role term of its own (the policy's no-info "
+             "attempts at the train problems, GRPO over each problem's m grades; no context needed). --backend "
              "slime: the teacher's infos; not given = 1 (their GRPO advantage kept).")
     add("--teacher-tau", type=float, default=0.0, help="Weight of log p(token | context + prompt).")
     add("--student-tau", type=float, default=0.0, help="Weight of -log p(token | prompt).")

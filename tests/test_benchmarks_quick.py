@@ -82,12 +82,14 @@ def _run_train_benchmark(script: str, tmp_path: Path, *extra: str) -> tuple[dict
 
 
 def test_efficacy_quick(tmp_path):
-    report, lines = _run_train_benchmark("efficacy", tmp_path, "--budget-s", "600")
+    report, lines = _run_train_benchmark("efficacy", tmp_path, "--budget-s", "600", "--block", "2")
     assert report["steps"] == 3 and len(report["curve"]) == 3
     assert 0 <= report["r_no_info"] <= 1 and 0 <= report["r_oracle"] <= 1
     elapsed = [point["elapsed_s"] for point in report["curve"]]
     assert elapsed == sorted(elapsed) and elapsed[0] > 0
     assert report["steps_within_budget"] == 3  # three tiny steps end well inside 600 s
+    assert [b["first_step"] for b in report["by_block"]] == [0, 2]  # --block 2 over 3 steps
+    assert report["by_block"][1]["holdout"] == report["curve"][2]["holdout"]
     assert report["student"] == "frozen"
     config = json.loads((Path(report["run_dir"]) / "config.json").read_text())
     assert config["pools"]["student_checkpoint"] == config["pools"]["hf_checkpoint"]  # a frozen copy

@@ -188,6 +188,28 @@ def test_distillation_adds_no_solver_grpo_term_unless_asked(tiny_checkpoint, bat
     assert any(not torch.equal(a, b) for a, b in changed)
 
 
+def test_adv_tau_alone_is_a_solver_grpo_term_without_a_context(tiny_checkpoint, batch):
+    """--adv-tau alone (no taus, no context) turns the solver pass on: GRPO on the policy's own
+    graded attempts, each token's advantage the attempt's task advantage."""
+    from test_arguments import BASE
+
+    from slime_meta.arguments import parse_config
+    from slime_meta.backends.local.trainer import distillation_sequences
+
+    objectives = parse_config(BASE + ["--adv-tau", "1"]).objectives
+    assert objectives.needs_solver_samples and not objectives.distillation_on  # no context is scored
+    _, solver, _ = batch
+    unscored = [dataclasses.replace(x, context_prompt_ids=None, teacher_logprobs=None) for x in solver]
+    alone = DistillSettings(adv_tau=objectives.solver_adv_tau)
+    assert alone.on
+    sequences = distillation_sequences(unscored, alone)
+    assert [seq.advantages for seq in sequences] == [(x.task_advantage,) * len(x.response_ids) for x in solver]
+    settings = TrainerSettings(lr=1e-2, device="cpu", distill=alone)
+    trained, _ = trained_parameters(tiny_checkpoint, settings, (), unscored)
+    untouched, _ = trained_parameters(tiny_checkpoint, dataclasses.replace(settings, distill=DistillSettings()), (), unscored)
+    assert max_change(trained, untouched) > 0
+
+
 def test_adv_tau_not_given_keeps_the_teachers_grpo_on_slime():
     """On slime the shaped samples are the teacher's infos: --adv-tau not given (None) means 1 there."""
     from argparse import Namespace
