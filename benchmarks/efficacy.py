@@ -4,8 +4,9 @@
     python benchmarks/efficacy.py --steps 20 --quick   # a short check
 
 The student is a frozen copy of the starting model (its own pool) unless `--shared-student`: in
-shared mode the student is the model being trained, and in long runs its own skill drifts
-(docs/performance.md, section 6).
+shared mode the student is the model being trained, and scripts/run_synthetic.sh adds the terms
+that keep its own skill from drifting in long runs (`--adv-tau 1 --kl-loss-coef 0.1`;
+docs/performance.md, section 6).
 
 Normalised gain = (R - R_no_info) / (R_oracle - R_no_info), where R is the holdout grade with the
 teacher's info (mean of the last `--window` steps), R_no_info the no-info control measured in the
@@ -128,7 +129,8 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=50, help="Steps per block of the per-block gain and no-info control.")
     parser.add_argument("--out", default="runs/benchmarks")
     parser.add_argument("--shared-student", action="store_true",
-                        help="The student is the model being trained (the demo's setting); default: a frozen copy of the start model.")
+                        help="The student is the model being trained (the demo's setting, with its solver GRPO and k3 KL terms); "
+                             "default: a frozen copy of the start model.")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="Also report the gain of the last window of steps that ended within this many seconds of training.")
     parser.add_argument("--model-dir", default=None, help="A built tiny checkpoint (default: build or reuse the cached one).")

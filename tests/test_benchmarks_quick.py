@@ -102,6 +102,19 @@ def test_efficacy_quick(tmp_path):
     assert Path(report["plot"]).stat().st_size > 0 and report["plot"].endswith("efficacy.png")
 
 
+def test_efficacy_quick_shared_student_runs_the_demos_student_terms(tmp_path):
+    """Shared weights: the demo adds the solver GRPO term and k3 KL (docs/performance.md, section 6)."""
+    report, _ = _run_train_benchmark("efficacy", tmp_path, "--shared-student")
+    assert report["student"] == "shared"
+    config = json.loads((Path(report["run_dir"]) / "config.json").read_text())
+    assert config["pools"]["student_checkpoint"] is None
+    objectives = config["objectives"]
+    assert (objectives["adv_tau"], objectives["kl_loss_coef"], objectives["kl_loss_type"]) == (1.0, 0.1, "k3")
+    metrics = [json.loads(line) for line in (Path(report["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["train/distill_tokens"] > 0 for m in metrics if "train/distill_tokens" in m)
+    assert any("train/distill_tokens" in m for m in metrics)  # the solver pass trained
+
+
 def test_async_pipeline_quick(tmp_path):
     report, lines = _run_train_benchmark("async_pipeline", tmp_path)
     sync, overlapped = report["arms"]

@@ -60,7 +60,8 @@ def max_change(params_a, params_b) -> float:
 def test_zero_weights_give_the_plain_grpo_update_bit_for_bit(tiny_checkpoint, batch):
     teacher, solver, pairs = batch
     plain = TrainerSettings(lr=1e-2, device="cpu")
-    zero = dataclasses.replace(plain, loss=LossSettings(sdpo_alpha=0.0, replay_beta=0.0), distill=DistillSettings(1.0, 0.0, 0.0))
+    # Every weight 0 (adv_tau too: given alone it is a solver GRPO term of its own).
+    zero = dataclasses.replace(plain, loss=LossSettings(sdpo_alpha=0.0, replay_beta=0.0), distill=DistillSettings(0.0, 0.0, 0.0))
     base, base_metrics = trained_parameters(tiny_checkpoint, plain, teacher)
     same, same_metrics = trained_parameters(tiny_checkpoint, zero, teacher, solver, pairs)
     assert all(torch.equal(a, b) for a, b in zip(base, same))
