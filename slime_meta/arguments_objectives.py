@@ -65,6 +65,11 @@ class ObjectivesConfig:
         return 0.0 if self.adv_tau is None else self.adv_tau
 
     @property
+    def solver_grpo_on(self) -> bool:
+        """Local backend: --adv-tau alone trains the policy on its own graded solver attempts."""
+        return self.solver_adv_tau != 0.0
+
+    @property
     def sdpo_on_any(self) -> bool:
         return self.sdpo_alpha != 0.0
 
@@ -79,7 +84,7 @@ class ObjectivesConfig:
     @property
     def needs_solver_samples(self) -> bool:
         """Channels that train the policy in its solver role need its own solutions."""
-        return self.distillation_on or self.sdpo_on_any or self.replay_on
+        return self.distillation_on or self.solver_grpo_on or self.sdpo_on_any or self.replay_on
 
     @property
     def needs_reference(self) -> bool:
@@ -109,7 +114,9 @@ def add_objective_arguments(add_group) -> None:
     add("--adv-tau", type=float, default=None,
         help="Weight of the task advantage (GRPO over the m attempts at a problem) in the distillation "
              "advantage of the policy's own solver samples, on both backends; not given = 0 (off: distillation "
-             "adds only its log-prob terms; the teacher's infos keep their own GRPO either way).")
+             "adds only its log-prob terms; the teacher's infos keep their own GRPO either way). Local backend: "
+             "given without --teacher-tau/--student-tau it is a solver-role term of its own (GRPO on the policy's "
+             "graded no-info attempts at the train problems; no context needed).")
     add("--teacher-tau", type=float, default=0.0, help="Weight of log p(token | context + prompt).")
     add("--student-tau", type=float, default=0.0, help="Weight of -log p(token | prompt).")
     add("--skip-verification", action="store_true", help="Pure distillation: the solver samples get no task advantage.")

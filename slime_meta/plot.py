@@ -1,5 +1,9 @@
 """Plot a run: holdout grade with the teacher's info against the no-info control, per step.
 
+Where the run measured a reference context before training (`--eval-baseline` with
+`--context-key` or `--teacher-context`, e.g. the synthetic task's `oracle_hint` column), the
+student's grade with it is drawn as a horizontal line: the oracle the teacher's info aims at.
+
 With fixed eval sets (--eval-prompt-data) a third panel shows their holdout grade with and
 without the info: problems the teacher never trained on.
 
@@ -36,6 +40,8 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
     ax_holdout.plot(steps, series("meta_learning/avg_holdout_grade"), marker="o", label="with teacher's info")
     ax_holdout.plot(steps, series("meta_learning/holdout_grade_no_info"), marker="s", linestyle="--", label="no info (control)")
     ax_holdout.plot(steps, series("meta_learning/best_info_holdout_grade"), marker=".", alpha=0.5, label="best info of group")
+    for name, oracle in reference_grades(records).items():
+        ax_holdout.axhline(oracle, color="black", linestyle=":", label=f"{name}: student with the reference context (oracle)")
     ax_holdout.set(xlabel="outer step", ylabel="holdout grade", title="Holdout grade", ylim=(-0.02, 1.02))
     ax_holdout.legend()
     iteration_keys = sorted(
@@ -60,6 +66,17 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def reference_grades(records: list[dict]) -> dict[str, float]:
+    """Per data set, the student's grade with the reference context, measured before training."""
+    suffix = "/baseline_teacher/avg"
+    return {
+        key[len("eval/") : -len(suffix)]: value
+        for record in records
+        for key, value in record.items()
+        if key.startswith("eval/") and key.endswith(suffix) and value is not None
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -80,16 +82,37 @@ def _run_train_benchmark(script: str, tmp_path: Path, *extra: str) -> tuple[dict
 
 
 def test_efficacy_quick(tmp_path):
-    report, lines = _run_train_benchmark("efficacy", tmp_path, "--budget-s", "600")
+    report, lines = _run_train_benchmark("efficacy", tmp_path, "--budget-s", "600", "--block", "2")
     assert report["steps"] == 3 and len(report["curve"]) == 3
     assert 0 <= report["r_no_info"] <= 1 and 0 <= report["r_oracle"] <= 1
     elapsed = [point["elapsed_s"] for point in report["curve"]]
     assert elapsed == sorted(elapsed) and elapsed[0] > 0
     assert report["steps_within_budget"] == 3  # three tiny steps end well inside 600 s
+    assert [b["first_step"] for b in report["by_block"]] == [0, 2]  # --block 2 over 3 steps
+    assert report["by_block"][1]["holdout"] == report["curve"][2]["holdout"]
     assert report["student"] == "frozen"
     config = json.loads((Path(report["run_dir"]) / "config.json").read_text())
     assert config["pools"]["student_checkpoint"] == config["pools"]["hf_checkpoint"]  # a frozen copy
-    assert "gain in budget" in lines[-2]
+    assert "gain in budget" in lines[-2] and "over start" in lines[-2]
+    # What RL added, from the same run's first and last windows and its oracle.
+    r_start, r_end, r_oracle = report["r_first_steps"], report["r_last_steps"], report["r_oracle"]
+    if r_oracle > r_start:
+        assert report["gain_over_start"] == pytest.approx((r_end - r_start) / (r_oracle - r_start))
+    assert f"{report['gain_over_start']:.3f}" == lines[-1].split()[-1]
+    assert Path(report["plot"]).stat().st_size > 0 and report["plot"].endswith("efficacy.png")
+
+
+def test_efficacy_quick_shared_student_runs_the_demos_student_terms(tmp_path):
+    """Shared weights: the demo adds the solver GRPO term and k3 KL (docs/performance.md, section 6)."""
+    report, _ = _run_train_benchmark("efficacy", tmp_path, "--shared-student")
+    assert report["student"] == "shared"
+    config = json.loads((Path(report["run_dir"]) / "config.json").read_text())
+    assert config["pools"]["student_checkpoint"] is None
+    objectives = config["objectives"]
+    assert (objectives["adv_tau"], objectives["kl_loss_coef"], objectives["kl_loss_type"]) == (1.0, 0.1, "k3")
+    metrics = [json.loads(line) for line in (Path(report["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["train/distill_tokens"] > 0 for m in metrics if "train/distill_tokens" in m)
+    assert any("train/distill_tokens" in m for m in metrics)  # the solver pass trained
 
 
 def test_async_pipeline_quick(tmp_path):

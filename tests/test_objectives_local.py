@@ -60,7 +60,8 @@ def max_change(params_a, params_b) -> float:
 def test_zero_weights_give_the_plain_grpo_update_bit_for_bit(tiny_checkpoint, batch):
     teacher, solver, pairs = batch
     plain = TrainerSettings(lr=1e-2, device="cpu")
-    zero = dataclasses.replace(plain, loss=LossSettings(sdpo_alpha=0.0, replay_beta=0.0), distill=DistillSettings(1.0, 0.0, 0.0))
+    # Every weight 0 (adv_tau too: given alone it is a solver GRPO term of its own).
+    zero = dataclasses.replace(plain, loss=LossSettings(sdpo_alpha=0.0, replay_beta=0.0), distill=DistillSettings(0.0, 0.0, 0.0))
     base, base_metrics = trained_parameters(tiny_checkpoint, plain, teacher)
     same, same_metrics = trained_parameters(tiny_checkpoint, zero, teacher, solver, pairs)
     assert all(torch.equal(a, b) for a, b in zip(base, same))
@@ -196,6 +197,28 @@ def test_distillation_adds_no_solver_grpo_term_unless_asked(tiny_checkpoint, bat
     asked = dataclasses.replace(settings, distill=DistillSettings(adv_tau=1.0, teacher_tau=1.0))
     changed = zip(gradients(tiny_checkpoint, asked, (), solver), gradients(tiny_checkpoint, asked, (), flipped))
     assert any(not torch.equal(a, b) for a, b in changed)
+
+
+def test_adv_tau_alone_is_a_solver_grpo_term_without_a_context(tiny_checkpoint, batch):
+    """--adv-tau alone (no taus, no context) turns the solver pass on: GRPO on the policy's own
+    graded attempts, each token's advantage the attempt's task advantage."""
+    from test_arguments import BASE
+
+    from slime_meta.arguments import parse_config
+    from slime_meta.backends.local.trainer import distillation_sequences
+
+    objectives = parse_config(BASE + ["--adv-tau", "1"]).objectives
+    assert objectives.needs_solver_samples and not objectives.distillation_on  # no context is scored
+    _, solver, _ = batch
+    unscored = [dataclasses.replace(x, context_prompt_ids=None, teacher_logprobs=None) for x in solver]
+    alone = DistillSettings(adv_tau=objectives.solver_adv_tau)
+    assert alone.on
+    sequences = distillation_sequences(unscored, alone)
+    assert [seq.advantages for seq in sequences] == [(x.task_advantage,) * len(x.response_ids) for x in solver]
+    settings = TrainerSettings(lr=1e-2, device="cpu", distill=alone)
+    trained, _ = trained_parameters(tiny_checkpoint, settings, (), unscored)
+    untouched, _ = trained_parameters(tiny_checkpoint, dataclasses.replace(settings, distill=DistillSettings()), (), unscored)
+    assert max_change(trained, untouched) > 0
 
 
 def test_adv_tau_not_given_means_zero_on_slime_too():

@@ -123,6 +123,7 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--max-async-level", "1"], "--max-async-level 1"),
         (["--max-async-level", "2"], "--max-async-level 2: slime's pattern"),
         (["--colocate", "--calculate-per-token-loss"], "--calculate-per-token-loss: the conversion plugin"),
+        (["--colocate", "--adv-tau", "1"], "--adv-tau 1.0 without --teacher-tau/--student-tau"),
         (
             ["--colocate", "--student-router-ip", "10.0.0.2"],
             "--student-router-ip: slime starts the student router",

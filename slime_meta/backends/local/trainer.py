@@ -58,7 +58,8 @@ class DistillSettings:
     """Context distillation of the policy's own solutions (the solver side of channel 1).
 
     `adv_tau` weights the solver samples' task advantage (a GRPO term on the solver's tokens): 0
-    unless asked, so that turning distillation on adds only the distillation signal.
+    unless asked, so that turning distillation on adds only the distillation signal. `adv_tau`
+    alone (both taus 0) is a solver-role GRPO term of its own: it needs no context's log-probs.
     """
 
     adv_tau: float = 0.0
@@ -67,7 +68,7 @@ class DistillSettings:
 
     @property
     def on(self) -> bool:
-        return self.teacher_tau != 0.0 or self.student_tau != 0.0
+        return self.adv_tau != 0.0 or self.teacher_tau != 0.0 or self.student_tau != 0.0
 
 
 @dataclass(frozen=True)
@@ -155,10 +156,12 @@ def distillation_sequences(samples: Sequence[SolverSample], d: DistillSettings) 
     """The policy's own solutions with context-distillation token advantages (teacher terms detached)."""
     out = []
     for s in samples:
-        if not s.response_ids or s.teacher_logprobs is None:
+        if not s.response_ids or (s.teacher_logprobs is None and d.teacher_tau != 0.0):
             continue
+        # Without a teacher term (solver GRPO alone) no context was scored: its weight is 0.
+        teacher_logprobs = s.teacher_logprobs if s.teacher_logprobs is not None else (0.0,) * len(s.response_ids)
         advantages_T = context_distillation_advantages(
-            torch.tensor([s.task_advantage]), torch.tensor([s.teacher_logprobs]), torch.tensor([s.rollout_logprobs]),
+            torch.tensor([s.task_advantage]), torch.tensor([teacher_logprobs]), torch.tensor([s.rollout_logprobs]),
             adv_tau=d.adv_tau, teacher_tau=d.teacher_tau, student_tau=d.student_tau,
         )[0]  # fmt: skip
         out.append(PolicySequence(s.prompt_ids, s.response_ids, s.rollout_logprobs, tuple(advantages_T.tolist()), s.temperature))

@@ -282,6 +282,10 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
     if ns.replay_beta != 0.0 and ns.teacher_temperature != 1.0:
         fail(f"--replay-beta with --teacher-temperature {ns.teacher_temperature}: DPO's log-probs are at temperature "
              "1 and slime's trainer scores at --teacher-temperature; give --teacher-temperature 1 --rollout-temperature 1")  # fmt: skip
+    if ns.adv_tau not in (None, 0.0) and ns.teacher_tau == 0.0 and ns.student_tau == 0.0:
+        fail(f"--adv-tau {ns.adv_tau} without --teacher-tau/--student-tau: the solver-role GRPO term on its own runs on "
+             "the local backend only (on slime --adv-tau weighs the task advantage inside context distillation); "
+             "add --teacher-tau/--student-tau, or leave --adv-tau out")  # fmt: skip
     solver_on = ns.teacher_tau != 0.0 or ns.student_tau != 0.0 or ns.sdpo_alpha != 0.0 or ns.replay_beta != 0.0
     student_temperature = ns.rollout_temperature if ns.student_temperature is None else ns.student_temperature
     if solver_on and student_temperature != ns.teacher_temperature:
