@@ -432,3 +432,18 @@ def test_launch_script_dry_run_with_every_channel_slime_runs(name, tmp_path):
         assert re.search(rf"{re.escape(flag)} {re.escape(path)}\b", result.stdout), flag
     for flag in ("--teacher-tau 0.5", "--sdpo-alpha 0.5", "--sdpo-form shaping", "--use-tis", "--eval-baseline"):
         assert flag in result.stdout
+
+
+def test_split_script_dry_run_with_all_three_channels_and_replay(tmp_path):
+    """Every channel at once, replay included: it needs the frozen start-weights student pool (the
+    split script's --student-num-gpus) and temperature 1 for DPO's log-probs."""
+    replay = ("--replay-beta", "0.1", "--replay-teachers", "a@http://127.0.0.1:1/v1", "b@http://127.0.0.1:2/v1")
+    at_one = [value if value != "0.7" else "1" for value in ALL_CHANNELS]
+    result = run_script("launch_1node_8gpu_split.sh", tmp_path, *at_one, *replay)
+    assert result.returncode == 0, result.stderr
+    for flag, path in PLUGINS.items():
+        assert re.search(rf"{re.escape(flag)} {re.escape(path)}\b", result.stdout), flag
+    for flag in ("--teacher-tau 0.5", "--sdpo-form shaping", "--replay-beta 0.1", "--replay-teachers a@http://127.0.0.1:1/v1"):
+        assert flag in result.stdout
+    refused = run_script("launch_1node_8gpu_shared.sh", tmp_path, *replay)  # no frozen pool of the start weights
+    assert refused.returncode == 2 and "a frozen pool of the start weights" in refused.stderr
