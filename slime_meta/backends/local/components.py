@@ -218,6 +218,8 @@ def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
         clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size, device=cfg.pools.device, compile_layers=t.compile_layers,
         temperature=cfg.sampling.teacher_temperature,  # log-probs under the distribution sampled from
         loss=loss, distill=DistillSettings(o.solver_adv_tau, o.teacher_tau, o.student_tau), max_skipped_steps=t.max_skipped_steps,
+        max_tokens_per_gpu=t.max_tokens_per_gpu if t.use_dynamic_batch_size else None,
+        recompute_layers=t.recompute_granularity == "full",
     )  # fmt: skip
     pad_token_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
     # The reference (KL anchor, replay DPO) is the run's starting checkpoint, also after a resume.
