@@ -201,7 +201,11 @@ class LocalTrainer:
         )  # fmt: skip
         if settings.recompute_layers:
             # Non-reentrant: works with inputs that need no gradient and inside a compiled layer.
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers 5 renamed the call (the old name warns); 4.x has only the old one.
+            if hasattr(self.model, "activation_checkpointing_enable"):
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.compiled_layers = 0
         if settings.compile_layers and self.device.type == "cuda":
             self.compiled_layers = compile_decoder_layers(self.model)
