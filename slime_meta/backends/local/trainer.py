@@ -141,13 +141,13 @@ class SplitModelCall:
             return self.head(hidden_N_H)
 
 
-def compile_decoder_layers(model: torch.nn.Module) -> int:
+def compile_decoder_layers(model: torch.nn.Module, backend: str = "inductor") -> int:
     """`torch.compile` each decoder layer in place; returns how many (0 where none are found)."""
     layers = getattr(getattr(model, model.base_model_prefix, None), "layers", None)
     if layers is None:
         return 0
     for layer in layers:
-        layer.compile()
+        layer.compile(backend=backend)
     return len(layers)
 
 
