@@ -130,9 +130,6 @@ class TrainConfig:
     def __post_init__(self):
         if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
             raise UserInputError("--use-dynamic-batch-size needs --max-tokens-per-gpu N (e.g. 8192): the token budget per micro-batch")
-        if self.max_tokens_per_gpu is not None and not self.use_dynamic_batch_size:
-            raise UserInputError(f"--max-tokens-per-gpu {self.max_tokens_per_gpu} is used only with --use-dynamic-batch-size: "
-                                 "add it, or drop --max-tokens-per-gpu to split by --micro-batch-size")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -342,11 +339,13 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
              "--micro-batch-size is then unused. The loss is the step's token mean either way. Off: --micro-batch-size "
              "sequences per forward.")
     add("--max-tokens-per-gpu", type=_positive_int, default=None,
-        help="Token budget per micro-batch with --use-dynamic-batch-size (padded tokens of one forward).")
-    add("--recompute-granularity", choices=["full"], default=None,
-        help="Local backend: 'full' checkpoints every decoder layer (Megatron's full / uniform / 1 layer): the "
-             "backward recomputes each layer's forward, trading about one extra forward for the layer activations' "
-             "memory. Default: off (activations kept).")
+        help="Token budget per micro-batch with --use-dynamic-batch-size (padded tokens of one forward); "
+             "without that flag the local trainer does not use it (slime also reads it on its own).")
+    add("--recompute-granularity", choices=["full", "selective"], default=None,
+        help="Activation checkpointing, Megatron's flag. Local backend: 'full' checkpoints every decoder layer "
+             "(as full / --recompute-method uniform / --recompute-num-layers 1): the backward recomputes each "
+             "layer's forward, about one extra forward for the layer activations' memory; 'selective' is slime's "
+             "only. Default: off (activations kept).")
     add("--max-skipped-steps", type=_positive_int, default=3,
         help="Local backend: a step whose loss or gradient norm is not finite is skipped (weights, optimizer state "
              "unchanged, nothing pushed); this many in a row stop the run, the last checkpoint intact.")

@@ -206,6 +206,9 @@ def _start_pool(processes, name, model, layout: WorkerLayout, cfg: MetaConfig, l
 
 def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
     t, o = cfg.train, cfg.objectives
+    if t.recompute_granularity == "selective":
+        raise UserInputError("--recompute-granularity selective: the local trainer checkpoints whole decoder layers "
+                             "only; use --recompute-granularity full, or leave it out")  # fmt: skip
     loss = LossSettings(
         eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high, eps_clip_c=o.eps_clip_c, use_tis=o.use_tis,
         tis_clip=o.tis_clip, tis_clip_low=o.tis_clip_low, aipo_delta=o.aipo_delta, kl_loss_coef=o.kl_loss_coef,
