@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_meta.arguments import TrainConfig
 from slime_meta.backends.local.batching import micro_batch_groups
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings, compile_decoder_layers
@@ -122,12 +121,26 @@ def test_dynamic_batching_gradient_equals_micro_batch_one_and_one_big_batch(tiny
     assert len(shapes_all) < len(shapes_dynamic) < len(shapes_one)
 
 
-def test_dynamic_batching_flags_need_each_other():
-    base = dict(lr=1e-5, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, clip_grad=1.0, eps_clip=0.2,
-                eps_clip_high=None, micro_batch_size=8, std_normalize=True)  # fmt: skip
+def test_memory_flags_reach_the_trainer(tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    from slime_meta.arguments import parse_config
+    from slime_meta.backends.local.components import make_trainer
+
+    base = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", str(tiny_checkpoint)]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    default = make_trainer(parse_config(base), str(tiny_checkpoint), tokenizer)
+    assert default.settings.max_tokens_per_gpu is None and not default.model.model.layers[0].gradient_checkpointing
+    cfg = parse_config(base + ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096", "--recompute-granularity", "full"])
+    trainer = make_trainer(cfg, str(tiny_checkpoint), tokenizer)
+    assert trainer.settings.max_tokens_per_gpu == 4096
+    assert all(layer.gradient_checkpointing for layer in trainer.model.model.layers)
+    # Alone, --max-tokens-per-gpu is slime's to read (it passes through); the local split stays by sequences.
+    assert make_trainer(parse_config(base + ["--max-tokens-per-gpu", "4096"]), str(tiny_checkpoint), tokenizer).settings.max_tokens_per_gpu is None
     with pytest.raises(UserInputError, match="--max-tokens-per-gpu"):
-        TrainConfig(**base, use_dynamic_batch_size=True)
-    assert TrainConfig(**base, use_dynamic_batch_size=True, max_tokens_per_gpu=4096).max_tokens_per_gpu == 4096
+        parse_config(base + ["--use-dynamic-batch-size"])
+    with pytest.raises(UserInputError, match="--recompute-granularity selective"):
+        make_trainer(parse_config(base + ["--recompute-granularity", "selective"]), str(tiny_checkpoint), tokenizer)
 
 
 def test_recompute_gradient_equals_kept_activations(tiny_checkpoint):
