@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from slime_meta.arguments_objectives import ObjectivesConfig, add_objective_arguments
 from slime_meta.arguments_validation import student_pool_defaults, validate_flags
+from slime_meta.errors import UserInputError
 
 ADDITIONAL_INFO_POSITIONS = ("prefix", "suffix", "system")
 HOLDOUT_ADVANTAGE_MODES = ("mean-then-normalize", "normalize-then-mean")
@@ -122,6 +123,13 @@ class TrainConfig:
     std_normalize: bool
     compile_layers: bool = False
     max_skipped_steps: int = 3
+    use_dynamic_batch_size: bool = False
+    max_tokens_per_gpu: int | None = None
+    recompute_granularity: str | None = None
+
+    def __post_init__(self):
+        if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
+            raise UserInputError("--use-dynamic-batch-size needs --max-tokens-per-gpu N (e.g. 8192): the token budget per micro-batch")
 
 
 @dataclass(frozen=True)
@@ -325,6 +333,19 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--compile-layers", action="store_true",
         help="Local backend on CUDA: torch.compile each decoder layer (H100, 0.5B model: MFU 0.31 -> 0.49; "
              "about 8 s of compile in the first step and once more for new sequence lengths).")
+    add("--use-dynamic-batch-size", action="store_true",
+        help="Local backend: micro-batches by token count (slime's meaning): sequences packed, shortest first, while "
+             "rows x longest row stays within --max-tokens-per-gpu; a longer sequence is a micro-batch of its own; "
+             "--micro-batch-size is then unused. The loss is the step's token mean either way. Off: --micro-batch-size "
+             "sequences per forward.")
+    add("--max-tokens-per-gpu", type=_positive_int, default=None,
+        help="Token budget per micro-batch with --use-dynamic-batch-size (padded tokens of one forward); "
+             "without that flag the local trainer does not use it (slime also reads it on its own).")
+    add("--recompute-granularity", choices=["full", "selective"], default=None,
+        help="Activation checkpointing, Megatron's flag. Local backend: 'full' checkpoints every decoder layer "
+             "(as full / --recompute-method uniform / --recompute-num-layers 1): the backward recomputes each "
+             "layer's forward, about one extra forward for the layer activations' memory; 'selective' is slime's "
+             "only. Default: off (activations kept).")
     add("--max-skipped-steps", type=_positive_int, default=3,
         help="Local backend: a step whose loss or gradient norm is not finite is skipped (weights, optimizer state "
              "unchanged, nothing pushed); this many in a row stop the run, the last checkpoint intact.")

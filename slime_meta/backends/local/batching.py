@@ -52,12 +52,33 @@ def response_columns(prompt_length: int, response_length: int) -> slice:
     return slice(prompt_length - 1, prompt_length - 1 + response_length)
 
 
-def make_micro_batches(sequences: Sequence[PolicySequence], micro_batch_size: int, pad_id: int) -> list[MicroBatch]:
-    # Similar lengths together waste less padding.
-    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].prompt_ids) + len(sequences[i].response_ids))
+def micro_batch_groups(lengths: Sequence[int], micro_batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Indices of each micro-batch, shortest sequences first (similar lengths waste less padding).
+
+    Without `max_tokens`: `micro_batch_size` sequences each. With it (dynamic batch size): as many
+    sequences as keep the padded forward, rows x longest row, within `max_tokens`; a sequence
+    longer than `max_tokens` is a micro-batch of its own. Padded tokens, not the sum of lengths,
+    because the padded batch is what the forward holds activations for.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    if max_tokens is None:
+        return [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
+    groups: list[list[int]] = []
+    for i in order:  # ascending, so the newcomer is the longest row
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def make_micro_batches(
+    sequences: Sequence[PolicySequence], micro_batch_size: int, pad_id: int, max_tokens: int | None = None,
+) -> list[MicroBatch]:  # fmt: skip
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in sequences]
     batches = []
-    for start in range(0, len(order), micro_batch_size):
-        chunk = [sequences[i] for i in order[start : start + micro_batch_size]]
+    for group in micro_batch_groups(lengths, micro_batch_size, max_tokens):
+        chunk = [sequences[i] for i in group]
         tokens, attention = pad_sequences([s.prompt_ids + s.response_ids for s in chunk], pad_id)
         shape = (len(chunk), tokens.shape[1] - 1)
         loss_mask, rollout_logp, advantages = torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)
@@ -73,3 +94,11 @@ def make_micro_batches(sequences: Sequence[PolicySequence], micro_batch_size: in
 
 def chunks(items: Sequence, size: int) -> list[Sequence]:
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def budget_chunks(items: Sequence, lengths: Sequence[int], size: int, max_tokens: int | None) -> list[list]:
+    """`chunks(items, size)` in order, or with `max_tokens` the items grouped by `micro_batch_groups`
+    (`lengths`: each item's longest forward row)."""
+    if max_tokens is None:
+        return [list(c) for c in chunks(items, size)]
+    return [[items[i] for i in group] for group in micro_batch_groups(lengths, size, max_tokens)]

@@ -29,7 +29,7 @@ import torch
 from slime_meta.backends.local.batching import (
     MicroBatch,
     PolicySequence,
-    chunks,
+    budget_chunks,
     make_micro_batches,
     pad_sequences,
     response_columns,
@@ -105,12 +105,14 @@ def _response_rows(prompt_lengths: Sequence[int], response_lengths: Sequence[int
 
 def policy_gradient_pass(
     forward: ModelCall, reference: ModelCall | None, sequences: Sequence[PolicySequence], s: LossSettings,
-    micro_batch_size: int, pad_id: int, device: torch.device,
+    micro_batch_size: int, pad_id: int, device: torch.device, max_tokens: int | None = None,
 ) -> dict[str, float]:  # fmt: skip
+    """Channel 1. Each micro-batch's token mean is weighted by its share of the step's response
+    tokens, so the gradient is the step's token mean whatever the split (`max_tokens`: by tokens)."""
     total_tokens = sum(len(x.response_ids) for x in sequences)
     sums = {"loss": 0.0, "pg_loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "entropy": 0.0, "logprob_abs_diff": 0.0, "kl_ref": 0.0}
     correct_off_policy = s.use_tis or s.aipo_delta is not None
-    for batch in make_micro_batches(sequences, micro_batch_size, pad_id):
+    for batch in make_micro_batches(sequences, micro_batch_size, pad_id, max_tokens):
         b: MicroBatch = batch.to(device)
         mask = b.loss_mask_B_T
         rows_B_T = mask > 0
@@ -162,12 +164,13 @@ def policy_gradient_pass(
 
 def sdpo_pass(
     forward: ModelCall, samples: Sequence[SolverSample], s: LossSettings, micro_batch_size: int, pad_id: int,
-    device: torch.device,
+    device: torch.device, max_tokens: int | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Channel 2: the hint-conditioned self is the target distribution (no gradient through it)."""
     total_tokens = sum(len(x.response_ids) for x in samples)
     jsd_sum = 0.0
-    for group in chunks(list(samples), micro_batch_size):
+    longest = [max(len(x.prompt_ids), len(x.hint_prompt_ids)) + len(x.response_ids) for x in samples]
+    for group in budget_chunks(list(samples), longest, micro_batch_size, max_tokens):
         responses = [x.response_ids for x in group]
         student_tokens, student_att = pad_sequences([x.prompt_ids + x.response_ids for x in group], pad_id)
         hinted_tokens, hinted_att = pad_sequences([x.hint_prompt_ids + x.response_ids for x in group], pad_id)
@@ -217,21 +220,26 @@ def _sequence_logp_sums(forward: ModelCall, pairs_ids: Sequence[tuple[tuple[int,
 
 def reference_logp_sums(
     reference: ModelCall, pairs: Sequence[PreferencePair], micro_batch_size: int, pad_id: int, device: torch.device,
-    chunk_size: int | None,
+    chunk_size: int | None, max_tokens: int | None = None,
 ) -> list[tuple[float, float]]:  # fmt: skip
     """(chosen, rejected) summed log-probs of each pair under `reference` (no gradient), in pair order."""
-    values: list[tuple[float, float]] = []
+    values: dict[int, tuple[float, float]] = {}
     with torch.no_grad():
-        for group in chunks(list(pairs), micro_batch_size):
-            chosen = _sequence_logp_sums(reference, [(p.prompt_ids, p.chosen_ids) for p in group], pad_id, device, chunk_size)
-            rejected = _sequence_logp_sums(reference, [(p.prompt_ids, p.rejected_ids) for p in group], pad_id, device, chunk_size)
-            values += zip(chosen.float().tolist(), rejected.float().tolist())
-    return values
+        for group in budget_chunks(list(range(len(pairs))), _pair_lengths(pairs), micro_batch_size, max_tokens):
+            chosen = _sequence_logp_sums(reference, [(pairs[i].prompt_ids, pairs[i].chosen_ids) for i in group], pad_id, device, chunk_size)
+            rejected = _sequence_logp_sums(reference, [(pairs[i].prompt_ids, pairs[i].rejected_ids) for i in group], pad_id, device, chunk_size)
+            values.update(zip(group, zip(chosen.float().tolist(), rejected.float().tolist())))
+    return [values[i] for i in range(len(pairs))]
+
+
+def _pair_lengths(pairs: Sequence[PreferencePair]) -> list[int]:
+    """Each pair's longest forward row: prompt + the longer response."""
+    return [len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids)) for p in pairs]
 
 
 def replay_dpo_pass(
     forward: ModelCall, pairs: Sequence[PreferencePair], s: LossSettings, micro_batch_size: int, pad_id: int,
-    device: torch.device,
+    device: torch.device, max_tokens: int | None = None,
 ) -> dict[str, float]:  # fmt: skip
     """Channel 3: sigmoid DPO; log-probs summed over response tokens, at temperature 1.
 
@@ -241,7 +249,7 @@ def replay_dpo_pass(
     if any(p.reference_chosen_logp is None or p.reference_rejected_logp is None for p in pairs):
         raise ValueError("replay_dpo_pass: every pair needs its reference log-probs (LocalTrainer.with_reference_logps)")
     sums = {"replay_dpo": 0.0, "replay_reward_accuracy": 0.0, "replay_reward_margin": 0.0}
-    for group in chunks(list(pairs), micro_batch_size):
+    for group in budget_chunks(list(pairs), _pair_lengths(pairs), micro_batch_size, max_tokens):
         chosen = [(p.prompt_ids, p.chosen_ids) for p in group]
         rejected = [(p.prompt_ids, p.rejected_ids) for p in group]
         ref_chosen = torch.tensor([p.reference_chosen_logp for p in group], dtype=torch.float32, device=device)

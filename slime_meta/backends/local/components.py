@@ -206,6 +206,9 @@ def _start_pool(processes, name, model, layout: WorkerLayout, cfg: MetaConfig, l
 
 def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
     t, o = cfg.train, cfg.objectives
+    if t.recompute_granularity == "selective":
+        raise UserInputError("--recompute-granularity selective: the local trainer checkpoints whole decoder layers "
+                             "only; use --recompute-granularity full, or leave it out")  # fmt: skip
     loss = LossSettings(
         eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high, eps_clip_c=o.eps_clip_c, use_tis=o.use_tis,
         tis_clip=o.tis_clip, tis_clip_low=o.tis_clip_low, aipo_delta=o.aipo_delta, kl_loss_coef=o.kl_loss_coef,
@@ -218,6 +221,8 @@ def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
         clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size, device=cfg.pools.device, compile_layers=t.compile_layers,
         temperature=cfg.sampling.teacher_temperature,  # log-probs under the distribution sampled from
         loss=loss, distill=DistillSettings(o.solver_adv_tau, o.teacher_tau, o.student_tau), max_skipped_steps=t.max_skipped_steps,
+        max_tokens_per_gpu=t.max_tokens_per_gpu if t.use_dynamic_batch_size else None,
+        recompute_layers=t.recompute_granularity == "full",
     )  # fmt: skip
     pad_token_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
     # The reference (KL anchor, replay DPO) is the run's starting checkpoint, also after a resume.

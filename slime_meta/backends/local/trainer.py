@@ -96,6 +96,13 @@ class TrainerSettings:
     compile_layers: bool = False
     # Steps in a row with a non-finite loss or gradient norm (each skipped) before the run stops.
     max_skipped_steps: int = 3
+    # Dynamic batch size: micro-batches packed by padded tokens (rows x longest row) up to this
+    # many, `micro_batch_size` then unused; None: `micro_batch_size` sequences each. The loss is
+    # the same either way (each micro-batch weighted by its share of the step's tokens).
+    max_tokens_per_gpu: int | None = None
+    # Activation checkpointing of every decoder layer (slime's --recompute-granularity full): the
+    # backward recomputes each layer's forward instead of keeping its activations.
+    recompute_layers: bool = False
 
 
 # Causal LMs whose forward is `lm_head(decoder(...).last_hidden_state)` with nothing in between.
@@ -134,13 +141,13 @@ class SplitModelCall:
             return self.head(hidden_N_H)
 
 
-def compile_decoder_layers(model: torch.nn.Module) -> int:
+def compile_decoder_layers(model: torch.nn.Module, backend: str = "inductor") -> int:
     """`torch.compile` each decoder layer in place; returns how many (0 where none are found)."""
     layers = getattr(getattr(model, model.base_model_prefix, None), "layers", None)
     if layers is None:
         return 0
     for layer in layers:
-        layer.compile()
+        layer.compile(backend=backend)
     return len(layers)
 
 
@@ -192,6 +199,13 @@ class LocalTrainer:
             self.model.parameters(), lr=settings.lr, betas=(settings.adam_beta1, settings.adam_beta2),
             weight_decay=settings.weight_decay, **fused,
         )  # fmt: skip
+        if settings.recompute_layers:
+            # Non-reentrant: works with inputs that need no gradient and inside a compiled layer.
+            # transformers 5 renamed the call (the old name warns); 4.x has only the old one.
+            if hasattr(self.model, "activation_checkpointing_enable"):
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.compiled_layers = 0
         if settings.compile_layers and self.device.type == "cuda":
             self.compiled_layers = compile_decoder_layers(self.model)
@@ -213,7 +227,7 @@ class LocalTrainer:
             raise ValueError("replay DPO needs reference log-probs: load the start weights as the trainer's reference_path")
         values = reference_logp_sums(
             self._forward(self.reference), [pairs[i] for i in missing], self.settings.micro_batch_size,
-            self.pad_token_id, self.device, self.settings.loss.jsd_chunk_size,
+            self.pad_token_id, self.device, self.settings.loss.jsd_chunk_size, self.settings.max_tokens_per_gpu,
         )  # fmt: skip
         for i, (chosen, rejected) in zip(missing, values):
             out[i] = dataclasses.replace(pairs[i], reference_chosen_logp=chosen, reference_rejected_logp=rejected)
@@ -237,31 +251,33 @@ class LocalTrainer:
         if not teacher and not solver:
             return {"train/skipped_empty_batch": 1.0}
         policy, reference = self._forward(self.model), self._forward(self.reference) if self.reference else None
+        # Every pass's trailing arguments: how its forwards are split into micro-batches.
+        batching = (s.micro_batch_size, self.pad_token_id, self.device, s.max_tokens_per_gpu)
         metrics: dict[str, float] = {}
         pg_loss = 0.0
         if teacher:
-            pg = policy_gradient_pass(policy, reference, teacher, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+            pg = policy_gradient_pass(policy, reference, teacher, s.loss, *batching)
             metrics.update({f"train/{k}": v for k, v in pg.items()})
             pg_loss += pg["loss"]
         if solver:
-            distill = policy_gradient_pass(policy, reference, solver, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+            distill = policy_gradient_pass(policy, reference, solver, s.loss, *batching)
             metrics.update({f"train/distill_{k}": v for k, v in distill.items()})
             metrics["train/distill_tokens"] = float(sum(len(x.response_ids) for x in solver))
             pg_loss += distill["loss"]
         channels = ThreeChannelInputs(grpo=torch.tensor(pg_loss))  # with the shaping form, SDPO's term too
         shaped = sdpo_shaping_sequences(solver_samples, s.loss.sdpo_alpha) if s.loss.sdpo_form == "shaping" else []
         if shaped:  # channel 2 as token advantages: a policy-gradient term of its own, like distillation's
-            sdpo = policy_gradient_pass(policy, reference, shaped, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+            sdpo = policy_gradient_pass(policy, reference, shaped, s.loss, *batching)
             metrics.update({f"train/sdpo_shaping_{k}": v for k, v in sdpo.items()})
             pg_loss += sdpo["loss"]
         sdpo_samples = [x for x in solver_samples if x.is_error_site and x.hint_prompt_ids and x.response_ids]
         if s.loss.sdpo_alpha and s.loss.sdpo_form == "jsd" and sdpo_samples:
-            sdpo = sdpo_pass(policy, sdpo_samples, s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+            sdpo = sdpo_pass(policy, sdpo_samples, s.loss, *batching)
             metrics.update({f"train/{k}": v for k, v in sdpo.items()})
             channels.sdpo_jsd = torch.tensor(sdpo["sdpo_jsd"])
         if s.loss.replay_beta and pairs:
             # The reference is the start weights (seed 004), never the weights being trained.
-            dpo = replay_dpo_pass(policy, self.with_reference_logps(pairs), s.loss, s.micro_batch_size, self.pad_token_id, self.device)
+            dpo = replay_dpo_pass(policy, self.with_reference_logps(pairs), s.loss, *batching)
             metrics.update({f"train/{k}": v for k, v in dpo.items()})
             channels.replay_dpo = torch.tensor(dpo["replay_dpo"])
         combined = total_loss(channels, alpha=s.loss.sdpo_alpha, beta=s.loss.replay_beta)
