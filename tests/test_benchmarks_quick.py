@@ -122,3 +122,20 @@ def test_async_pipeline_quick(tmp_path):
     assert sync["max_staleness"] == 0 and overlapped["max_staleness"] <= 1
     assert report["speedup_median_step"] > 0
     assert lines[-1].startswith("speedup (median step):")
+
+
+def test_trainer_memory_tiny_on_cpu(tmp_path):
+    out = tmp_path / "trainer_memory.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "trainer_memory.py"), "--tiny", "--device", "cpu", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["date"] and report["command"].startswith("benchmarks/trainer_memory.py")
+    rows = {r["setting"]: r for r in report["rows"]}
+    assert set(rows) == {"micro_batch_all", "dynamic_tokens", "dynamic_tokens_recompute"}
+    for row in rows.values():  # every setting trained: a step time, no failure
+        assert not row.get("failed") and not row["oom"] and row["step_s"] > 0, row
+    assert rows["dynamic_tokens"]["max_tokens_per_gpu"] == 512 and rows["dynamic_tokens_recompute"]["recompute_layers"]
+    assert result.stdout.strip().splitlines()[-1].split()[:2] == ["tiny", "dynamic_tokens_recompute"]  # table last
