@@ -12,3 +12,18 @@ from helpers_tiny import make_random_tiny_checkpoint
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory holding a random-init tiny Llama and its character-level tokenizer."""
     return make_random_tiny_checkpoint(tmp_path_factory.mktemp("tiny-checkpoint"))
+
+
+# The tiny checkpoint's model and tokenizer, as the worker tests compare against them.
+@pytest.fixture(scope="module")
+def reference_model(tiny_checkpoint: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_checkpoint: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_checkpoint)

@@ -64,3 +64,12 @@ def make_random_tiny_checkpoint(out_dir: str | Path) -> Path:
     model = LlamaForCausalLM(config)
     model.save_pretrained(out_path)
     return out_path
+
+
+def full_logprobs(model, ids: list[int], temperature: float = 1.0):
+    """log_softmax(logits / T) at every position of `ids`, computed without any cache or padding."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits / temperature, dim=-1)

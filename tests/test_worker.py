@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from helpers_tiny import full_logprobs
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -73,27 +74,6 @@ def worker_url(tiny_checkpoint: Path, weights_root: Path, tmp_path_factory: pyte
     finally:
         process.terminate()
         process.wait(10)
-
-
-@pytest.fixture(scope="module")
-def reference_model(tiny_checkpoint: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_checkpoint: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_checkpoint)
-
-
-def full_logprobs(model, ids: list[int], temperature: float = 1.0) -> torch.Tensor:
-    """log_softmax(logits / T) at every position of `ids`, computed without any cache or padding."""
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].float()
-    return torch.log_softmax(logits / temperature, dim=-1)
 
 
 def greedy(url: str, ids: list[int], max_new_tokens: int) -> list[int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,20 +12,6 @@ import torch
 from slime_meta.serving.engine import GenerationEngine
 from slime_meta.serving.protocol import FinishedGeneration, GenerationSpec, SamplingParams
 from slime_meta.serving.rows import GenerationJob
-
-
-@pytest.fixture(scope="module")
-def reference_model(tiny_checkpoint: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_checkpoint: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_checkpoint)
 
 
 def make_engine(model, tokenizer, eos_token_ids: frozenset[int], **options) -> GenerationEngine:

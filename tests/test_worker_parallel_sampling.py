@@ -16,33 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers_tiny import full_logprobs
 import torch
 
 from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.serving.engine import GenerationEngine
 from slime_meta.serving.protocol import GenerationSpec, SamplingParams
 from slime_meta.serving.rows import GenerationJob
-
-
-@pytest.fixture(scope="module")
-def reference_model(tiny_checkpoint: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_checkpoint).eval()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_checkpoint: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_checkpoint)
-
-
-def full_logprobs(model, ids: list[int], temperature: float = 1.0) -> torch.Tensor:
-    """log_softmax(logits / T) at every position of `ids`, without any cache or padding."""
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0].float()
-    return torch.log_softmax(logits / temperature, dim=-1)
 
 
 def assert_logprobs_match(model, prompt: list[int], output_ids: list[int], logprobs: list[float]) -> None:

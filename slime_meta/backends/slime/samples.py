@@ -78,6 +78,24 @@ def status_value(finish_reason: str | None) -> str:
     return _STATUS_BY_FINISH.get(finish_reason or "stop", "completed")
 
 
+def _token_fields(sample: TeacherSample | SolverSample, prompt: str, response: str,
+                  teacher_log_probs: Sequence[float] | None) -> dict[str, Any]:
+    """The fields every trained sample has: its text, its token ids, its mask and log-probs."""
+    fields: dict[str, Any] = {
+        "prompt": prompt,
+        "tokens": [int(t) for t in sample.prompt_ids] + [int(t) for t in sample.response_ids],
+        "response": response,
+        "response_length": len(sample.response_ids),
+        "loss_mask": [1] * len(sample.response_ids),
+        "rollout_log_probs": [float(x) for x in sample.rollout_logprobs],
+    }
+    if teacher_log_probs is not None:
+        if len(teacher_log_probs) != len(sample.response_ids):
+            raise ValueError(f"{len(teacher_log_probs)} teacher log-probs for {len(sample.response_ids)} response tokens")
+        fields["teacher_log_probs"] = [float(x) for x in teacher_log_probs]
+    return fields
+
+
 def teacher_sample_fields(
     sample: TeacherSample,
     *,
@@ -98,24 +116,13 @@ def teacher_sample_fields(
     }
     if trace is not None:
         meta["trace"] = dict(trace)
-    fields: dict[str, Any] = {
-        "prompt": prompt,
-        "tokens": [int(t) for t in sample.prompt_ids] + [int(t) for t in sample.response_ids],
-        "response": response,
-        "response_length": len(sample.response_ids),
-        "loss_mask": [1] * len(sample.response_ids),
-        "rollout_log_probs": [float(x) for x in sample.rollout_logprobs],
+    fields = {
+        **_token_fields(sample, prompt, response, teacher_log_probs),
         "reward": float(sample.reward),
         "status": status_value(sample.metadata.get("finish_reason")),
         "weight_versions": [sample.weight_version] if sample.weight_version is not None else [],
         "metadata": {**dict(base_metadata or {}), META_KEY: meta},
     }
-    if teacher_log_probs is not None:
-        if len(teacher_log_probs) != len(sample.response_ids):
-            raise ValueError(
-                f"{len(teacher_log_probs)} teacher log-probs for {len(sample.response_ids)} response tokens"
-            )
-        fields["teacher_log_probs"] = [float(x) for x in teacher_log_probs]
     if rollout_id is not None:
         fields["rollout_id"] = rollout_id
     return fields
@@ -147,17 +154,9 @@ def solver_sample_fields(
 ) -> dict[str, Any]:
     """The slime `Sample` fields of one solver sample of `kind` ("distill" | "sdpo"); `index`
     counts from 0 within the step and kind."""
-    if len(teacher_log_probs) != len(sample.response_ids):
-        raise ValueError(f"{len(teacher_log_probs)} teacher log-probs for {len(sample.response_ids)} response tokens")
     return {
         "index": (SDPO_INDEX_BASE if kind == "sdpo" else SOLVER_INDEX_BASE) + index,
-        "prompt": prompt,
-        "tokens": [int(t) for t in sample.prompt_ids] + [int(t) for t in sample.response_ids],
-        "response": response,
-        "response_length": len(sample.response_ids),
-        "loss_mask": [1] * len(sample.response_ids),
-        "rollout_log_probs": [float(x) for x in sample.rollout_logprobs],
-        "teacher_log_probs": [float(x) for x in teacher_log_probs],
+        **_token_fields(sample, prompt, response, teacher_log_probs),
         "reward": float(sample.grade),
         "status": "completed",
         "rollout_id": rollout_id,
