@@ -2,7 +2,7 @@
 
 Why this task: the embedded default (one machine, no GPU, no model hub) needs a task where a hint
 truly helps, a student small enough to train here can apply a hint, and a teacher can learn to
-write one. The shared prototype (docs: SYNTHETIC_TASK.md) found the best such setting: every
+write one. A prototype of this task found the best such setting: every
 problem of a *family* hides the same rule, a 2-letter suffix from the letters a-h; the problem is a
 4-letter word and the answer is the word followed by the suffix. Without a hint the student can
 only guess the suffix (1 in 64); with the family's suffix as `additional_info` it is exact; and the
@@ -137,7 +137,7 @@ def extract_answer(solution: str) -> str:
 def per_character_score(solution: str, expected: str) -> float:
     """Partial credit: matching positions over the longer length, in [0, 1].
 
-    SYNTHETIC_TASK.md: per-character rewards gave RL a signal where exact match gave almost none
+    Per-character rewards give RL a signal where exact match gives almost none
     (a wrong suffix still scores 4/6 for the copied word, one right letter 5/6).
     """
     answer = extract_answer(solution)
