@@ -417,6 +417,14 @@ def test_openai_compatible_endpoints(worker_url: str) -> None:
     assert status == 200 and completion["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+async def until_running(session, worker_url: str, polls: int = 500) -> None:
+    """Poll the worker until a generation is running (or the polls run out)."""
+    for _ in range(polls):
+        async with session.get(f"{worker_url}/get_server_info") as response:
+            if (await response.json())["running_requests"] > 0:
+                return
+
+
 def test_abort_all_requests(worker_url: str, tokenizer) -> None:
     body = {
         "input_ids": [tokenizer.encode(f"to abort {i}") for i in range(4)],
@@ -426,10 +434,7 @@ def test_abort_all_requests(worker_url: str, tokenizer) -> None:
     async def generate_then_abort() -> list[dict]:
         async with aiohttp.ClientSession() as session:
             generation = asyncio.create_task(session.post(f"{worker_url}/generate", json=body))
-            for _ in range(500):
-                async with session.get(f"{worker_url}/get_server_info") as response:
-                    if (await response.json())["running_requests"] > 0:
-                        break
+            await until_running(session, worker_url)
             async with session.post(f"{worker_url}/abort_request", json={"abort_all": True}) as response:
                 assert response.status == 200
             async with await generation as response:
@@ -457,10 +462,7 @@ def test_a_client_that_goes_away_frees_its_rows(worker_url: str, tokenizer) -> N
     async def generate_then_hang_up() -> None:
         async with aiohttp.ClientSession() as session:
             generation = asyncio.create_task(session.post(f"{worker_url}/generate", json=body))
-            for _ in range(500):
-                async with session.get(f"{worker_url}/get_server_info") as response:
-                    if (await response.json())["running_requests"] > 0:
-                        break
+            await until_running(session, worker_url)
             generation.cancel()  # the connection closes with the session, no reply read
 
     asyncio.run(generate_then_hang_up())
