@@ -75,13 +75,20 @@ async def _run(cfg: MetaConfig) -> Path:
                 step_started = time.perf_counter()
                 # The pool serves weights of version rollout_id: one push per finished step.
                 episodes, result, solver, pairs, solver_metrics = await pipeline.result(rollout_id, weights_version=rollout_id)
+                rollout_done = time.perf_counter()
                 train_metrics = await asyncio.to_thread(trainer.train_step, result.samples, solver, pairs, rollout_id)
+                train_done = time.perf_counter()
                 if not train_metrics.get("train/skipped_nonfinite"):  # a skipped step left the weights as they were
                     await asyncio.to_thread(
                         C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1, processes
                     )
+                step_done = time.perf_counter()
+                # The step's wall time split where it is spent: waiting for the rollout (its part not
+                # hidden behind the previous step with --max-async-level), training, the weight push.
+                timings = {"perf/step_time": step_done - step_started, "perf/rollout_wait_time": rollout_done - step_started,
+                           "perf/train_time": train_done - rollout_done, "perf/weight_push_time": step_done - train_done}
 
-                metrics = {**result.metrics, **solver_metrics, **train_metrics, "perf/step_time": time.perf_counter() - step_started}
+                metrics = {**result.metrics, **solver_metrics, **train_metrics, **timings}
                 metrics.update(C.counter_metrics(teacher_pool, student_pool, rollout.grader))
                 metrics.update(await asyncio.to_thread(C.process_metrics, processes))
                 metrics.update(C.staleness_metrics(result.samples, rollout_id, start_step))
