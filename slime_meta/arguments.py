@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
 
-from slime_meta.arguments_objectives import ObjectivesConfig, add_objective_arguments
+from slime_meta.arguments_objectives import ObjectivesConfig, add_objective_arguments, shared_student_objective_defaults
 from slime_meta.arguments_validation import student_pool_defaults, validate_flags
 from slime_meta.errors import UserInputError
 
@@ -406,7 +406,8 @@ def build_config(namespace: argparse.Namespace, *, default_run_dir: str | None =
         grader=_pick(GraderConfig, namespace),
         pools=_pick(PoolConfig, namespace, **student_pool_defaults(namespace)),
         train=_pick(TrainConfig, namespace),
-        objectives=_pick(ObjectivesConfig, namespace, replay_teachers=tuple(namespace.replay_teachers)),
+        objectives=_pick(ObjectivesConfig, namespace, replay_teachers=tuple(namespace.replay_teachers),
+                         **shared_student_objective_defaults(namespace)),
         checkpoint=_pick(CheckpointConfig, namespace),
         tracking=_pick(TrackingConfig, namespace, run_dir=run_dir),
     )

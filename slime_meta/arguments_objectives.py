@@ -8,7 +8,9 @@
                          (--sdpo-form shaping) token advantages alpha * (log p_hint - log p) at error sites
   channel 3 (replay)     --replay-beta ...: DPO on pairs where N external teachers agree
 
-Every weight at zero (the defaults) leaves the plain GRPO loss unchanged.
+Every weight at zero leaves the plain GRPO loss unchanged. The defaults are zero except where the
+student shares the teacher's weights on the local backend: there --adv-tau 1 (solver-role GRPO) and
+--kl-loss-coef 0.1 (k3) keep the student role from drifting (shared_student_objective_defaults).
 """
 
 from __future__ import annotations
@@ -99,7 +101,11 @@ def add_objective_arguments(add_group) -> None:
     add("--tis-clip-low", type=float, default=0.0, help="Lower clamp of the TIS weight.")
     add("--aipo-delta", type=float, default=None, help="AIPO: loss = -min(pi/mu, delta) * A instead of the PPO clip (e.g. 8).")
     add("--eps-clip-c", type=float, default=None, help="Dual-clip bound (> 1) for negative advantages.")
-    add("--kl-loss-coef", type=float, default=0.0, help="KL penalty to a frozen copy of the initial weights.")
+    add("--kl-loss-coef", type=float, default=None,
+        help="KL penalty (--kl-loss-type) to a frozen copy of the initial weights. Not given: 0.1 when the student "
+             "shares the teacher's weights on the local backend (no --student-checkpoint, --student-num-gpus or "
+             "--external-student-url; it keeps the student role from drifting, docs/performance.md section 6), "
+             "else 0.")
     add("--kl-loss-type", choices=("k1", "k2", "k3"), default="k3",
         help="KL estimator used as the loss: k3 = exp(ref-logp)-(ref-logp)-1 (low variance; its gradient on "
              "on-policy samples pulls towards the reference); k2 = (logp-ref)^2/2; k1 = logp-ref, whose gradient "
@@ -116,7 +122,9 @@ def add_objective_arguments(add_group) -> None:
              "advantage of the policy's own solver samples, on both backends; not given = 0 (off: distillation "
              "adds only its log-prob terms; the teacher's infos keep their own GRPO either way). Local backend: "
              "given without --teacher-tau/--student-tau it is a solver-role term of its own (GRPO on the policy's "
-             "graded no-info attempts at the train problems; no context needed).")
+             "graded no-info attempts at the train problems; no context needed). Local backend with the "
+             "student sharing the teacher's weights: not given = 1, the term that keeps the shared model a good "
+             "student (--adv-tau 0 turns it off).")
     add("--teacher-tau", type=float, default=0.0, help="Weight of log p(token | context + prompt).")
     add("--student-tau", type=float, default=0.0, help="Weight of -log p(token | prompt).")
     add("--skip-verification", action="store_true", help="Pure distillation: the solver samples get no task advantage.")
@@ -142,6 +150,30 @@ def add_objective_arguments(add_group) -> None:
     add("--replay-teachers", nargs="*", default=[], help="OpenAI-compatible teachers, each name@base_url[#KEY_ENV_VAR].")
     add("--replay-min-agree", type=int, default=2, help="Teachers that must agree on an answer for a pair.")
     add("--replay-dpo-beta", type=float, default=0.1, help="DPO's beta (strength of the implicit KL).")
+
+
+# Measured on the synthetic task, 400 steps on one H100 (docs/performance.md, section 6): with shared
+# weights and the teacher's GRPO alone the student role drifts (gain 0.61 over the last 50 steps,
+# no-info control -0.045); a solver-role GRPO term plus k3 KL to the start weights holds it (0.98 and
+# 1.03 on two seeds, control within 0.02). Hence these defaults where the student is the trained model.
+SHARED_STUDENT_ADV_TAU = 1.0
+SHARED_STUDENT_KL_LOSS_COEF = 0.1
+
+
+def student_shares_weights(ns: argparse.Namespace) -> bool:
+    """No separate student: the student pool serves the weights being trained."""
+    return not (ns.student_checkpoint or ns.student_num_gpus or getattr(ns, "external_student_url", None))
+
+
+def shared_student_objective_defaults(ns: argparse.Namespace) -> dict:
+    """--adv-tau and --kl-loss-coef as resolved: the shared-student defaults where they apply (local backend)."""
+    shared_local = ns.backend == "local" and student_shares_weights(ns)
+    adv_tau, kl_loss_coef = ns.adv_tau, ns.kl_loss_coef
+    if shared_local and adv_tau is None:
+        adv_tau = SHARED_STUDENT_ADV_TAU
+    if kl_loss_coef is None:
+        kl_loss_coef = SHARED_STUDENT_KL_LOSS_COEF if shared_local else 0.0
+    return {"adv_tau": adv_tau, "kl_loss_coef": kl_loss_coef}
 
 
 def read_context(value: str | None) -> str | None:

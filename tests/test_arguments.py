@@ -88,10 +88,22 @@ def test_bad_flag_values_name_the_flag(extra, flag):
     assert flag in str(info.value) and "\n" not in str(info.value)
 
 
-def test_objective_defaults_leave_plain_grpo():
-    o = parse_config(BASE).objectives
-    assert not (o.distillation_on or o.sdpo_on_any or o.replay_on or o.needs_solver_samples or o.needs_reference)
+def test_objective_defaults_leave_plain_grpo_with_a_separate_student():
+    for student in (["--student-checkpoint", "ckpt"], ["--student-num-gpus", "1"], ["--backend", "slime"]):
+        o = parse_config(BASE + student).objectives
+        assert not (o.distillation_on or o.sdpo_on_any or o.replay_on or o.needs_solver_samples or o.needs_reference)
+        assert o.adv_tau is None and o.kl_loss_coef == 0.0
     assert o.kl_loss_type == "k3" and o.replay_min_agree == 2 and o.sdpo_grade_threshold == 1.0
+
+
+def test_shared_student_defaults_hold_the_student_role_and_can_be_turned_off():
+    o = parse_config(BASE).objectives  # local backend, no separate student: the student is the trained model
+    assert (o.adv_tau, o.kl_loss_coef, o.kl_loss_type) == (1.0, 0.1, "k3")
+    assert o.solver_grpo_on and o.needs_solver_samples and o.needs_reference and not o.distillation_on
+    off = parse_config(BASE + ["--adv-tau", "0", "--kl-loss-coef", "0"]).objectives
+    assert not (off.solver_grpo_on or off.needs_solver_samples or off.needs_reference)
+    given = parse_config(BASE + ["--adv-tau", "0.5", "--kl-loss-coef", "0.02"]).objectives
+    assert (given.adv_tau, given.kl_loss_coef) == (0.5, 0.02)
 
 
 def test_missing_required_flags():

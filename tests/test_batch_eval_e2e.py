@@ -45,6 +45,11 @@ def test_the_batch_is_split_75_25_with_holdout_samples_averaged_into_the_reward(
         "requests: 12 teacher, 12 student inner + 72 holdout + 6 no-info control (each graded), in 38 student "
         "requests (n = attempts per problem)"
     ) in result.stdout
+    # The student shares the teacher's weights: the terms that keep it a good student are on by default.
+    assert ("student: shares the teacher's weights; solver-role GRPO --adv-tau 1 and k3 KL to the start weights "
+            "--kl-loss-coef 0.1") in result.stdout
+    objectives = json.loads((run_dir / "config.json").read_text())["objectives"]
+    assert (objectives["adv_tau"], objectives["kl_loss_coef"]) == (1.0, 0.1)
     traces = read_jsonl(run_dir / "traces.jsonl")
     (batch,) = [t for t in traces if t["type"] == "batch"]
     (episode,) = batch["episodes"]
@@ -60,6 +65,7 @@ def test_the_batch_is_split_75_25_with_holdout_samples_averaged_into_the_reward(
     (record,) = read_jsonl(run_dir / "metrics.jsonl")
     assert record["meta_learning/num_holdout_evals"] == 12 * 2 * 3
     assert record["meta_learning/num_train_problems"] == 6.0
+    assert record["train/distill_tokens"] > 0  # the solver-role GRPO term trained the no-info attempts
     # Shared pool, student client: one request per problem, its S holdout (or control) attempts
     # as n = S completions; every attempt graded on its own.
     assert record["pool/student_requests"] == 12 * 1 + 12 * 2 + 2

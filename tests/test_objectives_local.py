@@ -182,14 +182,17 @@ def test_distillation_leaves_the_teachers_own_gradient_as_it_was(tiny_checkpoint
 
 
 def test_distillation_adds_no_solver_grpo_term_unless_asked(tiny_checkpoint, batch):
-    """--adv-tau not given: the solver samples' task advantage does not reach the gradient."""
+    """--adv-tau not given with a separate student: the solver samples' task advantage does not
+    reach the gradient (with a shared student it defaults to 1, the term that holds the student role)."""
     from test_arguments import BASE
 
     from slime_meta.arguments import parse_config
 
     _, solver, _ = batch
-    objectives = parse_config(BASE + ["--teacher-context", "x", "--teacher-tau", "1"]).objectives
+    distill = ["--teacher-context", "x", "--teacher-tau", "1"]
+    objectives = parse_config(BASE + distill + ["--student-checkpoint", "ckpt"]).objectives
     assert objectives.adv_tau is None and objectives.solver_adv_tau == 0.0
+    assert parse_config(BASE + distill).objectives.solver_adv_tau == 1.0
     settings = TrainerSettings(lr=1e-2, device="cpu", distill=DistillSettings(teacher_tau=1.0))
     flipped = [dataclasses.replace(x, task_advantage=-5.0 * x.task_advantage + 3.0) for x in solver]
     for a, b in zip(gradients(tiny_checkpoint, settings, (), solver), gradients(tiny_checkpoint, settings, (), flipped)):

@@ -83,6 +83,11 @@ def describe_plan(cfg: MetaConfig, data: Data) -> str:
     m = cfg.meta
     lines = [data.plan.describe(samples_per_prompt=m.n_samples_per_prompt, inner_iterations=m.num_inner_iterations,
                                 inner_samples=m.n_samples_per_inner_prompt, holdout_samples=m.n_holdout_samples)]  # fmt: skip
+    o = cfg.objectives
+    if not cfg.separate_student:
+        lines.append(f"student: shares the teacher's weights; solver-role GRPO --adv-tau {o.solver_adv_tau:g} and "
+                     f"{o.kl_loss_type} KL to the start weights --kl-loss-coef {o.kl_loss_coef:g} "
+                     "(shared-student defaults 1 and 0.1 keep the student role from drifting)")
     for name, episodes in data.eval_sets.items():
         count = sum(len(e.holdout) + sum(len(c) for c in e.train_chunks_P) for e in episodes)
         when = f"every {m.eval_interval} steps" if m.eval_interval else "before the first and after the last step"
