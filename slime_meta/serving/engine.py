@@ -78,6 +78,7 @@ class GenerationEngine(_Prefill):
         seed: int = 0,
         weight_version: str = "default",
         static_batch: StaticBatch | None = None,
+        chunked_prefill_size: int | None = None,
     ):
         self._model = model
         self._static = static_batch
@@ -87,6 +88,7 @@ class GenerationEngine(_Prefill):
         self._pad_token_id = pad_token_id
         self._max_batch_size = max_batch_size
         self._max_prefill_tokens = max_prefill_tokens
+        self._chunked_prefill_size = chunked_prefill_size  # DynamicCache prefill; the static batch has its own
         self._batch_wait_s = batch_wait_s
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         self._generator = torch.Generator(device=device).manual_seed(seed)

@@ -31,6 +31,12 @@ class _RunningBatch:
     sampling: RowSampling
 
 
+@dataclass
+class _PrefillOutput:
+    logits: torch.Tensor  # (P, T, V) with all logits, else (P, 1, V): after each prompt's last token
+    past_key_values: Any
+
+
 class _Prefill:
     """Admission and prefill steps of `GenerationEngine` (generation thread only)."""
 
@@ -44,6 +50,27 @@ class _Prefill:
             use_cache=True,
             **extra,
         )
+
+    def _chunked_forward(self, input_ids_P_T, mask_P_T, positions_P_T, all_logits: bool) -> _PrefillOutput:
+        """The prefill forward, in column windows of about `_chunked_prefill_size` tokens over all
+        rows when that is set (each window extends the same cache), else in one forward.
+
+        Rows are left-padded, so the last window's last column is every row's last prompt token.
+        """
+        width = input_ids_P_T.shape[1]
+        chunk_tokens = self._chunked_prefill_size
+        window = width if chunk_tokens is None else max(1, chunk_tokens // input_ids_P_T.shape[0])
+        cache, logits_parts = None, []
+        for start in range(0, width, window):
+            end = min(width, start + window)
+            output = self._forward(
+                input_ids_P_T[:, start:end], mask_P_T[:, :end], positions_P_T[:, start:end], cache, all_logits
+            )
+            if all_logits or end == width:  # otherwise one logit row per prompt, not needed
+                logits_parts.append(output.logits)
+            cache = output.past_key_values
+        logits = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts, dim=1)
+        return _PrefillOutput(logits, cache)
 
     def _admit(self, running: _RunningBatch | None, jobs: list[GenerationJob]) -> _RunningBatch | None:
         self.running_rows += len(jobs)
@@ -96,7 +123,7 @@ class _Prefill:
         input_ids_P_T = torch.tensor(padded, dtype=torch.int64, device=self._device)
         mask_P_T = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], dtype=torch.int64, device=self._device)
         positions_P_T = (mask_P_T.cumsum(dim=-1) - 1).clamp(min=0)
-        output = self._forward(input_ids_P_T, mask_P_T, positions_P_T, cache=None, all_logits=all_logits)
+        output = self._chunked_forward(input_ids_P_T, mask_P_T, positions_P_T, all_logits)
         self.counters["prefill_batches"] += 1
         self.counters["prefill_prompts"] += len(prompt_jobs)
         self.counters["shared_prefill_rows"] += len(jobs) - len(prompt_jobs)
