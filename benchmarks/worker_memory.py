@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import sys
 import tempfile
 import threading
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="CPU smoke run: tiny shape, few short prompts")
     p.add_argument("--out", default="runs/worker_memory.json")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")  # the worker's start-up lines
     cuda = torch.cuda.is_available()
     if args.quick:
         args.prompts, args.prompt_len, args.new_tokens, args.chunked_prefill_size, args.fp32_prompts = 6, 40, 4, 32, 3
