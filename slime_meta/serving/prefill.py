@@ -4,6 +4,12 @@ A mixin of `GenerationEngine` (engine.py): it uses the engine's model, device, c
 batch and `_advance` / `_take_tokens` / `_row_sampling`. Admission splits the new jobs between
 the fast path (static cache slots) and the DynamicCache batch, runs their prompts, and joins the
 prefilled rows to the running batch (see engine.py for the batching scheme).
+
+Chunked prefill (`--chunked-prefill-size N`): a prefill runs in column windows of N // rows
+tokens (at least one column) over all its prompts, each window extending the same cache, so the
+activations and attention scores of one forward cover about N tokens, not every prompt token at
+once; the outputs are those of one forward up to float rounding (tests/test_worker_chunked_prefill.py).
+The static batch does the same in its own forward (static_model.py).
 """
 
 from __future__ import annotations
