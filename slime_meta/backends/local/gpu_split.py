@@ -55,7 +55,8 @@ def estimate_trainer(
     state = params * (STATE_BYTES_PER_PARAM + (REFERENCE_BYTES_PER_PARAM if with_reference else 0))
     token_units = micro_batch_tokens * hidden_size
     if recompute:
-        activations = token_units * (RECOMPUTE_INPUT_BYTES_PER_TOKEN_LAYER_UNIT * num_layers + RECOMPUTE_LAYER_BYTES_PER_TOKEN_UNIT)
+        per_token_unit = RECOMPUTE_INPUT_BYTES_PER_TOKEN_LAYER_UNIT * num_layers + RECOMPUTE_LAYER_BYTES_PER_TOKEN_UNIT
+        activations = token_units * per_token_unit
     else:
         activations = token_units * ACTIVATION_BYTES_PER_TOKEN_LAYER_UNIT * num_layers
     return TrainerEstimate(state, activations, micro_batch_tokens)
