@@ -108,6 +108,8 @@ class PoolConfig:
     local_student_num_workers: int
     device: str
     host: str
+    sglang_mem_fraction_static: float | None = None
+    sglang_chunked_prefill_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,20 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _open_fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
+    return value
+
+
+def _prefill_chunk(text: str) -> int:
+    value = int(text)
+    if value < 1 and value != -1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (tokens) or -1 (off), got {value}")
     return value
 
 
@@ -318,6 +334,14 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         help="Local backend: workers of a separate student pool (--student-checkpoint) when --student-num-gpus is not given.")
     add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="Local backend: cuda if available, else cpu.")
     add("--host", default="127.0.0.1", help="Local backend: address workers and routers bind to.")
+    add("--sglang-mem-fraction-static", type=_open_fraction, default=None,
+        help="Fraction of the GPU's total memory each inference worker may hold for weights plus its static KV "
+             "cache (SGLang's --mem-fraction-static); local backend: passed to the workers, and a split with the "
+             "trainer on the same GPU that cannot fit is refused at start. Default: not set (local workers keep up "
+             "to 30%% of the memory free when they start; no split check of the workers' share).")
+    add("--sglang-chunked-prefill-size", type=_prefill_chunk, default=None,
+        help="Tokens per prefill forward in the inference workers (SGLang's --chunked-prefill-size; -1: off). "
+             "Default: not set (local workers prefill whole prompts).")
 
     add = groups.group("training (slime-compatible)")
     add("--lr", type=float, default=1e-5)

@@ -9,7 +9,8 @@ router) cannot tell the difference for the calls it makes.
         [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16] [--weights-root DIR] \
         [--max-batch-size 64] [--max-prefill-tokens 16384] [--batch-wait-ms 2] [--seed 0] \
         [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info] \
-        [--cuda-graphs auto|on|off] [--static-cache-len 4096]
+        [--cuda-graphs auto|on|off] [--static-cache-len 4096] [--mem-fraction-static F] \
+        [--chunked-prefill-size N]
 
 `sampling_params.n = k` returns k completions of the prompt as a list (SGLang's shape); the k
 rows share one prefill of the prompt (see engine.py).
@@ -56,6 +57,7 @@ from aiohttp import web
 
 from slime_meta.serving.context import WorkerContext
 from slime_meta.serving.engine import GenerationEngine
+from slime_meta.serving.memory_budget import plan_for_device
 from slime_meta.serving.openai_routes import OpenAIContext, add_openai_routes
 from slime_meta.serving.protocol import (
     GenerationSpec,
@@ -297,10 +299,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=4096,
         help="tokens (prompt + new) one row may hold on the CUDA-graph path; longer requests take the generic path",
     )
+    parser.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="CUDA: fraction of the GPU's total memory for model weights plus the static KV cache (SGLang's "
+        "meaning); the cache's rows (running requests; more wait) and length, and the prefill token budget, are "
+        "sized from what the weights leave of it. Default: no budget (up to --max-batch-size rows of "
+        "--static-cache-len tokens, capped at 30%% of the memory free at start). Ignored on CPU.",
+    )
+    parser.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="tokens per prefill forward (SGLang's name): admitted prompts are prefilled in windows of about "
+        "this many tokens over all rows, same outputs, bounded activations. Default (or -1): whole prompts at once",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     args = parser.parse_args(argv)
     if args.max_batch_size < 1 or args.max_prefill_tokens < 1 or args.static_cache_len < 1:
         parser.error("--max-batch-size, --max-prefill-tokens and --static-cache-len must be >= 1")
+    if args.mem_fraction_static is not None and not 0.0 < args.mem_fraction_static < 1.0:
+        parser.error(f"--mem-fraction-static {args.mem_fraction_static}: give a fraction between 0 and 1, e.g. 0.3")
+    if args.chunked_prefill_size == -1:
+        args.chunked_prefill_size = None
+    if args.chunked_prefill_size is not None and args.chunked_prefill_size < 1:
+        parser.error(f"--chunked-prefill-size {args.chunked_prefill_size}: give a token count >= 1, or -1 for off")
     if not os.path.isdir(args.model_path):
         parser.error(f"--model-path {args.model_path} is not a local directory (this worker never downloads models)")
     return args
@@ -354,22 +378,33 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
     model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=dtype).to(device).eval()
     model.requires_grad_(False)  # inference only; also lets weight updates copy in place freely
     pad_token_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
+    text_config = model.config.get_text_config()
+    max_positions = getattr(text_config, "max_position_embeddings", None)
+    plan = plan_for_device(
+        args.mem_fraction_static, model, device, max_rows=args.max_batch_size, cache_len=args.static_cache_len,
+        max_positions=max_positions, max_prefill_tokens=args.max_prefill_tokens,
+    )  # fmt: skip
+    max_batch_size, cache_len, max_prefill_tokens = args.max_batch_size, args.static_cache_len, args.max_prefill_tokens
+    if plan is not None:
+        logger.info("%s", plan.describe(args.chunked_prefill_size))
+        max_batch_size, cache_len, max_prefill_tokens = plan.slots, plan.cache_len, plan.max_prefill_tokens
     engine = GenerationEngine(
         model,
         decode=lambda ids, skip_special: tokenizer.decode(list(ids), skip_special_tokens=skip_special),
         device=device,
         eos_token_ids=_eos_token_ids(tokenizer, model),
         pad_token_id=pad_token_id,
-        max_batch_size=args.max_batch_size,
-        max_prefill_tokens=args.max_prefill_tokens,
+        max_batch_size=max_batch_size,
+        max_prefill_tokens=max_prefill_tokens,
         batch_wait_s=args.batch_wait_ms / 1000.0,
         seed=args.seed,
         weight_version=args.weight_version,
         static_batch=build_fast_path(
-            args.cuda_graphs, model, device, args.max_batch_size, args.static_cache_len, pad_token_id
-        ),
+            args.cuda_graphs, model, device, max_batch_size, cache_len, pad_token_id,
+            chunk_tokens=args.chunked_prefill_size, budgeted=plan is not None,
+        ),  # fmt: skip
+        chunked_prefill_size=args.chunked_prefill_size,
     )
-    text_config = model.config.get_text_config()
     return WorkerContext(
         engine=engine,
         model=model,
@@ -379,8 +414,8 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
         weights_root=args.weights_root,
         device=device,
         dtype=dtype,
-        max_batch_size=args.max_batch_size,
-        max_positions=getattr(text_config, "max_position_embeddings", None),
+        max_batch_size=max_batch_size,
+        max_positions=max_positions,
         embedding_rows=model.get_input_embeddings().num_embeddings,
     )
 

@@ -30,8 +30,11 @@ logger = logging.getLogger("slime_meta.worker")
 
 
 class StaticBatch:
-    def __init__(self, decoder: StaticDecoder, graphs: DecodeGraphs, pad_token_id: int):
+    def __init__(
+        self, decoder: StaticDecoder, graphs: DecodeGraphs, pad_token_id: int, chunk_tokens: int | None = None
+    ):
         self._decoder = decoder
+        self._chunk_tokens = chunk_tokens  # chunked prefill: tokens per prefill forward; None: whole prompts
         self._graphs = graphs
         self._pad_token_id = pad_token_id
         self._device = decoder.shape.device
@@ -101,7 +104,7 @@ class StaticBatch:
         input_ids_P_L = torch.tensor(padded, dtype=torch.int64).to(self._device)
         lengths_P = torch.tensor(lengths, dtype=torch.int64).to(self._device)
         slots_P = torch.tensor(prompt_slots, dtype=torch.int64).to(self._device)
-        logits_P_V = self._decoder.prefill(input_ids_P_L, lengths_P, slots_P)
+        logits_P_V = self._decoder.prefill(input_ids_P_L, lengths_P, slots_P, self._chunk_tokens)
         copies = [
             (prompt_slots[prompt], slots[row])
             for row, prompt in enumerate(prompt_of_row)
@@ -164,16 +167,20 @@ def build_static_batch(
     requested_capacity: int,
     pad_token_id: int,
     use_graphs: bool,
+    chunk_tokens: int | None = None,
+    budgeted: bool = False,
 ) -> StaticBatch:
     """Allocate the static cache, build the decoder and (with `use_graphs`) capture the graphs.
 
+    `budgeted`: the slots and capacity come from a memory budget (memory_budget.py) and are
+    allocated as they are; otherwise the capacity is capped to a share of the free memory.
     Raises ValueError when the model is not supported or the cache does not fit in memory.
     """
     reason = unsupported_reason(model)
     if reason is not None:
         raise ValueError(reason)
     shape = model_shape(model)
-    free_bytes = torch.cuda.mem_get_info(shape.device)[0] if shape.device.type == "cuda" else None
+    free_bytes = torch.cuda.mem_get_info(shape.device)[0] if shape.device.type == "cuda" and not budgeted else None
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     column_bytes = bytes_per_token(shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, shape.dtype)
     capacity = fit_capacity(requested_capacity, max_positions, column_bytes, free_bytes)
@@ -189,21 +196,33 @@ def build_static_batch(
         device=shape.device,
     )
     decoder = StaticDecoder(model, cache)
-    return StaticBatch(decoder, DecodeGraphs(decoder, use_graphs=use_graphs), pad_token_id)
+    return StaticBatch(decoder, DecodeGraphs(decoder, use_graphs=use_graphs), pad_token_id, chunk_tokens)
 
 
 def build_fast_path(
-    mode: str, model: torch.nn.Module, device: torch.device, num_slots: int, cache_len: int, pad_token_id: int
+    mode: str,
+    model: torch.nn.Module,
+    device: torch.device,
+    num_slots: int,
+    cache_len: int,
+    pad_token_id: int,
+    *,
+    chunk_tokens: int | None = None,
+    budgeted: bool = False,
 ) -> StaticBatch | None:
-    """The static-cache decode path for `--cuda-graphs`, or None for the DynamicCache path."""
+    """The static-cache decode path for `--cuda-graphs`, or None for the DynamicCache path.
+
+    `chunk_tokens` and `budgeted`: see `StaticBatch` and `build_static_batch`.
+    """
     if mode == "off":
         return None
     problem = "it needs a CUDA device" if device.type != "cuda" else None
     if problem is None:
         try:
             return build_static_batch(
-                model, num_slots=num_slots, requested_capacity=cache_len, pad_token_id=pad_token_id, use_graphs=True
-            )
+                model, num_slots=num_slots, requested_capacity=cache_len, pad_token_id=pad_token_id, use_graphs=True,
+                chunk_tokens=chunk_tokens, budgeted=budgeted,
+            )  # fmt: skip
         except (ValueError, RuntimeError) as error:  # unsupported model, no memory, failed capture
             problem = str(error)
             torch.cuda.empty_cache()

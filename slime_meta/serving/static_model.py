@@ -181,54 +181,83 @@ class StaticDecoder:
 
     # ----- prefill ---------------------------------------------------------------------------
 
-    def prefill(self, input_ids_N_L: torch.Tensor, lengths_N: torch.Tensor, slots_N: torch.Tensor) -> torch.Tensor:
+    def prefill(
+        self,
+        input_ids_N_L: torch.Tensor,
+        lengths_N: torch.Tensor,
+        slots_N: torch.Tensor,
+        chunk_tokens: int | None = None,
+    ) -> torch.Tensor:
         """Run right-padded prompts from position 0, store their keys/values in `slots_N`.
 
         Returns the logits after each prompt's last real token, (N, V). Positions past a row's
         length hold padding in the cache; they are never attended to and later steps overwrite them.
+        `chunk_tokens` (chunked prefill): run the prompts in column windows of about that many
+        tokens over all rows (at least one column), each window attending to the keys already in
+        the cache, so no forward holds activations or an attention mask for every prompt token.
         """
-        with sdpa_kernel(_ATTENTION_BACKENDS):
-            return self._prefill(input_ids_N_L, lengths_N, slots_N)
-
-    def _prefill(self, input_ids_N_L: torch.Tensor, lengths_N: torch.Tensor, slots_N: torch.Tensor) -> torch.Tensor:
-        s = self.shape
         num_rows, width = input_ids_N_L.shape
         if width > self.cache.capacity:
             raise ValueError(f"prompt of {width} tokens exceeds the static cache ({self.cache.capacity})")
-        cos_L_D, sin_L_D = self.cos_P_D[:width], self.signed_sin_P_D[:width]
-        equal_lengths = bool((lengths_N == width).all())
-        mask_N_1_L_L = None
-        if not equal_lengths:
-            causal_L_L = self._positions_T[:width, None] >= self._positions_T[None, :width]
-            real_keys_N_L = self._positions_T[None, :width] < lengths_N[:, None]
-            mask_N_1_L_L = (causal_L_L[None] & real_keys_N_L[:, None, :])[:, None]
-        hidden_N_L_E = self._inner.embed_tokens(input_ids_N_L)
+        window = width if chunk_tokens is None else max(1, chunk_tokens // num_rows)
+        last_positions_N = lengths_N - 1
+        rows_N = torch.arange(num_rows, device=input_ids_N_L.device)
+        last_N_E = None
+        with sdpa_kernel(_ATTENTION_BACKENDS):
+            for start in range(0, width, window):
+                end = min(width, start + window)
+                hidden_N_C_E = self._prefill_columns(input_ids_N_L[:, start:end], start, lengths_N, slots_N)
+                # Each row's last real token lies in exactly one window; keep its hidden state.
+                in_window_N = (last_positions_N >= start) & (last_positions_N < end)
+                picked_N_E = hidden_N_C_E[rows_N, (last_positions_N - start).clamp(0, end - start - 1)]
+                last_N_E = picked_N_E if last_N_E is None else torch.where(in_window_N[:, None], picked_N_E, last_N_E)
+        return self._logits(last_N_E)
+
+    def _prefill_columns(
+        self, input_ids_N_C: torch.Tensor, start: int, lengths_N: torch.Tensor, slots_N: torch.Tensor
+    ) -> torch.Tensor:
+        """Columns start..start+C of every prompt: writes their keys/values, returns hidden (N, C, E).
+
+        Queries attend to the cache's columns 0..start+C-1 (earlier windows' keys are there already).
+        """
+        s = self.shape
+        num_rows, columns = input_ids_N_C.shape
+        end = start + columns
+        cos_C_D, sin_C_D = self.cos_P_D[start:end], self.signed_sin_P_D[start:end]
+        mask_N_1_C_T = None
+        if start > 0 or not bool((lengths_N >= end).all()):
+            causal_C_T = self._positions_T[start:end, None] >= self._positions_T[None, :end]
+            real_keys_N_T = self._positions_T[None, :end] < lengths_N[:, None]
+            mask_N_1_C_T = (causal_C_T[None] & real_keys_N_T[:, None, :])[:, None]
+        hidden_N_C_E = self._inner.embed_tokens(input_ids_N_C)
         for index, layer in enumerate(self._layers):
             attention = layer.self_attn
-            x = _rms_norm(hidden_N_L_E, layer.input_layernorm)
-            q_N_H_L_D = _linear(x, attention.q_proj).view(num_rows, width, s.num_heads, s.head_dim).transpose(1, 2)
-            k_N_K_L_D = _linear(x, attention.k_proj).view(num_rows, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
-            v_N_K_L_D = _linear(x, attention.v_proj).view(num_rows, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
-            q_N_H_L_D = _apply_rotary(q_N_H_L_D, cos_L_D, sin_L_D)
-            k_N_K_L_D = _apply_rotary(k_N_K_L_D, cos_L_D, sin_L_D)
-            self.cache.keys_L_S_K_T_D[index][slots_N, :, :width] = k_N_K_L_D
-            self.cache.values_L_S_K_T_D[index][slots_N, :, :width] = v_N_K_L_D
+            x = _rms_norm(hidden_N_C_E, layer.input_layernorm)
+            q_N_H_C_D = _linear(x, attention.q_proj).view(num_rows, columns, s.num_heads, s.head_dim).transpose(1, 2)
+            k_N_K_C_D = _linear(x, attention.k_proj).view(num_rows, columns, s.num_kv_heads, s.head_dim).transpose(1, 2)
+            v_N_K_C_D = _linear(x, attention.v_proj).view(num_rows, columns, s.num_kv_heads, s.head_dim).transpose(1, 2)
+            q_N_H_C_D = _apply_rotary(q_N_H_C_D, cos_C_D, sin_C_D)
+            k_N_K_C_D = _apply_rotary(k_N_K_C_D, cos_C_D, sin_C_D)
+            keys_S_K_T_D, values_S_K_T_D = self.cache.keys_L_S_K_T_D[index], self.cache.values_L_S_K_T_D[index]
+            keys_S_K_T_D[slots_N, :, start:end] = k_N_K_C_D
+            values_S_K_T_D[slots_N, :, start:end] = v_N_K_C_D
+            if start > 0:  # earlier windows' keys and values, with this window's just written
+                k_N_K_C_D, v_N_K_C_D = keys_S_K_T_D[slots_N, :, :end], values_S_K_T_D[slots_N, :, :end]
             # Prefill runs once per request, so repeating the kv heads (as HF does) costs little.
-            k_N_H_L_D = k_N_K_L_D.repeat_interleave(s.group_size, dim=1)
-            v_N_H_L_D = v_N_K_L_D.repeat_interleave(s.group_size, dim=1)
-            attended_N_H_L_D = F.scaled_dot_product_attention(
-                q_N_H_L_D,
-                k_N_H_L_D,
-                v_N_H_L_D,
-                attn_mask=mask_N_1_L_L,
-                is_causal=mask_N_1_L_L is None,
+            k_N_H_T_D = k_N_K_C_D.repeat_interleave(s.group_size, dim=1)
+            v_N_H_T_D = v_N_K_C_D.repeat_interleave(s.group_size, dim=1)
+            attended_N_H_C_D = F.scaled_dot_product_attention(
+                q_N_H_C_D,
+                k_N_H_T_D,
+                v_N_H_T_D,
+                attn_mask=mask_N_1_C_T,
+                is_causal=mask_N_1_C_T is None,
                 scale=self._scaling,
             )
-            attended_N_L_HD = attended_N_H_L_D.transpose(1, 2).reshape(num_rows, width, s.num_heads * s.head_dim)
-            hidden_N_L_E = hidden_N_L_E + _linear(attended_N_L_HD, attention.o_proj)
-            hidden_N_L_E = hidden_N_L_E + self._mlp(layer, _rms_norm(hidden_N_L_E, layer.post_attention_layernorm))
-        last_N_E = hidden_N_L_E[torch.arange(num_rows, device=hidden_N_L_E.device), lengths_N - 1]
-        return self._logits(last_N_E)
+            attended_N_C_HD = attended_N_H_C_D.transpose(1, 2).reshape(num_rows, columns, s.num_heads * s.head_dim)
+            hidden_N_C_E = hidden_N_C_E + _linear(attended_N_C_HD, attention.o_proj)
+            hidden_N_C_E = hidden_N_C_E + self._mlp(layer, _rms_norm(hidden_N_C_E, layer.post_attention_layernorm))
+        return hidden_N_C_E
 
     # ----- decode ----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from slime_meta.arguments import MetaConfig
 from slime_meta.arguments_objectives import read_context
 from slime_meta.backends.local.channels import LossSettings
+from slime_meta.backends.local.gpu_split import check_shared_gpu, worker_memory_args
 from slime_meta.backends.local.launcher import PortInUse
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
 from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
@@ -176,6 +177,9 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
     student_model = None
     if cfg.separate_student and not external_student_url:
         student_model = check_model_dir(p.student_checkpoint or p.hf_checkpoint, "--student-checkpoint")
+    layouts = [(teacher_layout.num_workers, teacher_layout.gpu_ids)]
+    layouts += [(student_layout.num_workers, student_layout.gpu_ids)] if student_model is not None else []
+    check_shared_gpu(cfg, teacher_model, layouts)  # exit 2 before anything starts when they cannot fit
     teacher = _start_pool(
         processes, "teacher", teacher_model, teacher_layout, cfg, logs,
         weights_root=str(run_dir / "weights"), router_port=p.teacher_port, port_flag="--teacher-port",
@@ -196,6 +200,7 @@ def _start_pool(processes, name, model, layout: WorkerLayout, cfg: MetaConfig, l
         return processes.start_pool(
             name, model, layout.num_workers, device=cfg.pools.device, gpu_ids=layout.gpu_ids,
             weights_root=weights_root, log_dir=logs, router_port=router_port,
+            worker_args=worker_memory_args(cfg.pools.sglang_mem_fraction_static, cfg.pools.sglang_chunked_prefill_size),
         )  # fmt: skip
     except PortInUse as error:
         raise UserInputError(
