@@ -337,8 +337,9 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--sglang-mem-fraction-static", type=_open_fraction, default=None,
         help="Fraction of the GPU's total memory each inference worker may hold for weights plus its static KV "
              "cache (SGLang's --mem-fraction-static); local backend: passed to the workers, and a split with the "
-             "trainer on the same GPU that cannot fit is refused at start. Default: not set (local workers keep up "
-             "to 30%% of the memory free when they start; no split check of the workers' share).")
+             "trainer on the same GPU that cannot fit is refused at start. Default: not set: when local workers share the "
+             "trainer's GPU, each gets an equal part of at most 0.3 of it (never more than the trainer's estimate "
+             "leaves); otherwise workers keep up to 30%% of the memory free when they start.")
     add("--sglang-chunked-prefill-size", type=_prefill_chunk, default=None,
         help="Tokens per prefill forward in the inference workers (SGLang's --chunked-prefill-size; -1: off). "
              "Default: not set (local workers prefill whole prompts).")

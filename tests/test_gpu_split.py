@@ -15,6 +15,7 @@ from slime_meta.arguments import parse_config
 from slime_meta.backends.local import components
 from slime_meta.backends.local.gpu_split import (
     check_shared_gpu,
+    default_worker_fraction,
     estimate_trainer,
     gpu_split_problem,
     model_size,
@@ -84,6 +85,20 @@ def test_reference_weights_and_recompute_change_the_estimate() -> None:
     assert estimate_trainer(**shape, recompute=True, with_reference=False).activation_bytes < plain.activation_bytes / 4
 
 
+def test_without_the_flag_workers_beside_the_trainer_share_what_it_leaves() -> None:
+    total = 80 * GB
+    # A small trainer leaves plenty: the workers together get AUTO_WORKERS_SHARE (0.3) of the GPU.
+    assert default_worker_fraction(total_bytes=total, trainer=trainer(5, 2), num_workers=1) == 0.3
+    assert default_worker_fraction(total_bytes=total, trainer=trainer(5, 2), num_workers=3) == 0.1
+    # A large one leaves less: an equal part of what is left, and the split then fits.
+    big = trainer(55, 10)
+    fraction = default_worker_fraction(total_bytes=total, trainer=big, num_workers=2)
+    assert 0 < fraction < 0.15
+    assert gpu_split_problem(total_bytes=total, trainer=big, num_workers=2, worker_fraction=fraction) is None
+    # Nothing left: no share, and the check names the trainer's flags.
+    assert default_worker_fraction(total_bytes=total, trainer=trainer(70, 20), num_workers=1) is None
+
+
 def test_workers_on_the_trainers_gpu() -> None:
     assert workers_on_first_gpu([(2, None)]) == 2  # workers that see the devices as they are share GPU 0
     assert workers_on_first_gpu([(2, (0, 1)), (1, (2,))]) == 1
@@ -150,3 +165,6 @@ def test_cuda_check_refuses_a_split_that_cannot_fit(tmp_path: Path) -> None:
         check_shared_gpu(refused, str(tmp_path), [(1, None)])
     most = float(str(error.value).split("at most ")[1].split()[0])
     check_shared_gpu(parse_config([*BASE, "--sglang-mem-fraction-static", str(most), *flags]), str(tmp_path), [(1, None)])
+    # Without the flag the check picks a share that fits.
+    auto = check_shared_gpu(parse_config([*BASE, *flags]), str(tmp_path), [(1, None)])
+    assert auto is not None and 0 < auto <= min(0.3, most)

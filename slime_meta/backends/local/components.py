@@ -179,28 +179,31 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
         student_model = check_model_dir(p.student_checkpoint or p.hf_checkpoint, "--student-checkpoint")
     layouts = [(teacher_layout.num_workers, teacher_layout.gpu_ids)]
     layouts += [(student_layout.num_workers, student_layout.gpu_ids)] if student_model is not None else []
-    check_shared_gpu(cfg, teacher_model, layouts)  # exit 2 before anything starts when they cannot fit
+    # exit 2 before anything starts when they cannot fit; without the flag, the workers' share of the trainer's GPU
+    worker_fraction = check_shared_gpu(cfg, teacher_model, layouts)
+    worker_args = worker_memory_args(worker_fraction, cfg.pools.sglang_chunked_prefill_size)
     teacher = _start_pool(
-        processes, "teacher", teacher_model, teacher_layout, cfg, logs,
+        processes, "teacher", teacher_model, teacher_layout, cfg, logs, worker_args,
         weights_root=str(run_dir / "weights"), router_port=p.teacher_port, port_flag="--teacher-port",
     )  # fmt: skip
     if external_student_url:
         return teacher, external_student_url
     if student_model is not None:
         student = _start_pool(
-            processes, "student", student_model, student_layout, cfg, logs,
+            processes, "student", student_model, student_layout, cfg, logs, worker_args,
             weights_root=None, router_port=p.student_router_port, port_flag="--student-router-port",
         )  # fmt: skip
         return teacher, student.router_url
     return teacher, teacher.router_url  # shared pool: the student is the same, evolving model
 
 
-def _start_pool(processes, name, model, layout: WorkerLayout, cfg: MetaConfig, logs: str, *, weights_root, router_port, port_flag):
+def _start_pool(processes, name, model, layout: WorkerLayout, cfg: MetaConfig, logs: str, worker_args: list[str], *,
+                weights_root, router_port, port_flag):  # fmt: skip
     try:
         return processes.start_pool(
             name, model, layout.num_workers, device=cfg.pools.device, gpu_ids=layout.gpu_ids,
             weights_root=weights_root, log_dir=logs, router_port=router_port,
-            worker_args=worker_memory_args(cfg.pools.sglang_mem_fraction_static, cfg.pools.sglang_chunked_prefill_size),
+            worker_args=worker_args,
         )  # fmt: skip
     except PortInUse as error:
         raise UserInputError(

@@ -18,6 +18,11 @@ Trainer estimate (bytes), P parameters, L layers, H hidden size, T tokens of one
   response asked for (a lower bound: prompts add to it; dynamic batching gives a real bound);
 - 1 GB per process (trainer and each worker) for the CUDA context and allocator slack, and each
   worker's activations (bounded by --sglang-chunked-prefill-size).
+
+Without --sglang-mem-fraction-static, workers that share the trainer's GPU get a share chosen
+here (`default_worker_fraction`): together at most AUTO_WORKERS_SHARE of the GPU and never more
+than the trainer's estimate leaves. The fraction caps each worker's static KV cache; a small model
+whose --max-batch-size x --static-cache-len slots need less takes only what they need.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ GB = 1e9
 PROCESS_OVERHEAD_BYTES = int(1 * GB)
 STATE_BYTES_PER_PARAM = 16  # fp32 weights + fp32 gradients + AdamW's two fp32 moments
 REFERENCE_BYTES_PER_PARAM = 4
+AUTO_WORKERS_SHARE = 0.3  # of the trainer's GPU, for all the workers on it together, when not given
 ACTIVATION_BYTES_PER_TOKEN_LAYER_UNIT = 96  # per token, per hidden unit, per layer, all kept
 RECOMPUTE_INPUT_BYTES_PER_TOKEN_LAYER_UNIT = 8  # layer inputs kept with full recompute
 RECOMPUTE_LAYER_BYTES_PER_TOKEN_UNIT = 180  # the one layer being recomputed and its backward
@@ -92,6 +98,16 @@ def gpu_split_problem(
     )
 
 
+def default_worker_fraction(*, total_bytes: int, trainer: TrainerEstimate, num_workers: int) -> float | None:
+    """Each worker's --mem-fraction-static when the run gives none: an equal part of what the trainer
+    leaves, at most AUTO_WORKERS_SHARE of the GPU for them all, rounded down to 0.001. None when
+    the trainer leaves nothing (gpu_split_problem then says so)."""
+    room = total_bytes - trainer.total_bytes - num_workers * PROCESS_OVERHEAD_BYTES
+    share = min(room, AUTO_WORKERS_SHARE * total_bytes) / num_workers / total_bytes
+    fraction = math.floor(share * 1000) / 1000
+    return fraction if fraction > 0 else None
+
+
 # ----- the call site's inputs (not pure: reads the model config and the GPU) -------------------
 
 
@@ -124,17 +140,21 @@ def model_size(model_dir: str) -> tuple[int, int, int]:
     return params, text.num_hidden_layers, text.hidden_size
 
 
-def check_shared_gpu(cfg, model_dir: str, layouts: list[tuple[int, tuple[int, ...] | None]]) -> None:
-    """Refuse (UserInputError, exit 2) a trainer-plus-workers split that cannot fit GPU 0.
+def check_shared_gpu(cfg, model_dir: str, layouts: list[tuple[int, tuple[int, ...] | None]]) -> float | None:
+    """The workers' --mem-fraction-static for a trainer-plus-workers split of GPU 0, refusing
+    (UserInputError, exit 2) one that cannot fit.
 
-    Does nothing on a machine without CUDA, with --device cpu, or when no worker shares GPU 0.
-    `cfg` is the run's MetaConfig, `layouts` the `(num_workers, gpu_ids)` of the pools started.
+    The run's --sglang-mem-fraction-static when given, else `default_worker_fraction`'s share.
+    Nothing is checked (the given fraction, or None, is returned) on a machine without CUDA, with
+    --device cpu, or when no worker shares GPU 0. `cfg` is the run's MetaConfig, `layouts` the
+    `(num_workers, gpu_ids)` of the pools started.
     """
     import torch
 
     shared = workers_on_first_gpu(layouts)
+    fraction = cfg.pools.sglang_mem_fraction_static
     if cfg.pools.device == "cpu" or not torch.cuda.is_available() or shared == 0:
-        return
+        return fraction
     t, sampling = cfg.train, cfg.sampling
     if t.use_dynamic_batch_size:
         tokens = t.max_tokens_per_gpu
@@ -146,7 +166,8 @@ def check_shared_gpu(cfg, model_dir: str, layouts: list[tuple[int, tuple[int, ..
         recompute=t.recompute_granularity == "full", with_reference=cfg.objectives.needs_reference,
     )  # fmt: skip
     total = torch.cuda.get_device_properties(0).total_memory
-    fraction = cfg.pools.sglang_mem_fraction_static
+    if fraction is None:
+        fraction = default_worker_fraction(total_bytes=total, trainer=trainer, num_workers=shared)
     problem = gpu_split_problem(total_bytes=total, trainer=trainer, num_workers=shared, worker_fraction=fraction)
     if problem is not None:
         raise UserInputError(problem)
@@ -154,3 +175,4 @@ def check_shared_gpu(cfg, model_dir: str, layouts: list[tuple[int, tuple[int, ..
         "GPU 0 (%.1f GB): trainer ~%.1f GB, %d worker(s) at --sglang-mem-fraction-static %s",
         total / GB, trainer.total_bytes / GB, shared, fraction,
     )  # fmt: skip
+    return fraction
