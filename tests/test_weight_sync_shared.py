@@ -193,3 +193,17 @@ def test_a_killed_run_leaves_no_buffer(signal_number, tiny_checkpoint, tmp_path)
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_benchmark_script_runs_on_a_toy_model(tmp_path):
+    out = tmp_path / "weight_sync.json"
+    result = subprocess.run(
+        [sys.executable, "benchmarks/weight_sync.py", "--shape", "tiny", "--device", "cpu", "--steps", "2", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["command"].startswith("benchmarks/weight_sync.py") and report["machine"]
+    for mode in ("disk", "shared-memory"):
+        assert len(report["results"][mode]["push_s"]) == 2 and report["results"][mode]["changed_from_start"]
+    assert report["results"]["shared-memory"]["same_logprobs_as_disk"] is True

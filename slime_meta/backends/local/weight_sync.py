@@ -96,7 +96,8 @@ class SharedMemoryBuffer:
     def __init__(self, name: str, tensors: dict[str, torch.Tensor], dtype: torch.dtype):
         self.name, self.dtype = name, dtype
         self.path = Path(SHARED_MEMORY_DIR) / name
-        self.entries, size = flat_layout(tensors, dtype)
+        self.entries, self.size = flat_layout(tensors, dtype)
+        size = self.size
         descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.posix_fallocate(descriptor, 0, size)  # out of /dev/shm space fails here, not as SIGBUS later
@@ -128,7 +129,8 @@ class CudaIpcBuffer:
         from torch.multiprocessing.reductions import reduce_tensor
 
         self.dtype, self.device = dtype, device
-        self.entries, size = flat_layout(tensors, dtype)
+        self.entries, self.size = flat_layout(tensors, dtype)
+        size = self.size
         self._flat = torch.empty(size, dtype=torch.uint8, device=device)
         _, fields = reduce_tensor(self._flat)
         (_, _, _, _, _, _, _, handle, storage_size, storage_offset, _, ref_handle, ref_offset, event, event_sync) = fields
