@@ -203,7 +203,7 @@ def test_benchmark_script_runs_on_a_toy_model(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["command"].startswith("benchmarks/weight_sync.py") and report["machine"]
+    assert "benchmarks/weight_sync.py --shape tiny" in report["command"] and report["machine"] and report["date"]
     for mode in ("disk", "shared-memory"):
         assert len(report["results"][mode]["push_s"]) == 2 and report["results"][mode]["changed_from_start"]
     assert report["results"]["shared-memory"]["same_logprobs_as_disk"] is True
