@@ -85,12 +85,18 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             assert sync.mode == mode, (mode, sync.mode)
             times = []
-            for step in range(args.steps + 1):
-                version += 1
-                started = time.perf_counter()
-                push_weights(trainer, list(pool.worker_urls), weights_root, version, group, sync)
-                if step:  # the first push allocates and warms up
-                    times.append(time.perf_counter() - started)
+            try:
+                for step in range(args.steps + 1):
+                    version += 1
+                    started = time.perf_counter()
+                    push_weights(trainer, list(pool.worker_urls), weights_root, version, group, sync)
+                    if step:  # the first push allocates and warms up
+                        times.append(time.perf_counter() - started)
+            except Exception as error:  # the other modes' figures still count
+                results[mode] = {"unavailable": f"push failed: {error!r}"}
+                print(f"{mode}: push failed: {error!r}", flush=True)
+                sync.close()
+                continue
             buffer_bytes = sync.buffer.size if sync.buffer is not None else None
             sync.close()
             logprobs = score()

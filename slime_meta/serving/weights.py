@@ -226,7 +226,7 @@ def read_cuda_ipc(descriptor: object, entries: object, prefix: str | None, model
                 torch.Tensor, (int(descriptor["storage_size_bytes"]),), (1,), 0, torch.storage.TypedStorage,
                 torch.uint8, device.index or 0, handle, int(descriptor["storage_size_bytes"]),
                 int(descriptor["storage_offset_bytes"]), False, base64.b64decode(descriptor["ref_counter_handle"]),
-                int(descriptor["ref_counter_offset"]), base64.b64decode(event) if event else None,
+                int(descriptor["ref_counter_offset"]), None if event is None else base64.b64decode(event),
                 bool(descriptor["event_sync_required"]),
             )  # fmt: skip
             _OPENED_IPC_BUFFERS.clear()  # a new buffer replaces the old one

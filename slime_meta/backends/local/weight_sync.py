@@ -134,7 +134,7 @@ class CudaIpcBuffer:
         self._flat = torch.empty(size, dtype=torch.uint8, device=device)
         _, fields = reduce_tensor(self._flat)
         (_, _, _, _, _, _, _, handle, storage_size, storage_offset, _, ref_handle, ref_offset, event, event_sync) = fields
-        encode = lambda raw: base64.b64encode(raw).decode() if raw else None  # noqa: E731
+        encode = lambda raw: None if raw is None else base64.b64encode(raw).decode()  # noqa: E731
         self.descriptor = {
             "gpu_uuid": gpu_uuid(device), "handle": encode(handle), "storage_size_bytes": int(storage_size),
             "storage_offset_bytes": int(storage_offset), "ref_counter_handle": encode(ref_handle),
