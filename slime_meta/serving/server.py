@@ -71,7 +71,7 @@ from slime_meta.serving.protocol import (
 )
 from slime_meta.serving.static_batch import build_fast_path
 from slime_meta.serving.weight_routes import add_weight_routes
-from slime_meta.serving.weights import remove_buffers
+from slime_meta.serving.weights import release_cuda_ipc_buffers, remove_buffers
 
 logger = logging.getLogger("slime_meta.worker")
 _HEALTH_GENERATE_TIMEOUT_S = 60.0
@@ -395,6 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     path = context.engine.decode_path
     logger.info("loaded %s on %s (%s), decode path %s", args.model_path, context.device, context.dtype, path)
     stopped_by = asyncio.run(serve(context, args.host, args.port, access_log=args.log_level == "debug"))
+    release_cuda_ipc_buffers()
     if args.weight_buffer_prefix and os.getppid() != parent_pid:
         # The launching process died without cleaning up (SIGKILL): its weight buffers go with it.
         remove_buffers(args.weight_buffer_prefix)

@@ -255,3 +255,11 @@ def remove_buffers(prefix: str) -> list[str]:
         except OSError:
             pass
     return removed
+
+
+def release_cuda_ipc_buffers() -> None:
+    """Close the trainer's buffer before this worker exits: the trainer's CUDA IPC reference counts
+    then reach zero, so it exits without torch's "shared CUDA tensors not released" warning."""
+    if _OPENED_IPC_BUFFERS:
+        _OPENED_IPC_BUFFERS.clear()
+        torch.cuda.synchronize()
