@@ -10,6 +10,7 @@ buffer).
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -74,6 +75,14 @@ def test_cuda_ipc_push_reaches_the_cuda_graph_decode_path(tiny_checkpoint, tmp_p
             assert server_info(worker)["weight_version"] == str(version)
             previous = ipc_ids
         assert not (tmp_path / "w1").exists() or not any((tmp_path / "w1").iterdir())  # nothing written to disk
+        # A restarted worker opens the trainer's buffer anew and serves the current weights.
+        restarts = ipc_group.restarts("teacher")
+        ipc_group.kill_worker("teacher", 0)
+        deadline = time.monotonic() + 120
+        while ipc_group.restarts("teacher") == restarts and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert greedy(worker, prompt) == (disk_ids, disk_logprobs)
+        assert server_info(worker)["weight_version"] == "2"
         sync.close()
     leftovers = {p.name for p in set(Path(SHARED_MEMORY_DIR).iterdir()) - shm_before}
     assert not [name for name in leftovers if "slime-meta" in name]
