@@ -382,6 +382,22 @@ async def serve(context: WorkerContext, host: str, port: int, access_log: bool) 
     return received[0]
 
 
+def _launcher_died(parent_pid: int) -> bool:
+    """The process that started this worker is gone or going (not merely one of its threads).
+
+    The parent-death signal comes when the *thread* that started this worker exits; under SIGKILL
+    that can be the main thread while the others still run, so the parent id has not changed yet:
+    a main thread that has exited shows as a zombie.
+    """
+    if os.getppid() != parent_pid:
+        return True
+    try:
+        state = open(f"/proc/{parent_pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(
@@ -396,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     logger.info("loaded %s on %s (%s), decode path %s", args.model_path, context.device, context.dtype, path)
     stopped_by = asyncio.run(serve(context, args.host, args.port, access_log=args.log_level == "debug"))
     release_cuda_ipc_buffers()
-    if args.weight_buffer_prefix and os.getppid() != parent_pid:
+    if args.weight_buffer_prefix and _launcher_died(parent_pid):
         # The launching process died without cleaning up (SIGKILL): its weight buffers go with it.
         remove_buffers(args.weight_buffer_prefix)
     # Everything is closed by now. Tearing down an interpreter with torch loaded takes about a
