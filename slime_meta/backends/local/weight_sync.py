@@ -10,7 +10,7 @@
   CUDA IPC (`/update_weights_from_cuda_ipc`); needs trainer and workers on the same physical GPU.
 - auto: cuda-ipc when the trainer and every worker are on one and the same GPU, shared-memory when
   the workers were started by this run (on this host) otherwise, disk for workers that accept no
-  same-host transfer.
+  same-host transfer or when /dev/shm has no room for the buffer (with a warning).
 
 One buffer per run, rewritten at every push. The process group writes it under the lock its
 supervisor holds while it gives a restarted worker the current weights, so a restarted worker
