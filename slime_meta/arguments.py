@@ -128,6 +128,7 @@ class TrainConfig:
     use_dynamic_batch_size: bool = False
     max_tokens_per_gpu: int | None = None
     recompute_granularity: str | None = None
+    weight_sync: str = "auto"
 
     def __post_init__(self):
         if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
@@ -374,6 +375,12 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--max-skipped-steps", type=_positive_int, default=3,
         help="Local backend: a step whose loss or gradient norm is not finite is skipped (weights, optimizer state "
              "unchanged, nothing pushed); this many in a row stop the run, the last checkpoint intact.")
+    add("--weight-sync", choices=["auto", "disk", "shared-memory", "cuda-ipc"], default="auto",
+        help="Local backend: how the trained weights reach the teacher workers after each step. disk: safetensors "
+             "under the run directory + /update_weights_from_disk; shared-memory: one /dev/shm buffer in the "
+             "workers' dtype; cuda-ipc: one CUDA buffer the workers copy from on the same GPU. Default auto: "
+             "cuda-ipc when the trainer and every teacher worker are on one and the same GPU, shared-memory for "
+             "the run's own workers otherwise, disk when /dev/shm has no room. Checkpoints (--save) are unchanged.")
 
     add_objective_arguments(groups.group)
 

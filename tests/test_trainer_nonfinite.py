@@ -138,7 +138,7 @@ def test_a_run_skips_nan_steps_pushes_nothing_and_stops_with_the_last_checkpoint
     script.write_text(INJECT.format(train=str(ROOT / "train.py"), root=str(ROOT)))
     run_dir = tmp_path / "run"
     args = synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "4", "--save", str(run_dir / "ckpt"),
-                          "--save-interval", "1", "--max-skipped-steps", "2")  # fmt: skip
+                          "--save-interval", "1", "--max-skipped-steps", "2", "--weight-sync", "disk")  # fmt: skip
     result = subprocess.run([sys.executable, str(script), "1", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     # Step 0 trains; steps 1 and 2 get a NaN gradient: skipped, and the second one stops the run.
     assert result.returncode == 1, result.stderr[-3000:]

@@ -34,6 +34,7 @@ class WorkerContext:
     max_batch_size: int
     max_positions: int | None
     embedding_rows: int
+    weight_buffer_prefix: str | None = None  # same-host weight transfers only from buffers so named
     in_flight: dict[str, GenerationJob] = field(default_factory=dict)
     generate_requests: int = 0
     weight_updates: int = 0

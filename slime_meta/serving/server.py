@@ -7,6 +7,7 @@ router) cannot tell the difference for the calls it makes.
 
     python -m slime_meta.serving --model-path DIR --host 127.0.0.1 --port P \
         [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16] [--weights-root DIR] \
+        [--weight-buffer-prefix NAME] \
         [--max-batch-size 64] [--max-prefill-tokens 16384] [--batch-wait-ms 2] [--seed 0] \
         [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info] \
         [--cuda-graphs auto|on|off] [--static-cache-len 4096] [--mem-fraction-static F] \
@@ -17,7 +18,9 @@ rows share one prefill of the prompt (see engine.py).
 
 Endpoints: GET /health, /health_generate, /get_model_info (/model_info), /get_server_info
 (/server_info); POST /generate, /update_weights_from_disk, /abort_request; GET|POST /flush_cache;
-POST /v1/completions, /v1/chat/completions, GET /v1/models.
+POST /v1/completions, /v1/chat/completions, GET /v1/models. Same-host weight transfers of our
+own (POST /update_weights_from_shared_memory, /update_weights_from_cuda_ipc, GET
+/weight_transfer_info): see weight_routes.py.
 
 Log-prob semantics (a contract with the trainer, which recomputes them for the PPO ratio):
 - `output_token_logprobs[i]` = log_softmax(logits / temperature)[token], computed in float32
@@ -69,13 +72,8 @@ from slime_meta.serving.protocol import (
     parse_generate_request,
 )
 from slime_meta.serving.static_batch import build_fast_path
-from slime_meta.serving.weights import (
-    SUPPORTED_LOAD_FORMATS,
-    WeightUpdateError,
-    copy_into_model,
-    read_checkpoint,
-    resolve_update_path,
-)
+from slime_meta.serving.weight_routes import add_weight_routes
+from slime_meta.serving.weights import release_cuda_ipc_buffers, remove_buffers
 
 logger = logging.getLogger("slime_meta.worker")
 _HEALTH_GENERATE_TIMEOUT_S = 60.0
@@ -171,52 +169,6 @@ async def handle_generate(request: web.Request) -> web.Response:
     return web.json_response(responses if is_batch else responses[0])
 
 
-def _weight_update_reply(success: bool, message: str, status: int = 200) -> web.Response:
-    return web.json_response({"success": success, "message": message, "num_paused_requests": 0}, status=status)
-
-
-async def handle_update_weights_from_disk(request: web.Request) -> web.Response:
-    # Handlers are cancelled when their client goes away (see serve); a weight update is not
-    # stopped halfway for that: the version and the counters must describe the weights served.
-    return await asyncio.shield(_update_weights_from_disk(request))
-
-
-async def _update_weights_from_disk(request: web.Request) -> web.Response:
-    context = request.app[CONTEXT_KEY]
-    try:
-        body = await read_json(request)
-    except RequestError as error:
-        return _weight_update_reply(False, str(error), 400)
-    model_path = body.get("model_path") if isinstance(body, dict) else None
-    if not isinstance(model_path, str) or not model_path:
-        return _weight_update_reply(False, "body must be an object with a 'model_path' string", 400)
-    if body.get("load_format") not in SUPPORTED_LOAD_FORMATS:
-        return _weight_update_reply(
-            False, f"load_format {body.get('load_format')!r} is not supported (safetensors only)", 400
-        )
-    requested_version = body.get("weight_version")
-    async with context.update_lock:  # one update at a time; versions stay in order
-        try:
-            directory = resolve_update_path(model_path, context.weights_root)
-            # Read and check the files before pausing generation, so the pause is only the copy.
-            tensors = await asyncio.get_running_loop().run_in_executor(None, read_checkpoint, directory, context.model)
-        except WeightUpdateError as error:
-            logger.warning("weight update refused: %s", error)
-            return _weight_update_reply(False, str(error), 400)
-        if body.get("abort_all_requests", False):
-            context.engine.abort_all("aborted for a weight update")
-        new_version = str(requested_version) if requested_version is not None else str(context.weight_updates + 1)
-
-        def swap() -> None:
-            copy_into_model(context.model, tensors)
-            context.engine.weight_version = new_version
-
-        await asyncio.wrap_future(context.engine.run_between_batches(swap))
-        context.weight_updates += 1
-    logger.info("loaded weights from %s (weight_version %s)", directory, new_version)
-    return _weight_update_reply(True, f"loaded weights from {directory}; weight_version {new_version}")
-
-
 async def handle_flush_cache(request: web.Request) -> web.Response:
     return web.Response(text="Cache flushed.\n")  # no prefix cache to flush
 
@@ -243,7 +195,7 @@ def build_app(context: WorkerContext) -> web.Application:
     for path in ("/get_server_info", "/server_info"):
         app.router.add_get(path, handle_server_info)
     app.router.add_post("/generate", handle_generate)
-    app.router.add_post("/update_weights_from_disk", handle_update_weights_from_disk)
+    add_weight_routes(app, CONTEXT_KEY, read_json)
     app.router.add_route("*", "/flush_cache", handle_flush_cache)
     app.router.add_post("/abort_request", handle_abort_request)
     tokenizer = context.tokenizer
@@ -279,6 +231,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
     parser.add_argument("--weights-root", default=None, help="only load weight updates from inside this directory")
+    parser.add_argument(
+        "--weight-buffer-prefix",
+        default=None,
+        help="accept same-host weight transfers (/dev/shm buffers named with this prefix, CUDA IPC); default: refuse them",
+    )
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-prefill-tokens", type=int, default=16384, help="padded prompt tokens per prefill")
     parser.add_argument(
@@ -412,6 +369,7 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
         model_path=args.model_path,
         tokenizer_path=tokenizer_path,
         weights_root=args.weights_root,
+        weight_buffer_prefix=args.weight_buffer_prefix,
         device=device,
         dtype=dtype,
         max_batch_size=max_batch_size,
@@ -459,6 +417,22 @@ async def serve(context: WorkerContext, host: str, port: int, access_log: bool) 
     return received[0]
 
 
+def _launcher_died(parent_pid: int) -> bool:
+    """The process that started this worker is gone or going (not merely one of its threads).
+
+    The parent-death signal comes when the *thread* that started this worker exits; under SIGKILL
+    that can be the main thread while the others still run, so the parent id has not changed yet:
+    a main thread that has exited shows as a zombie.
+    """
+    if os.getppid() != parent_pid:
+        return True
+    try:
+        state = open(f"/proc/{parent_pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(
@@ -467,10 +441,15 @@ def main(argv: list[str] | None = None) -> None:
         format=f"%(asctime)s %(levelname)s worker:{args.port} %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp.server").addFilter(RouterHttp2ProbeFilter())
+    parent_pid = os.getppid()
     context = build_context(args)
     path = context.engine.decode_path
     logger.info("loaded %s on %s (%s), decode path %s", args.model_path, context.device, context.dtype, path)
     stopped_by = asyncio.run(serve(context, args.host, args.port, access_log=args.log_level == "debug"))
+    release_cuda_ipc_buffers()
+    if args.weight_buffer_prefix and _launcher_died(parent_pid):
+        # The launching process died without cleaning up (SIGKILL): its weight buffers go with it.
+        remove_buffers(args.weight_buffer_prefix)
     # Everything is closed by now. Tearing down an interpreter with torch loaded takes about a
     # second, which every stop and restart of a pool would pay; skip it.
     logging.shutdown()

@@ -6,7 +6,6 @@ Kept apart from `run.py` so that the outer loop there reads on one screen.
 from __future__ import annotations
 
 import asyncio
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +14,9 @@ from slime_meta.arguments_objectives import read_context
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.gpu_split import check_shared_gpu, worker_memory_args
 from slime_meta.backends.local.launcher import PortInUse
+from slime_meta.backends.local import weight_sync
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
+from slime_meta.backends.local.weight_sync import WeightSync
 from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
 from slime_meta.context_budget import context_length_of
 from slime_meta.errors import UserInputError
@@ -347,29 +348,41 @@ def external_student_url(cfg: MetaConfig) -> str | None:
     return url
 
 
-def push_weights(trainer, worker_urls: list[str], weights_root: Path, version: int, processes=None) -> None:
-    """Save the trainer's weights and load them into every teacher worker.
+def push_weights(trainer, worker_urls: list[str], weights_root: Path, version: int, processes=None, sync=None) -> None:
+    """Publish the trainer's weights and load them into every teacher worker.
 
-    The router does not forward /update_weights_from_disk, so each worker is called directly
-    (as slime does). With `processes` (the run's LocalProcessGroup) the update goes through it:
-    it remembers the weights, so a worker that is down or restarting is skipped and loads them
-    when the supervisor brings it back (never the starting checkpoint next to trained workers).
-    Older weight directories are removed once every worker has moved on.
+    `sync` (the run's `WeightSync`, see weight_sync.py) picks the transfer; without one, the
+    weights go through the disk. The router does not forward weight updates, so each worker is
+    called directly (as slime does). With `processes` (the run's LocalProcessGroup) the update goes
+    through it: it publishes under its lock and remembers the update, so a worker that is down or
+    restarting is skipped and loads the same weights when the supervisor brings it back (never the
+    starting checkpoint next to trained workers). Older weight directories are removed once every
+    worker has moved on.
     """
-    directory = trainer.save_weights(weights_root / f"v{version:07d}")
+    sync = sync if sync is not None else WeightSync("disk", weights_root)
     if processes is not None:
-        processes.update_weights("teacher", str(directory.resolve()), version)
+        published = []
+
+        def publish():  # under the group's lock: no restarted worker reads a half-written buffer
+            published.append(sync.publish(trainer, version))
+            return published[0]
+
+        processes.update_weights("teacher", publish, version)
+        update = published[0]
     else:
+        update = sync.publish(trainer, version)
         for url in worker_urls:
-            reply = post_json_sync(
-                url.rstrip("/") + "/update_weights_from_disk",
-                {"model_path": str(directory.resolve()), "weight_version": str(version)},
-            )
+            reply = post_json_sync(url.rstrip("/") + update.endpoint, {**update.body, "weight_version": str(version)})
             if not reply.get("success"):
                 raise RuntimeError(f"weight update of {url} failed: {reply.get('message')}")
-    for old in weights_root.glob("v*"):
-        if old != directory:
-            shutil.rmtree(old, ignore_errors=True)
+    sync.after_push(update)
+
+
+def make_weight_sync(cfg: MetaConfig, trainer, worker_urls, weights_root: Path, processes) -> WeightSync:
+    """The run's weight transfer (--weight-sync), its buffer allocated once; the caller closes it."""
+    sync = weight_sync.make_weight_sync(cfg.train.weight_sync, trainer, worker_urls, weights_root, processes.weight_buffer_prefix)
+    print(f"weights reach the teacher workers through {sync.mode} (--weight-sync {cfg.train.weight_sync})", flush=True)
+    return sync
 
 
 def counter_metrics(teacher_pool: SGLangPool, student_pool: SGLangPool, grader) -> dict[str, float]:

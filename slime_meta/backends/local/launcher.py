@@ -51,7 +51,9 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import re
+import secrets
 import signal
 import sys
 import threading
@@ -129,6 +131,9 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         self._previous_sigterm_handler: object = None
         self._previous_sigint_handler: object = None
         self._child_setup = _die_with_parent_hook()
+        # Same-host weight buffers (/dev/shm) of this group are named with this prefix; its workers
+        # accept no other, and stop() removes every file that has it.
+        self.weight_buffer_prefix = f"slime-meta-weights-{os.getpid()}-{secrets.token_hex(4)}"
         # Guards the pools' state between the caller's threads and the supervisor; held only for
         # a spawn, a termination or a weight load: never while a process starts or the router is called.
         self._lock = threading.RLock()
@@ -203,6 +208,8 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
                 "--model-path", model_path, "--host", self._host, "--port", str(port), "--device", device,
             ]  # fmt: skip
             command += ["--weights-root", weights_root if weights_root is not None else frozen_root]
+            if weights_root is not None:
+                command += ["--weight-buffer-prefix", self.weight_buffer_prefix]
             env = self._child_env()
             if gpu_ids:
                 env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids[index % len(gpu_ids)])
@@ -303,16 +310,23 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
             process.send_signal(signal_number)
             process.wait()
 
-    def update_weights(self, pool_name: str, model_path: str, weight_version: str | int) -> list[str]:
-        """Load `model_path` into every live worker of the pool (`/update_weights_from_disk`).
+    def update_weights(self, pool_name: str, weights, weight_version: str | int) -> list[str]:
+        """Load new weights into every live worker of the pool; returns the URLs updated now.
 
-        The path is remembered first: a worker that is down or restarting is skipped and gets
-        these weights when it is back, before the router sends it anything. Returns the URLs
-        updated now. Raises RuntimeError when a live worker refuses the update.
+        `weights`: a `save_pretrained` directory (`/update_weights_from_disk`), a `WeightUpdate`, or
+        a function returning one, called under the lock the supervisor holds while it gives a
+        restarted worker the current weights (so a shared buffer is never rewritten while a
+        restarted worker reads it). The update is remembered first: a worker that is down or
+        restarting is skipped and gets these weights when it is back, before the router sends it
+        anything. Raises RuntimeError when a live worker refuses the update.
         """
+        from slime_meta.backends.local.weight_sync import WeightUpdate, disk_update
+
         with self._lock:
             pool = self._pools[pool_name]
-            previous, pool.weights = pool.weights, (str(model_path), str(weight_version))
+            update = weights() if callable(weights) else weights
+            update = update if isinstance(update, WeightUpdate) else disk_update(str(update))
+            previous, pool.weights = pool.weights, (update, str(weight_version))
             updated = []
             try:
                 for worker in pool.workers:
@@ -330,7 +344,9 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
                         raise RuntimeError(f"weight update of {worker.url} failed: {error}") from None
                     updated.append(worker.url)
             except RuntimeError:
-                pool.weights = previous  # a refused update is not what restarted workers should load
+                # A refused update is not what restarted workers should load (a shared buffer holds
+                # the refused weights by now, but the run stops on this error anyway).
+                pool.weights = previous
                 raise
             return updated
 
@@ -381,6 +397,9 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         finally:
             if locked:
                 self._lock.release()
+            from slime_meta.serving.weights import remove_buffers
+
+            remove_buffers(self.weight_buffer_prefix)
         self._restore_sigterm_handler()
 
     # ----- internals -------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ async def _run(cfg: MetaConfig) -> Path:
         solver_builder = C.make_solver_builder(cfg, pieces, teacher_pool, tokenizer)
         replayer = C.make_replayer(cfg, run_dir)
         trainer = C.make_trainer(cfg, teacher_model, tokenizer)
+        weight_sync = C.make_weight_sync(cfg, trainer, teacher_endpoints.worker_urls, weights_root, processes)
         if resume:
             trainer.load_state_dict(resume.trainer_state)
             set_rng_state(resume.trainer_state["rng"])
@@ -80,7 +81,7 @@ async def _run(cfg: MetaConfig) -> Path:
                 train_done = time.perf_counter()
                 if not train_metrics.get("train/skipped_nonfinite"):  # a skipped step left the weights as they were
                     await asyncio.to_thread(
-                        C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1, processes
+                        C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root, rollout_id + 1, processes, weight_sync
                     )
                 step_done = time.perf_counter()
                 # The step's wall time split where it is spent: waiting for the rollout (its part not
@@ -112,6 +113,7 @@ async def _run(cfg: MetaConfig) -> Path:
         finally:
             await pipeline.cancel()
             await C.close_clients(teacher_pool, student_pool, pieces.grader, replayer)
+            weight_sync.close()  # its /dev/shm file; the process group removes it too, also on SIGTERM
             tracker.finish()
     C.write_plot(run_dir)
     return run_dir

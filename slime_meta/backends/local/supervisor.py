@@ -152,10 +152,11 @@ class _Supervision:
         logger.warning("%s is back on %s (restart %d of pool %s)", worker.role, worker.url, pool.restarts, pool.endpoints.name)
 
     @staticmethod
-    def _load_weights(worker: _Child, weights: tuple[str, str]) -> None:
+    def _load_weights(worker: _Child, weights: tuple) -> None:
+        """`weights`: (WeightUpdate, version): the pool's last update, from disk or a same-host buffer."""
+        update, version = weights
         status, reply = _http_json(
-            "POST", worker.url + "/update_weights_from_disk", {"model_path": weights[0], "weight_version": weights[1]},
-            timeout_s=600.0,
+            "POST", worker.url + update.endpoint, {**update.body, "weight_version": version}, timeout_s=600.0,
         )  # fmt: skip
         if status != 200 or not (reply or {}).get("success"):
             raise RuntimeError(f"weight update of {worker.url} failed: {(reply or {}).get('message', status)}")
