@@ -139,3 +139,51 @@ def test_trainer_memory_tiny_on_cpu(tmp_path):
         assert not row.get("failed") and not row["oom"] and row["step_s"] > 0, row
     assert rows["dynamic_tokens"]["max_tokens_per_gpu"] == 512 and rows["dynamic_tokens_recompute"]["recompute_layers"]
     assert result.stdout.strip().splitlines()[-1].split()[:2] == ["tiny", "dynamic_tokens_recompute"]  # table last
+
+
+def test_step_quick_runs_the_loop_and_reports_its_parts(tmp_path):
+    """benchmarks/step.py --quick: train.py's real loop on CPU, then the replay on a fresh worker."""
+    out = tmp_path / "step.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "step.py"), "--quick", "--out", str(out), "--", "--seed", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for key in ("date", "command", "machine", "settings"):
+        assert report[key], key
+    (shape,) = report["shapes"]
+    assert shape["returncode"] == 0 and shape["steps_logged"] == 2 and shape["measured_steps"] == [1]  # step 0: warm-up
+    assert shape["train_command"].endswith("--seed 3")  # flags after -- reach train.py
+    per = shape["per_step"]
+    parts = per["perf/rollout_wait_time"] + per["perf/train_time"] + per["perf/weight_push_time"]
+    assert per["perf/step_time"] == pytest.approx(parts, rel=1e-6)
+    assert per["generated_tokens"] == per["pool/teacher_completion_tokens"] + per["pool/student_completion_tokens"] > 0
+    assert per["train/tokens"] > per["train/num_sequences"] > 0
+    prefix = shape["prefix"]
+    # Each traced request once; the pool counts a prompt once per returned row, and the control too.
+    assert 0 < prefix["prefilled_tokens"] <= per["prompt_tokens_per_row"]
+    assert 0 < prefix["repeated_prefix_tokens"] < prefix["prefilled_tokens"]  # holdout prompts share the info prefix
+    assert sum(k["requests"] for k in prefix["by_kind"].values()) == prefix["requests"]
+    bound, replay = shape["bound"], shape["replay"]
+    assert replay["prefill_only_s"] > 0 and replay["served_tokens_per_s"] > 0
+    assert bound["bound_s"] == pytest.approx(bound["generation_s"] + bound["train_s"])
+    assert bound["generation_s"] == pytest.approx(per["generated_tokens"] / replay["served_tokens_per_s"])
+    assert bound["step_vs_bound"] == pytest.approx(per["perf/step_time"] / bound["bound_s"])
+    verdicts = shape["verdicts"]
+    assert verdicts["prefix_cache_max_saving_share_of_step"] == pytest.approx(
+        replay["prefill_only_s"] / per["perf/step_time"] * prefix["repeated_share"]
+    )
+    assert set(verdicts["meets"]) == {"weight_push_share", "step_vs_bound"}  # no GPU: no memory target
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == f"json: {out}" and lines[-2].startswith("tiny: per process peak GiB")
+
+
+def test_step_prefix_sharing_counts_what_an_unbounded_cache_would_skip():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from step import prefix_sharing
+
+    requests = [{"ids": ids} for ids in ([1, 2, 3, 5], [7], [1, 2, 3, 4], [1, 2, 9])]
+    # Distinct prefixes (trie nodes): 1, 12, 123, 1234, 1235, 129, 7 = 7 of 12 tokens: 5 repeat.
+    assert prefix_sharing(requests) == {"requests": 4, "prefilled_tokens": 12, "repeated_prefix_tokens": 5,
+                                        "repeated_share": 5 / 12}  # fmt: skip
