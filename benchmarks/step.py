@@ -95,8 +95,9 @@ def make_rows(count: int, chars: int, seed: int) -> list[dict[str, Any]]:
 
 
 def padded_char_tokenizer(texts: Sequence[str], vocab_size: int):
-    """The project's character tokenizer, its vocabulary filled up to `vocab_size` with tokens no text
-    encodes to (there are no merges), so every id the random model samples decodes."""
+    """The project's character tokenizer, its vocabulary filled up to `vocab_size` with one token per
+    further Unicode character, so every id the random model samples decodes to one character that
+    encodes back to that id: a 64-token reply is 64 characters, and 64 tokens in the next prompt."""
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
@@ -105,8 +106,12 @@ def padded_char_tokenizer(texts: Sequence[str], vocab_size: int):
     base = train_char_tokenizer(texts)
     backend = base.backend_tokenizer
     vocab = dict(backend.get_vocab(with_added_tokens=False))
-    for index in range(len(vocab), vocab_size):
-        vocab[f"<unused{index}>"] = index
+    codepoint = 0x100
+    while len(vocab) < vocab_size:
+        character = chr(codepoint)
+        if not 0xD800 <= codepoint <= 0xDFFF and codepoint & 0xFFFE != 0xFFFE and character not in vocab:
+            vocab[character] = len(vocab)  # not a surrogate, not a noncharacter, not there yet
+        codepoint += 1
     padded = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=base.unk_token, byte_fallback=True))
     padded.add_special_tokens([base.bos_token, base.eos_token, base.pad_token, base.unk_token])
     padded.decoder, padded.post_processor = backend.decoder, backend.post_processor
