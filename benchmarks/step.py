@@ -5,38 +5,34 @@
     python benchmarks/step.py --quick                  # CPU, a tiny shape, 2 steps (the test suite runs this)
     python benchmarks/step.py -- --compile-layers      # extra train.py flags after --
 
-Per shape, a random-init Qwen2 model (bf16 on a GPU) with a character-level tokenizer padded to
-the model's vocabulary (151,936 ids; text encodes one token per character, so prompt lengths are
-the texts' lengths), and a generated data set of long word problems (`--problem-chars`
-characters each, 8 topics; holdout problems come from the teacher prompt's topic). The real
-loop runs: train.py, one embedded worker behind the real sglang-router, the student sharing the
-teacher's pool, the verifier grader, the trainer in the same process as train.py, all on one
-device. Step 0 is the warm-up; the figures are means over the later steps.
-
+Per shape: a random-init Qwen2 model (bf16 on a GPU), a character tokenizer padded to the model's
+151,936 ids (one token per character: prompt lengths are text lengths; each sampled id decodes to
+one character), a generated set of long word problems (`--problem-chars` each, 8 topics; holdout
+problems share the teacher prompt's topic). The real loop: train.py with its trainer, one
+embedded worker behind the real sglang-router, the student sharing the teacher's pool, the
+verifier grader, all on one device. Step 0 is the warm-up; figures are means over later steps.
 Reported per shape:
 - step time split into rollout wait / train / weight push (metrics.jsonl, `perf/*`);
 - tokens per step: generated and prompt tokens from the pool counters (`pool/{teacher,student}_*`;
-  prompt tokens count once per returned row, so an `n = m` request counts its prompt m times),
-  the prompt tokens the worker prefilled (each request once, from the step's traces), and the
-  tokens trained (`train/tokens_per_s x train/step_time`);
+  a prompt counts once per returned row, so an `n = m` request counts it m times), the prompt
+  tokens prefilled (each request once, from the step's traces), the tokens trained;
 - peak GPU memory: `nvidia-smi` sampled every `--sample-s` during the run, the device total and
   each process's (trainer = the train.py process; workers = the rest);
 - a lower bound from measured parts:
       bound = generated tokens / served tokens/s  +  trained tokens / trainer tokens/s
   served tokens/s: generation.py's served measurement (random 128-id prompts, 128 sampled tokens,
   32 in flight, 96 requests, through the pool client) repeated in this run at this shape on a
-  fresh worker after the loop (generation.py's own JSON, `--generation-json`, is printed beside
-  it for the 0.5B shape); trainer tokens/s: benchmarks/trainer_memory.py's JSON (`--trainer-json`,
-  the same shape and memory setting: dynamic batches of 8,192 tokens, full recompute; without a
-  row for the shape, this run's own train time). The bound leaves out the weight push, the
-  prefills of this step's long prompts (`bound_with_prefill_s` adds them) and every dependency
-  between requests (a chain's teacher call waits for its attempts);
+  fresh worker after the loop (generation.py's JSON, `--generation-json`, beside it at 0.5B);
+  trainer tokens/s: benchmarks/trainer_memory.py's JSON (`--trainer-json`, the same shape and
+  setting: dynamic batches of 8,192 tokens, full recompute; without a row for the shape, this
+  run's own train time). The bound leaves out the weight push, the prefills of the step's long
+  prompts (`bound_with_prefill_s` adds them) and every dependency between requests;
 - whether a prefix cache would pay: the share of the prefilled prompt tokens that repeat a prefix
-  already computed in the same step (sorted prompts: sum of neighbouring common prefixes; a cache
-  of unbounded size could skip exactly those; the no-info control's requests are not traced and
-  not counted), and the prefill time of a step: the last step's requests replayed on the fresh
-  worker with `max_new_tokens = 1`, phase by phase as the step ran them, each phase all at once. At most a prefix cache saves prefill time x
-  repeated share; it pays (by this report's rule) if that is at least 5% of a step.
+  already computed in the same step (sorted prompts: sum of neighbouring common prefixes, what a
+  cache of unbounded size could skip; the no-info control is not traced, not counted), and a
+  step's prefill time: the last step's requests replayed on the fresh worker with
+  `max_new_tokens = 1`, phase by phase as the step ran them, each phase all at once. A prefix
+  cache saves at most prefill time x repeated share; it pays (here) if that is >= 5% of a step.
 """
 
 from __future__ import annotations
@@ -51,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 from statistics import fmean
 from typing import Any, Sequence
@@ -68,7 +65,7 @@ SHAPES = {
     "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, **dict(COMMON, max_position_embeddings=4096)),
 }  # fmt: skip
-TRAINER_MEMORY_SHAPE = {"0.5b": "0.5B", "1.5b": "1.5B"}
+TRAINER_MEMORY_SHAPE = {"0.5b": "0.5B", "1.5b": "1.5B", "tiny": "tiny"}  # the shape names trainer_memory.py writes
 WORDS = ("the farmer market basket apples crate river boat morning evening price coins bag sold bought each "
          "between friends shared travelled miles garden rows seeds planted baker loaves oven hour workers "
          "factory boxes shelf library books pages class students teacher bus trip tickets").split()  # fmt: skip
@@ -231,14 +228,10 @@ def prefix_sharing(requests: list[dict]) -> dict[str, float]:
     with any prompt before it in that order, so the sum of neighbours' common prefixes is what an
     unbounded prefix cache would skip (independent of the order the requests came in)."""
     prompts = sorted(tuple(r["ids"]) for r in requests)
-    repeated = 0
-    for previous, current in zip(prompts, prompts[1:]):
-        common = 0
-        for a, b in zip(previous, current):
-            if a != b:
-                break
-            common += 1
-        repeated += common
+    repeated = sum(
+        next((i for i, (a, b) in enumerate(zip(previous, current)) if a != b), min(len(previous), len(current)))
+        for previous, current in zip(prompts, prompts[1:])
+    )
     total = sum(len(p) for p in prompts)
     return {"requests": len(prompts), "prefilled_tokens": total, "repeated_prefix_tokens": repeated,
             "repeated_share": repeated / total if total else 0.0}  # fmt: skip
@@ -247,16 +240,15 @@ def prefix_sharing(requests: list[dict]) -> dict[str, float]:
 async def replay(router_url: str, requests: list[dict], vocab: int, args: argparse.Namespace) -> dict[str, float]:
     """On a fresh worker: the step's prefills, and the served throughput as generation.py measures it.
 
-    Prefill: every request of the step once, all at once, with `max_new_tokens = 1` (the prefill
-    and the token sampled from its logits; `0` computes nothing). Served tokens/s: `--served-requests`
-    requests of `--served-prompt-len` random ids and `--served-new-tokens` sampled tokens (EOS
-    ignored), `--served-concurrency` in flight, through the project's pool client (generation.py's
-    served measurement, its defaults)."""
+    Prefill: every request of the step once with `max_new_tokens = 1` (the prefill and the token
+    sampled from its logits; `0` computes nothing). Served tokens/s: `--served` requests of random
+    ids (EOS ignored) through the project's pool client: generation.py's served measurement."""
     import torch
 
     from slime_meta.pools import SGLangPool
 
-    pool = SGLangPool(name="replay", base_url=router_url, concurrency=max(len(requests), args.served_concurrency), timeout_s=600)
+    prompt_len, new_tokens, in_flight, count = args.served
+    pool = SGLangPool(name="replay", base_url=router_url, concurrency=max(len(requests), in_flight), timeout_s=600)
     first_token = {"max_new_tokens": 1, "temperature": 1.0, "ignore_eos": True}
 
     async def prefill() -> float:
@@ -272,10 +264,10 @@ async def replay(router_url: str, requests: list[dict], vocab: int, args: argpar
         await prefill()  # warm-up: the worker's first batches at these lengths
         prefill_s = min(await prefill(), await prefill())
         g = torch.Generator().manual_seed(1)
-        batch = torch.randint(4, vocab, (args.served_requests, args.served_prompt_len), generator=g).tolist()
-        sampling = {"max_new_tokens": args.served_new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
+        batch = torch.randint(4, vocab, (count, prompt_len), generator=g).tolist()
+        sampling = {"max_new_tokens": new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
         await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=dict(sampling, max_new_tokens=4)) for p in batch[:8]])
-        gate = asyncio.Semaphore(args.served_concurrency)
+        gate = asyncio.Semaphore(in_flight)
 
         async def one(prompt: list[int]) -> int:
             async with gate:
@@ -290,24 +282,25 @@ async def replay(router_url: str, requests: list[dict], vocab: int, args: argpar
             "served_tokens_per_s": generated / served_s}  # fmt: skip
 
 
-def run_shape(name: str, args: argparse.Namespace, device: str, work: Path) -> dict[str, Any]:
+def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, result: dict[str, Any]) -> None:
+    """Fills `result` as it goes: what was measured stays when a later part fails."""
     from slime_meta.backends.local.launcher import LocalProcessGroup
 
     shape = SHAPES[name]
     rows = make_rows(args.problems, args.problem_chars, seed=0)
     data = work / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    texts = [r["prompt"] + r["rubric"] for r in rows]
-    tokenizer = padded_char_tokenizer(texts, shape["vocab_size"])
+    tokenizer = padded_char_tokenizer([r["prompt"] + r["rubric"] for r in rows], shape["vocab_size"])
     started = time.perf_counter()
     model_dir = build_model_dir(shape, tokenizer, work / "model", device)
-    result: dict[str, Any] = {"shape": name, "model": shape, "build_s": time.perf_counter() - started}
+    result.update(model=shape, build_s=time.perf_counter() - started)
     run_dir = work / "run"
     sampler = GpuMemorySampler(args.sample_s)
     log = open(work / "train.log", "wb")
     command = train_command(args, model_dir, data, run_dir, device)
     result["train_command"] = " ".join(command[1:])
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(p for p in (str(C.REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    paths = os.pathsep.join(p for p in (str(C.REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": paths}
     started = time.perf_counter()
     if device == "cuda":
         sampler.start()
@@ -329,17 +322,15 @@ def run_shape(name: str, args: argparse.Namespace, device: str, work: Path) -> d
     result["returncode"], result["steps_logged"] = returncode, len(records)
     if (returncode != 0 and not result["timed_out"]) or len(records) < 2:
         result["log_tail"] = (work / "train.log").read_text(errors="replace")[-3000:]
-        return result
+        return
     measured = records[1:] or records  # step 0 is the warm-up
     result["measured_steps"] = [r["step"] for r in measured]
-    mean = lambda key: fmean(r.get(key, 0.0) for r in measured)  # noqa: E731
     keys = ("perf/step_time", "perf/rollout_wait_time", "perf/train_time", "perf/weight_push_time", "perf/meta_rollout_time",
             "meta_learning/inner_loop_time", "pool/teacher_prompt_tokens", "pool/teacher_completion_tokens",
             "pool/student_prompt_tokens", "pool/student_completion_tokens", "pool/teacher_requests",
             "pool/student_requests", "train/step_time", "train/num_sequences")  # fmt: skip
-    result["per_step"] = {key: mean(key) for key in keys if any(key in r for r in measured)}
-    result["per_step"]["train/tokens"] = fmean(r["train/tokens_per_s"] * r["train/step_time"] for r in measured)
-    per = result["per_step"]
+    per = result["per_step"] = {key: fmean(r.get(key, 0.0) for r in measured) for key in keys if any(key in r for r in measured)}
+    per["train/tokens"] = fmean(r["train/tokens_per_s"] * r["train/step_time"] for r in measured)
     per["generated_tokens"] = per["pool/teacher_completion_tokens"] + per["pool/student_completion_tokens"]
     per["prompt_tokens_per_row"] = per["pool/teacher_prompt_tokens"] + per["pool/student_prompt_tokens"]
     traces = _jsonl(run_dir / "traces.jsonl")
@@ -352,7 +343,6 @@ def run_shape(name: str, args: argparse.Namespace, device: str, work: Path) -> d
         endpoints = group.start_pool("replay", str(model_dir), 1, device=device, weights_root=None, log_dir=str(work / "logs"))
         result["replay"] = asyncio.run(replay(endpoints.router_url, last, shape["vocab_size"], args))
     result["bound"] = lower_bound(name, args, result)
-    return result
 
 
 def lower_bound(name: str, args: argparse.Namespace, result: dict) -> dict[str, Any]:
@@ -371,7 +361,9 @@ def lower_bound(name: str, args: argparse.Namespace, result: dict) -> dict[str, 
                 and r["setting"] == setting and not r.get("oom")), None)  # fmt: skip
     if row:
         out["trainer_tokens_per_s"] = memory["batch"] * memory["seq"] / row["step_s"]
-        out["trainer_source"] = f"{args.trainer_json}: {row['shape']} {setting}, {memory['machine'].get('gpu', '?')}"
+        machine = memory.get("machine")  # trainer_memory.py writes a string, the other benchmarks a dict
+        gpu = machine.get("gpu", "?") if isinstance(machine, dict) else machine
+        out["trainer_source"] = f"{args.trainer_json}: {row['shape']} {setting}, {gpu}"
         out["train_s"] = per["train/tokens"] / out["trainer_tokens_per_s"]
     else:
         out["trainer_source"] = "no trainer JSON row for this shape: this run's own train/step_time"
@@ -391,24 +383,22 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def _read_json(path: str | None) -> dict | None:
-    if not path or not Path(path).exists():
-        return None
-    return json.loads(Path(path).read_text())
+    return json.loads(Path(path).read_text()) if path and Path(path).exists() else None
 
 
 # ----------------------------------------------------------------------------- report
 
 
 def verdicts(result: dict) -> dict[str, Any]:
-    if "per_step" not in result:
+    if not {"per_step", "replay", "bound"} <= set(result):
         return {"ran": False}
     per, mem, bound = result["per_step"], result["gpu_memory"], result["bound"]
-    prefill_share = result["replay"]["prefill_only_s"] / per["perf/step_time"]
-    saving = prefill_share * result["prefix"]["repeated_share"]
+    prefill_s = result["replay"]["prefill_only_s"]
+    saving = prefill_s / per["perf/step_time"] * result["prefix"]["repeated_share"]
     out = {
         "weight_push_share": per["perf/weight_push_time"] / per["perf/step_time"],
-        "prefill_share_of_step": prefill_share,
-        "prefill_share_of_rollout": result["replay"]["prefill_only_s"] / max(per.get("perf/meta_rollout_time", 0) or per["perf/rollout_wait_time"], 1e-9),
+        "prefill_share_of_step": prefill_s / per["perf/step_time"],
+        "prefill_share_of_rollout": prefill_s / per["meta_learning/inner_loop_time"],
         "prefix_cache_max_saving_share_of_step": saving,
         "prefix_cache_pays": saving >= 0.05,
         "meets": {"weight_push_share": per["perf/weight_push_time"] / per["perf/step_time"] <= TARGETS["weight_push_share"],
@@ -421,26 +411,27 @@ def verdicts(result: dict) -> dict[str, Any]:
 
 
 def print_table(report: dict) -> None:
-    rows = []
+    rows, notes = [], []
     for r in report["shapes"]:
-        if "per_step" not in r:
-            rows.append([r["shape"], f"failed (rc {r.get('returncode')})"] + [None] * 11)
+        v = r["verdicts"]
+        if not v.get("meets"):
+            why = "see error" if r.get("error") else f"rc {r.get('returncode')}"
+            rows.append([r["shape"], f"failed: {why}"] + [None] * 11)
             continue
-        p, b, v, m = r["per_step"], r["bound"], r["verdicts"], r["gpu_memory"]
-        rows.append([r["shape"], p["perf/step_time"], p["perf/rollout_wait_time"], p["perf/train_time"], p["perf/weight_push_time"],
-                     p["generated_tokens"], r["prefix"]["prefilled_tokens"], p["train/tokens"],
+        p, b, m, pre = r["per_step"], r["bound"], r["gpu_memory"], r["prefix"]
+        rows.append([r["shape"], p["perf/step_time"], p["perf/rollout_wait_time"], p["perf/train_time"],
+                     p["perf/weight_push_time"], p["generated_tokens"], pre["prefilled_tokens"], p["train/tokens"],
                      m.get("peak_device_gib"), b["bound_s"], b["step_vs_bound"], v["weight_push_share"],
-                     r["prefix"]["repeated_share"]])  # fmt: skip
+                     pre["repeated_share"]])  # fmt: skip
+        procs = ", ".join(f"{p['role']} {p['peak_gib']:.1f}" for p in m.get("processes", {}).values()) or "-"
+        pays = "pays" if v["prefix_cache_pays"] else "does not pay"
+        notes.append(f"{r['shape']}: per process peak GiB: {procs}; prefill {r['replay']['prefill_only_s']:.2f}s = "
+                     f"{v['prefill_share_of_step']:.1%} of a step; a prefix cache would save at most "
+                     f"{v['prefix_cache_max_saving_share_of_step']:.1%} of a step ({pays}); meets: "
+                     + ", ".join(f"{k}={'yes' if ok else 'NO'}" for k, ok in v["meets"].items()))  # fmt: skip
     print(C.table(rows, ["shape", "step s", "rollout s", "train s", "push s", "gen tok", "prefill tok", "train tok",
                          "peak GiB", "bound s", "step/bound", "push share", "prefix repeat"]))  # fmt: skip
-    for r in report["shapes"]:
-        if "verdicts" in r and "per_step" in r:
-            v = r["verdicts"]
-            procs = ", ".join(f"{p['role']} {p['peak_gib']:.1f}" for p in r["gpu_memory"].get("processes", {}).values())
-            print(f"{r['shape']}: per process peak GiB: {procs or '-'}; prefill {r['replay']['prefill_only_s']:.2f}s = "
-                  f"{v['prefill_share_of_step']:.1%} of a step; a prefix cache would save at most "
-                  f"{v['prefix_cache_max_saving_share_of_step']:.1%} of a step ({'pays' if v['prefix_cache_pays'] else 'does not pay'}); "
-                  "meets: " + ", ".join(f"{k}={'yes' if ok else 'NO'}" for k, ok in v["meets"].items()))  # fmt: skip
+    print("\n".join(notes))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -458,10 +449,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inner-iterations", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=64, help="student and teacher output tokens")
     p.add_argument("--max-tokens-per-gpu", type=int, default=8192)
-    p.add_argument("--served-prompt-len", type=int, default=128, help="served tokens/s: prompt ids per request")
-    p.add_argument("--served-new-tokens", type=int, default=128, help="served tokens/s: tokens sampled per request")
-    p.add_argument("--served-concurrency", type=int, default=32, help="served tokens/s: requests in flight")
-    p.add_argument("--served-requests", type=int, default=96, help="served tokens/s: requests timed")
+    p.add_argument("--served", type=int, nargs=4, default=[128, 128, 32, 96],
+                   metavar=("PROMPT", "NEW", "IN_FLIGHT", "REQUESTS"),
+                   help="served tokens/s: prompt ids, sampled tokens, in flight, timed")
     p.add_argument("--sample-s", type=float, default=0.2, help="nvidia-smi sampling interval")
     p.add_argument("--run-timeout-s", type=float, default=1800,
                    help="stop train.py after this long; the steps it logged by then are reported (two at least)")
@@ -473,7 +463,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.device, args.steps, args.problem_chars, args.new_tokens, args.g = "cpu", 2, 200, 8, 4
-        args.served_prompt_len, args.served_new_tokens, args.served_concurrency, args.served_requests = 16, 16, 4, 8
+        args.served = [16, 16, 4, 8]
     return args
 
 
@@ -490,7 +480,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for name in names:
         with tempfile.TemporaryDirectory(prefix=f"bench-step-{name}-") as tmp:
             print(f"  {name}: running {args.steps} steps", file=sys.stderr, flush=True)
-            result = run_shape(name, args, device, Path(tmp))
+            result: dict[str, Any] = {"shape": name}
+            try:
+                run_shape(name, args, device, Path(tmp), result)
+            except Exception:  # noqa: BLE001 (the figures measured so far are kept and reported)
+                result["error"] = traceback.format_exc()[-3000:]
+                print(result["error"], file=sys.stderr, flush=True)
         result["verdicts"] = verdicts(result)
         report["shapes"].append(result)
         path = C.write_json(report, out)  # after each shape: a later one that fails keeps the earlier

@@ -187,3 +187,43 @@ def test_step_prefix_sharing_counts_what_an_unbounded_cache_would_skip():
     # Distinct prefixes (trie nodes): 1, 12, 123, 1234, 1235, 129, 7 = 7 of 12 tokens: 5 repeat.
     assert prefix_sharing(requests) == {"requests": 4, "prefilled_tokens": 12, "repeated_prefix_tokens": 5,
                                         "repeated_share": 5 / 12}  # fmt: skip
+
+
+def test_step_report_reads_the_shipped_trainer_and_generation_results(capsys):
+    """The GPU-only parts of step.py's report (the quick mode has no trainer row and no GPU memory),
+    on the result files this repository ships and a step's figures as run_shape records them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import step
+
+    args = step.parse_args([])
+    trainer = json.loads(Path(args.trainer_json).read_text())
+    shapes = []
+    for name, trainer_shape in (("0.5b", "0.5B"), ("1.5b", "1.5B")):
+        result = {
+            "shape": name,
+            "per_step": {"perf/step_time": 10.0, "perf/rollout_wait_time": 7.0, "perf/train_time": 2.7,
+                         "perf/weight_push_time": 0.3, "meta_learning/inner_loop_time": 7.0, "generated_tokens": 8000.0,
+                         "train/tokens": 64000.0, "train/step_time": 2.7},
+            "replay": {"prefill_only_s": 2.0, "served_tokens_per_s": 4000.0},
+            "prefix": {"prefilled_tokens": 200000.0, "repeated_share": 0.25},
+            "gpu_memory": {"available": True, "peak_device_gib": 30.0,
+                           "processes": {"11": {"role": "worker", "peak_gib": 10.0}, "12": {"role": "trainer (train.py)", "peak_gib": 20.0}}},
+        }  # fmt: skip
+        result["bound"] = step.lower_bound(name, args, result)
+        result["verdicts"] = step.verdicts(result)
+        row = next(r for r in trainer["rows"] if r["shape"] == trainer_shape and r["setting"] == "dynamic_tokens_recompute")
+        bound = result["bound"]
+        assert bound["trainer_tokens_per_s"] == pytest.approx(trainer["batch"] * trainer["seq"] / row["step_s"])
+        assert bound["train_s"] == pytest.approx(64000.0 / bound["trainer_tokens_per_s"])
+        assert bound["bound_s"] == pytest.approx(8000.0 / 4000.0 + bound["train_s"])
+        assert bound["bound_with_prefill_s"] == pytest.approx(bound["bound_s"] + 2.0)
+        assert ("served_tokens_per_s_generation_json" in bound) == (name == "0.5b")  # generation.py measured 0.5B only
+        v = result["verdicts"]
+        assert v["meets"]["peak_gpu_gib"] == (name == "1.5b")  # 30 GiB: over 0.5B's 24, under 1.5B's 80
+        assert v["meets"]["weight_push_share"] is True and v["weight_push_share"] == pytest.approx(0.03)
+        assert v["prefix_cache_max_saving_share_of_step"] == pytest.approx(0.2 * 0.25) and v["prefix_cache_pays"]
+        shapes.append(result)
+    step.print_table({"shapes": shapes})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2].startswith("0.5b: per process peak GiB: worker 10.0, trainer (train.py) 20.0")
+    assert "peak_gpu_gib=NO" in lines[-2] and "peak_gpu_gib=yes" in lines[-1]
