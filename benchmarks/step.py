@@ -436,7 +436,7 @@ def print_table(report: dict) -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=("0.5b", "1.5b", "both"), default="both")
+    p.add_argument("--shape", choices=("0.5b", "1.5b", "both", "tiny"), default="both", help="tiny: --quick's model")
     p.add_argument("--steps", type=int, default=4, help="outer steps per shape; the first is the warm-up")
     p.add_argument("--device", default="auto")
     p.add_argument("--problems", type=int, default=64, help="rows of the generated data set (8 topics)")
