@@ -63,7 +63,7 @@ SHAPES = {
     "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                  num_attention_heads=12, num_key_value_heads=2, **COMMON),
     "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, **dict(COMMON, max_position_embeddings=4096)),
+                 num_attention_heads=4, num_key_value_heads=2, **dict(COMMON, max_position_embeddings=8192)),
 }  # fmt: skip
 TRAINER_MEMORY_SHAPE = {"0.5b": "0.5B", "1.5b": "1.5B", "tiny": "tiny"}  # the shape names trainer_memory.py writes
 WORDS = ("the farmer market basket apples crate river boat morning evening price coins bag sold bought each "
