@@ -139,3 +139,91 @@ def test_trainer_memory_tiny_on_cpu(tmp_path):
         assert not row.get("failed") and not row["oom"] and row["step_s"] > 0, row
     assert rows["dynamic_tokens"]["max_tokens_per_gpu"] == 512 and rows["dynamic_tokens_recompute"]["recompute_layers"]
     assert result.stdout.strip().splitlines()[-1].split()[:2] == ["tiny", "dynamic_tokens_recompute"]  # table last
+
+
+def test_step_quick_runs_the_loop_and_reports_its_parts(tmp_path):
+    """benchmarks/step.py --quick: train.py's real loop on CPU, then the replay on a fresh worker."""
+    out = tmp_path / "step.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "step.py"), "--quick", "--out", str(out), "--", "--seed", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for key in ("date", "command", "machine", "settings"):
+        assert report[key], key
+    (shape,) = report["shapes"]
+    assert shape["returncode"] == 0 and shape["steps_logged"] == 2 and shape["measured_steps"] == [1]  # step 0: warm-up
+    assert shape["train_command"].endswith("--seed 3")  # flags after -- reach train.py
+    per = shape["per_step"]
+    parts = per["perf/rollout_wait_time"] + per["perf/train_time"] + per["perf/weight_push_time"]
+    assert per["perf/step_time"] == pytest.approx(parts, rel=1e-6)
+    assert per["generated_tokens"] == per["pool/teacher_completion_tokens"] + per["pool/student_completion_tokens"] > 0
+    assert per["train/tokens"] > per["train/num_sequences"] > 0
+    prefix = shape["prefix"]
+    # Each traced request once; the pool counts a prompt once per returned row, and the control too.
+    assert 0 < prefix["prefilled_tokens"] <= per["prompt_tokens_per_row"]
+    assert 0 < prefix["repeated_prefix_tokens"] < prefix["prefilled_tokens"]  # holdout prompts share the info prefix
+    assert sum(k["requests"] for k in prefix["by_kind"].values()) == prefix["requests"]
+    bound, replay = shape["bound"], shape["replay"]
+    assert replay["prefill_only_s"] > 0 and replay["served_tokens_per_s"] > 0
+    assert bound["bound_s"] == pytest.approx(bound["generation_s"] + bound["train_s"])
+    assert bound["generation_s"] == pytest.approx(per["generated_tokens"] / replay["served_tokens_per_s"])
+    assert bound["step_vs_bound"] == pytest.approx(per["perf/step_time"] / bound["bound_s"])
+    verdicts = shape["verdicts"]
+    assert verdicts["prefix_cache_max_saving_share_of_step"] == pytest.approx(
+        replay["prefill_only_s"] / per["perf/step_time"] * prefix["repeated_share"]
+    )
+    assert set(verdicts["meets"]) == {"weight_push_share", "step_vs_bound"}  # no GPU: no memory target
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == f"json: {out}" and lines[-2].startswith("tiny: per process peak GiB")
+
+
+def test_step_prefix_sharing_counts_what_an_unbounded_cache_would_skip():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from step import prefix_sharing
+
+    requests = [{"ids": ids} for ids in ([1, 2, 3, 5], [7], [1, 2, 3, 4], [1, 2, 9])]
+    # Distinct prefixes (trie nodes): 1, 12, 123, 1234, 1235, 129, 7 = 7 of 12 tokens: 5 repeat.
+    assert prefix_sharing(requests) == {"requests": 4, "prefilled_tokens": 12, "repeated_prefix_tokens": 5,
+                                        "repeated_share": 5 / 12}  # fmt: skip
+
+
+def test_step_report_reads_the_shipped_trainer_and_generation_results(capsys):
+    """The GPU-only parts of step.py's report (the quick mode has no trainer row and no GPU memory),
+    on the result files this repository ships and a step's figures as run_shape records them."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import step
+
+    args = step.parse_args([])
+    trainer = json.loads(Path(args.trainer_json).read_text())
+    shapes = []
+    for name, trainer_shape in (("0.5b", "0.5B"), ("1.5b", "1.5B")):
+        result = {
+            "shape": name,
+            "per_step": {"perf/step_time": 10.0, "perf/rollout_wait_time": 7.0, "perf/train_time": 2.7,
+                         "perf/weight_push_time": 0.3, "meta_learning/inner_loop_time": 7.0, "generated_tokens": 8000.0,
+                         "train/tokens": 64000.0, "train/step_time": 2.7},
+            "replay": {"prefill_only_s": 2.0, "served_tokens_per_s": 4000.0},
+            "prefix": {"prefilled_tokens": 200000.0, "repeated_share": 0.25},
+            "gpu_memory": {"available": True, "peak_device_gib": 30.0,
+                           "processes": {"11": {"role": "worker", "peak_gib": 10.0}, "12": {"role": "trainer (train.py)", "peak_gib": 20.0}}},
+        }  # fmt: skip
+        result["bound"] = step.lower_bound(name, args, result)
+        result["verdicts"] = step.verdicts(result)
+        row = next(r for r in trainer["rows"] if r["shape"] == trainer_shape and r["setting"] == "dynamic_tokens_recompute")
+        bound = result["bound"]
+        assert bound["trainer_tokens_per_s"] == pytest.approx(trainer["batch"] * trainer["seq"] / row["step_s"])
+        assert bound["train_s"] == pytest.approx(64000.0 / bound["trainer_tokens_per_s"])
+        assert bound["bound_s"] == pytest.approx(8000.0 / 4000.0 + bound["train_s"])
+        assert bound["bound_with_prefill_s"] == pytest.approx(bound["bound_s"] + 2.0)
+        assert ("served_tokens_per_s_generation_json" in bound) == (name == "0.5b")  # generation.py measured 0.5B only
+        v = result["verdicts"]
+        assert v["meets"]["peak_gpu_gib"] == (name == "1.5b")  # 30 GiB: over 0.5B's 24, under 1.5B's 80
+        assert v["meets"]["weight_push_share"] is True and v["weight_push_share"] == pytest.approx(0.03)
+        assert v["prefix_cache_max_saving_share_of_step"] == pytest.approx(0.2 * 0.25) and v["prefix_cache_pays"]
+        shapes.append(result)
+    step.print_table({"shapes": shapes})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2].startswith("0.5b: per process peak GiB: worker 10.0, trainer (train.py) 20.0")
+    assert "peak_gpu_gib=NO" in lines[-2] and "peak_gpu_gib=yes" in lines[-1]

@@ -1,0 +1,499 @@
+"""The whole outer loop on one GPU: `train.py --use-meta-learning` at Qwen2.5-0.5B and 1.5B shapes.
+
+    python benchmarks/step.py                          # GPU: both shapes
+    python benchmarks/step.py --shape 0.5b --steps 4   # one shape
+    python benchmarks/step.py --quick                  # CPU, a tiny shape, 2 steps (the test suite runs this)
+    python benchmarks/step.py -- --compile-layers      # extra train.py flags after --
+
+Per shape: a random-init Qwen2 model (bf16 on a GPU), a character tokenizer padded to the model's
+151,936 ids (one token per character: prompt lengths are text lengths; each sampled id decodes to
+one character), a generated set of long word problems (`--problem-chars` each, 8 topics; holdout
+problems share the teacher prompt's topic). The real loop: train.py with its trainer, one
+embedded worker behind the real sglang-router, the student sharing the teacher's pool, the
+verifier grader, all on one device. Step 0 is the warm-up; figures are means over later steps.
+Reported per shape:
+- step time split into rollout wait / train / weight push (metrics.jsonl, `perf/*`);
+- tokens per step: generated and prompt tokens from the pool counters (`pool/{teacher,student}_*`;
+  a prompt counts once per returned row, so an `n = m` request counts it m times), the prompt
+  tokens prefilled (each request once, from the step's traces), the tokens trained;
+- peak GPU memory: `nvidia-smi` sampled every `--sample-s` during the run, the device total and
+  each process's (trainer = the train.py process; workers = the rest);
+- a lower bound from measured parts:
+      bound = generated tokens / served tokens/s  +  trained tokens / trainer tokens/s
+  served tokens/s: generation.py's served measurement (random 128-id prompts, 128 sampled tokens,
+  32 in flight, 96 requests, through the pool client) repeated in this run at this shape on a
+  fresh worker after the loop (generation.py's JSON, `--generation-json`, beside it at 0.5B);
+  trainer tokens/s: benchmarks/trainer_memory.py's JSON (`--trainer-json`, the same shape and
+  setting: dynamic batches of 8,192 tokens, full recompute; without a row for the shape, this
+  run's own train time). The bound leaves out the weight push, the prefills of the step's long
+  prompts (`bound_with_prefill_s` adds them) and every dependency between requests;
+- whether a prefix cache would pay: the share of the prefilled prompt tokens that repeat a prefix
+  already computed in the same step (sorted prompts: sum of neighbouring common prefixes, what a
+  cache of unbounded size could skip; the no-info control is not traced, not counted), and a
+  step's prefill time: the last step's requests replayed on the fresh worker with
+  `max_new_tokens = 1`, phase by phase as the step ran them, each phase all at once. A prefix
+  cache saves at most prefill time x repeated share; it pays (here) if that is >= 5% of a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from statistics import fmean
+from typing import Any, Sequence
+
+import _common as C  # noqa: E402 (puts the repo root on sys.path)
+
+TARGETS = {"peak_gpu_gib_0.5b": 24.0, "peak_gpu_gib_1.5b": 80.0, "weight_push_share": 0.05, "step_vs_bound": 1.5}
+COMMON = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+              hidden_act="silu", use_sliding_window=False)  # fmt: skip
+SHAPES = {
+    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, **COMMON),
+    "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                 num_attention_heads=12, num_key_value_heads=2, **COMMON),
+    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, **dict(COMMON, max_position_embeddings=8192)),
+}  # fmt: skip
+TRAINER_MEMORY_SHAPE = {"0.5b": "0.5B", "1.5b": "1.5B", "tiny": "tiny"}  # the shape names trainer_memory.py writes
+WORDS = ("the farmer market basket apples crate river boat morning evening price coins bag sold bought each "
+         "between friends shared travelled miles garden rows seeds planted baker loaves oven hour workers "
+         "factory boxes shelf library books pages class students teacher bus trip tickets").split()  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- model, tokenizer, data
+
+
+def make_rows(count: int, chars: int, seed: int) -> list[dict[str, Any]]:
+    """Word problems of about `chars` characters: a long story with two numbers, then the question."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        a, b = rng.randint(10, 999), rng.randint(10, 999)
+        story = []
+        while sum(len(s) + 1 for s in story) < chars - 120:
+            story.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))).capitalize() + ".")
+        middle = len(story) // 2
+        story.insert(middle, f"In the first part there were {a} items.")
+        story.append(f"Later {b} more items arrived.")
+        rows.append({"prompt": " ".join(story) + " How many items were there in total?", "label": str(a + b),
+                     "rubric": f"Full credit: final answer {a + b}; {a} + {b}.", "topic": f"topic{i % 8}"})  # fmt: skip
+    return rows
+
+
+def padded_char_tokenizer(texts: Sequence[str], vocab_size: int):
+    """The project's character tokenizer, its vocabulary filled up to `vocab_size` with one token per
+    further Unicode character, so every id the random model samples decodes to one character that
+    encodes back to that id: a 64-token reply is 64 characters, and 64 tokens in the next prompt."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from slime_meta.models.tiny import train_char_tokenizer
+
+    base = train_char_tokenizer(texts)
+    backend = base.backend_tokenizer
+    vocab = dict(backend.get_vocab(with_added_tokens=False))
+    codepoint = 0x100
+    while len(vocab) < vocab_size:
+        character = chr(codepoint)
+        if not 0xD800 <= codepoint <= 0xDFFF and codepoint & 0xFFFE != 0xFFFE and character not in vocab:
+            vocab[character] = len(vocab)  # not a surrogate, not a noncharacter, not there yet
+        codepoint += 1
+    padded = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=base.unk_token, byte_fallback=True))
+    padded.add_special_tokens([base.bos_token, base.eos_token, base.pad_token, base.unk_token])
+    padded.decoder, padded.post_processor = backend.decoder, backend.post_processor
+    return PreTrainedTokenizerFast(
+        tokenizer_object=padded, bos_token=base.bos_token, eos_token=base.eos_token, pad_token=base.pad_token,
+        unk_token=base.unk_token, model_max_length=10**9,
+    )  # fmt: skip
+
+
+def build_model_dir(shape: dict, tokenizer, out: Path, device: str) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    with torch.device(device):  # random init on the GPU: seconds
+        model = AutoModelForCausalLM.from_config(Qwen2Config(**shape, **ids))
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model.to(dtype).save_pretrained(out)
+    del model
+    tokenizer.save_pretrained(out)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+# ----------------------------------------------------------------------------- GPU memory
+
+
+class GpuMemorySampler(threading.Thread):
+    """Samples `nvidia-smi` (device total and per process) until stopped; keeps the peaks."""
+
+    def __init__(self, interval_s: float):
+        super().__init__(daemon=True)
+        self.interval_s, self.stopped = interval_s, threading.Event()
+        self.peak_total_mib, self.peak_by_pid_mib, self.samples, self.available = 0.0, {}, 0, True
+        self.started, self.first_seen_s = time.perf_counter(), {}  # when each pid first held memory
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                total = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                       capture_output=True, text=True, timeout=10).stdout.split()  # fmt: skip
+                apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                                      capture_output=True, text=True, timeout=10).stdout.splitlines()  # fmt: skip
+            except (OSError, subprocess.TimeoutExpired):
+                self.available = False
+                return
+            self.peak_total_mib = max(self.peak_total_mib, float(total[0]) if total else 0.0)
+            for line in apps:
+                pid, _, used = line.partition(",")
+                if used.strip().isdigit():
+                    self.peak_by_pid_mib[pid.strip()] = max(self.peak_by_pid_mib.get(pid.strip(), 0.0), float(used))
+                    self.first_seen_s.setdefault(pid.strip(), time.perf_counter() - self.started)
+            self.samples += 1
+            self.stopped.wait(self.interval_s)
+
+    def report(self, trainer_pid: int) -> dict[str, Any]:
+        if not self.available or not self.samples:
+            return {"available": False}
+        processes = {}
+        for pid, mib in self.peak_by_pid_mib.items():
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                command = "(exited or outside this pid namespace)"
+            role = "trainer (train.py)" if pid == str(trainer_pid) else ("worker" if "serving" in command else "other")
+            # Outside this pid namespace (a container) the roles are unknown; the worker starts
+            # before train.py builds its trainer, so the order of first appearance tells them apart.
+            processes[pid] = {"role": role, "peak_gib": mib / 1024, "first_seen_s": round(self.first_seen_s[pid], 1)}
+        return {"available": True, "samples": self.samples, "peak_device_gib": self.peak_total_mib / 1024,
+                "processes": processes,
+                "peak_sum_of_processes_gib": sum(p["peak_gib"] for p in processes.values())}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def train_command(args: argparse.Namespace, model_dir: Path, data: Path, run_dir: Path, device: str) -> list[str]:
+    return [
+        sys.executable, str(C.REPO_ROOT / "train.py"), "--hf-checkpoint", str(model_dir), "--device", device,
+        "--prompt-data", str(data), "--input-key", "prompt", "--label-key", "label", "--rubric-key", "rubric",
+        "--group-key", "topic", "--rollout-shuffle", "--use-meta-learning",
+        "--rollout-batch-size", str(args.rollout_batch_size), "--heldout-ipb", str(args.heldout_ipb),
+        "--n-problems-per-prompt", str(args.k), "--n-samples-per-prompt", str(args.g),
+        "--num-inner-iterations", str(args.inner_iterations), "--n-samples-per-inner-prompt", str(args.m),
+        "--num-rollout", str(args.steps), "--rollout-max-response-len", str(args.new_tokens),
+        "--teacher-max-tokens", str(args.new_tokens), "--grader", "verifier", "--local-num-workers", "1",
+        "--lr", "1e-6", "--use-dynamic-batch-size", "--max-tokens-per-gpu", str(args.max_tokens_per_gpu),
+        "--recompute-granularity", "full", "--trace-sample-rate", "1", "--run-dir", str(run_dir), *args.extra,
+    ]  # fmt: skip
+
+
+def step_requests(traces: list[dict], rollout_id: int, tokenizer) -> list[dict]:
+    """Every generation request of one step, from its traces: prompt ids, `n`, and which role."""
+    requests = []
+    for record in traces:
+        if record.get("type") != "chain" or record.get("rollout_id") != rollout_id:
+            continue
+        for step in record["steps"]:
+            iteration = step.get("iteration", len(record["steps"]))  # the holdout record comes last
+            for kind, entries in (("student_train", step.get("attempts")), ("student_holdout", step.get("holdout"))):
+                counts: dict[str, int] = {}
+                for entry in entries or ():
+                    counts[entry["prompt"]] = counts.get(entry["prompt"], 0) + 1
+                requests += [{"kind": kind, "phase": (iteration, 0), "text": text, "n": n} for text, n in counts.items()]
+            if step.get("teacher_prompt"):
+                requests.append({"kind": "teacher", "phase": (iteration, 1), "text": step["teacher_prompt"], "n": 1})
+    for request in requests:
+        request["ids"] = tokenizer(request["text"], add_special_tokens=False)["input_ids"]
+    return requests
+
+
+def prefix_sharing(requests: list[dict]) -> dict[str, float]:
+    """Prompt tokens prefilled once per request, and those repeating a prefix already in the step:
+    over the sorted prompts, each shares with its predecessor exactly its longest prefix in common
+    with any prompt before it in that order, so the sum of neighbours' common prefixes is what an
+    unbounded prefix cache would skip (independent of the order the requests came in)."""
+    prompts = sorted(tuple(r["ids"]) for r in requests)
+    repeated = sum(
+        next((i for i, (a, b) in enumerate(zip(previous, current)) if a != b), min(len(previous), len(current)))
+        for previous, current in zip(prompts, prompts[1:])
+    )
+    total = sum(len(p) for p in prompts)
+    return {"requests": len(prompts), "prefilled_tokens": total, "repeated_prefix_tokens": repeated,
+            "repeated_share": repeated / total if total else 0.0}  # fmt: skip
+
+
+async def replay(router_url: str, requests: list[dict], vocab: int, args: argparse.Namespace) -> dict[str, float]:
+    """On a fresh worker: the step's prefills, and the served throughput as generation.py measures it.
+
+    Prefill: every request of the step once with `max_new_tokens = 1` (the prefill and the token
+    sampled from its logits; `0` computes nothing). Served tokens/s: `--served` requests of random
+    ids (EOS ignored) through the project's pool client: generation.py's served measurement."""
+    import torch
+
+    from slime_meta.pools import SGLangPool
+
+    prompt_len, new_tokens, in_flight, count = args.served
+    pool = SGLangPool(name="replay", base_url=router_url, concurrency=max(len(requests), in_flight), timeout_s=600)
+    first_token = {"max_new_tokens": 1, "temperature": 1.0, "ignore_eos": True}
+
+    async def prefill() -> float:
+        """Phase by phase as the step ran them (attempts of iteration 0, its teacher calls, ..., the
+        holdout attempts), each phase's requests all at once: prompts of one kind batch together."""
+        started = time.perf_counter()
+        for phase in sorted({r["phase"] for r in requests}):
+            await asyncio.gather(*[pool.generate(input_ids=r["ids"], sampling_params=first_token)
+                                   for r in requests if r["phase"] == phase])  # fmt: skip
+        return time.perf_counter() - started
+
+    try:
+        await prefill()  # warm-up: the worker's first batches at these lengths
+        prefill_s = min(await prefill(), await prefill())
+        g = torch.Generator().manual_seed(1)
+        batch = torch.randint(4, vocab, (count, prompt_len), generator=g).tolist()
+        sampling = {"max_new_tokens": new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
+        await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=dict(sampling, max_new_tokens=4)) for p in batch[:8]])
+        gate = asyncio.Semaphore(in_flight)
+
+        async def one(prompt: list[int]) -> int:
+            async with gate:
+                return len((await pool.generate(input_ids=prompt, sampling_params=sampling)).output_ids)
+
+        started = time.perf_counter()
+        generated = sum(await asyncio.gather(*[one(p) for p in batch]))
+        served_s = time.perf_counter() - started
+    finally:
+        await pool.close()
+    return {"prefill_only_s": prefill_s, "requests": len(requests), "served_s": served_s, "served_tokens": generated,
+            "served_tokens_per_s": generated / served_s}  # fmt: skip
+
+
+def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, result: dict[str, Any]) -> None:
+    """Fills `result` as it goes: what was measured stays when a later part fails."""
+    from slime_meta.backends.local.launcher import LocalProcessGroup
+
+    shape = SHAPES[name]
+    rows = make_rows(args.problems, args.problem_chars, seed=0)
+    data = work / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenizer = padded_char_tokenizer([r["prompt"] + r["rubric"] for r in rows], shape["vocab_size"])
+    started = time.perf_counter()
+    model_dir = build_model_dir(shape, tokenizer, work / "model", device)
+    result.update(model=shape, build_s=time.perf_counter() - started)
+    run_dir = work / "run"
+    sampler = GpuMemorySampler(args.sample_s)
+    log = open(work / "train.log", "wb")
+    command = train_command(args, model_dir, data, run_dir, device)
+    result["train_command"] = " ".join(command[1:])
+    paths = os.pathsep.join(p for p in (str(C.REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": paths}
+    started = time.perf_counter()
+    if device == "cuda":
+        sampler.start()
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=C.REPO_ROOT,
+                               preexec_fn=C._die_with_parent)  # noqa: PLW1509
+    result["timed_out"] = False
+    try:
+        returncode = process.wait(timeout=args.run_timeout_s)
+    except subprocess.TimeoutExpired:  # the steps logged so far still count (two at least)
+        result["timed_out"] = True
+        process.terminate()
+        returncode = process.wait(timeout=60)
+    finally:
+        sampler.stopped.set()
+        log.close()
+    result["run_wall_s"] = time.perf_counter() - started
+    result["gpu_memory"] = sampler.report(process.pid) if device == "cuda" else {"available": False}
+    records = _jsonl(run_dir / "metrics.jsonl")
+    result["returncode"], result["steps_logged"] = returncode, len(records)
+    if (returncode != 0 and not result["timed_out"]) or len(records) < 2:
+        result["log_tail"] = (work / "train.log").read_text(errors="replace")[-3000:]
+        return
+    measured = records[1:] or records  # step 0 is the warm-up
+    result["measured_steps"] = [r["step"] for r in measured]
+    keys = ("perf/step_time", "perf/rollout_wait_time", "perf/train_time", "perf/weight_push_time", "perf/meta_rollout_time",
+            "meta_learning/inner_loop_time", "pool/teacher_prompt_tokens", "pool/teacher_completion_tokens",
+            "pool/student_prompt_tokens", "pool/student_completion_tokens", "pool/teacher_requests",
+            "pool/student_requests", "train/step_time", "train/num_sequences")  # fmt: skip
+    per = result["per_step"] = {key: fmean(r.get(key, 0.0) for r in measured) for key in keys if any(key in r for r in measured)}
+    per["train/tokens"] = fmean(r["train/tokens_per_s"] * r["train/step_time"] for r in measured)
+    per["generated_tokens"] = per["pool/teacher_completion_tokens"] + per["pool/student_completion_tokens"]
+    per["prompt_tokens_per_row"] = per["pool/teacher_prompt_tokens"] + per["pool/student_prompt_tokens"]
+    traces = _jsonl(run_dir / "traces.jsonl")
+    sharing = [prefix_sharing(step_requests(traces, r["step"], tokenizer)) for r in measured]
+    result["prefix"] = {k: fmean(s[k] for s in sharing) for k in sharing[0]}
+    last = step_requests(traces, measured[-1]["step"], tokenizer)
+    result["prefix"]["by_kind"] = {kind: prefix_sharing([r for r in last if r["kind"] == kind])
+                                   for kind in ("student_train", "student_holdout", "teacher")}  # fmt: skip
+    with LocalProcessGroup(startup_timeout_s=300) as group:
+        endpoints = group.start_pool("replay", str(model_dir), 1, device=device, weights_root=None, log_dir=str(work / "logs"))
+        result["replay"] = asyncio.run(replay(endpoints.router_url, last, shape["vocab_size"], args))
+    result["bound"] = lower_bound(name, args, result)
+
+
+def lower_bound(name: str, args: argparse.Namespace, result: dict) -> dict[str, Any]:
+    """bound = generated tokens / served tokens/s + trained tokens / trainer tokens/s (see the docstring);
+    `bound_with_prefill_s` adds the step's measured prefill time (the served figure's 128-token
+    prompts leave most of this step's prefill work out; one worker does prefill and decode in turn)."""
+    per, rp = result["per_step"], result["replay"]
+    out: dict[str, Any] = {"formula": "generated tokens / served tokens/s + trained tokens / trainer tokens/s"}
+    out["served_tokens_per_s"] = rp["served_tokens_per_s"]
+    gen = _read_json(args.generation_json)
+    if gen and gen.get("model") == "qwen0.5b" and name == "0.5b":  # the same shape's figure, for comparison
+        out["served_tokens_per_s_generation_json"] = gen["served"]["concurrent"]["tokens_per_s"]
+    memory = _read_json(args.trainer_json)
+    setting = "dynamic_tokens_recompute"
+    row = next((r for r in (memory or {}).get("rows", []) if r["shape"] == TRAINER_MEMORY_SHAPE.get(name)
+                and r["setting"] == setting and not r.get("oom")), None)  # fmt: skip
+    if row:
+        out["trainer_tokens_per_s"] = memory["batch"] * memory["seq"] / row["step_s"]
+        machine = memory.get("machine")  # trainer_memory.py writes a string, the other benchmarks a dict
+        gpu = machine.get("gpu", "?") if isinstance(machine, dict) else machine
+        out["trainer_source"] = f"{args.trainer_json}: {row['shape']} {setting}, {gpu}"
+        out["train_s"] = per["train/tokens"] / out["trainer_tokens_per_s"]
+    else:
+        out["trainer_source"] = "no trainer JSON row for this shape: this run's own train/step_time"
+        out["train_s"] = per["train/step_time"]
+    out["generation_s"] = per["generated_tokens"] / rp["served_tokens_per_s"]
+    out["bound_s"] = out["generation_s"] + out["train_s"]
+    out["bound_with_prefill_s"] = out["bound_s"] + rp["prefill_only_s"]
+    out["step_vs_bound"] = per["perf/step_time"] / out["bound_s"]
+    out["step_vs_bound_with_prefill"] = per["perf/step_time"] / out["bound_with_prefill_s"]
+    return out
+
+
+def _jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file; a last line cut off by a stopped run is left out."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+def _read_json(path: str | None) -> dict | None:
+    return json.loads(Path(path).read_text()) if path and Path(path).exists() else None
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def verdicts(result: dict) -> dict[str, Any]:
+    if not {"per_step", "replay", "bound"} <= set(result):
+        return {"ran": False}
+    per, mem, bound = result["per_step"], result["gpu_memory"], result["bound"]
+    prefill_s = result["replay"]["prefill_only_s"]
+    saving = prefill_s / per["perf/step_time"] * result["prefix"]["repeated_share"]
+    out = {
+        "weight_push_share": per["perf/weight_push_time"] / per["perf/step_time"],
+        "prefill_share_of_step": prefill_s / per["perf/step_time"],
+        "prefill_share_of_rollout": prefill_s / per["meta_learning/inner_loop_time"],
+        "prefix_cache_max_saving_share_of_step": saving,
+        "prefix_cache_pays": saving >= 0.05,
+        "meets": {"weight_push_share": per["perf/weight_push_time"] / per["perf/step_time"] <= TARGETS["weight_push_share"],
+                  "step_vs_bound": bound["step_vs_bound"] <= TARGETS["step_vs_bound"]},
+    }  # fmt: skip
+    target = TARGETS.get(f"peak_gpu_gib_{result['shape']}")
+    if mem.get("available") and target:
+        out["meets"]["peak_gpu_gib"] = mem["peak_device_gib"] <= target
+    return out
+
+
+def print_table(report: dict) -> None:
+    rows, notes = [], []
+    for r in report["shapes"]:
+        v = r["verdicts"]
+        if not v.get("meets"):
+            why = "see error" if r.get("error") else f"rc {r.get('returncode')}"
+            rows.append([r["shape"], f"failed: {why}"] + [None] * 11)
+            continue
+        p, b, m, pre = r["per_step"], r["bound"], r["gpu_memory"], r["prefix"]
+        rows.append([r["shape"], p["perf/step_time"], p["perf/rollout_wait_time"], p["perf/train_time"],
+                     p["perf/weight_push_time"], p["generated_tokens"], pre["prefilled_tokens"], p["train/tokens"],
+                     m.get("peak_device_gib"), b["bound_s"], b["step_vs_bound"], v["weight_push_share"],
+                     pre["repeated_share"]])  # fmt: skip
+        procs = ", ".join(f"{p['role']} {p['peak_gib']:.1f}" for p in m.get("processes", {}).values()) or "-"
+        pays = "pays" if v["prefix_cache_pays"] else "does not pay"
+        notes.append(f"{r['shape']}: per process peak GiB: {procs}; prefill {r['replay']['prefill_only_s']:.2f}s = "
+                     f"{v['prefill_share_of_step']:.1%} of a step; a prefix cache would save at most "
+                     f"{v['prefix_cache_max_saving_share_of_step']:.1%} of a step ({pays}); meets: "
+                     + ", ".join(f"{k}={'yes' if ok else 'NO'}" for k, ok in v["meets"].items()))  # fmt: skip
+    print(C.table(rows, ["shape", "step s", "rollout s", "train s", "push s", "gen tok", "prefill tok", "train tok",
+                         "peak GiB", "bound s", "step/bound", "push share", "prefix repeat"]))  # fmt: skip
+    print("\n".join(notes))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=("0.5b", "1.5b", "both", "tiny"), default="both", help="tiny: --quick's model")
+    p.add_argument("--steps", type=int, default=4, help="outer steps per shape; the first is the warm-up")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--problems", type=int, default=64, help="rows of the generated data set (8 topics)")
+    p.add_argument("--problem-chars", type=int, default=1200, help="characters (= tokens) of each problem")
+    p.add_argument("--rollout-batch-size", type=int, default=8)
+    p.add_argument("--heldout-ipb", type=int, default=4)
+    p.add_argument("--k", type=int, default=2, help="problems per teacher prompt")
+    p.add_argument("--g", type=int, default=8, help="infos per teacher prompt")
+    p.add_argument("--m", type=int, default=2, help="attempts per inner prompt")
+    p.add_argument("--inner-iterations", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=64, help="student and teacher output tokens")
+    p.add_argument("--max-tokens-per-gpu", type=int, default=8192)
+    p.add_argument("--served", type=int, nargs=4, default=[128, 128, 32, 96],
+                   metavar=("PROMPT", "NEW", "IN_FLIGHT", "REQUESTS"),
+                   help="served tokens/s: prompt ids, sampled tokens, in flight, timed")
+    p.add_argument("--sample-s", type=float, default=0.2, help="nvidia-smi sampling interval")
+    p.add_argument("--run-timeout-s", type=float, default=1800,
+                   help="stop train.py after this long; the steps it logged by then are reported (two at least)")
+    p.add_argument("--generation-json", default=str(C.REPO_ROOT / "benchmarks/results/generation_h100.json"))
+    p.add_argument("--trainer-json", default=str(C.REPO_ROOT / "benchmarks/results/trainer_memory_h200.json"))
+    p.add_argument("--quick", action="store_true", help="CPU, a tiny shape, 2 steps, short problems")
+    p.add_argument("--out", default=None)
+    p.add_argument("extra", nargs="*", help="extra train.py flags after --, e.g. -- --compile-layers")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.device, args.steps, args.problem_chars, args.new_tokens, args.g = "cpu", 2, 200, 8, 4
+        args.served = [16, 16, 4, 8]
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    import torch
+
+    C.quiet_transformers()
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    names = ["tiny"] if args.quick else (["0.5b", "1.5b"] if args.shape == "both" else [args.shape])
+    report = C.report_header("step", {k: v for k, v in vars(args).items() if k != "out"})
+    report.update(device=device, targets=TARGETS, shapes=[])
+    out = args.out or C.default_out("step" + ("_quick" if args.quick else ""))
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix=f"bench-step-{name}-") as tmp:
+            print(f"  {name}: running {args.steps} steps", file=sys.stderr, flush=True)
+            result: dict[str, Any] = {"shape": name}
+            try:
+                run_shape(name, args, device, Path(tmp), result)
+            except Exception:  # noqa: BLE001 (the figures measured so far are kept and reported)
+                result["error"] = traceback.format_exc()[-3000:]
+                print(result["error"], file=sys.stderr, flush=True)
+        result["verdicts"] = verdicts(result)
+        report["shapes"].append(result)
+        path = C.write_json(report, out)  # after each shape: a later one that fails keeps the earlier
+    print_table(report)
+    print(f"json: {path}")
+    return report
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
