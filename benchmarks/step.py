@@ -54,6 +54,8 @@ from typing import Any, Sequence
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 
+from slime_meta.tracking import jsonl_lines  # noqa: E402
+
 TARGETS = {"peak_gpu_gib_0.5b": 24.0, "peak_gpu_gib_1.5b": 80.0, "weight_push_share": 0.05, "step_vs_bound": 1.5}
 COMMON = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
               hidden_act="silu", use_sliding_window=False)  # fmt: skip
@@ -378,7 +380,7 @@ def lower_bound(name: str, args: argparse.Namespace, result: dict) -> dict[str, 
 
 def _jsonl(path: Path) -> list[dict]:
     """The records of a JSON-lines file; a last line cut off by a stopped run is left out."""
-    lines = path.read_text().splitlines() if path.exists() else []
+    lines = jsonl_lines(path.read_text(encoding="utf-8")) if path.exists() else []
     return [json.loads(line) for line in lines if line.endswith("}")]
 
 

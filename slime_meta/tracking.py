@@ -60,8 +60,8 @@ class Tracker:
 def _keep_records_before(path: Path, step: int, *, key: str) -> None:
     if not path.exists():
         return
-    lines = path.read_text(encoding="utf-8").splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line).get(key, -1) < step]
+    lines = jsonl_lines(path.read_text(encoding="utf-8"))
+    kept = [line for line in lines if json.loads(line).get(key, -1) < step]
     if len(kept) == len(lines):
         return
     backup = path.with_name(path.name + ".before-resume")
@@ -71,9 +71,16 @@ def _keep_records_before(path: Path, step: int, *, key: str) -> None:
     tmp.replace(path)
 
 
+def jsonl_lines(text: str) -> list[str]:
+    """The non-empty records of a JSON-lines text. Split on "\n" only: traces keep model text
+    unescaped (ensure_ascii=False), and str.splitlines() would also split inside a record at the
+    line separators JSON leaves raw (U+2028, U+0085, ...)."""
+    return [line for line in text.split("\n") if line.strip()]
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [json.loads(line) for line in jsonl_lines(path.read_text(encoding="utf-8"))]
 
 
 def format_step_line(step: int, metrics: Mapping[str, float]) -> str:
