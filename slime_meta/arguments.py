@@ -110,6 +110,7 @@ class PoolConfig:
     host: str
     sglang_mem_fraction_static: float | None = None
     sglang_chunked_prefill_size: int | None = None
+    sglang_context_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,13 @@ def _open_fraction(text: str) -> float:
     value = float(text)
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
+    return value
+
+
+def _positive_tokens(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (tokens), got {value}")
     return value
 
 
@@ -344,6 +352,11 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--sglang-chunked-prefill-size", type=_prefill_chunk, default=None,
         help="Tokens per prefill forward in the inference workers (SGLang's --chunked-prefill-size; -1: off). "
              "Default: not set (local workers prefill whole prompts).")
+    add("--sglang-context-length", type=_positive_tokens, default=None,
+        help="Local backend: the longest request (prompt + new tokens) each embedded worker serves from its "
+             "static KV cache and CUDA graphs (the worker's --static-cache-len); longer requests take the slower "
+             "generic path. Default: not set (4096). Its slots are sized within the workers' memory share. On "
+             "--backend slime this is SGLang's own --context-length.")
 
     add = groups.group("training (slime-compatible)")
     add("--lr", type=float, default=1e-5)

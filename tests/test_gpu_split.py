@@ -116,6 +116,11 @@ def test_run_flags_are_checked_and_become_the_workers_flags(tiny_checkpoint: Pat
     worker = parse_worker_args(["--model-path", str(tiny_checkpoint), *args])
     assert worker.mem_fraction_static == 0.35 and worker.chunked_prefill_size == 2048
     assert worker_memory_args(None, None) == []
+    cfg = parse_config([*BASE, "--sglang-context-length", "8192"])
+    args = worker_memory_args(None, None, cfg.pools.sglang_context_length)
+    assert parse_worker_args(["--model-path", str(tiny_checkpoint), *args]).static_cache_len == 8192
+    with pytest.raises(SystemExit):
+        parse_config([*BASE, "--sglang-context-length", "0"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine")

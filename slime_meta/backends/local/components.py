@@ -182,7 +182,7 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
     layouts += [(student_layout.num_workers, student_layout.gpu_ids)] if student_model is not None else []
     # exit 2 before anything starts when they cannot fit; without the flag, the workers' share of the trainer's GPU
     worker_fraction = check_shared_gpu(cfg, teacher_model, layouts)
-    worker_args = worker_memory_args(worker_fraction, cfg.pools.sglang_chunked_prefill_size)
+    worker_args = worker_memory_args(worker_fraction, cfg.pools.sglang_chunked_prefill_size, cfg.pools.sglang_context_length)
     teacher = _start_pool(
         processes, "teacher", teacher_model, teacher_layout, cfg, logs, worker_args,
         weights_root=str(run_dir / "weights"), router_port=p.teacher_port, port_flag="--teacher-port",

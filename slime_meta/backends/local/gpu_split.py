@@ -111,9 +111,11 @@ def default_worker_fraction(*, total_bytes: int, trainer: TrainerEstimate, num_w
 # ----- the call site's inputs (not pure: reads the model config and the GPU) -------------------
 
 
-def worker_memory_args(mem_fraction_static: float | None, chunked_prefill_size: int | None) -> list[str]:
+def worker_memory_args(
+    mem_fraction_static: float | None, chunked_prefill_size: int | None, context_length: int | None = None
+) -> list[str]:
     """The run-level flags as the worker's own (`python -m slime_meta.serving`)."""
-    args = []
+    args = ["--static-cache-len", str(context_length)] if context_length is not None else []
     if mem_fraction_static is not None:
         args += ["--mem-fraction-static", repr(mem_fraction_static)]
     if chunked_prefill_size is not None:
