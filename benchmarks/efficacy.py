@@ -20,7 +20,8 @@ measured before training by `--eval-baseline`). Writes JSON and the run's curve 
 Gain over the start = (R_end - R_start) / (R_oracle - R_start), from the same run: R_start the
 holdout grade of the first `--window` steps, R_end that of the last. It is the share of the room
 left at the start that RL closed; the normalised gain also counts what the starting teacher
-already knew (the small model is pretrained with the correct hint half of the time).
+already knew (on the suffix task the small model is pretrained with the correct hint half of the
+time; on the bracket task never, so there the two figures nearly agree).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ the one scripts/run_synthetic.sh and the efficacy benchmark use), building it on
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections import defaultdict
 from pathlib import Path
 from statistics import fmean
@@ -155,3 +157,10 @@ def test_pretrained_teacher_almost_never_writes_the_key_while_the_student_applie
     assert metrics["student_per_char_correct_hint"] > metrics["student_per_char_no_hint"] + 0.2
     assert metrics["teacher_hint_exact_greedy"] <= 0.1
     assert metrics["teacher_hint_exact_sampled_t1"] <= 0.1
+
+
+def test_run_script_refuses_an_unknown_task_with_one_line():
+    result = subprocess.run(["bash", str(REPO / "scripts" / "run_synthetic.sh")], cwd=REPO, capture_output=True,
+                            text=True, timeout=30, env={**os.environ, "TASK": "nope", "MODEL_DIR": "/nonexistent"})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["TASK=nope: unknown task; use synthetic_suffix (the default) or bracket"]
