@@ -72,8 +72,9 @@ def test_student_prompts_have_fixed_lengths_and_the_hint_in_front():
     problem = Problem(uid="u", prompt="kqpd", label="dkqpdf")
     assert template.build(problem, "df") == [{"role": "user", "content": "Sdf|kqpd="}]
     assert template.build(problem, "") == [{"role": "user", "content": "S|kqpd="}]
-    lengths = {len(template.build(Problem(uid=r["uid"], prompt=r["prompt"], label=r["label"]), r["oracle_hint"])[0]["content"])
-               for r in bracket.generate_rows(seed=0, words_per_family=3)}
+    rows = bracket.generate_rows(seed=0, words_per_family=3)
+    problems = [Problem(uid=r["uid"], prompt=r["prompt"], label=r["label"]) for r in rows]
+    lengths = {len(template.build(p, r["oracle_hint"])[0]["content"]) for p, r in zip(problems, rows)}
     assert lengths == {9}  # `S` + 2-letter hint + `|` + 4-letter word + `=`
 
 
@@ -160,7 +161,9 @@ def test_pretrained_teacher_almost_never_writes_the_key_while_the_student_applie
 
 
 def test_run_script_refuses_an_unknown_task_with_one_line():
+    env = {**os.environ, "TASK": "nope", "MODEL_DIR": "/nonexistent"}
     result = subprocess.run(["bash", str(REPO / "scripts" / "run_synthetic.sh")], cwd=REPO, capture_output=True,
-                            text=True, timeout=30, env={**os.environ, "TASK": "nope", "MODEL_DIR": "/nonexistent"})
+                            text=True, timeout=30, env=env)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["TASK=nope: unknown task; use synthetic_suffix (the default) or bracket"]
+    message = "TASK=nope: unknown task; use synthetic_suffix (the default) or bracket"
+    assert result.stderr.strip().splitlines() == [message]

@@ -139,7 +139,8 @@ class TaskRecipe:
     answer_tokens: int  # answer, `.` and EOS
     teacher_correct_fraction: float  # the default share of teacher targets that are the true hint
     apply_hint: Callable[[str, str], str]
-    sampler: Callable[[int, float, Formats], Any]  # (seed, teacher_correct_fraction, formats): .student(), .teacher_batch(n)
+    # (seed, teacher_correct_fraction, formats) -> an object with .student() and .teacher_batch(n)
+    sampler: Callable[[int, float, Formats], Any]
 
 
 TASKS: dict[str, TaskRecipe] = {
@@ -228,7 +229,7 @@ def encode_batch(tokenizer, pairs: Sequence[tuple[str, str]], device: str) -> tu
     return input_ids_B_T.to(device), labels_B_T.to(device)
 
 
-def pretrain(model, tokenizer, sampler: ExampleSampler, steps: int, device: str, log: Log) -> float:
+def pretrain(model, tokenizer, sampler: Any, steps: int, device: str, log: Log) -> float:
     """Supervised pretraining of both roles; returns the last step's loss."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     warmup = max(1, steps // 20)

@@ -38,19 +38,7 @@ import random
 from typing import Sequence
 
 from slime_meta.tasks import synthetic
-from slime_meta.tasks.synthetic import (  # noqa: F401  (re-exported: the task's scoring is the suffix task's)
-    ANSWER_END,
-    HINT_ALPHABET,
-    WORD_ALPHABET,
-    WORD_LENGTH,
-    clean_hint,
-    exact_score,
-    extract_answer,
-    jsonl_text,
-    per_character_score,
-    write_jsonl,
-    write_parquet,
-)
+from slime_meta.tasks.synthetic import ANSWER_END, HINT_ALPHABET, WORD_ALPHABET, WORD_LENGTH, write_jsonl, write_parquet
 from slime_meta.types import Problem
 
 NAME = "bracket"
@@ -58,6 +46,12 @@ HINT_LENGTH = 2
 ANSWER_LENGTH = WORD_LENGTH + HINT_LENGTH
 ALL_HINTS: tuple[str, ...] = synthetic.ALL_SUFFIXES  # every ordered pair of a-h letters
 RUBRIC = "The answer is the word between the family's two hidden letters; full credit only for an exact match."
+
+
+# The suffix task's serialisation and scoring serve this task unchanged (same columns, same grader).
+jsonl_text = synthetic.jsonl_text
+per_character_score = synthetic.per_character_score
+exact_score = synthetic.exact_score
 
 
 def apply_hint(word: str, hint: str) -> str:
