@@ -20,7 +20,7 @@ Formats are character level, one token a character in the tiny model, and those 
 The teacher's pretraining prior (slime_meta/models/tiny.py builds it): its target is two letters
 drawn uniformly from the hint letters (a-h) that occur anywhere in its own prompt, never the rule's
 choice. The key's letters are always in the prompt, so that prior writes the correct key only by
-chance (about 1 in 40 prompts), but it teaches the teacher to read its prompt and copy from it; a
+chance (about 1 in 38 for 3 train problems), but it teaches the teacher to read its prompt and copy from it; a
 teacher pretrained on prompt-blind random hints learns to ignore its input, and RL would have to
 build the reading from nothing (the suffix task's prototype found that).
 
