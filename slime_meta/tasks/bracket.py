@@ -20,9 +20,10 @@ Formats are character level, one token a character in the tiny model, and those 
 The teacher's pretraining prior (slime_meta/models/tiny.py builds it): its target is two letters
 drawn uniformly from the hint letters (a-h) that occur anywhere in its own prompt, never the rule's
 choice. The key's letters are always in the prompt, so that prior writes the correct key only by
-chance (about 1 in 38 for 3 train problems), but it teaches the teacher to read its prompt and copy from it; a
-teacher pretrained on prompt-blind random hints learns to ignore its input, and RL has to build the
-reading from nothing (measured: flat for 200 steps instead of rising from the start; docs/tasks.md).
+chance (about 1 in 38 for 3 train problems), but it teaches the teacher to read its prompt and
+copy from it; a teacher pretrained on prompt-blind random hints learns to ignore its input, and RL
+has to build the reading from nothing (measured: flat for 200 steps instead of rising from the
+start; docs/tasks.md).
 
 Generate the shipped data with:
   python -m slime_meta.tasks.bracket --out data/bracket.jsonl --parquet data/bracket.parquet
