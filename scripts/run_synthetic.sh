@@ -10,15 +10,24 @@
 #   NUM_ROLLOUT=40 bash scripts/run_synthetic.sh         # longer
 #   MODEL_DIR=/path/to/ckpt bash scripts/run_synthetic.sh --lr 3e-4   # any extra train.py flags
 #   FROZEN_STUDENT=1 bash scripts/run_synthetic.sh       # the student a frozen copy of the start model
+#   TASK=bracket bash scripts/run_synthetic.sh           # the bracket task (slime_meta/tasks/bracket.py):
+#                                                        # its teacher never saw the key in pretraining
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUN_DIR=${RUN_DIR:-runs/demo-$(date +%Y%m%d-%H%M%S)}
 NUM_ROLLOUT=${NUM_ROLLOUT:-20}
+# The task picks the data, the templates and the small model's build (docs/tasks.md).
+TASK=${TASK:-synthetic_suffix}
+case "$TASK" in
+  synthetic_suffix) TASK_MODULE=slime_meta.tasks.synthetic; TEMPLATE_PREFIX=Synthetic ;;
+  bracket) TASK_MODULE=slime_meta.tasks.bracket; TEMPLATE_PREFIX=Bracket ;;
+  *) echo "TASK=$TASK: unknown task; use synthetic_suffix (the default) or bracket" >&2; exit 2 ;;
+esac
 
 if [ -z "${MODEL_DIR:-}" ]; then
   echo "[demo] building (or reusing) the small model"
-  MODEL_DIR=$(${PYTHON:-python} -m slime_meta.models.tiny --cache-dir "${MODEL_CACHE:-.cache/models}" ${MODEL_BUILD_ARGS:-} | tail -n 1)
+  MODEL_DIR=$(${PYTHON:-python} -m slime_meta.models.tiny --task "$TASK" --cache-dir "${MODEL_CACHE:-.cache/models}" ${MODEL_BUILD_ARGS:-} | tail -n 1)
 fi
 
 MODEL_ARGS=(--hf-checkpoint "$MODEL_DIR")
@@ -36,7 +45,7 @@ else
   STUDENT_ARGS=(--adv-tau 1 --kl-loss-coef 0.1)
 fi
 DATA_ARGS=(
-  --prompt-data data/synthetic_suffix.jsonl
+  --prompt-data "data/$TASK.jsonl"
   --input-key prompt --label-key label --rubric-key rubric
   --group-key family        # a teacher prompt and its holdout problems share one hidden rule
   --rollout-shuffle
@@ -52,12 +61,12 @@ META_ARGS=(
   --num-rollout "$NUM_ROLLOUT"
 )
 TEMPLATE_ARGS=(
-  --generator-template slime_meta.tasks.synthetic.SyntheticGeneratorTemplate
-  --teacher-template slime_meta.tasks.synthetic.SyntheticTeacherTemplate
+  --generator-template "$TASK_MODULE.${TEMPLATE_PREFIX}GeneratorTemplate"
+  --teacher-template "$TASK_MODULE.${TEMPLATE_PREFIX}TeacherTemplate"
 )
 SAMPLING_ARGS=(
   --teacher-temperature 1.0 --teacher-max-tokens 4
-  --rollout-temperature 1.0 --rollout-max-response-len 10
+  --rollout-temperature 1.0 --rollout-max-response-len 10   # both tasks: a 6-letter answer, `.` and EOS fit
 )
 GRADER_ARGS=(--grader verifier --verifier-metric char)   # partial credit per character
 TRAIN_ARGS=(--lr 1e-4 --micro-batch-size 32)

@@ -90,9 +90,10 @@ def test_efficacy_quick(tmp_path):
     assert report["steps_within_budget"] == 3  # three tiny steps end well inside 600 s
     assert [b["first_step"] for b in report["by_block"]] == [0, 2]  # --block 2 over 3 steps
     assert report["by_block"][1]["holdout"] == report["curve"][2]["holdout"]
-    assert report["student"] == "frozen"
+    assert report["student"] == "frozen" and report["task"] == "synthetic_suffix"
     config = json.loads((Path(report["run_dir"]) / "config.json").read_text())
     assert config["pools"]["student_checkpoint"] == config["pools"]["hf_checkpoint"]  # a frozen copy
+    assert config["data"]["prompt_data"] == "data/synthetic_suffix.jsonl"
     assert "gain in budget" in lines[-2] and "over start" in lines[-2]
     # What RL added, from the same run's first and last windows and its oracle.
     r_start, r_end, r_oracle = report["r_first_steps"], report["r_last_steps"], report["r_oracle"]
@@ -113,6 +114,24 @@ def test_efficacy_quick_shared_student_runs_the_demos_student_terms(tmp_path):
     metrics = [json.loads(line) for line in (Path(report["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert all(m["train/distill_tokens"] > 0 for m in metrics if "train/distill_tokens" in m)
     assert any("train/distill_tokens" in m for m in metrics)  # the solver pass trained
+
+
+def test_efficacy_quick_bracket_task(tmp_path):
+    """--task bracket: its data, templates and small model, with the oracle and the no-info control."""
+    report, lines = _run_train_benchmark("efficacy", tmp_path, "--task", "bracket")
+    assert report["task"] == "bracket" and report["steps"] == 3 and report["student"] == "frozen"
+    assert 0 <= report["r_no_info"] <= 1 and 0 < report["r_oracle"] <= 1
+    run_dir = Path(report["run_dir"])
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["data"]["prompt_data"] == "data/bracket.jsonl"
+    assert config["meta"]["generator_template"] == "slime_meta.tasks.bracket.BracketGeneratorTemplate"
+    assert config["meta"]["teacher_template"] == "slime_meta.tasks.bracket.BracketTeacherTemplate"
+    summary = json.loads((Path(config["pools"]["hf_checkpoint"]) / "summary.json").read_text())
+    assert summary["settings"]["task"] == "bracket"  # the small model built on this task
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["eval/bracket/baseline_teacher/avg"] == report["r_oracle"]
+    assert report["r_no_info"] == pytest.approx(sum(m["meta_learning/holdout_grade_no_info"] for m in metrics) / 3)
+    assert "gain in budget" in lines[-2]
 
 
 def test_async_pipeline_quick(tmp_path):

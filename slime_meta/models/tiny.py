@@ -24,7 +24,12 @@ Checkpoints are cached by `ensure_tiny_checkpoint`, keyed by the build settings,
 content and BUILD_VERSION; a build goes to a temporary directory renamed into place at the end,
 so a killed build never leaves a half checkpoint behind.
 
-CLI: python -m slime_meta.models.tiny [--out DIR | --cache-dir DIR] [--steps N] [--device cpu|cuda]
+Other tasks: `--task bracket` (slime_meta/tasks/bracket.py) builds the same model shape on the
+bracket task, whose teacher is pretrained on a prompt-reading prior and never on the key; its
+pretraining examples come from the task module (`PretrainingSampler`). The cache key of the
+default task is unchanged; any other task's key includes the task's name.
+
+CLI: python -m slime_meta.models.tiny [--task NAME] [--out DIR | --cache-dir DIR] [--steps N] [--device cpu|cuda]
 (the checkpoint's path is the last line on stdout; progress goes to stderr).
 """
 
@@ -41,16 +46,18 @@ import string
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
-from slime_meta.tasks import synthetic
+from slime_meta.tasks import bracket, synthetic
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 BUILD_VERSION = 1  # bump when the build recipe changes, so cached checkpoints are rebuilt
 REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_TASK = "synthetic_suffix"
 DEFAULT_DATA = "data/synthetic_suffix.jsonl"
 DEFAULT_STEPS = 200
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
@@ -71,7 +78,7 @@ MODEL_SHAPE = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 100.0},
 )
 STUDENT_BATCH, TEACHER_BATCH = 96, 32  # per step, as in the prototype
-EMPTY_HINT_FRACTION = 0.2
+EMPTY_HINT_FRACTION = synthetic.PretrainingSampler.empty_hint_fraction  # both tasks' samplers use it
 # The first quarter of the steps trains the student alone. Measured here: with both roles from
 # step 0, the teacher's longer sequences delayed the student's copying (0 to 0.5 exact after 250
 # steps on 2 of 3 seeds); after 50 student-only steps the copy mechanism exists, and the teacher,
@@ -106,9 +113,9 @@ def read_rows(data_path: str | Path) -> list[dict[str, str]]:
 class Formats:
     """Renders training sequences through the task's own templates, so formats cannot drift."""
 
-    def __init__(self) -> None:
-        self.student = synthetic.SyntheticGeneratorTemplate()
-        self.teacher = synthetic.SyntheticTeacherTemplate()
+    def __init__(self, task: str = DEFAULT_TASK) -> None:
+        self.student = TASKS[task].generator_template()
+        self.teacher = TASKS[task].teacher_template()
 
     def student_prompt(self, word: str, hint: str) -> str:
         return self.student.build(Problem(uid="", prompt=word, label=""), hint)[0]["content"]
@@ -121,58 +128,30 @@ class Formats:
         return self.teacher.build(problems, attempts_K_M, previous_info)[0]["content"]
 
 
-class ExampleSampler:
-    """Random (prompt, completion) pairs for both roles; words are fresh, not the data's rows."""
+@dataclass(frozen=True)
+class TaskRecipe:
+    """What the build needs to know of a task; both tasks share the formats' shape and scoring."""
 
-    def __init__(self, seed: int, teacher_correct_fraction: float) -> None:
-        self.rng = random.Random(seed)
-        self.formats = Formats()
-        self.teacher_correct_fraction = teacher_correct_fraction
+    data_path: str
+    generator_template: type
+    teacher_template: type
+    all_hints: tuple[str, ...]
+    answer_tokens: int  # answer, `.` and EOS
+    teacher_correct_fraction: float  # the default share of teacher targets that are the true hint
+    apply_hint: Callable[[str, str], str]
+    # (seed, teacher_correct_fraction, formats) -> an object with .student() and .teacher_batch(n)
+    sampler: Callable[[int, float, Formats], Any]
 
-    def word(self) -> str:
-        return "".join(self.rng.choice(synthetic.WORD_ALPHABET) for _ in range(synthetic.WORD_LENGTH))
 
-    def suffix(self) -> str:
-        return self.rng.choice(synthetic.ALL_SUFFIXES)
-
-    def student(self) -> tuple[str, str]:
-        word = self.word()
-        if self.rng.random() < EMPTY_HINT_FRACTION:
-            hint, suffix = "", self.suffix()  # no info: any suffix is as likely, so it learns to guess
-        else:
-            hint = suffix = self.suffix()
-        return self.formats.student_prompt(word, hint), word + suffix + synthetic.ANSWER_END
-
-    def attempt(self, word: str, suffix: str, previous_info: str) -> str:
-        """What a student of unknown quality might have answered."""
-        draw = self.rng.random()
-        if draw < 0.4:
-            return word + self.suffix()  # guessed without a (useful) hint
-        if draw < 0.7 and previous_info:
-            return word + previous_info  # applied the previous hint
-        if draw < 0.9:
-            return word + suffix  # right
-        length = self.rng.randint(0, synthetic.MAX_ATTEMPT_CHARS)  # garbage
-        return "".join(self.rng.choice(synthetic.WORD_ALPHABET) for _ in range(length))
-
-    def teacher(self, n_problems: int, n_attempts: int, previous_info: str) -> tuple[str, str]:
-        suffix = self.suffix()
-        words: list[str] = []
-        while len(words) < n_problems:
-            word = self.word()
-            if word not in words:
-                words.append(word)
-        problems_K = [(w, w + suffix, [self.attempt(w, suffix, previous_info) for _ in range(n_attempts)]) for w in words]
-        target = suffix if self.rng.random() < self.teacher_correct_fraction else self.suffix()
-        return self.formats.teacher_prompt(previous_info, problems_K), target + synthetic.ANSWER_END
-
-    def teacher_batch(self, size: int) -> list[tuple[str, str]]:
-        # One shape per batch (problems, attempts each, previous info or not) keeps padding small;
-        # up to 3 x 2 covers the prototype's 3 train problems with 1-2 student samples each (4
-        # problems cost a fifth more time; copying the suffix from any entry generalises anyway).
-        n_problems, n_attempts = self.rng.randint(1, 3), self.rng.randint(1, 2)
-        with_previous = self.rng.random() < 0.5
-        return [self.teacher(n_problems, n_attempts, self.suffix() if with_previous else "") for _ in range(size)]
+TASKS: dict[str, TaskRecipe] = {
+    DEFAULT_TASK: TaskRecipe(
+        DEFAULT_DATA, synthetic.SyntheticGeneratorTemplate, synthetic.SyntheticTeacherTemplate, synthetic.ALL_SUFFIXES,
+        synthetic.WORD_LENGTH + synthetic.SUFFIX_LENGTH + 2, 0.5, lambda word, hint: word + hint,
+        synthetic.PretrainingSampler),
+    bracket.NAME: TaskRecipe(
+        "data/bracket.jsonl", bracket.BracketGeneratorTemplate, bracket.BracketTeacherTemplate, bracket.ALL_HINTS,
+        bracket.ANSWER_LENGTH + 2, 0.0, bracket.apply_hint, bracket.PretrainingSampler),
+}
 
 
 # ---------------------------------------------------------------------------- tokenizer and model
@@ -209,9 +188,9 @@ def train_char_tokenizer(texts: Sequence[str]):
     )
 
 
-def tokenizer_corpus(rows: Sequence[dict[str, str]]) -> list[str]:
+def tokenizer_corpus(rows: Sequence[dict[str, str]], task: str = DEFAULT_TASK) -> list[str]:
     """Every rendered string of the shipped data: student sequences and one teacher prompt a family."""
-    formats = Formats()
+    formats = Formats(task)
     texts = [formats.student_prompt(r["prompt"], r["oracle_hint"]) + r["label"] + synthetic.ANSWER_END for r in rows]
     texts += [formats.student_prompt(r["prompt"], "") for r in rows]
     for family in sorted({r["family"] for r in rows}):
@@ -250,7 +229,7 @@ def encode_batch(tokenizer, pairs: Sequence[tuple[str, str]], device: str) -> tu
     return input_ids_B_T.to(device), labels_B_T.to(device)
 
 
-def pretrain(model, tokenizer, sampler: ExampleSampler, steps: int, device: str, log: Log) -> float:
+def pretrain(model, tokenizer, sampler: Any, steps: int, device: str, log: Log) -> float:
     """Supervised pretraining of both roles; returns the last step's loss."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     warmup = max(1, steps // 20)
@@ -315,20 +294,21 @@ def generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, devi
     return texts
 
 
-def evaluate(model, tokenizer, rows: Sequence[dict[str, str]], seed: int, device: str) -> dict[str, float]:
+def evaluate(model, tokenizer, rows: Sequence[dict[str, str]], seed: int, device: str,
+             task: str = DEFAULT_TASK) -> dict[str, float]:
     """Student accuracy with the correct, no and a random hint; teacher hint accuracy."""
     rng = random.Random(seed + 1)
-    formats = Formats()
+    recipe = TASKS[task]
+    formats = Formats(task)
     metrics: dict[str, float] = {}
     conditions = {
         "correct_hint": [r["oracle_hint"] for r in rows],
         "no_hint": ["" for _ in rows],
-        "random_hint": [rng.choice([s for s in synthetic.ALL_SUFFIXES if s != r["oracle_hint"]]) for r in rows],
+        "random_hint": [rng.choice([s for s in recipe.all_hints if s != r["oracle_hint"]]) for r in rows],
     }
-    answer_tokens = synthetic.WORD_LENGTH + synthetic.SUFFIX_LENGTH + 2  # answer, `.` and EOS
     for name, hints in conditions.items():
         prompts = [formats.student_prompt(r["prompt"], hint) for r, hint in zip(rows, hints)]
-        outputs = generate(model, tokenizer, prompts, answer_tokens, device)
+        outputs = generate(model, tokenizer, prompts, recipe.answer_tokens, device)
         metrics[f"student_exact_{name}"] = sum(synthetic.exact_score(o, r["label"]) for o, r in zip(outputs, rows)) / len(rows)
         metrics[f"student_per_char_{name}"] = sum(synthetic.per_character_score(o, r["label"]) for o, r in zip(outputs, rows)) / len(rows)
 
@@ -336,10 +316,11 @@ def evaluate(model, tokenizer, rows: Sequence[dict[str, str]], seed: int, device
     teacher_prompts, oracles = [], []
     for family in sorted({r["family"] for r in rows}):
         members = [r for r in rows if r["family"] == family][:3]
-        problems_K = [(r["prompt"], r["label"], [r["prompt"] + rng.choice(synthetic.ALL_SUFFIXES)]) for r in members]
+        problems_K = [(r["prompt"], r["label"], [recipe.apply_hint(r["prompt"], rng.choice(recipe.all_hints))])
+                      for r in members]
         teacher_prompts.append(formats.teacher_prompt("", problems_K))
         oracles.append(members[0]["oracle_hint"])
-    parse = synthetic.SyntheticTeacherTemplate().parse_info
+    parse = recipe.teacher_template().parse_info
     hint_tokens = synthetic.SUFFIX_LENGTH + 2
     greedy = [parse(t) for t in generate(model, tokenizer, teacher_prompts, hint_tokens, device)]
     generator = torch.Generator().manual_seed(seed)
@@ -347,30 +328,46 @@ def evaluate(model, tokenizer, rows: Sequence[dict[str, str]], seed: int, device
                                           temperature=1.0, generator=generator)]
     metrics["teacher_hint_exact_greedy"] = sum(h == o for h, o in zip(greedy, oracles)) / len(oracles)
     metrics["teacher_hint_exact_sampled_t1"] = sum(h == o for h, o in zip(sampled, oracles * 8)) / len(sampled)
+    # Per hint letter (position-wise), what the per-character reward sees of the hint.
+    metrics["teacher_hint_per_char_sampled_t1"] = sum(
+        sum(a == b for a, b in zip(h, o)) / len(o) for h, o in zip(sampled, oracles * 8)) / len(sampled)
     return metrics
 
 
 # ---------------------------------------------------------------------------- build and cache
 
 
-def build_tiny_checkpoint(out_dir: str | Path, *, data_path: str | Path = DEFAULT_DATA, seed: int = 0,
-                          steps: int = DEFAULT_STEPS, teacher_correct_fraction: float = 0.5,
-                          device: str = "cpu", log: Log = _stderr) -> Path:
+def resolve_settings(task: str = DEFAULT_TASK, data_path: str | Path | None = None,
+                     teacher_correct_fraction: float | None = None) -> tuple[str | Path, float]:
+    """The task's own data file and teacher fraction where the caller gave none."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+    recipe = TASKS[task]
+    return (recipe.data_path if data_path is None else data_path,
+            recipe.teacher_correct_fraction if teacher_correct_fraction is None else teacher_correct_fraction)
+
+
+def build_tiny_checkpoint(out_dir: str | Path, *, data_path: str | Path | None = None, seed: int = 0,
+                          steps: int = DEFAULT_STEPS, teacher_correct_fraction: float | None = None,
+                          device: str = "cpu", task: str = DEFAULT_TASK, log: Log = _stderr) -> Path:
     """Train the tokenizer and the model, save both (HF format) and summary.json into out_dir."""
     import transformers
+
+    data_path, teacher_correct_fraction = resolve_settings(task, data_path, teacher_correct_fraction)
 
     started = time.perf_counter()
     torch.set_num_threads(min(2, os.cpu_count() or 1))  # this project's machines have 2 cores
     random.seed(seed)
     torch.manual_seed(seed)
     rows = read_rows(data_path)
-    tokenizer = train_char_tokenizer(tokenizer_corpus(rows))
+    tokenizer = train_char_tokenizer(tokenizer_corpus(rows, task))
     model = new_model(tokenizer).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"tiny model: {n_params} parameters, vocabulary {len(tokenizer)}, {steps} steps on {device}")
-    final_loss = pretrain(model, tokenizer, ExampleSampler(seed, teacher_correct_fraction), steps, device, log)
+    sampler = TASKS[task].sampler(seed, teacher_correct_fraction, Formats(task))
+    final_loss = pretrain(model, tokenizer, sampler, steps, device, log)
     train_seconds = time.perf_counter() - started
-    metrics = evaluate(model, tokenizer, rows, seed, device)
+    metrics = evaluate(model, tokenizer, rows, seed, device, task)
     log(" ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
 
     out = Path(out_dir)
@@ -379,7 +376,7 @@ def build_tiny_checkpoint(out_dir: str | Path, *, data_path: str | Path = DEFAUL
     model.to("cpu").save_pretrained(out, safe_serialization=True)
     summary: dict[str, Any] = {
         "build_version": BUILD_VERSION,
-        "settings": {"data_path": str(data_path), "seed": seed, "steps": steps,
+        "settings": {"task": task, "data_path": str(data_path), "seed": seed, "steps": steps,
                      "teacher_correct_fraction": teacher_correct_fraction, "device": device,
                      "student_batch": STUDENT_BATCH, "teacher_batch": TEACHER_BATCH,
                      "empty_hint_fraction": EMPTY_HINT_FRACTION, "student_only_fraction": STUDENT_ONLY_FRACTION,
@@ -401,11 +398,14 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def cache_key(*, data_path: str | Path = DEFAULT_DATA, seed: int = 0, steps: int = DEFAULT_STEPS,
-              teacher_correct_fraction: float = 0.5, device: str = "cpu") -> str:
-    """A name for one build: settings, the data's content (not its path) and BUILD_VERSION."""
+def cache_key(*, data_path: str | Path | None = None, seed: int = 0, steps: int = DEFAULT_STEPS,
+              teacher_correct_fraction: float | None = None, device: str = "cpu", task: str = DEFAULT_TASK) -> str:
+    """A name for one build: settings, the task, the data's content (not its path) and BUILD_VERSION."""
+    data_path, teacher_correct_fraction = resolve_settings(task, data_path, teacher_correct_fraction)
     key = {"build_version": BUILD_VERSION, "data_sha256": file_sha256(resolve_data_path(data_path)), "seed": seed,
            "steps": steps, "teacher_correct_fraction": teacher_correct_fraction, "device": device}
+    if task != DEFAULT_TASK:  # the default task's key predates tasks: its cached builds stay valid
+        key["task"] = task
     return "tiny-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -440,17 +440,20 @@ def _remove_stale_builds(cache: Path, name: str, older_than_s: float = 3600.0) -
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m slime_meta.models.tiny",
                                      description="Build (or find in the cache) the tiny synthetic-task checkpoint.")
+    parser.add_argument("--task", default=DEFAULT_TASK, choices=sorted(TASKS),
+                        help=f"the task the model is pretrained on (default {DEFAULT_TASK}: the suffix task)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--out", default=None, help="write the checkpoint to this directory (no cache)")
     where.add_argument("--cache-dir", default=".cache/models", help="cache root (default .cache/models)")
-    parser.add_argument("--data-path", default=DEFAULT_DATA)
+    parser.add_argument("--data-path", default=None, help="default: the task's shipped data file")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--teacher-correct-fraction", type=float, default=0.5)
+    parser.add_argument("--teacher-correct-fraction", type=float, default=None,
+                        help="share of teacher targets that are the true hint (default: 0.5 suffix task, 0 bracket)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args(argv)
     settings = dict(data_path=args.data_path, seed=args.seed, steps=args.steps,
-                    teacher_correct_fraction=args.teacher_correct_fraction, device=args.device)
+                    teacher_correct_fraction=args.teacher_correct_fraction, device=args.device, task=args.task)
     path = build_tiny_checkpoint(args.out, **settings) if args.out else ensure_tiny_checkpoint(args.cache_dir, **settings)
     print(path)
 

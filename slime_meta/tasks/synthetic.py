@@ -221,6 +221,71 @@ class SyntheticTeacherTemplate(TeacherPromptTemplate):
         return clean_hint(text)
 
 
+# ---------------------------------------------------------------------------- pretraining examples
+
+
+class PretrainingSampler:
+    """(prompt, completion) pairs for both roles of the tiny model; words are fresh, not the data's rows.
+
+    `formats` renders them (slime_meta.models.tiny.Formats: this task's templates). The teacher's
+    target is the family's suffix in `teacher_correct_fraction` of the examples, a random one
+    otherwise (slime_meta/models/tiny.py says why).
+    """
+
+    empty_hint_fraction = 0.2
+
+    def __init__(self, seed: int, teacher_correct_fraction: float, formats) -> None:
+        self.rng = random.Random(seed)
+        self.formats = formats
+        self.teacher_correct_fraction = teacher_correct_fraction
+
+    def word(self) -> str:
+        return "".join(self.rng.choice(WORD_ALPHABET) for _ in range(WORD_LENGTH))
+
+    def suffix(self) -> str:
+        return self.rng.choice(ALL_SUFFIXES)
+
+    def student(self) -> tuple[str, str]:
+        word = self.word()
+        if self.rng.random() < self.empty_hint_fraction:
+            hint, suffix = "", self.suffix()  # no info: any suffix is as likely, so it learns to guess
+        else:
+            hint = suffix = self.suffix()
+        return self.formats.student_prompt(word, hint), word + suffix + ANSWER_END
+
+    def attempt(self, word: str, suffix: str, previous_info: str) -> str:
+        """What a student of unknown quality might have answered."""
+        draw = self.rng.random()
+        if draw < 0.4:
+            return word + self.suffix()  # guessed without a (useful) hint
+        if draw < 0.7 and previous_info:
+            return word + previous_info  # applied the previous hint
+        if draw < 0.9:
+            return word + suffix  # right
+        length = self.rng.randint(0, MAX_ATTEMPT_CHARS)  # garbage
+        return "".join(self.rng.choice(WORD_ALPHABET) for _ in range(length))
+
+    def teacher(self, n_problems: int, n_attempts: int, previous_info: str) -> tuple[str, str]:
+        suffix = self.suffix()
+        words: list[str] = []
+        while len(words) < n_problems:
+            word = self.word()
+            if word not in words:
+                words.append(word)
+        problems_K = [(w, w + suffix, [self.attempt(w, suffix, previous_info) for _ in range(n_attempts)]) for w in words]
+        target = suffix if self.rng.random() < self.teacher_correct_fraction else self.suffix()
+        return self.formats.teacher_prompt(previous_info, problems_K), target + ANSWER_END
+
+    def teacher_batch(self, size: int) -> list[tuple[str, str]]:
+        # One shape per batch (problems, attempts each, previous info or not) keeps padding small;
+        # up to 3 x 2 covers the prototype's 3 train problems with 1-2 student samples each (4
+        # problems cost a fifth more time; copying the suffix from any entry generalises anyway).
+        n_problems, n_attempts = self.rng.randint(1, 3), self.rng.randint(1, 2)
+        with_previous = self.rng.random() < 0.5
+        return [self.teacher(n_problems, n_attempts, self.suffix() if with_previous else "") for _ in range(size)]
+
+
+
 # ---------------------------------------------------------------------------- CLI
 
 
