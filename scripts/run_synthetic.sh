@@ -31,18 +31,13 @@ if [ -z "${MODEL_DIR:-}" ]; then
 fi
 
 MODEL_ARGS=(--hf-checkpoint "$MODEL_DIR")
-# Shared (default): the student is the model being trained, as in the demo. Frozen: a pool of its
-# own serving the starting weights; long runs stay stable this way (docs/performance.md, efficacy).
-STUDENT_ARGS=()
+# Shared (default): the student is the model being trained, as in the demo. With shared weights the
+# teacher's updates alone let the student role drift (400 steps on an H100: gain 0.81 -> 0.61), so
+# train.py's shared-student defaults add a GRPO term on the policy's own graded no-info attempts
+# (--adv-tau 1) and k3 KL to the start weights (--kl-loss-coef 0.1): gain 0.98 over the last 50 of
+# 400 steps (docs/performance.md, section 6). Frozen: a pool of its own serving the start weights.
 if [ -n "${FROZEN_STUDENT:-}" ]; then
   MODEL_ARGS+=(--student-checkpoint "$MODEL_DIR")
-else
-  # Shared weights: the teacher's updates alone let the student role drift (400 steps on an H100:
-  # gain 0.81 -> 0.61, no-info control 0.68 -> 0.63). A GRPO term on the policy's own graded
-  # no-info attempts keeps it a good student, and k3 KL to the start weights on every trained
-  # token anchors both roles: gain 0.98 over the last 50 of 400 steps, control within 0.02
-  # (docs/performance.md, section 6).
-  STUDENT_ARGS=(--adv-tau 1 --kl-loss-coef 0.1)
 fi
 DATA_ARGS=(
   --prompt-data "data/$TASK.jsonl"
@@ -72,7 +67,7 @@ GRADER_ARGS=(--grader verifier --verifier-metric char)   # partial credit per ch
 TRAIN_ARGS=(--lr 1e-4 --micro-batch-size 32)
 OUTPUT_ARGS=(--run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 2)
 
-${PYTHON:-python} train.py "${MODEL_ARGS[@]}" ${STUDENT_ARGS[@]+"${STUDENT_ARGS[@]}"} "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${TEMPLATE_ARGS[@]}" \
+${PYTHON:-python} train.py "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${TEMPLATE_ARGS[@]}" \
   "${SAMPLING_ARGS[@]}" "${GRADER_ARGS[@]}" "${TRAIN_ARGS[@]}" "${OUTPUT_ARGS[@]}" "$@"
 
 echo
