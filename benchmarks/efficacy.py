@@ -8,8 +8,8 @@ The task is the suffix task (data/synthetic_suffix.jsonl) unless `--task` names 
 (docs/tasks.md); it selects the data, templates and small model in scripts/run_synthetic.sh.
 
 The student is a frozen copy of the starting model (its own pool) unless `--shared-student`: in
-shared mode the student is the model being trained, and scripts/run_synthetic.sh adds the terms
-that keep its own skill from drifting in long runs (`--adv-tau 1 --kl-loss-coef 0.1`;
+shared mode the student is the model being trained, and train.py's shared-student defaults add
+the terms that keep its own skill from drifting in long runs (`--adv-tau 1 --kl-loss-coef 0.1`;
 docs/performance.md, section 6).
 
 Normalised gain = (R - R_no_info) / (R_oracle - R_no_info), where R is the holdout grade with the
