@@ -69,23 +69,8 @@ def generate_rows(seed: int = 0, words_per_family: int = 12) -> list[dict[str, s
     Family names are opaque (`b00`..`b63`, keys shuffled by the seed) so the group key does not
     spell the hidden rule; `oracle_hint` holds it for evaluation and reading.
     """
-    if not 1 <= words_per_family <= len(WORD_ALPHABET) ** WORD_LENGTH:
-        raise ValueError(f"words_per_family must be between 1 and {len(WORD_ALPHABET) ** WORD_LENGTH}")
-    rng = random.Random(seed)
-    keys = list(ALL_HINTS)
-    rng.shuffle(keys)
-    rows = []
-    for family_index, key in enumerate(keys):
-        family = f"b{family_index:02d}"
-        words: list[str] = []
-        while len(words) < words_per_family:
-            word = "".join(rng.choice(WORD_ALPHABET) for _ in range(WORD_LENGTH))
-            if word not in words:  # distinct inside a family: a repeat would leak between train and holdout
-                words.append(word)
-        for word_index, word in enumerate(words):
-            rows.append({"uid": f"{family}-{word_index:02d}", "family": family, "prompt": word,
-                         "label": apply_hint(word, key), "oracle_hint": key, "rubric": RUBRIC})
-    return rows
+    return synthetic.generate_family_rows(ALL_HINTS, apply_hint, family_prefix="b", rubric=RUBRIC, seed=seed,
+                                          words_per_family=words_per_family)  # fmt: skip
 
 
 def oracle_hint(problem: Problem) -> str:

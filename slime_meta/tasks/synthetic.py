@@ -30,7 +30,7 @@ import json
 import random
 import string
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from slime_meta.prompt_templates import GeneratorPromptTemplate, Message, TeacherPromptTemplate
 from slime_meta.types import GradedAttempt, Problem
@@ -62,30 +62,32 @@ def generate_rows(seed: int = 0, words_per_family: int = 12) -> list[dict[str, s
     Family names are opaque (`f00`..`f63`, suffixes shuffled by the seed) so the group key does not
     spell the hidden rule; `oracle_hint` holds it for evaluation and reading.
     """
+    return generate_family_rows(ALL_SUFFIXES, lambda word, suffix: word + suffix, family_prefix="f", rubric=RUBRIC,
+                                seed=seed, words_per_family=words_per_family)  # fmt: skip
+
+
+def generate_family_rows(
+    hints: Sequence[str], answer: Callable[[str, str], str], *, family_prefix: str, rubric: str, seed: int,
+    words_per_family: int,
+) -> list[dict[str, str]]:
+    """One family per hidden hint (in an order shuffled by `seed`), `words_per_family` distinct
+    random words each, the label `answer(word, hint)`: the data of every task built on this format."""
     if not 1 <= words_per_family <= len(WORD_ALPHABET) ** WORD_LENGTH:
         raise ValueError(f"words_per_family must be between 1 and {len(WORD_ALPHABET) ** WORD_LENGTH}")
     rng = random.Random(seed)
-    suffixes = list(ALL_SUFFIXES)
-    rng.shuffle(suffixes)
+    shuffled = list(hints)
+    rng.shuffle(shuffled)
     rows = []
-    for family_index, suffix in enumerate(suffixes):
-        family = f"f{family_index:02d}"
+    for family_index, hint in enumerate(shuffled):
+        family = f"{family_prefix}{family_index:02d}"
         words: list[str] = []
         while len(words) < words_per_family:
             word = "".join(rng.choice(WORD_ALPHABET) for _ in range(WORD_LENGTH))
             if word not in words:  # distinct inside a family: a repeat would leak between train and holdout
                 words.append(word)
         for word_index, word in enumerate(words):
-            rows.append(
-                {
-                    "uid": f"{family}-{word_index:02d}",
-                    "family": family,
-                    "prompt": word,
-                    "label": word + suffix,
-                    "oracle_hint": suffix,
-                    "rubric": RUBRIC,
-                }
-            )
+            rows.append({"uid": f"{family}-{word_index:02d}", "family": family, "prompt": word,
+                         "label": answer(word, hint), "oracle_hint": hint, "rubric": rubric})  # fmt: skip
     return rows
 
 
