@@ -40,208 +40,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextvars
 import os
-import re
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
+from inner_loop_baselines import Roles, sequential, stage_synchronous  # noqa: E402
+from inner_loop_recording import ROLES, InstrumentedRollout, Ledger, RecordingGrader, RecordingPool  # noqa: E402
 
 from slime_meta.grading import OpenAIGrader
-from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
+from slime_meta.inner_loop import InnerLoopSettings
 from slime_meta.pools import SGLangPool
 from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate
 from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole
 from slime_meta.types import Episode, GradedAttempt, Problem
 
-ROLES = ("student", "teacher", "grader")
 TARGETS = {"latency_bound_ratio": 0.9, "capacity_bound_ratio": 0.85, "client_cpu_ms_per_request": 0.5}
-
-# ----------------------------------------------------------------------------- recording
-
-
-Attempt = tuple[float, float]  # (generate s, grade s) of one attempt
-
-
-def _stage_s(groups: list[list[Attempt]], shared_reply: bool) -> float:
-    """Critical path of one stage's attempts (grouped by problem: one `n` request each).
-
-    shared_reply False: each attempt graded when its own generation ends (the strict bound);
-    True: when the slowest of its request's n generations ends (the `n` request's own bound).
-    """
-    if shared_reply:
-        return max((max(g for g, _ in group) + max(s for _, s in group) for group in groups if group), default=0.0)
-    return max((g + s for group in groups for g, s in group), default=0.0)
-
-
-@dataclass
-class ChainRecord:
-    """Service times of one chain's requests, grouped as the chain's dependencies run."""
-
-    stages: list[list[list[Attempt]]] = field(default_factory=list)  # closed inner iterations
-    teach_s: list[float] = field(default_factory=list)
-    groups: list[list[Attempt]] = field(default_factory=list)  # the open stage, per problem
-
-    def close_iteration(self, teach_s: float) -> None:
-        self.stages.append(self.groups)
-        self.teach_s.append(teach_s)
-        self.groups = []
-
-    def path(self, shared_reply: bool = False) -> float:
-        closed = sum(_stage_s(groups, shared_reply) + teach for groups, teach in zip(self.stages, self.teach_s))
-        return closed + _stage_s(self.groups, shared_reply)
-
-
-_CHAIN: contextvars.ContextVar[ChainRecord | None] = contextvars.ContextVar("bench_chain", default=None)
-_GROUP: contextvars.ContextVar[list[Attempt] | None] = contextvars.ContextVar("bench_group", default=None)
-_SERVICE_MS = re.compile(r"service_ms=([0-9.]+)")
-_GEN_MS = re.compile(r"gen_ms=([0-9.]+)")
-
-
-class Ledger:
-    """Per pool: requests and summed service seconds; per chain: its record."""
-
-    def __init__(self) -> None:
-        self.work_s = {role: 0.0 for role in ROLES}
-        self.requests = {role: 0 for role in ROLES}
-        self.chains: list[ChainRecord] = []
-
-    def add(self, role: str, service_s: float) -> None:
-        self.work_s[role] += service_s
-        self.requests[role] += 1
-        if role == "teacher" and _GROUP.get() is None and (chain := _CHAIN.get()) is not None:
-            chain.close_iteration(service_s)
-
-
-class RecordingPool(SGLangPool):
-    """The project's pool client; reads the service time each fake worker reports."""
-
-    ledger: Ledger | None = None
-
-    async def post(self, path: str, payload: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        reply = await super().post(path, payload, *args, **kwargs)
-        if self.ledger is not None:
-            results = reply if isinstance(reply, list) else [reply]  # `n` > 1: one result per row
-            self.ledger.add(self.name, sum(float(r.get("meta_info", {}).get("e2e_latency", 0.0)) for r in results))
-        return reply
-
-
-class RecordingGrader:
-    """A grader (the project's OpenAIGrader); reads the service time the fake grader writes in its reply."""
-
-    def __init__(self, inner: OpenAIGrader):
-        self.inner = inner
-        self.ledger: Ledger | None = None
-
-    async def grade(self, problem: Problem, solution: str):
-        grade = await self.inner.grade(problem, solution)
-        if self.ledger is not None:
-            match = _SERVICE_MS.search(grade.explanation)
-            grade_s = float(match.group(1)) / 1000.0 if match else 0.0
-            self.ledger.add("grader", grade_s)
-            group = _GROUP.get()
-            generated = _GEN_MS.search(solution)  # the student's service time, written in its text
-            if group is not None:
-                group.append((float(generated.group(1)) / 1000.0 if generated else 0.0, grade_s))
-        return grade
-
-
-class InstrumentedRollout(MetaLearningRollout):
-    """Tags each chain and attempt with a context variable; the orchestration is the parent's."""
-
-    ledger: Ledger
-
-    async def _run_chain(self, chain, *args, **kwargs) -> None:
-        record = ChainRecord()
-        self.ledger.chains.append(record)
-        _CHAIN.set(record)  # this chain's task (and the attempt tasks it starts) see it
-        await super()._run_chain(chain, *args, **kwargs)
-
-    async def _attempts(self, *args, **kwargs):
-        group: list[Attempt] = []
-        _GROUP.set(group)  # each problem's attempts run in their own task (asyncio.gather)
-        result = await super()._attempts(*args, **kwargs)
-        chain = _CHAIN.get()
-        if chain is not None:
-            chain.groups.append(group)
-        return result
-
-    async def _control_grades(self, *args, **kwargs) -> list[float]:
-        record = ChainRecord()
-        self.ledger.chains.append(record)
-        _CHAIN.set(record)
-        return await super()._control_grades(*args, **kwargs)
-
-
-# ----------------------------------------------------------------------------- baselines
-
-
-async def _solve(student: StudentRole, problem: Problem, info: str) -> str:
-    """The solution text (`solve` returns (prompt, text) or (prompt, Completion))."""
-    _, solution = await student.solve(problem, info)
-    return solution if isinstance(solution, str) else solution.text
-
-
-@dataclass
-class Roles:
-    student: StudentRole
-    teacher: TeacherRole
-    grader: RecordingGrader
-    settings: InnerLoopSettings
-
-
-async def stage_synchronous(roles: Roles, episode: Episode) -> None:
-    """All generations, barrier, all grades, barrier, all teacher calls, barrier; K times; holdout."""
-    s = roles.settings
-    chains = [(chunk, g) for chunk in episode.train_chunks_P for g in range(s.n_samples_per_prompt)]
-    infos = [""] * len(chains)
-    for _ in range(s.num_inner_iterations):
-        jobs = [(c, p) for c, (chunk, _) in enumerate(chains) for p in chunk for _ in range(s.n_samples_per_inner_prompt)]
-        solutions = await asyncio.gather(*[_solve(roles.student, p, infos[c]) for c, p in jobs])
-        grades = await asyncio.gather(*[roles.grader.grade(p, sol) for (c, p), sol in zip(jobs, solutions)])
-        attempts: list[dict[str, list[GradedAttempt]]] = [{} for _ in chains]
-        for (c, p), sol, grade in zip(jobs, solutions, grades):
-            attempts[c].setdefault(p.uid, []).append(GradedAttempt(problem=p, solution=sol, grade=grade))
-        replies = await asyncio.gather(
-            *[
-                roles.teacher.write_info(chunk, [attempts[c][p.uid] for p in chunk], infos[c])
-                for c, (chunk, _) in enumerate(chains)
-            ]
-        )
-        infos = [info for info, _, _ in replies]
-    holdout_jobs = [(info, h) for info in infos for h in episode.holdout] + [("", h) for h in episode.holdout]
-    solutions = await asyncio.gather(*[_solve(roles.student, h, info) for info, h in holdout_jobs])
-    await asyncio.gather(*[roles.grader.grade(h, sol) for (_, h), sol in zip(holdout_jobs, solutions)])
-
-
-async def sequential(roles: Roles, episode: Episode, max_chains: int | None) -> int:
-    """One request at a time; returns how many chains it ran."""
-    s = roles.settings
-    chains = [(chunk, g) for chunk in episode.train_chunks_P for g in range(s.n_samples_per_prompt)]
-    chains = chains[:max_chains] if max_chains else chains
-    for chunk, _ in chains:
-        info = ""
-        for _ in range(s.num_inner_iterations):
-            attempts = []
-            for p in chunk:
-                row = []
-                for _ in range(s.n_samples_per_inner_prompt):
-                    sol = await _solve(roles.student, p, info)
-                    row.append(GradedAttempt(problem=p, solution=sol, grade=await roles.grader.grade(p, sol)))
-                attempts.append(row)
-            info, _, _ = await roles.teacher.write_info(chunk, attempts, info)
-        for h in episode.holdout:
-            await roles.grader.grade(h, await _solve(roles.student, h, info))
-    if not max_chains or max_chains >= len(chains):
-        for h in episode.holdout:  # the control, when the whole step ran
-            await roles.grader.grade(h, await _solve(roles.student, h, ""))
-    return len(chains)
-
 
 # ----------------------------------------------------------------------------- the step
 

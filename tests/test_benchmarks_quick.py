@@ -200,7 +200,7 @@ def test_step_quick_runs_the_loop_and_reports_its_parts(tmp_path):
 
 def test_step_prefix_sharing_counts_what_an_unbounded_cache_would_skip():
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from step import prefix_sharing
+    from step_requests import prefix_sharing
 
     requests = [{"ids": ids} for ids in ([1, 2, 3, 5], [7], [1, 2, 3, 4], [1, 2, 9])]
     # Distinct prefixes (trie nodes): 1, 12, 123, 1234, 1235, 129, 7 = 7 of 12 tokens: 5 repeat.
