@@ -201,13 +201,6 @@ def _open_fraction(text: str) -> float:
     return value
 
 
-def _positive_tokens(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (tokens), got {value}")
-    return value
-
-
 def _prefill_chunk(text: str) -> int:
     value = int(text)
     if value < 1 and value != -1:
@@ -352,7 +345,7 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--sglang-chunked-prefill-size", type=_prefill_chunk, default=None,
         help="Tokens per prefill forward in the inference workers (SGLang's --chunked-prefill-size; -1: off). "
              "Default: not set (local workers prefill whole prompts).")
-    add("--sglang-context-length", type=_positive_tokens, default=None,
+    add("--sglang-context-length", type=_positive_int, default=None,
         help="Local backend: the longest request (prompt + new tokens) each embedded worker serves from its "
              "static KV cache and CUDA graphs (the worker's --static-cache-len); longer requests take the slower "
              "generic path. Default: not set (4096). Its slots are sized within the workers' memory share. On "

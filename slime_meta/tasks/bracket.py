@@ -39,7 +39,7 @@ import random
 from typing import Sequence
 
 from slime_meta.tasks import synthetic
-from slime_meta.tasks.synthetic import ANSWER_END, HINT_ALPHABET, WORD_ALPHABET, WORD_LENGTH, write_jsonl, write_parquet
+from slime_meta.tasks.synthetic import HINT_ALPHABET, WORD_LENGTH, write_jsonl, write_parquet
 from slime_meta.types import Problem
 
 NAME = "bracket"
@@ -111,7 +111,7 @@ def prompt_hint_letters(text: str) -> list[str]:
     return sorted(set(text) & set(HINT_ALPHABET))
 
 
-class PretrainingSampler:
+class PretrainingSampler(synthetic.PretrainingSampler):
     """(prompt, completion) pairs for both roles of the tiny model; words are fresh, not the data's.
 
     Student: the rule applied to a random key (20% with no hint, answering a random key). Teacher:
@@ -121,61 +121,15 @@ class PretrainingSampler:
     target with the key in that share of examples, for measurements only.
     """
 
-    empty_hint_fraction = 0.2
-
-    def __init__(self, seed: int, teacher_correct_fraction: float, formats) -> None:
-        self.rng = random.Random(seed)
-        self.formats = formats
-        self.teacher_correct_fraction = teacher_correct_fraction
-
-    def word(self) -> str:
-        return "".join(self.rng.choice(WORD_ALPHABET) for _ in range(WORD_LENGTH))
-
-    def key(self) -> str:
+    def hint(self) -> str:
         return self.rng.choice(ALL_HINTS)
 
-    def student(self) -> tuple[str, str]:
-        word = self.word()
-        if self.rng.random() < self.empty_hint_fraction:
-            hint, key = "", self.key()  # no info: any key is as likely, so it learns to guess
-        else:
-            hint = key = self.key()
-        return self.formats.student_prompt(word, hint), apply_hint(word, key) + ANSWER_END
+    def answer(self, word: str, hint: str) -> str:
+        return apply_hint(word, hint)
 
-    def attempt(self, word: str, key: str, previous_info: str) -> str:
-        """What a student of unknown quality might have answered."""
-        draw = self.rng.random()
-        if draw < 0.4:
-            return apply_hint(word, self.key())  # guessed without a (useful) hint
-        if draw < 0.7 and previous_info:
-            return apply_hint(word, previous_info)  # applied the previous hint
-        if draw < 0.9:
-            return apply_hint(word, key)  # right
-        length = self.rng.randint(0, synthetic.MAX_ATTEMPT_CHARS)  # garbage
-        return "".join(self.rng.choice(WORD_ALPHABET) for _ in range(length))
-
-    def teacher(self, n_problems: int, n_attempts: int, previous_info: str) -> tuple[str, str]:
-        key = self.key()
-        words: list[str] = []
-        while len(words) < n_problems:
-            word = self.word()
-            if word not in words:
-                words.append(word)
-        problems_K = [(w, apply_hint(w, key), [self.attempt(w, key, previous_info) for _ in range(n_attempts)])
-                      for w in words]
-        prompt = self.formats.teacher_prompt(previous_info, problems_K)
-        if self.rng.random() < self.teacher_correct_fraction:
-            target = key
-        else:
-            letters = prompt_hint_letters(prompt)  # never empty: the expected answers hold the key
-            target = "".join(self.rng.choice(letters) for _ in range(HINT_LENGTH))
-        return prompt, target + ANSWER_END
-
-    def teacher_batch(self, size: int) -> list[tuple[str, str]]:
-        # One shape per batch keeps padding small, as in the suffix task's sampler.
-        n_problems, n_attempts = self.rng.randint(1, 3), self.rng.randint(1, 2)
-        with_previous = self.rng.random() < 0.5
-        return [self.teacher(n_problems, n_attempts, self.key() if with_previous else "") for _ in range(size)]
+    def other_teacher_target(self, prompt: str) -> str:
+        letters = prompt_hint_letters(prompt)  # never empty: the expected answers hold the key
+        return "".join(self.rng.choice(letters) for _ in range(HINT_LENGTH))
 
 
 def no_hint_attempt(word: str, rng: random.Random) -> str:

@@ -231,7 +231,8 @@ class PretrainingSampler:
 
     `formats` renders them (slime_meta.models.tiny.Formats: this task's templates). The teacher's
     target is the family's suffix in `teacher_correct_fraction` of the examples, a random one
-    otherwise (slime_meta/models/tiny.py says why).
+    otherwise (slime_meta/models/tiny.py says why). A task on the same format subclasses it and
+    changes the rule (`hint`, `answer`) and the teacher's other targets (`other_teacher_target`).
     """
 
     empty_hint_fraction = 0.2
@@ -244,39 +245,49 @@ class PretrainingSampler:
     def word(self) -> str:
         return "".join(self.rng.choice(WORD_ALPHABET) for _ in range(WORD_LENGTH))
 
-    def suffix(self) -> str:
+    def hint(self) -> str:
+        """A family's hidden hint, drawn uniformly."""
         return self.rng.choice(ALL_SUFFIXES)
+
+    def answer(self, word: str, hint: str) -> str:
+        return word + hint
+
+    def other_teacher_target(self, prompt: str) -> str:
+        """The teacher's target when it is not the family's hint: a random hint."""
+        return self.hint()
 
     def student(self) -> tuple[str, str]:
         word = self.word()
         if self.rng.random() < self.empty_hint_fraction:
-            hint, suffix = "", self.suffix()  # no info: any suffix is as likely, so it learns to guess
+            hint, rule = "", self.hint()  # no info: any hint is as likely, so it learns to guess
         else:
-            hint = suffix = self.suffix()
-        return self.formats.student_prompt(word, hint), word + suffix + ANSWER_END
+            hint = rule = self.hint()
+        return self.formats.student_prompt(word, hint), self.answer(word, rule) + ANSWER_END
 
-    def attempt(self, word: str, suffix: str, previous_info: str) -> str:
+    def attempt(self, word: str, hint: str, previous_info: str) -> str:
         """What a student of unknown quality might have answered."""
         draw = self.rng.random()
         if draw < 0.4:
-            return word + self.suffix()  # guessed without a (useful) hint
+            return self.answer(word, self.hint())  # guessed without a (useful) hint
         if draw < 0.7 and previous_info:
-            return word + previous_info  # applied the previous hint
+            return self.answer(word, previous_info)  # applied the previous hint
         if draw < 0.9:
-            return word + suffix  # right
+            return self.answer(word, hint)  # right
         length = self.rng.randint(0, MAX_ATTEMPT_CHARS)  # garbage
         return "".join(self.rng.choice(WORD_ALPHABET) for _ in range(length))
 
     def teacher(self, n_problems: int, n_attempts: int, previous_info: str) -> tuple[str, str]:
-        suffix = self.suffix()
+        hint = self.hint()
         words: list[str] = []
         while len(words) < n_problems:
             word = self.word()
             if word not in words:
                 words.append(word)
-        problems_K = [(w, w + suffix, [self.attempt(w, suffix, previous_info) for _ in range(n_attempts)]) for w in words]
-        target = suffix if self.rng.random() < self.teacher_correct_fraction else self.suffix()
-        return self.formats.teacher_prompt(previous_info, problems_K), target + ANSWER_END
+        problems_K = [(w, self.answer(w, hint), [self.attempt(w, hint, previous_info) for _ in range(n_attempts)])
+                      for w in words]  # fmt: skip
+        prompt = self.formats.teacher_prompt(previous_info, problems_K)
+        correct = self.rng.random() < self.teacher_correct_fraction
+        return prompt, (hint if correct else self.other_teacher_target(prompt)) + ANSWER_END
 
     def teacher_batch(self, size: int) -> list[tuple[str, str]]:
         # One shape per batch (problems, attempts each, previous info or not) keeps padding small;
@@ -284,8 +295,7 @@ class PretrainingSampler:
         # problems cost a fifth more time; copying the suffix from any entry generalises anyway).
         n_problems, n_attempts = self.rng.randint(1, 3), self.rng.randint(1, 2)
         with_previous = self.rng.random() < 0.5
-        return [self.teacher(n_problems, n_attempts, self.suffix() if with_previous else "") for _ in range(size)]
-
+        return [self.teacher(n_problems, n_attempts, self.hint() if with_previous else "") for _ in range(size)]
 
 
 # ---------------------------------------------------------------------------- CLI
