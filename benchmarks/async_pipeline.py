@@ -20,6 +20,9 @@ from pathlib import Path
 from statistics import fmean, median
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # slime_meta from this checkout
+
+from slime_meta.tracking import read_metrics  # noqa: E402
 
 
 def arm(level: int, args: argparse.Namespace, out: Path) -> dict:
@@ -33,7 +36,7 @@ def arm(level: int, args: argparse.Namespace, out: Path) -> dict:
         cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     wall = time.perf_counter() - started
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run_dir)
     steps = [r["perf/step_time"] for r in records[1:]]
     return {
         "max_async_level": level,

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # slime_meta.plot from this checkout
 
 from slime_meta.plot import plot_run  # noqa: E402
+from slime_meta.tracking import read_metrics  # noqa: E402
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     subprocess.run(command, cwd=ROOT, env=env, check=True)
     wall = time.perf_counter() - started
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run_dir)
     first = records[0]
     name = args.task  # the eval set is named after the data file's stem: data/<task>.jsonl
     r_oracle = first[f"eval/{name}/baseline_teacher/avg"]
