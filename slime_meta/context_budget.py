@@ -1,11 +1,13 @@
 """Keeping every request inside the model's context, so that no request ends a run for its length.
 
-An inference server refuses a request whose prompt plus `max_new_tokens` exceeds the model's
-context length (HTTP 400), and a refused request ends the run. Three places can overflow:
+An SGLang server refuses a request whose prompt plus `max_new_tokens` reaches the model's context
+length (HTTP 400; equal is refused too), and aborts one whose prompt alone comes within
+`SGLANG_INPUT_MARGIN` tokens of it; a refused request ends the run. `longest_prompt` is what one
+request may carry. Three places can overflow:
 
   - the teacher's prompt carries every graded attempt of its problems, and real solutions run to
     thousands of tokens: `fit_teacher_prompt` shortens the attempts to the budget
-    (context - `--teacher-max-tokens`), so the prompt fits by construction;
+    (`longest_prompt(context, --teacher-max-tokens)`), so the prompt fits by construction;
   - a student prompt (problem + the teacher's info) can leave less room than
     `--rollout-max-response-len`: `student_new_tokens` clamps the request to what is left;
   - a flag, or a data row, can make a request that can never fit: `check_flags_fit` and
@@ -39,6 +41,15 @@ SPECIAL_TOKENS_SLACK = 8
 # A row is kept only if the student can still write this many tokens (or the whole flag value, if smaller).
 MIN_ANSWER_TOKENS = 16
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+# SGLang's limits on one request (its tokenizer manager: prompt + max_new_tokens >= context is
+# refused; its scheduler: a prompt of context - 6 tokens or more is aborted). The embedded worker
+# refuses the same (slime_meta/serving/protocol.py), so a run tested here is not refused on a cluster.
+SGLANG_INPUT_MARGIN = 6
+
+
+def longest_prompt(context_length: int, max_new_tokens: int) -> int:
+    """The most prompt tokens an SGLang server serves with `max_new_tokens` new ones in this context."""
+    return context_length - max(max_new_tokens, SGLANG_INPUT_MARGIN) - 1
 
 
 def context_length_of(model_dir: str | None) -> int | None:
@@ -230,11 +241,19 @@ def _fit_problems(build, problems, empty_K, previous_info, budget, counter, stat
 def student_new_tokens(
     prompt: str, max_new_tokens: int, context_length: int | None, count: Callable[[str], int]
 ) -> tuple[int, int | None]:
-    """(max_new_tokens that fit, the prompt's token count or None when it was not needed)."""
-    if context_length is None or len(prompt.encode("utf-8")) + SPECIAL_TOKENS_SLACK + max_new_tokens <= context_length:
+    """(max_new_tokens that fit, the prompt's token count or None when it was not needed).
+
+    At most `context_length - 1` tokens in all (SGLang refuses a request that fills the context);
+    0 when the prompt alone is more than a server takes.
+    """
+    if context_length is None:
+        return max_new_tokens, None
+    if len(prompt.encode("utf-8")) + SPECIAL_TOKENS_SLACK <= longest_prompt(context_length, max_new_tokens):
         return max_new_tokens, None
     prompt_tokens = count(prompt)
-    return min(max_new_tokens, context_length - prompt_tokens), prompt_tokens
+    if prompt_tokens > longest_prompt(context_length, 0):
+        return 0, prompt_tokens
+    return min(max_new_tokens, context_length - 1 - prompt_tokens), prompt_tokens
 
 
 # ---------------------------------------------------------------------------- start-time checks
@@ -277,22 +296,23 @@ def check_flags_fit(limits: ContextLimits, generator_template: Any, teacher_temp
                 f"--teacher-template {teacher_template.source}: its text alone is {template} tokens, the whole "
                 f"{C}-token context of {limits.teacher_source}; use a shorter template or a model with a longer context"
             )
-        if template + 2 * T > C:
+        if template + T > longest_prompt(C, T):
             raise UserInputError(
                 f"--teacher-max-tokens {T}: the teacher's prompt ({template} tokens of template, up to {T} of previous info) "
-                f"plus {T} new tokens exceed the {C}-token context of {limits.teacher_source}; "
+                f"plus {T} new tokens do not fit the {C}-token context of {limits.teacher_source}; "
                 f"use --teacher-max-tokens {max(1, (C - template) // 4)} (a quarter of what the template leaves) or less"
             )
     if limits.student_context is not None:
         C = limits.student_context
         template = student_prompt_tokens(limits, generator_template, EMPTY_PROBLEM, position)
-        if template + T + R > C:
-            fit = (C - template - T) // 2
-            fix = (f"use --rollout-max-response-len {fit} (half of what is left) or less" if fit >= 1
+        if template + T > longest_prompt(C, R):
+            fit = (C - 1 - template - T) // 2
+            fix = (f"use --rollout-max-response-len {fit} (half of what is left) or less"
+                   if fit >= 1 and template + T <= longest_prompt(C, fit)
                    else "lower --teacher-max-tokens (the info goes into the student's prompt)")  # fmt: skip
             raise UserInputError(
                 f"--rollout-max-response-len {R}: the student's prompt ({template} tokens of template, up to {T} of "
-                f"info from --teacher-max-tokens) plus {R} new tokens exceed the {C}-token context of "
+                f"info from --teacher-max-tokens) plus {R} new tokens do not fit the {C}-token context of "
                 f"{limits.student_source}; {fix}"
             )
 
@@ -312,13 +332,13 @@ def row_need(
     T, R = limits.teacher_max_tokens, limits.student_max_tokens
     answer = min(R, MIN_ANSWER_TOKENS)
     if limits.student_context is not None:
-        need = student_prompt_tokens(limits, generator_template, problem, position) + T + answer
-        if need > limits.student_context:
-            return need, limits.student_context, "student"
+        prompt = student_prompt_tokens(limits, generator_template, problem, position) + T
+        if prompt > longest_prompt(limits.student_context, answer):
+            return prompt + answer, limits.student_context, "student"
     if limits.teacher_context is not None:
-        need = teacher_prompt_tokens(limits, teacher_template, [problem]) + 2 * T
-        if need > limits.teacher_context:
-            return need, limits.teacher_context, "teacher"
+        prompt = teacher_prompt_tokens(limits, teacher_template, [problem]) + T
+        if prompt > longest_prompt(limits.teacher_context, T):
+            return prompt + T, limits.teacher_context, "teacher"
     return None
 
 
@@ -341,7 +361,7 @@ def split_rows_by_fit(
     # A row's own tokens are at most its UTF-8 bytes: under this bound it fits without being counted.
     template = max(teacher_prompt_tokens(limits, teacher_template, [EMPTY_PROBLEM]) + 2 * T,
                    student_prompt_tokens(limits, generator_template, EMPTY_PROBLEM, position) + T + answer)  # fmt: skip
-    bound = smallest - template - 2 * SPECIAL_TOKENS_SLACK
+    bound = smallest - template - 2 * SPECIAL_TOKENS_SLACK - SGLANG_INPUT_MARGIN - 1
     kept, skipped = [], []
     for problem in problems:
         size = sum(len(s.encode("utf-8")) for s in (problem.prompt, problem.rubric, problem.ground_truth))
@@ -349,7 +369,8 @@ def split_rows_by_fit(
         (kept if need is None else skipped).append((problem, need))
     for problem, (need, context, role) in skipped[:max_lines]:
         report(f"warning: {problem.source or path}: the {role}'s prompt of this problem needs {need} tokens "
-               f"(with --teacher-max-tokens/--rollout-max-response-len), over its {context}-token context; row skipped")  # fmt: skip
+               f"(with --teacher-max-tokens/--rollout-max-response-len), more than its {context}-token context "
+               "serves; row skipped")  # fmt: skip
     if skipped:
         report(f"warning: {path}: skipped {len(skipped)} of {len(problems)} rows too long for the model's context")
     if not kept:

@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-from slime_meta.context_budget import ContextBudgetStats, TokenCounter, fit_teacher_prompt, student_new_tokens
+from slime_meta.context_budget import (
+    ContextBudgetStats, TokenCounter, fit_teacher_prompt, longest_prompt, student_new_tokens,
+)
 from slime_meta.pools import SGLangPool
 from slime_meta.prompt_templates import GeneratorPromptTemplate, Message, TeacherPromptTemplate
 from slime_meta.types import Completion, Grade, GradedAttempt, Problem
@@ -155,7 +157,8 @@ class TeacherRole:
 
         if self._counter is None:
             return build(problems, attempts_K_M, previous_info)
-        budget = self.context_length - self.max_new_tokens
+        # Strictly inside the context: SGLang refuses a prompt + max_new_tokens that fills it.
+        budget = longest_prompt(self.context_length, self.max_new_tokens)
         return fit_teacher_prompt(build, problems, attempts_K_M, previous_info, budget, self._counter, self.budget_stats)
 
     async def write_info(

@@ -93,7 +93,7 @@ def check_step(result, run_dir: Path, data: Path, iterations: int, tokenizer) ->
     for chain in chains:
         for step in chain["steps"][:-1]:
             assert re.search(marker, step["teacher_prompt"]), "the trace shows where attempts were cut"
-            assert len(tokenizer(step["teacher_prompt"])["input_ids"]) <= CONTEXT_LENGTH - TEACHER_MAX_TOKENS
+            assert len(tokenizer(step["teacher_prompt"])["input_ids"]) + TEACHER_MAX_TOKENS < CONTEXT_LENGTH
     return metrics
 
 

@@ -19,6 +19,7 @@ from slime_meta.serving.protocol import (
     FinishedGeneration,
     GenerationSpec,
     RequestError,
+    context_length_error,
     parse_sampling_params,
 )
 
@@ -58,11 +59,9 @@ def _sampling_from_openai(body: dict[str, Any], default_max_tokens: int | None) 
 def _spec(context: OpenAIContext, input_ids: list[int], sampling: Any) -> GenerationSpec:
     if not input_ids:
         raise RequestError("the prompt is empty")
-    if context.max_positions is not None and len(input_ids) + sampling.max_new_tokens > context.max_positions:
-        raise RequestError(
-            f"prompt ({len(input_ids)} tokens) + max_tokens ({sampling.max_new_tokens}) exceeds the "
-            f"model's context length ({context.max_positions})"
-        )
+    length_error = context_length_error(len(input_ids), sampling.max_new_tokens, context.max_positions)
+    if length_error is not None:  # SGLang's OpenAI routes pass the same check as its /generate
+        raise RequestError(length_error)
     return GenerationSpec(rid=uuid.uuid4().hex, input_ids=tuple(input_ids), sampling=sampling)
 
 

@@ -65,6 +65,31 @@ class RequestError(Exception):
     """A malformed or unsatisfiable request: answered with HTTP 400 and this message."""
 
 
+# SGLang's limits on one request's length, kept here so that what this worker serves an SGLang
+# server serves too (a client tested against this worker must not meet its first HTTP 400 on a
+# cluster): its tokenizer manager refuses a prompt plus max_new_tokens that reaches the context
+# length (equal is refused, not only more), and its scheduler aborts a prompt that reaches the
+# context less this many tokens (its largest input is the context - 1, less 5 more).
+SGLANG_INPUT_MARGIN = 6
+
+
+def context_length_error(prompt_tokens: int, max_new_tokens: int, context_length: int | None) -> str | None:
+    """Why SGLang would refuse this request for its length, or None when it fits."""
+    if context_length is None:
+        return None
+    if prompt_tokens + max_new_tokens >= context_length:
+        return (
+            f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) reaches the model's context "
+            f"length ({context_length}); SGLang serves at most {context_length - 1} tokens in all"
+        )
+    if prompt_tokens >= context_length - SGLANG_INPUT_MARGIN:
+        return (
+            f"prompt ({prompt_tokens} tokens) is too long for the model's context length ({context_length}); "
+            f"SGLang serves prompts of at most {context_length - SGLANG_INPUT_MARGIN - 1} tokens"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
@@ -262,12 +287,9 @@ def parse_generate_request(
     for prompt, raw_sampling, rid in zip(prompts, sampling_raw, rids):
         _require(len(prompt) > 0, "a prompt must have at least one token")
         sampling = parse_sampling_params(raw_sampling)
-        if max_positions is not None:
-            _require(
-                len(prompt) + sampling.max_new_tokens <= max_positions,
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds the "
-                f"model's context length ({max_positions})",
-            )
+        length_error = context_length_error(len(prompt), sampling.max_new_tokens, max_positions)
+        if length_error is not None:
+            raise RequestError(length_error)
         _require(rid is None or isinstance(rid, str), "'rid' must be a string or a list of strings")
         base_rid = rid or uuid.uuid4().hex
         prefill_key = uuid.uuid4().hex if samples_per_prompt > 1 else None  # unique even if a caller reuses a rid
