@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import random
+import unicodedata
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -256,6 +257,23 @@ def load_problems(
         metadata = {key: _none_if_nan(row.get(key)) for key in kept_columns}
         problems.append(Problem(uid=uid, prompt=text, label=label, rubric=rubric, group=group, metadata=metadata, source=where))
     return problems
+
+
+def problem_key(problem: Problem) -> str:
+    """A problem's identity when eval and training sets are compared: its text, normalised.
+
+    NFKC (full-width digits, ligatures), casefolded, whitespace collapsed; the label is left out.
+    Why: the same problem with the label `4`, `4.0` or {"answer": "4"}, or re-wrapped, is still the
+    same problem, and training on it would inflate the eval figure it is held out for.
+    """
+    text = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", problem.prompt).casefold())
+    return " ".join(text.split())
+
+
+def without_eval_problems(problems: Sequence[Problem], eval_problems: Sequence[Problem]) -> list[Problem]:
+    """`problems` less every one whose normalised text (`problem_key`) is also an eval problem's."""
+    held_out = {problem_key(p) for p in eval_problems}
+    return [p for p in problems if problem_key(p) not in held_out]
 
 
 # --------------------------------------------------------------------------- sizes

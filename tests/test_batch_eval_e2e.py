@@ -77,7 +77,12 @@ def test_fixed_eval_set_is_never_trained_on_and_is_logged_and_plotted(tiny_check
     rows = [json.loads(line) for line in SYNTHETIC.read_text().splitlines() if line.strip()]
     held_rows = [i for i, row in enumerate(rows) if row["family"] in ("f00", "f01")]
     eval_file = tmp_path / "held.jsonl"
-    eval_file.write_text("".join(json.dumps(rows[i]) + "\n" for i in held_rows))
+    # The same problems in other forms: other case, or a dict label. They still leave training.
+    reformatted = [
+        {**rows[i], "prompt": rows[i]["prompt"].upper()} if n % 2 else {**rows[i], "label": {"answer": rows[i]["label"]}}
+        for n, i in enumerate(held_rows)
+    ]
+    eval_file.write_text("".join(json.dumps(row) + "\n" for row in reformatted))
     run_dir = tmp_path / "eval"
     result = run_train(
         base_args(tiny_checkpoint, run_dir, "--rollout-batch-size", "4", "--num-rollout", "2", "--trace-sample-rate", "0",

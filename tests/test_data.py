@@ -316,3 +316,56 @@ def test_validate_names_the_small_family_and_the_numbers():
 def test_group_mode_needs_groups():
     with pytest.raises(UserInputError):
         ProblemSampler(make_problems(4), seed=0, group_key_used=True)
+
+
+# --------------------------------------------------------------------------- eval sets held out of training
+
+
+def test_problem_key_ignores_case_spacing_unicode_forms_and_the_label():
+    from slime_meta.data import problem_key
+
+    same = [
+        Problem(uid="0", prompt="What is 2 + 2?", label="4"),
+        Problem(uid="1", prompt="  what is 2 +\n 2?\t", label="4.0"),
+        Problem(uid="2", prompt="WHAT IS 2 + 2?", label={"answer": "4"}),
+        Problem(uid="3", prompt="Ｗhat is ２ + ２?", label="four"),  # full-width letters and digits (NFKC)
+    ]
+    assert len({problem_key(p) for p in same}) == 1
+    assert problem_key(Problem(uid="4", prompt="What is 2 + 3?", label="4")) != problem_key(same[0])
+
+
+def test_eval_problems_leave_training_whatever_their_format_and_only_none_left_exits_2(tmp_path, tiny_checkpoint, capsys):
+    from slime_meta.arguments import parse_config
+    from slime_meta.backends.local.run_data import load_data
+
+    train_rows = [{"prompt": f"Ana has {i} apples and gets 2 more. How many?", "label": str(i + 2)} for i in range(12)]
+    # Five of them again in the eval file, each in another form: the label "2.0" for "2", a dict
+    # label, other whitespace, other case, full-width digits. Compared as (text, label), four stayed
+    # in training.
+    eval_rows = [
+        {"prompt": train_rows[0]["prompt"], "label": "2.0"},
+        {"prompt": train_rows[1]["prompt"], "label": {"answer": "3"}},
+        {"prompt": "Ana has 2 apples  and gets 2 more.\nHow many?", "label": "4"},
+        {"prompt": train_rows[3]["prompt"].upper(), "label": "5"},
+        {"prompt": train_rows[4]["prompt"].replace("4", "４"), "label": "6"},
+        {"prompt": "A problem of its own, never trained on?", "label": "1"},
+    ]
+    train_file, eval_file = write_jsonl(tmp_path / "train.jsonl", train_rows), write_jsonl(tmp_path / "eval.jsonl", eval_rows)
+
+    def config(train: Path):
+        return parse_config([
+            "--use-meta-learning", "--hf-checkpoint", str(tiny_checkpoint), "--prompt-data", str(train),
+            "--eval-prompt-data", "held", str(eval_file), "--rollout-batch-size", "2", "--heldout-ipb", "1",
+            "--teacher-template", "T:{problem}{attempts_and_grades}{previous_info}", "--teacher-max-tokens", "8",
+            "--generator-template", "Q: {problem}", "--rollout-max-response-len", "8", "--run-dir", str(tmp_path / "run"),
+        ])  # fmt: skip
+
+    data = load_data(config(train_file))
+    assert sorted(int(p.uid) for p in data.sampler.problems) == list(range(5, 12))
+    out = capsys.readouterr().out
+    assert out.count("--eval-prompt-data") == 1
+    assert f"5 problems of {train_file} are also in --eval-prompt-data: they are left out of training" in out
+
+    only_eval = write_jsonl(tmp_path / "only_eval.jsonl", train_rows[:5])
+    message = user_error(load_data, config(only_eval))
+    assert message.startswith(f"--prompt-data {only_eval}: every problem is also in --eval-prompt-data")

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from slime_meta.arguments import MetaConfig
 from slime_meta.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit
-from slime_meta.data import BatchPlan, ProblemSampler, load_problems, plan_batch
+from slime_meta.data import BatchPlan, ProblemSampler, load_problems, plan_batch, without_eval_problems
 from slime_meta.errors import UserInputError
 from slime_meta.prompt_templates import load_template
 from slime_meta.roles import PromptRenderer
@@ -28,10 +28,6 @@ class Data:
     eval_sets: dict[str, list]  # NAME -> its fixed episodes (--eval-prompt-data)
 
 
-def _problem_key(problem) -> tuple[str, str]:
-    return problem.prompt.strip(), problem.ground_truth.strip()
-
-
 def load_data(cfg: MetaConfig) -> Data:
     def load(path: str):
         return load_problems(
@@ -47,10 +43,10 @@ def load_data(cfg: MetaConfig) -> Data:
     )  # fmt: skip
     eval_paths = dict(zip(meta.eval_prompt_data[0::2], meta.eval_prompt_data[1::2]))
     eval_problems = {name: rows_that_fit_context(cfg, load(path), path) for name, path in eval_paths.items()}
-    # An eval problem is never drawn for training: the same text and label leave the training pool.
-    held_out = {_problem_key(p) for found in eval_problems.values() for p in found}
-    kept = [p for p in problems if _problem_key(p) not in held_out]
-    if held_out and len(kept) < len(problems):
+    # An eval problem is never drawn for training: the same text (case, spacing and Unicode forms
+    # aside, whatever its label's form) leaves the training pool.
+    kept = without_eval_problems(problems, [p for found in eval_problems.values() for p in found])
+    if len(kept) < len(problems):
         print(f"{len(problems) - len(kept)} problems of {cfg.data.prompt_data} are also in --eval-prompt-data: "
               "they are left out of training", flush=True)  # fmt: skip
     if not kept:
