@@ -24,6 +24,7 @@ from slime_meta.errors import UserInputError
 
 ADDITIONAL_INFO_POSITIONS = ("prefix", "suffix", "system")
 HOLDOUT_ADVANTAGE_MODES = ("mean-then-normalize", "normalize-then-mean")
+TEACHER_HISTORY_MODES = ("all", "last")
 GRADER_KINDS = ("auto", "verifier", "openai")
 VERIFIER_METRICS = ("exact", "normalized", "numeric", "char")
 
@@ -64,6 +65,7 @@ class MetaLearningConfig:
     eval_prompt_data: tuple[str, ...]  # NAME PATH pairs of fixed evaluation sets
     eval_interval: int | None
     eval_num_batches: int
+    teacher_history: str = "all"  # --teacher-history: all rounds' attempts and infos, or the last round's
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,9 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         help="k: train problems in one teacher prompt; one info serves all k. Teacher prompts (GRPO groups) = train problems / k.")
     add("--additional-info-position", choices=ADDITIONAL_INFO_POSITIONS, default="prefix", help="Where the info goes in the student's prompt.")
     add("--train-all-inner-steps", action="store_true", help="Also train every earlier inner iteration's info with its group's advantage.")
+    add("--teacher-history", choices=TEACHER_HISTORY_MODES, default="all",
+        help="What the teacher reads each round: all (every round's attempts and grades so far, each under the info it "
+             "was made with; the oldest round is dropped first when the prompt is long) or last (this round's only).")
     add("--holdout-advantage", choices=HOLDOUT_ADVANTAGE_MODES, default="mean-then-normalize",
         help="mean-then-normalize: reward = mean holdout grade, GRPO over the G infos. "
              "normalize-then-mean: normalise each holdout problem's grades across the G infos, then average.")

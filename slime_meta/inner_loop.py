@@ -3,7 +3,9 @@
 For every teacher prompt p (k train problems) and every teacher sample g of its group, a chain:
     info = ""
     K times: the student solves each train problem m times with `info`; the grader scores each
-             attempt; the teacher reads problems, attempts, grades and `info`, and writes a new info.
+             attempt; the teacher reads problems, the attempts and grades of every round so far
+             (each under the info it was made with: its own earlier infos; `--teacher-history
+             last`: this round's only) and `info`, and writes a new info.
     holdout: the student solves every holdout problem S times with the final info (S =
              --n-holdout-samples); graded.
     reward(p, g) = mean holdout grade over all H x S attempts.
@@ -46,6 +48,9 @@ class InnerLoopSettings:
     holdout_samples_per_problem: int = 1
     show_progress: bool = True
     keep_solver_attempts: bool = False
+    # What the teacher reads each round: "all" rounds' attempts so far (each under the info it was
+    # made with: its own earlier infos), or the "last" round's only.
+    teacher_history: str = "all"
 
 
 @dataclass
@@ -115,7 +120,7 @@ class MetaLearningRollout:
     # ------------------------------------------------------------------ one chain
 
     async def _attempts(
-        self, problem: Problem, info: str, count: int, with_tokens: bool = False
+        self, problem: Problem, info: str, count: int, with_tokens: bool = False, iteration: int = 0
     ) -> list[tuple[str, GradedAttempt]]:
         """`count` attempts at `problem`: one student request with n = count (the prompt is
         prefilled once for all of them), then each attempt graded on its own."""
@@ -124,24 +129,37 @@ class MetaLearningRollout:
         prompt, completions = await self.student.solve_n(problem, info, count, with_tokens=with_tokens)
         grades = await asyncio.gather(*[self.grader.grade(problem, c.text) for c in completions])
         return [
-            (prompt, GradedAttempt(problem=problem, solution=c.text, grade=grade, completion=c))
+            (prompt, GradedAttempt(problem=problem, solution=c.text, grade=grade, completion=c, iteration=iteration))
             for c, grade in zip(completions, grades)
         ]
 
     async def _run_chain(self, chain: Chain) -> None:
         m = self.settings.n_samples_per_inner_prompt
         info = ""
+        history_K_M: list[list[GradedAttempt]] = [[] for _ in chain.problems]  # every round's attempts so far
+        round_infos: list[str] = []  # the info of each round so far
         for iteration in range(self.settings.num_inner_iterations):
             # The first round's no-info attempts are the policy's own solver samples when it is the
             # student (shared pool): keep their tokens for the solver-role channels.
             keep_tokens = iteration == 0 and self.settings.keep_solver_attempts
-            results_K_M = await asyncio.gather(*[self._attempts(p, info, m, keep_tokens) for p in chain.problems])
+            results_K_M = await asyncio.gather(
+                *[self._attempts(p, info, m, keep_tokens, iteration) for p in chain.problems]
+            )
             if keep_tokens:
                 chain.solver_attempts_K_M = [[attempt for _, attempt in results_M] for results_M in results_K_M]
             attempts_K_M = [[attempt for _, attempt in results_M] for results_M in results_K_M]
             avg_grade = fmean(a.grade.score for attempts_M in attempts_K_M for a in attempts_M)
             chain.grades_per_iteration.append(avg_grade)
-            new_info, completion, teacher_prompt = await self.teacher.write_info(chain.problems, attempts_K_M, info)
+            round_infos.append(info)
+            if self.settings.teacher_history == "all":  # past attempts, past feedback, its own past infos
+                for history_M, attempts_M in zip(history_K_M, attempts_K_M):
+                    history_M.extend(attempts_M)
+                shown_K_M, shown_infos = [list(h) for h in history_K_M], list(round_infos)
+            else:
+                shown_K_M, shown_infos = attempts_K_M, []
+            new_info, completion, teacher_prompt = await self.teacher.write_info(
+                chain.problems, shown_K_M, info, round_infos=shown_infos
+            )
             chain.steps.append(InfoStep(iteration=iteration, info=new_info, completion=completion, avg_grade_before=avg_grade))
             if chain.traced:
                 chain.trace.append(

@@ -206,18 +206,52 @@ class TeacherPromptTemplate(PromptTemplate):
             blocks.append(body if len(problems) == 1 else f"On problem {index + 1}:\n{body}")
         return "\n\n".join(blocks)
 
+    def format_round_header(self, iteration: int, info: str, is_last: bool) -> str:
+        if is_last and info:
+            return f"Round {iteration + 1}, with your previous additional information:"
+        if not info:
+            return f"Round {iteration + 1}, with no additional information:"
+        return f"Round {iteration + 1}, with this additional information from you:\n{info}\n\nAttempts:"
+
+    def format_rounds(
+        self, problems: Sequence[Problem], attempts_K_M: Sequence[Sequence[GradedAttempt]], round_infos: Sequence[str]
+    ) -> str:
+        """Every round's attempts, oldest first, each under the info the student had in it.
+
+        A round whose attempts were all left out for length is left out whole (its info too).
+        """
+        blocks = []
+        for iteration, info in enumerate(round_infos):
+            in_round_K_M = [[a for a in attempts if a.iteration == iteration] for attempts in attempts_K_M]
+            if any(in_round_K_M):
+                header = self.format_round_header(iteration, info, is_last=iteration == len(round_infos) - 1)
+                blocks.append(f"{header}\n{self.format_attempts(problems, in_round_K_M)}")
+        return "\n\n".join(blocks) or ATTEMPTS_LEFT_OUT
+
     def build(
         self,
         problems: Sequence[Problem],
         attempts_K_M: Sequence[Sequence[GradedAttempt]],
         previous_info: str,
+        round_infos: Sequence[str] = (),
     ) -> list[Message]:
+        """The teacher's messages.
+
+        `round_infos[r]`: the info the student had in inner round r ("" in the first; the last is
+        `previous_info`). With more than one round, `attempts_K_M` holds every round's attempts
+        (`attempt.iteration` says which) and they are shown round by round (`format_rounds`):
+        the teacher reads its own earlier infos beside what they did. Without, one round as is.
+        """
         rubrics = [p.rubric for p in problems if p.rubric]
+        if len(round_infos) > 1:
+            attempts = self.format_rounds(problems, attempts_K_M, round_infos)
+        else:
+            attempts = self.format_attempts(problems, attempts_K_M)
         content = self.render(
             problem=self.format_problems(problems),
             rubric="\n".join(dict.fromkeys(rubrics)) or "(none)",
             ground_truth="\n".join(p.ground_truth for p in problems),
-            attempts_and_grades=self.format_attempts(problems, attempts_K_M),
+            attempts_and_grades=attempts,
             previous_info=previous_info,
         )
         return [{"role": "user", "content": content}]

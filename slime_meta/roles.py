@@ -11,6 +11,7 @@ to what its prompt leaves (slime_meta/context_budget.py).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
@@ -145,14 +146,30 @@ class TeacherRole:
 
     def __post_init__(self):
         self._counter = TokenCounter(self.renderer.tokenizer) if self.context_length is not None else None
+        # A template whose build() takes no `round_infos` has a format made for one round (the
+        # synthetic tasks' teachers were trained on it): it is given the current round only.
+        self._reads_rounds = "round_infos" in inspect.signature(self.template.build).parameters
 
     def prompt_and_ids(
-        self, problems: Sequence[Problem], attempts_K_M: Sequence[Sequence[GradedAttempt]], previous_info: str
+        self,
+        problems: Sequence[Problem],
+        attempts_K_M: Sequence[Sequence[GradedAttempt]],
+        previous_info: str,
+        round_infos: Sequence[str] = (),
     ) -> tuple[str, list[int]]:
-        """The teacher's prompt and its ids, shortened to leave `max_new_tokens` of the context."""
+        """The teacher's prompt and its ids, shortened to leave `max_new_tokens` of the context.
+
+        `round_infos`: the info of each inner round so far, when `attempts_K_M` holds every round's
+        attempts (the teacher's history); the budget drops the oldest round's attempts first.
+        """
+        if round_infos and not self._reads_rounds:
+            current = len(round_infos) - 1
+            attempts_K_M = [[a for a in attempts if a.iteration == current] for attempts in attempts_K_M]
+            round_infos = ()
+        rounds = {"round_infos": tuple(round_infos)} if round_infos else {}
 
         def build(problems_K, attempts, info) -> tuple[str, list[int]]:
-            text = self.renderer.text(self.template.build(problems_K, attempts, info))
+            text = self.renderer.text(self.template.build(problems_K, attempts, info, **rounds))
             return text, self.renderer.ids_of_text(text)
 
         if self._counter is None:
@@ -162,10 +179,14 @@ class TeacherRole:
         return fit_teacher_prompt(build, problems, attempts_K_M, previous_info, budget, self._counter, self.budget_stats)
 
     async def write_info(
-        self, problems: Sequence[Problem], attempts_K_M: Sequence[Sequence[GradedAttempt]], previous_info: str
+        self,
+        problems: Sequence[Problem],
+        attempts_K_M: Sequence[Sequence[GradedAttempt]],
+        previous_info: str,
+        round_infos: Sequence[str] = (),
     ) -> tuple[str, Completion, str]:
         """The teacher's next info: (info, the sampled completion, the prompt text)."""
-        prompt, ids = self.prompt_and_ids(problems, attempts_K_M, previous_info)
+        prompt, ids = self.prompt_and_ids(problems, attempts_K_M, previous_info, round_infos)
         completion = await self.pool.generate(
             input_ids=ids,
             sampling_params={"temperature": self.temperature, "max_new_tokens": self.max_new_tokens},

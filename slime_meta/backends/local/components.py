@@ -130,6 +130,7 @@ def build_rollout(
         control_samples_per_problem=cfg.meta.n_holdout_samples,
         holdout_samples_per_problem=cfg.meta.n_holdout_samples,
         keep_solver_attempts=cfg.objectives.needs_solver_samples and not cfg.separate_student,
+        teacher_history=cfg.meta.teacher_history,
     )
     return MetaLearningRollout(student=student, grader=pieces.grader, teacher=teacher, settings=settings)
 
