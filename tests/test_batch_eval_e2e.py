@@ -79,7 +79,8 @@ def test_fixed_eval_set_is_never_trained_on_and_is_logged_and_plotted(tiny_check
     eval_file = tmp_path / "held.jsonl"
     # The same problems in other forms: other case, or a dict label. They still leave training.
     reformatted = [
-        {**rows[i], "prompt": rows[i]["prompt"].upper()} if n % 2 else {**rows[i], "label": {"answer": rows[i]["label"]}}
+        {**rows[i], "prompt": rows[i]["prompt"].upper()} if n % 2
+        else {**rows[i], "label": {"answer": rows[i]["label"]}}
         for n, i in enumerate(held_rows)
     ]
     eval_file.write_text("".join(json.dumps(row) + "\n" for row in reformatted))

@@ -68,7 +68,8 @@ def test_client_budget_and_worker_agree_with_sglangs_rule_at_every_boundary():
         for new in (0, 1, SGLANG_INPUT_MARGIN - 1, SGLANG_INPUT_MARGIN, SGLANG_INPUT_MARGIN + 1, 40):
             for prompt in range(context - new - 12, context - new + 3):
                 sglang_serves = prompt + new < context and prompt < context - SGLANG_INPUT_MARGIN
-                assert (protocol.context_length_error(prompt, new, context) is None) == sglang_serves, (context, new, prompt)
+                served = protocol.context_length_error(prompt, new, context) is None
+                assert served == sglang_serves, (context, new, prompt)
                 assert (prompt <= longest_prompt(context, new)) == sglang_serves, (context, new, prompt)
     assert protocol.SGLANG_INPUT_MARGIN == SGLANG_INPUT_MARGIN
 
@@ -102,8 +103,10 @@ def test_student_requests_are_clamped_strictly_inside(tiny_checkpoint, worker_ur
 
     async def solve(problem: Problem):
         client = SGLangPool(name="student", base_url=worker_url, max_retries=0)
-        student = StudentRole(pool=client, template=GeneratorPromptTemplate("{problem}"), renderer=renderer,
-                              info_position="prefix", temperature=1.0, max_new_tokens=64, context_length=CONTEXT)  # fmt: skip
+        student = StudentRole(
+            pool=client, template=GeneratorPromptTemplate("{problem}"), renderer=renderer, info_position="prefix",
+            temperature=1.0, max_new_tokens=64, context_length=CONTEXT,
+        )
         try:
             return await student.solve_n(problem, "", 2, with_tokens=True), student
         finally:

@@ -334,7 +334,9 @@ def test_problem_key_ignores_case_spacing_unicode_forms_and_the_label():
     assert problem_key(Problem(uid="4", prompt="What is 2 + 3?", label="4")) != problem_key(same[0])
 
 
-def test_eval_problems_leave_training_whatever_their_format_and_only_none_left_exits_2(tmp_path, tiny_checkpoint, capsys):
+def test_eval_problems_leave_training_whatever_their_format_and_only_none_left_exits_2(
+    tmp_path, tiny_checkpoint, capsys
+):
     from slime_meta.arguments import parse_config
     from slime_meta.backends.local.run_data import load_data
 
@@ -350,14 +352,16 @@ def test_eval_problems_leave_training_whatever_their_format_and_only_none_left_e
         {"prompt": train_rows[4]["prompt"].replace("4", "４"), "label": "6"},
         {"prompt": "A problem of its own, never trained on?", "label": "1"},
     ]
-    train_file, eval_file = write_jsonl(tmp_path / "train.jsonl", train_rows), write_jsonl(tmp_path / "eval.jsonl", eval_rows)
+    train_file = write_jsonl(tmp_path / "train.jsonl", train_rows)
+    eval_file = write_jsonl(tmp_path / "eval.jsonl", eval_rows)
 
     def config(train: Path):
         return parse_config([
             "--use-meta-learning", "--hf-checkpoint", str(tiny_checkpoint), "--prompt-data", str(train),
             "--eval-prompt-data", "held", str(eval_file), "--rollout-batch-size", "2", "--heldout-ipb", "1",
             "--teacher-template", "T:{problem}{attempts_and_grades}{previous_info}", "--teacher-max-tokens", "8",
-            "--generator-template", "Q: {problem}", "--rollout-max-response-len", "8", "--run-dir", str(tmp_path / "run"),
+            "--generator-template", "Q: {problem}", "--rollout-max-response-len", "8",
+            "--run-dir", str(tmp_path / "run"),
         ])  # fmt: skip
 
     data = load_data(config(train_file))

@@ -103,7 +103,9 @@ def test_each_round_the_teacher_reads_every_earlier_round_and_its_own_infos(work
                 continue
             # Every round so far, oldest first, under the info it was made with; the last under
             # "your previous additional information", which the prompt also shows as such.
-            headers = [template.format_round_header(r, steps[r]["info_in"], is_last=r == current) for r in range(current + 1)]
+            headers = [
+                template.format_round_header(r, steps[r]["info_in"], is_last=r == current) for r in range(current + 1)
+            ]
             positions = [prompt.index(header) for header in headers]
             assert positions == sorted(positions), prompt
             assert steps[current]["info_in"] == steps[current - 1]["info_out"]
@@ -131,7 +133,7 @@ def test_teacher_history_last_keeps_the_current_round_only(worker_url, renderer)
 def test_over_the_budget_the_oldest_round_goes_first_with_its_info(long_checkpoint, renderer):
     rng, words = random.Random(5), pseudo_words(0)
     problem = Problem(uid="0", prompt="What is 12 + 30?", label="42")
-    round_infos = ["", "<info of round 1> " + pseudo_text(rng, words, 200), "<info of round 2> " + pseudo_text(rng, words, 200)]
+    round_infos = ["", *(f"<info of round {r}> " + pseudo_text(rng, words, 200) for r in (1, 2))]
     attempts = [
         GradedAttempt(problem=problem, iteration=r, grade=Grade(0.0, "Incorrect."),
                       solution=f"<start {r}.{j}> " + pseudo_text(rng, words, 3000) + f" <end {r}.{j}>")
@@ -154,7 +156,10 @@ def test_a_template_made_for_one_round_gets_the_current_round_only(renderer):
             return super().build(problems, attempts_K_M, previous_info)
 
     problem = Problem(uid="0", prompt="What is 12 + 30?", label="42")
-    attempts = [GradedAttempt(problem=problem, iteration=r, solution=f"answer of round {r}", grade=Grade(0.0, "")) for r in range(3)]
+    attempts = [
+        GradedAttempt(problem=problem, iteration=r, solution=f"answer of round {r}", grade=Grade(0.0, ""))
+        for r in range(3)
+    ]
     teacher = TeacherRole(pool=None, template=OneRoundTemplate(), renderer=renderer, temperature=1.0, max_new_tokens=8)
     text, _ = teacher.prompt_and_ids([problem], [attempts], "info 2", ["", "info 1", "info 2"])
     assert "answer of round 2" in text and "answer of round 1" not in text and "Round" not in text

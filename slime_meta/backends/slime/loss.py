@@ -25,8 +25,11 @@ channel 1, GRPO: slime's own policy loss for the grpo estimator, term by term: l
   `log_probs`; the clipped surrogate with --eps-clip/--eps-clip-high, dual clip --eps-clip-c,
   vanilla TIS (--use-tis, --tis-clip, --tis-clip-low); minus --entropy-coef x entropy, plus
   --kl-loss-coef x KL to `ref_log_probs`. The surrogate is `slime_meta.losses.policy_loss`;
-  our --aipo-delta works too. Without Megatron (CPU tests) the log-probs come from the pure
-  path below, on one rank only.
+  our --aipo-delta works too. Where slime's Megatron backend is not installed (a CPU test
+  machine) the log-probs come from the pure path below, on one rank only, with a warning that
+  says why; with tensor or context parallel size > 1 that path would read one shard of the
+  vocabulary, so it is refused, with the import error. Any other import error of slime's
+  modules (a dependency missing, a renamed function) is raised as it is.
 channel 2, SDPO (--sdpo-alpha): active when the batch carries `sdpo_topk_ids[i]` [R_i, k] and
   `sdpo_topk_logprobs[i]` [R_i, k] (the hint-conditioned model's top-k); the JSD is over those k
   ids, renormalised. Skipped otherwise.
@@ -42,6 +45,8 @@ a slime forwards their keys.
 
 from __future__ import annotations
 
+import functools
+import logging
 from argparse import Namespace
 from typing import Any, Callable, Sequence
 
@@ -65,19 +70,47 @@ REPLAY_PAIR_INDEX = "replay_pair_index"
 REPLAY_IS_CHOSEN = "replay_is_chosen"
 
 Reducer = Callable[[Tensor], Tensor]
+# Top-level packages whose absence means "no Megatron training here" (a CPU machine): the only
+# import errors the single-rank path stands in for.
+_NOT_INSTALLED = frozenset({"slime", "megatron"})
+
+logger = logging.getLogger(__name__)
 
 
 def _parallel_sizes(args: Namespace) -> tuple[int, int]:
     return int(getattr(args, "tensor_model_parallel_size", 1) or 1), int(getattr(args, "context_parallel_size", 1) or 1)
 
 
-def _require_single_rank(args: Namespace, what: str) -> None:
+def _require_single_rank(args: Namespace, what: str, reason: str = "") -> None:
     tp, cp = _parallel_sizes(args)
     if tp > 1 or cp > 1:
         raise NotImplementedError(
-            f"{what} reads whole-vocabulary logits of whole responses; it runs with tensor and context "
+            f"{reason}{what} reads whole-vocabulary logits of whole responses; it runs with tensor and context "
             f"parallel size 1 (got {tp} and {cp})"
         )
+
+
+@functools.cache
+def slime_log_prob_functions() -> tuple[tuple[Callable, Callable] | None, str]:
+    """(slime's `get_log_probs_and_entropy` and `get_rollout_top_p_logprob_kwargs`, "") where slime's
+    Megatron backend imports; (None, the import error) where slime or Megatron is not installed.
+
+    Narrow on purpose: a module missing inside slime or Megatron (a broken install) or a name
+    slime no longer has raises here, instead of training on a different log-prob computation.
+    """
+    try:
+        from slime.backends.megatron_utils.loss import get_log_probs_and_entropy, get_rollout_top_p_logprob_kwargs
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] not in _NOT_INSTALLED:
+            raise
+        return None, str(error)
+    return (get_log_probs_and_entropy, get_rollout_top_p_logprob_kwargs), ""
+
+
+@functools.cache
+def _warn_single_rank(reason: str) -> None:
+    logger.warning("slime's Megatron log-probs do not import (%s): the loss computes them on one rank in "
+                   "plain torch (tensor and context parallel size 1 only)", reason)  # fmt: skip
 
 
 def response_logits(batch: dict[str, Any], logits: Tensor) -> list[Tensor]:
@@ -112,10 +145,13 @@ def single_rank_log_probs(args: Namespace, batch: dict[str, Any], logits: Tensor
 
 def response_log_probs(args: Namespace, batch: dict[str, Any], logits: Tensor, with_entropy: bool = True):
     """Per-sample response log-probs and entropy: slime's own computation where Megatron is."""
-    try:
-        from slime.backends.megatron_utils.loss import get_log_probs_and_entropy, get_rollout_top_p_logprob_kwargs
-    except ImportError:  # no Megatron here (a CPU machine): one rank, plain torch
+    functions, missing = slime_log_prob_functions()
+    if functions is None:  # no Megatron here (a CPU machine): one rank, plain torch, said once
+        reason = f"slime's log-probs do not import ({missing}); "
+        _require_single_rank(args, "the log-probs without Megatron", reason=reason)
+        _warn_single_rank(missing)
         return single_rank_log_probs(args, batch, logits, with_entropy)
+    get_log_probs_and_entropy, get_rollout_top_p_logprob_kwargs = functions
     _, result = get_log_probs_and_entropy(
         logits, args=args, unconcat_tokens=batch["unconcat_tokens"], total_lengths=batch["total_lengths"],
         response_lengths=batch["response_lengths"], with_entropy=with_entropy, **get_rollout_top_p_logprob_kwargs(args, batch),
