@@ -25,7 +25,7 @@ from slime_meta.errors import UserInputError
 ADDITIONAL_INFO_POSITIONS = ("prefix", "suffix", "system")
 HOLDOUT_ADVANTAGE_MODES = ("mean-then-normalize", "normalize-then-mean")
 TEACHER_HISTORY_MODES = ("all", "last")
-GRADER_KINDS = ("auto", "verifier", "openai")
+GRADER_KINDS = ("auto", "verifier", "openai", "local")
 VERIFIER_METRICS = ("exact", "normalized", "numeric", "char")
 
 
@@ -40,7 +40,7 @@ class DataConfig:
     rubric_key: str
     group_key: str | None
     rollout_shuffle: bool
-    apply_chat_template: bool
+    apply_chat_template: bool | None  # None: each role's model's chat template when its tokenizer has one
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,9 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class GraderConfig:
-    grader: str  # auto | verifier | openai
+    grader: str  # auto | verifier | openai | local
+    grader_checkpoint: str | None  # --grader local: the grader pool's model; None: the teacher's starting checkpoint
+    grader_num_workers: int  # --grader local: workers behind the grader's router
     grader_model: str | None  # None: not named (an LLM grader then uses gpt-4)
     grader_base_url: str | None
     grader_api_key_env: str
@@ -280,7 +282,10 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--n-samples-per-prompt", type=_positive_int, default=4, help="G: infos sampled per teacher prompt.")
     add("--num-rollout", type=_positive_int, default=3, help="Outer steps.")
     add("--rollout-shuffle", action="store_true", help="Shuffle the dataset (seeded) each epoch.")
-    add("--apply-chat-template", action="store_true", help="Render prompts with the tokenizer's chat template.")
+    add("--apply-chat-template", action=argparse.BooleanOptionalAction, default=None,
+        help="Render each role's prompts with its own model's chat template. Default: when that model's tokenizer "
+             "has one (instruct models), plain text otherwise (base models, the tiny demo models); "
+             "--no-apply-chat-template forces plain text.")
     add("--rollout-temperature", type=float, default=1.0, help="Student sampling temperature.")
     add("--rollout-max-response-len", type=_positive_int, default=256, help="Student max new tokens (a request gets less when its prompt leaves less of the model's context).")
 
@@ -295,7 +300,13 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
 
     add = groups.group("grader")
     add("--grader", choices=GRADER_KINDS, default="auto",
-        help="auto: an OpenAI-compatible API if --grader-base-url, --grader-model or the key variable is set, else the built-in verifier.")
+        help="auto: an OpenAI-compatible API if --grader-base-url, --grader-model or the key variable is set, else the "
+             "built-in verifier. local: an LLM grader the run serves itself from --grader-checkpoint (no API key).")
+    add("--grader-checkpoint", default=None,
+        help="--grader local: the grader's model, a local HF checkpoint directory or a .gguf file (default: the "
+             "teacher's starting --hf-checkpoint, a frozen copy). The run starts a grader pool of embedded workers "
+             "behind its own router, serving the OpenAI chat route; rubric + chain-of-thought grading, no API key.")
+    add("--grader-num-workers", type=_positive_int, default=1, help="--grader local: workers of the grader pool.")
     add("--grader-model", default=None,
         help="The LLM grader's model (default: gpt-4 when an LLM grader is used). Naming one asks for the LLM grader: "
              "with --grader auto and no key or --grader-base-url the run stops instead of using the verifier.")

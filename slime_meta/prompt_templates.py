@@ -67,6 +67,10 @@ class PromptTemplate:
     slots: ClassVar[frozenset[str]] = frozenset()
     required: ClassVar[frozenset[str]] = frozenset()  # checked by `check_required` (load_template does)
     default_file: ClassVar[str | None] = None
+    # False: the text is a completion format for base models (the model continues it), so it is
+    # always sent as plain text, never wrapped in a chat template. None: the run decides
+    # (--apply-chat-template; by default each model's own chat template when it has one).
+    chat_format: ClassVar[bool | None] = None
 
     def __init__(self, template: str | None = None, *, source: str | None = None):
         if template is None:

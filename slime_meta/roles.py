@@ -11,6 +11,7 @@ to what its prompt leaves (slime_meta/context_budget.py).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -18,6 +19,7 @@ from typing import Any, Protocol, Sequence
 from slime_meta.context_budget import (
     ContextBudgetStats, TokenCounter, fit_teacher_prompt, longest_prompt, student_new_tokens,
 )
+from slime_meta.errors import UserInputError
 from slime_meta.pools import SGLangPool
 from slime_meta.prompt_templates import GeneratorPromptTemplate, Message, TeacherPromptTemplate
 from slime_meta.types import Completion, Grade, GradedAttempt, Problem
@@ -27,11 +29,43 @@ class Grader(Protocol):
     async def grade(self, problem: Problem, solution: str) -> Grade: ...
 
 
-class PromptRenderer:
-    """Messages -> prompt text (and ids): the chat template, or the contents joined."""
+def resolve_chat_template(tokenizer: Any | None, apply_chat_template: bool | None) -> bool:
+    """Whether prompts for this tokenizer's model are rendered with its chat template.
 
-    def __init__(self, tokenizer: Any | None, apply_chat_template: bool):
+    None (the default, `--apply-chat-template` not given) means: when the tokenizer has one. An
+    instruct model prompted without its template mostly answers nothing (it emits its end-of-turn
+    token at once), while a base model or the project's tiny models have no template and keep the
+    plain format. `--apply-chat-template` with a tokenizer that has no template is refused.
+    """
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if apply_chat_template is None:
+        return has_template
+    if apply_chat_template and not has_template:
+        raise UserInputError(
+            f"--apply-chat-template: the tokenizer of {getattr(tokenizer, 'name_or_path', 'this model')!s} has no chat "
+            "template; leave the flag out (plain prompts) or use a checkpoint whose tokenizer_config.json has one"
+        )
+    return bool(apply_chat_template)
+
+
+def chat_setting(apply_chat_template: bool | None, *templates: Any) -> bool | None:
+    """The run's chat-template setting for roles using `templates`: a completion-format template
+    (`chat_format = False`, the synthetic tasks') keeps plain text unless the flag forces the template."""
+    if apply_chat_template is None and any(getattr(t, "chat_format", None) is False for t in templates):
+        return False
+    return apply_chat_template
+
+
+class PromptRenderer:
+    """Messages -> prompt text (and ids): the model's own chat template, or the contents joined.
+
+    Each role renders with its own model's tokenizer, so a student of another family than the
+    teacher gets its own chat format. `apply_chat_template` None: the template when there is one.
+    """
+
+    def __init__(self, tokenizer: Any | None, apply_chat_template: bool | None):
         self.tokenizer = tokenizer
+        apply_chat_template = resolve_chat_template(tokenizer, apply_chat_template)
         self.apply_chat_template = apply_chat_template
         self._encode = self._fast_encoder(tokenizer, add_special_tokens=not apply_chat_template)
 
@@ -54,6 +88,23 @@ class PromptRenderer:
         except Exception:  # any wrapper quirk: keep the wrapper
             return None
         return backend.encode if same else None
+
+    @functools.cached_property
+    def text_is_exact(self) -> bool:
+        """Whether a server that tokenises this renderer's text itself gets the renderer's ids.
+
+        An SGLang server encodes a text prompt with the tokenizer's special tokens added; a chat
+        template that writes the BOS token itself (Llama 3's) then gets a second one. Where that
+        happens (or the tokenizer is unknown here), requests carry the ids instead of the text.
+        """
+        if self.tokenizer is None:
+            return True
+        probe = self.text([{"role": "user", "content": "Problem: 2 + 2 = ?"}])
+        try:
+            served = list(self.tokenizer(probe)["input_ids"])
+        except Exception:  # a tokenizer without the call form: send ids, which are always exact
+            return False
+        return served == self.ids_of_text(probe)
 
     def text(self, messages: Sequence[Message]) -> str:
         if self.apply_chat_template:
@@ -80,8 +131,6 @@ class StudentRole:
     temperature: float
     max_new_tokens: int
     context_length: int | None = None  # the student model's; None: requests are not clamped
-    # Counts the prompt in the student pool's own tokenizer (a separate student may have another).
-    context_renderer: PromptRenderer | None = None
     budget_stats: ContextBudgetStats = field(default_factory=ContextBudgetStats)
 
     def prompt(self, problem: Problem, info: str) -> str:
@@ -106,9 +155,9 @@ class StudentRole:
         `sampling_params.n = n`: the server prefills the prompt once for all n (SGLang's parallel
         sampling), and the pool sees n times fewer requests. Budget counters count solutions."""
         prompt = self.prompt(problem, info)
-        counting = self.context_renderer or self.renderer
+        # Counted in the student model's own tokenizer: the renderer is the student's.
         max_new_tokens, prompt_tokens = student_new_tokens(
-            prompt, self.max_new_tokens, self.context_length, lambda text: len(counting.ids_of_text(text))
+            prompt, self.max_new_tokens, self.context_length, lambda text: len(self.renderer.ids_of_text(text))
         )
         self.budget_stats.student_requests += n
         if max_new_tokens < 1:  # the prompt alone fills the context: empty answers, not a refused request
@@ -121,6 +170,9 @@ class StudentRole:
         if with_tokens:
             ids = self.renderer.ids_of_text(prompt)
             return prompt, await self.pool.generate_n(input_ids=ids, sampling_params=sampling, return_logprob=True, n=n)
+        if not self.renderer.text_is_exact:
+            ids = self.renderer.ids_of_text(prompt)
+            return prompt, await self.pool.generate_n(input_ids=ids, sampling_params=sampling, n=n)
         return prompt, await self.pool.generate_n(text=prompt, sampling_params=sampling, n=n)
 
     async def score(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:

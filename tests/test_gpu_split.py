@@ -145,7 +145,7 @@ def test_start_pools_passes_the_memory_flags_to_its_workers(tiny_checkpoint: Pat
         "--sglang-mem-fraction-static", "0.3", "--sglang-chunked-prefill-size", "64",
     ])  # fmt: skip
     with LocalProcessGroup(startup_timeout_s=120) as group:
-        teacher, _ = components.start_pools(cfg, group, str(tiny_checkpoint), tmp_path, None)
+        teacher, _, _ = components.start_pools(cfg, group, str(tiny_checkpoint), tmp_path, None)
         body = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
         request = urllib.request.Request(
             f"{teacher.router_url}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}

@@ -167,7 +167,18 @@ def test_temperatures_and_chat_template_move_to_their_meaning_on_slime():
     # slime divides the trained model's logits by --rollout-temperature: the teacher's.
     assert argv.count("--rollout-temperature") == 1 and value(argv, "--rollout-temperature") == "0.9"
     assert value(argv, "--student-temperature") == "0.6"
-    assert "--apply-chat-template" not in argv and "--meta-apply-chat-template" in argv
+    assert "--apply-chat-template" not in argv and "--meta-apply-chat-template=on" in argv
+
+
+def test_chat_template_is_per_model_by_default_and_can_be_turned_off_on_slime():
+    default_argv = list(plan_of("--colocate").slime_argv)
+    assert not any(token.startswith("--meta-apply-chat-template") for token in default_argv)
+    off_argv = list(plan_of("--colocate", "--no-apply-chat-template").slime_argv)
+    assert "--meta-apply-chat-template=off" in off_argv and "--no-apply-chat-template" not in off_argv
+    for argv, expected in ((default_argv, None), (off_argv, False)):
+        ns, _ = meta_parser().parse_known_args(argv)
+        ns.lr = None
+        assert config_from_slime_args(ns).data.apply_chat_template is expected
 
 
 def test_distillation_adds_the_advantage_plugin_and_teacher_port_the_router_port():

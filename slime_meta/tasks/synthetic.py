@@ -174,8 +174,10 @@ class SyntheticGeneratorTemplate(GeneratorPromptTemplate):
     """The student's prompt `S{hint}|{word}=`; `S|{word}=` with no hint.
 
     The text needs no file: the default is built in, so `load_template` can instantiate the class
-    with no arguments.
+    with no arguments. A completion format: never wrapped in a chat template.
     """
+
+    chat_format = False
 
     def __init__(self, text: str | None = None, *, source: str = "slime_meta.tasks.synthetic"):
         super().__init__(GENERATOR_TEXT if text is None else text, source=source)
@@ -186,7 +188,10 @@ class SyntheticTeacherTemplate(TeacherPromptTemplate):
 
     Each graded attempt shows the expected answer (`attempt.problem.ground_truth`): that is what
     the grader's feedback reveals on this task, and what lets the teacher infer the suffix.
+    A completion format: never wrapped in a chat template.
     """
+
+    chat_format = False
 
     def __init__(self, text: str | None = None, *, source: str = "slime_meta.tasks.synthetic"):
         super().__init__(TEACHER_TEXT if text is None else text, source=source)

@@ -6,6 +6,7 @@ Kept apart from `run.py` so that the outer loop there reads on one screen.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from slime_meta.arguments_objectives import read_context
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.gpu_split import check_shared_gpu, worker_memory_args
 from slime_meta.backends.local.launcher import PortInUse
-from slime_meta.backends.local import weight_sync
+from slime_meta.backends.local import local_grader, weight_sync
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
 from slime_meta.backends.local.weight_sync import WeightSync
 from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
@@ -23,8 +24,8 @@ from slime_meta.errors import UserInputError
 from slime_meta.grading import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
 from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
 from slime_meta.pools import SGLangPool, check_reachable, post_json_sync
-from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate, load_template
-from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole
+from slime_meta.prompt_templates import GeneratorPromptTemplate, GraderPromptTemplate, TeacherPromptTemplate, load_template
+from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole, chat_setting
 from slime_meta.types import PreferencePair
 
 # The run's data and its evaluations live in their own modules; the outer loop reaches them here.
@@ -64,12 +65,23 @@ class RolePieces:
 
     generator_template: GeneratorPromptTemplate
     teacher_template: TeacherPromptTemplate
-    grader: object
+    grader: object  # None with --grader local until its pool runs (`with_local_grader`)
+    grader_template: GraderPromptTemplate | None = None
 
 
 def build_role_pieces(cfg: MetaConfig) -> RolePieces:
     grader_template = load_template("grader", cfg.meta.grader_template, "--grader-template")
     g = cfg.grader
+    if g.grader == "local":  # served by this run: the grader is made once its pool is up
+        check_model_dir(local_grader.grader_checkpoint(cfg), "--grader-checkpoint")
+        print(local_grader.local_grader_line(cfg), flush=True)
+        if cfg.pools.external_student_url:
+            external_student_url(cfg)  # an unreachable student server is bad input: refused before the run dir exists
+        return RolePieces(
+            generator_template=load_template("generator", cfg.meta.generator_template, "--generator-template"),
+            teacher_template=load_template("teacher", cfg.meta.teacher_template, "--teacher-template"),
+            grader=None, grader_template=grader_template,
+        )  # fmt: skip
     grader_kind = choose_grader_kind(g.grader, model=g.grader_model, api_key_env=g.grader_api_key_env, base_url=g.grader_base_url)
     print(grader_line(grader_kind, model=g.grader_model, base_url=g.grader_base_url, api_key_env=g.grader_api_key_env,
                       metric=g.verifier_metric, rubric_key=cfg.data.rubric_key), flush=True)  # fmt: skip
@@ -95,21 +107,32 @@ def build_role_pieces(cfg: MetaConfig) -> RolePieces:
     )
 
 
+def with_local_grader(cfg: MetaConfig, pieces: RolePieces, grader_url: str | None) -> RolePieces:
+    """--grader local: the LLM grader over the pool `start_pools` started (other graders: unchanged)."""
+    if pieces.grader is not None or grader_url is None:
+        return pieces
+    model_dir = local_grader.grader_checkpoint(cfg)
+    return dataclasses.replace(pieces, grader=local_grader.build_local_grader(cfg, pieces.grader_template, grader_url, model_dir))
+
+
 def build_rollout(
     cfg: MetaConfig, pieces: RolePieces, teacher_pool: SGLangPool, student_pool: SGLangPool, tokenizer
 ) -> MetaLearningRollout:
-    renderer = PromptRenderer(tokenizer, cfg.data.apply_chat_template)
+    chat = chat_setting(cfg.data.apply_chat_template, pieces.generator_template, pieces.teacher_template)
+    renderer = PromptRenderer(tokenizer, chat)
     student_dir = cfg.pools.student_checkpoint or cfg.pools.hf_checkpoint
+    # A separate student renders with its own model's tokenizer and chat template (another family's
+    # format); the shared student is the teacher's model.
+    student_renderer = PromptRenderer(load_tokenizer(student_dir), chat) if cfg.pools.student_checkpoint else renderer
+    print(prompt_format_line(renderer, student_renderer), flush=True)
     student = StudentRole(
         pool=student_pool,
         template=pieces.generator_template,
-        renderer=renderer,
+        renderer=student_renderer,
         info_position=cfg.meta.additional_info_position,
         temperature=cfg.sampling.rollout_temperature,
         max_new_tokens=cfg.sampling.rollout_max_response_len,
         context_length=context_length_of(student_dir),
-        context_renderer=(PromptRenderer(load_tokenizer(student_dir), cfg.data.apply_chat_template)
-                          if cfg.pools.student_checkpoint else None),  # fmt: skip
     )
     teacher = TeacherRole(
         pool=teacher_pool,
@@ -133,6 +156,20 @@ def build_rollout(
         teacher_history=cfg.meta.teacher_history,
     )
     return MetaLearningRollout(student=student, grader=pieces.grader, teacher=teacher, settings=settings)
+
+
+def prompt_format_line(teacher: PromptRenderer, student: PromptRenderer) -> str:
+    """One line at start: how each role's prompts are rendered (the default follows each model's tokenizer)."""
+
+    def form(renderer: PromptRenderer) -> str:
+        name = getattr(renderer.tokenizer, "name_or_path", "") or "its tokenizer"
+        if renderer.apply_chat_template:
+            return f"the chat template of {name}"
+        if getattr(renderer.tokenizer, "chat_template", None):
+            return f"plain text (--no-apply-chat-template; {name} has a chat template)"
+        return f"plain text ({name} has no chat template)"
+
+    return f"prompts: teacher in {form(teacher)}; " + ("student the same" if student is teacher else f"student in {form(student)}")
 
 
 @dataclass(frozen=True)
@@ -167,7 +204,8 @@ def worker_layouts(cfg: MetaConfig) -> tuple[WorkerLayout, WorkerLayout]:
 
 
 def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, external_student_url: str | None):
-    """Start the teacher pool (and a separate student pool if asked): (teacher endpoints, student URL).
+    """Start the teacher pool, a separate student pool and the --grader local pool when asked:
+    (teacher endpoints, student URL, the local grader's OpenAI base URL or None).
 
     The teacher's router listens on --teacher-port, the student's on --student-router-port (free
     ports without them); the workers behind each router take free ports. A separate student
@@ -181,6 +219,8 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
         student_model = check_model_dir(p.student_checkpoint or p.hf_checkpoint, "--student-checkpoint")
     layouts = [(teacher_layout.num_workers, teacher_layout.gpu_ids)]
     layouts += [(student_layout.num_workers, student_layout.gpu_ids)] if student_model is not None else []
+    grader_model = check_model_dir(local_grader.grader_checkpoint(cfg), "--grader-checkpoint") if cfg.grader.grader == "local" else None
+    layouts += [(cfg.grader.grader_num_workers, None)] if grader_model is not None else []  # shares the device
     # exit 2 before anything starts when they cannot fit; without the flag, the workers' share of the trainer's GPU
     worker_fraction = check_shared_gpu(cfg, teacher_model, layouts)
     worker_args = worker_memory_args(worker_fraction, cfg.pools.sglang_chunked_prefill_size, cfg.pools.sglang_context_length)
@@ -188,15 +228,16 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
         processes, "teacher", teacher_model, teacher_layout, cfg, logs, worker_args,
         weights_root=str(run_dir / "weights"), router_port=p.teacher_port, port_flag="--teacher-port",
     )  # fmt: skip
+    grader_url = local_grader.start_grader_pool(processes, cfg, grader_model, logs, worker_args) if grader_model else None
     if external_student_url:
-        return teacher, external_student_url
+        return teacher, external_student_url, grader_url
     if student_model is not None:
         student = _start_pool(
             processes, "student", student_model, student_layout, cfg, logs, worker_args,
             weights_root=None, router_port=p.student_router_port, port_flag="--student-router-port",
         )  # fmt: skip
-        return teacher, student.router_url
-    return teacher, teacher.router_url  # shared pool: the student is the same, evolving model
+        return teacher, student.router_url, grader_url
+    return teacher, teacher.router_url, grader_url  # shared pool: the student is the same, evolving model
 
 
 def _start_pool(processes, name, model, layout: WorkerLayout, cfg: MetaConfig, logs: str, worker_args: list[str], *,
@@ -247,7 +288,7 @@ def make_solver_builder(cfg: MetaConfig, pieces: "RolePieces", teacher_pool: SGL
         return None
     source = "fixed" if o.teacher_context else "column" if o.context_key else o.distill_context
     policy_as_student = StudentRole(
-        pool=teacher_pool, template=pieces.generator_template, renderer=PromptRenderer(tokenizer, cfg.data.apply_chat_template),
+        pool=teacher_pool, template=pieces.generator_template, renderer=PromptRenderer(tokenizer, chat_setting(cfg.data.apply_chat_template, pieces.generator_template, pieces.teacher_template)),
         info_position=cfg.meta.additional_info_position, temperature=cfg.sampling.rollout_temperature,
         max_new_tokens=cfg.sampling.rollout_max_response_len, context_length=context_length_of(cfg.pools.hf_checkpoint),
     )  # fmt: skip

