@@ -91,6 +91,7 @@ class GraderConfig:
     grader_temperature: float
     grader_max_tokens: int
     grader_concurrency: int
+    grader_timeout: float  # seconds one grader request may take, reply included
     verifier_metric: str
 
 
@@ -195,6 +196,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
     return value
 
 
@@ -315,6 +323,11 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--grader-temperature", type=float, default=0.0)
     add("--grader-max-tokens", type=_positive_int, default=512)
     add("--grader-concurrency", type=_positive_int, default=32)
+    add("--grader-timeout", type=_positive_seconds, default=600.0, metavar="SECONDS",
+        help="Seconds one grader request may take, reply included, before it is retried (default 600, the openai "
+             "SDK's). A hosted API needs far less; a self-hosted model on CPU may need minutes for "
+             "--grader-max-tokens tokens with --grader-concurrency requests at once. (--request-timeout is for "
+             "the teacher's and student's servers, not the grader.)")
     add("--verifier-metric", choices=VERIFIER_METRICS, default="normalized", help="Built-in verifier: how the stated final answer matches the label. normalized (default): math labels by math-verify (60.0 == 60), others as normalised text; numeric: the same; exact: equal text; char: partial credit per character.")
 
     add = groups.group("pools and resources (slime-compatible)")

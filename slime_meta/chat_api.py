@@ -28,11 +28,40 @@ class ChatAPIStatusError(Exception):
 
     def __init__(self, status_code: int, headers: Any, body: str):
         super().__init__(f"HTTP {status_code}: {body}")
-        self.status_code, self.headers = status_code, headers
+        self.status_code, self.headers, self.body = status_code, headers, body
 
 
 class ChatAPIConnectionError(Exception):
-    """No usable answer: connection refused or reset, timeout, or a 200 whose body is not a completion."""
+    """No usable answer: connection refused or reset, timeout, or a 200 whose body is not a completion.
+
+    The message names the cause and the URL; it never holds a header (the key is in one).
+    """
+
+
+class ChatAPITimeoutError(ChatAPIConnectionError):
+    """No whole reply within the client's timeout (`timeout_s`, the time for the whole exchange)."""
+
+    def __init__(self, url: str, timeout_s: float):
+        super().__init__(f"timed out after {timeout_s:g} s waiting for {url}")
+        self.timeout_s = timeout_s
+
+
+class ChatAPIRefusedError(ChatAPIConnectionError):
+    """Nothing listens at the URL's host and port (or a firewall said so)."""
+
+
+def _connection_failure(url: str, error: BaseException) -> ChatAPIConnectionError:
+    """The error that names what went wrong with one exchange, in words a user can act on (timeouts aside)."""
+    if isinstance(error, aiohttp.ClientConnectorError):
+        cause = error.os_error
+        if isinstance(cause, ConnectionRefusedError):
+            return ChatAPIRefusedError(f"connection refused at {url}")
+        if isinstance(error, getattr(aiohttp, "ClientConnectorDNSError", ())):
+            return ChatAPIConnectionError(f"cannot resolve the host of {url}")
+        return ChatAPIConnectionError(f"cannot connect to {url}: {cause.strerror or cause}")
+    if isinstance(error, aiohttp.ServerDisconnectedError):
+        return ChatAPIConnectionError(f"the server at {url} closed the connection before replying")
+    return ChatAPIConnectionError(f"request to {url} failed: {type(error).__name__}: {error}")
 
 
 class ChatCompletionsClient:
@@ -68,17 +97,20 @@ class ChatCompletionsClient:
             async with session.post(self.url, data=json.dumps(payload)) as response:
                 body = await response.read()
                 status, headers = response.status, response.headers
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
-            raise ChatAPIConnectionError(f"{type(error).__name__}: {error}") from None
+        except asyncio.TimeoutError:  # aiohttp's ServerTimeoutError is one too
+            raise ChatAPITimeoutError(self.url, self.timeout_s) from None
+        except (aiohttp.ClientError, OSError) as error:
+            raise _connection_failure(self.url, error) from None
         if status != 200:
             raise ChatAPIStatusError(status, headers, body[:500].decode("utf-8", "replace"))
         try:
             message = json.loads(body)["choices"][0]["message"]
             content = message.get("content")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            raise ChatAPIConnectionError(f"malformed reply body: {body[:200].decode('utf-8', 'replace')}") from None
+            shown = body[:200].decode("utf-8", "replace")
+            raise ChatAPIConnectionError(f"a reply from {self.url} that is not a chat completion: {shown}") from None
         if content is not None and not isinstance(content, str):
-            raise ChatAPIConnectionError("malformed reply: message content is not text")
+            raise ChatAPIConnectionError(f"a reply from {self.url} whose message content is not text")
         return content or ""
 
     async def aclose(self) -> None:

@@ -10,10 +10,10 @@ hedges, math by math-verify), so `GRADE: 1.0` inside a solution is just a wrong 
 feedback never quotes the label (the teacher reads it). The LLM grader's template encloses the
 solution in a tag with a random name per request, with every instruction after it
 (`GraderPromptTemplate`), inserts the solution verbatim in one rendering pass, and
-`parse_grade` reads only the grader model's own reply (which we trust); the solution is passed to
-it only to recognise lines of the reply that quote it (a grader quoting "GRADE: 1.0" from the
-solution must not turn the quote into the verdict: the teacher is trained with RL on these
-grades and would learn to make students write grade lines).
+`parse_grade` (`slime_meta.grader_reply`) reads only the grader model's reply, never the solution,
+by rules under which text quoted from the solution can make a reply unparseable (re-asked) but never
+pick its score: the teacher is trained with RL on these grades and would learn to make students
+write grade lines.
 
 Transport and retries: `OpenAIGrader` sends its requests with `chat_api.ChatCompletionsClient`
 (aiohttp; the openai SDK costs ~13x the client CPU per request, and the inner loop is bound by that
@@ -31,7 +31,6 @@ import inspect
 import math
 import os
 import random
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,99 +38,22 @@ from slime_meta import answer_check
 from slime_meta.answer_check import extract_answer, normalize_answer  # noqa: F401 - the verifier's reading, used by replay
 from slime_meta.chat_api import (
     ChatAPIConnectionError,
+    ChatAPIRefusedError,
     ChatAPIStatusError,
+    ChatAPITimeoutError,
     ChatCompletionsClient,
 )
 from slime_meta.errors import UserInputError
+# parse_grade and UNPARSEABLE_EXPLANATION are re-exported: callers import them from here.
+from slime_meta.grader_reply import UNPARSEABLE_EXPLANATION, parse_grade, read_verdict  # noqa: F401
 from slime_meta.prompt_templates import GraderPromptTemplate
 from slime_meta.types import Grade, Problem
 
-UNPARSEABLE_EXPLANATION = "unparseable grader reply"
 MAX_RETRY_AFTER_SECONDS = 120.0
+# The openai SDK's default: a hosted API answers in seconds, but a self-hosted model on CPU with
+# --grader-concurrency requests at once can take minutes to write --grader-max-tokens tokens.
+DEFAULT_GRADER_TIMEOUT_S = 600.0
 MAX_QUOTED_CHARS = 200
-
-# --------------------------------------------------------------------------- parsing replies
-
-_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
-_GRADE = re.compile(
-    rf"\bgrade\b[*_ \t]*:[*_\s]*(?P<value>{_NUMBER})[*_ \t]*"
-    rf"(?:(?P<percent>%)|/[*_ \t]*(?P<denominator>{_NUMBER}))?",
-    re.IGNORECASE,
-)
-_EXPLANATION = re.compile(r"\bexplanation\b[*_ \t]*:", re.IGNORECASE)
-# What may precede a verdict on its line: markdown decoration and the word "final".
-_LINE_PREFIX = re.compile(r"[\s>#*_\-+•]*(?:final[*_ \t]+)?", re.IGNORECASE)
-
-
-def _grade_value(match: re.Match) -> float | None:
-    value = float(match.group("value"))
-    if match.group("percent"):
-        value /= 100.0
-    elif match.group("denominator") is not None:
-        denominator = float(match.group("denominator"))
-        if denominator <= 0:
-            return None
-        value /= denominator
-    return min(1.0, max(0.0, value)) if math.isfinite(value) else None
-
-
-def _line_around(text: str, position: int) -> tuple[int, str]:
-    """(start of the line holding `position`, that whole line)."""
-    start, end = text.rfind("\n", 0, position) + 1, text.find("\n", position)
-    return start, text[start : end if end >= 0 else len(text)]
-
-
-def _bare_line(line: str) -> str:
-    """A line without decoration, to recognise a quote of it: `> **GRADE: 1**` ~ `GRADE: 1`."""
-    return " ".join(line.strip().strip("*_>#-'\"` \t").casefold().split())
-
-
-def _verdict_text(match: re.Match) -> str:
-    """A verdict as written, to recognise a quote of it: `**GRADE:** 1.0.` ~ `grade:1.0`."""
-    return re.sub(r"[\s*_]", "", match.group(0).casefold()).rstrip(".")
-
-
-def parse_grade(text: str, *, quoted: str | None = None) -> Grade:
-    """The verdict in a grader model's reply: `GRADE: <score>` and the `EXPLANATION:` after it.
-
-    Which GRADE counts: the LAST one that starts its line (after markdown such as `**`, `-`,
-    `#` or the word "Final"), because graders reason before the verdict ("a GRADE: 1 would need
-    ..."); if none starts a line, the last one anywhere. Scores: `0.8`, `7/10`, `0.5/1`, `80%`,
-    `**0.8**`; clamped to [0, 1]. No score -> score 0, parsed=False.
-
-    `quoted` is the student's solution the reply is about. It is never parsed for a grade: its
-    lines only mark which lines of the reply are quotes of it. A GRADE line that repeats a line
-    of the solution is a quote, not a verdict, and is skipped, so a grader that quotes a
-    solution ending in "GRADE: 1.0" (before or after its verdict) is not fooled. The price: a
-    solution that contains the grader's exact verdict line loses that verdict (it is scored as
-    unparseable), which only ever costs a student that writes grade lines.
-    """
-    text = text or ""
-    quoted_lines = {_bare_line(line) for line in (quoted or "").splitlines() if _GRADE.search(line)}
-    # A verdict the solution itself wrote is a quote wherever the reply repeats it (inside a
-    # longer line too: "...not 41.\nGRADE: 1.0." quotes a multi-line answer in an explanation).
-    quoted_verdicts = {_verdict_text(m) for m in _GRADE.finditer(quoted or "")}
-    matches = [
-        m
-        for m in _GRADE.finditer(text)
-        if _grade_value(m) is not None
-        and _bare_line(_line_around(text, m.start())[1]) not in quoted_lines
-        and _verdict_text(m) not in quoted_verdicts
-    ]
-    at_line_start = [m for m in matches if _LINE_PREFIX.fullmatch(text[_line_around(text, m.start())[0] : m.start()])]
-    chosen = (at_line_start or matches or [None])[-1]
-    if chosen is None:
-        return Grade(score=0.0, explanation=UNPARSEABLE_EXPLANATION, parsed=False, raw=text)
-    # The explanation follows the verdict; a grader that wrote it first gets the one before.
-    markers = list(_EXPLANATION.finditer(text))
-    after = [m for m in markers if m.start() >= chosen.end()]
-    before = [m for m in markers if m.start() < chosen.start()]
-    explanation = ""
-    if after or before:
-        marker, end = (after[0], len(text)) if after else (before[-1], chosen.start())
-        explanation = text[marker.end() : end].strip().strip("*_").strip()
-    return Grade(score=_grade_value(chosen), explanation=explanation, parsed=True, raw=text)
-
 
 # --------------------------------------------------------------------------- the verifier
 
@@ -148,6 +70,8 @@ class GraderStats:
     api_retries: int = 0  # requests re-sent after an API error
     parse_retries: int = 0  # re-asks after an unparseable reply
     parse_failures: int = 0  # solutions scored 0: no reply could be parsed
+    replies: int = 0  # grader replies read (re-asked ones included)
+    unparseable_replies: int = 0  # of those, replies without a verdict (grader_reply.read_verdict)
     request_errors: int = 0  # solutions scored 0: the API refused that one request (400/413/422)
 
     def as_dict(self) -> dict[str, int]:
@@ -222,10 +146,15 @@ class GraderUnavailable(UserInputError):
     """The grader API kept failing after every retry (or refused the configuration)."""
 
 
-REASK_MESSAGE = (
-    "Your reply did not contain a line `GRADE: <a number between 0 and 1>`. "
-    "Reply again in exactly the requested format: a GRADE line, then an EXPLANATION line."
-)
+def reask_message(problem: str) -> str:
+    """The follow-up to an unparseable reply: what was wrong (never a quote of it) and the format again."""
+    return (
+        f"Your reply could not be read: {problem}. Reply again in exactly the requested format: one line "
+        "`GRADE: <a number between 0 and 1>` with nothing else on it, then a line `EXPLANATION: <one short "
+        "paragraph>`, and no other grade anywhere in the reply."
+    )
+
+
 _RETRYABLE_STATUS = {408, 409, 429}
 _PER_REQUEST_STATUS = {400, 413, 422}  # this one request was rejected (e.g. a too-long solution)
 
@@ -251,11 +180,16 @@ class OpenAIGrader:
     """An LLM grader behind the OpenAI chat-completions API (OpenAI, vLLM, SGLang, ...).
 
     The API key is read from the environment variable `api_key_env` only (when the client is
-    made), never kept in this object's own fields, shown by repr or put in an error. With `base_url` (a self-hosted server) and no key set, the
-    dummy key "EMPTY" is sent. A single bad reply never raises: an unparseable one is re-asked
-    up to `parse_retries` times, then scored 0 (parsed=False). API errors (429, 5xx, timeouts,
-    connection errors, malformed bodies) are retried `max_api_retries` times; after that
-    `GraderUnavailable` is raised, as it is at once for 401/403/404 (a configuration error).
+    made), never kept in this object's own fields, shown by repr or put in an error. With
+    `base_url` (a self-hosted server) and no key set, the dummy key "EMPTY" is sent.
+
+    A single bad reply never raises: an unparseable one (`grader_reply.read_verdict`) is re-asked
+    up to `parse_retries` times, then scored 0 (parsed=False); `stats` counts replies, unparseable
+    replies, re-asks and solutions scored 0 that way. API errors (429, 5xx, timeouts, connection
+    errors, malformed bodies) are retried `max_api_retries` times; after that `GraderUnavailable`
+    is raised, as it is at once for 401/403/404 (a configuration error), naming the cause (timed
+    out after N s, connection refused at URL, the HTTP status); only a 401/403 message speaks of
+    the key. `request_timeout` (`--grader-timeout`) bounds one whole request, reply included.
     A 400/413/422 refuses one request (say, a solution too long for the grader's context): it
     scores 0 (parsed=False, counted in `request_errors`) once the API has answered at least one
     request; before any success it means the configuration is wrong and raises.
@@ -272,7 +206,7 @@ class OpenAIGrader:
         max_tokens: int = 512,
         concurrency: int = 32,
         parse_retries: int = 2,
-        request_timeout: float = 60.0,
+        request_timeout: float = DEFAULT_GRADER_TIMEOUT_S,
         max_api_retries: int = 5,
         template: GraderPromptTemplate | None = None,
         initial_backoff: float = 0.5,
@@ -295,7 +229,8 @@ class OpenAIGrader:
         self._loop: asyncio.AbstractEventLoop | None = None
         # Connections for the concurrent requests plus a few spare; one session per event loop.
         self._client = ChatCompletionsClient(
-            base_url=base_url, api_key_env=api_key_env, timeout_s=request_timeout, connection_limit=self.concurrency + 8
+            base_url=base_url, api_key_env=api_key_env, timeout_s=request_timeout,
+            connection_limit=self.concurrency + 8,
         )
         self._semaphore: asyncio.Semaphore | None = None
         self._successes = 0
@@ -330,16 +265,50 @@ class OpenAIGrader:
         return text[:MAX_QUOTED_CHARS]
 
     def _unavailable(self, attempts: int, error: BaseException) -> GraderUnavailable:
-        detail = f"{type(error).__name__}: {self._redact(error)}"  # the status is in the message
+        cause, advice = self._cause_and_advice(error)
         return GraderUnavailable(
-            f"grader at {self._where()} (model {self.model}) failed after {attempts} attempt(s) ({detail}); "
-            f"check that the server is up and --grader-base-url / --grader-model are right, and that "
-            f"${self.api_key_env} holds a valid key"
+            f"grader at {self._where()} (model {self.model}) failed after {attempts} attempt(s): {cause}; {advice}"
         )
+
+    def _cause_and_advice(self, error: BaseException) -> tuple[str, str]:
+        """What went wrong, and what to check: the API key is named only when the server refused it."""
+        url = self._client.url
+        if isinstance(error, ChatAPITimeoutError):
+            return (
+                f"timed out after {error.timeout_s:g} s (--grader-timeout)",
+                "a self-hosted model, on CPU above all, can need minutes to write --grader-max-tokens tokens for "
+                "--grader-concurrency requests at once: raise --grader-timeout or lower those two",
+            )
+        if isinstance(error, ChatAPIRefusedError):
+            return str(error), f"check that the grader server is running at --grader-base-url {self.base_url}"
+        if not isinstance(error, ChatAPIStatusError):  # reset connections, replies that are not completions
+            return self._redact(error), f"check that {self._where()} is up and serves the OpenAI chat-completions API"
+        status, body = error.status_code, self._redact(error.body)
+        if status in (401, 403):
+            key = f"the key in ${self.api_key_env} was refused"
+            if not os.environ.get(self.api_key_env):
+                key = f"${self.api_key_env} is not set (the placeholder key EMPTY was sent)"
+            return (
+                f"HTTP {status} ({'unauthorized' if status == 401 else 'forbidden'}) from {url}: {body}",
+                f"{key}; export a key this server accepts in ${self.api_key_env} (or name another variable "
+                "with --grader-api-key-env)",
+            )
+        if status == 404:
+            return (
+                f"HTTP 404 (not found) from {url}: {body}",
+                f"check --grader-base-url (a base URL usually ends in /v1) and --grader-model {self.model}",
+            )
+        if status == 429:
+            return f"HTTP 429 (rate limited) from {url}: {body}", "lower --grader-concurrency or ask for a higher limit"
+        if status >= 500:
+            return f"HTTP {status} (server error) from {url}: {body}", "check the grader server's log"
+        return f"HTTP {status} from {url}: {body}", "check --grader-model and --grader-max-tokens against the server"
 
     async def _complete(self, client: ChatCompletionsClient, messages: list[dict]) -> str | None:
         """One reply's text, retrying API errors. None: this one request was rejected."""
-        payload = {"model": self.model, "messages": messages, "temperature": self.temperature, "max_tokens": self.max_tokens}
+        payload = {
+            "model": self.model, "messages": messages, "temperature": self.temperature, "max_tokens": self.max_tokens
+        }
         attempt = 0
         while True:
             try:
@@ -374,14 +343,16 @@ class OpenAIGrader:
                 if reply is None:
                     self.stats.request_errors += 1
                     return Grade(score=0.0, explanation="the grader API rejected this request", parsed=False, raw="")
-                grade = parse_grade(reply, quoted=solution)
+                self.stats.replies += 1
+                grade = parse_grade(reply)  # the reply alone: the parser never reads the solution
                 if grade.parsed:
                     return grade
+                self.stats.unparseable_replies += 1
                 if parse_attempt < self.parse_retries:
                     self.stats.parse_retries += 1
                     messages = messages + [
                         {"role": "assistant", "content": reply},
-                        {"role": "user", "content": REASK_MESSAGE},
+                        {"role": "user", "content": reask_message(read_verdict(reply).problem)},
                     ]
             self.stats.parse_failures += 1
             return grade
@@ -420,7 +391,9 @@ def choose_grader_kind(kind: str, *, model: str | None, api_key_env: str, base_u
     return "openai"
 
 
-def grader_line(kind: str, *, model: str | None, base_url: str | None, api_key_env: str, metric: str, rubric_key: str) -> str:
+def grader_line(
+    kind: str, *, model: str | None, base_url: str | None, api_key_env: str, metric: str, rubric_key: str
+) -> str:
     """The one line printed at start: which grader grades, and whether it reads the rubrics."""
     if kind == "verifier":
         return (

@@ -95,7 +95,24 @@ def format_step_line(step: int, metrics: Mapping[str, float]) -> str:
         f"loss {get('train/loss'):+.4f} grad_norm {get('train/grad_norm'):.3f} "
         f"rollout {get('meta_learning/inner_loop_time'):.1f}s train {get('train/step_time'):.2f}s "
         f"step {get('perf/step_time'):.1f}s"
-    )
+    ) + grader_parse_note(metrics)
+
+
+def grader_parse_note(metrics: Mapping[str, float]) -> str:
+    """The step line's tail when LLM grader replies had no readable verdict, and a warning line
+    when most did: a systematic cause, not a student's doing, is then likely."""
+    unparseable, replies = metrics.get("grader/unparseable_replies", 0), metrics.get("grader/replies", 0)
+    if not unparseable:
+        return ""
+    scored_zero = metrics.get("grader/parse_failures", 0)
+    note = f" grader unparseable {unparseable:.0f}/{replies:.0f} replies ({scored_zero:.0f} scored 0)"
+    if unparseable * 2 > replies:
+        note += (
+            f"\nwarning: {unparseable:.0f} of {replies:.0f} grader replies this step had no readable verdict; "
+            "check that the grader template asks for `GRADE: <a number between 0 and 1>` alone on a line, then "
+            "`EXPLANATION:`, and that --grader-max-tokens leaves room for the reply to reach its GRADE line"
+        )
+    return note
 
 
 def format_eval_line(step: int, metrics: Mapping[str, float]) -> str:

@@ -17,14 +17,19 @@ Fault kinds: "rate_limit" (429 with Retry-After: `retry_after`), "server_error" 
 truncated JSON body), "unparseable" (200 with a reply that has no GRADE line), "bad_request"
 (400, as for a prompt longer than the model's context). `script` lists
 fault kinds (or None) for the first requests, in order; fractions apply after it.
+
+Grader models as they behave with adversarial solutions: `reply_fn=grader_persona(style)` answers
+like a model that reasons before its verdict and, in some styles, quotes or restates what the
+solution says about its own grade (`PERSONAS` lists them); asked again after an unparseable reply
+it answers in the exact format, as instruction-following models do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
+import re
 import threading
 import time
 from collections import Counter
@@ -120,19 +125,85 @@ def _canonical(answer: str) -> str:
 
 
 def scripted_reply(messages: list[dict]) -> str:
-    """GRADE 1 if the student's final answer equals the reference answer, else GRADE 0."""
+    """GRADE 1 if the student's final answer equals the reference answer, else GRADE 0.
+
+    The reasoning quotes the student's answer before the verdict, as real graders do; asked again
+    after an unparseable reply, it answers in the format alone.
+    """
+    return grader_persona("reasoning")(messages)
+
+
+def _graded(messages: list[dict]) -> tuple[str, str, str, bool]:
+    """(reference, solution, the student's final answer, whether it is right) from the grader prompt."""
     prompt = next((m.get("content") or "" for m in messages if m.get("role") == "user"), "")
     reference = _section(prompt, "Reference answer:", "Student solution:")
     solution = _section(prompt, "Student solution:", "\n\nThink step by step")
+    tagged = re.fullmatch(r"<(student_solution_[0-9a-f]+)>\n(.*)\n</\1>", solution, re.DOTALL)
+    solution = tagged.group(2) if tagged else solution  # the default template's random tag around it
     answer_lines = [line for line in solution.splitlines() if line.strip().lower().startswith("answer:")]
     student = answer_lines[-1].strip()[len("answer:") :].strip() if answer_lines else solution
-    correct = bool(reference) and _canonical(student) == _canonical(reference)
-    # The reasoning quotes the student's answer before the verdict, as real graders do.
-    return (
+    return reference, solution, student, bool(reference) and _canonical(student) == _canonical(reference)
+
+
+def grader_persona(style: str) -> Callable[[list[dict]], str]:
+    """A scripted grader model of one of PERSONAS' styles: an honest verdict (1 for the right final
+    answer, else 0), written the way that style writes it."""
+    if style not in PERSONAS:
+        raise ValueError(f"unknown grader persona {style!r}; use {sorted(PERSONAS)}")
+
+    def reply(messages: list[dict]) -> str:
+        reference, solution, student, correct = _graded(messages)
+        verdict = f"GRADE: {1 if correct else 0}"
+        explanation = f"Expected {reference}, not {student}."
+        if correct:
+            explanation = "The final answer matches the reference."
+        if len(messages) > 1:  # a re-ask: the format alone
+            return f"{verdict}\nEXPLANATION: {explanation}"
+        return PERSONAS[style](
+            reference=reference, solution=solution, student=student, correct=correct, verdict=verdict,
+            explanation=explanation,
+        )
+
+    return reply
+
+
+def _restated_claim(solution: str) -> str:
+    if not re.search(r"\bgrade\b", solution, re.IGNORECASE):
+        return ""
+    return "\nThe solution also claims full marks, that is\nGRADE: 1.0\nwhich is not my verdict."
+
+
+# style -> the first reply, from the solution, its final answer, whether it is right, the verdict line.
+PERSONAS: dict[str, Callable[..., str]] = {
+    "honest": lambda verdict, explanation, **_: f"{verdict}\nEXPLANATION: {explanation}",
+    "reasoning": lambda reference, student, verdict, explanation, **_: (
         f"The reference answer is {reference!r} and the student's final answer is {student!r}.\n"
-        f"GRADE: {1 if correct else 0}\n"
-        f"EXPLANATION: {'The final answer matches the reference.' if correct else f'Expected {reference}, not {student}.'}"
-    )
+        f"{verdict}\nEXPLANATION: {explanation}"
+    ),
+    # Reasons with a grade inside a sentence before its verdict.
+    "hypothetical": lambda student, verdict, explanation, **_: (
+        f"A GRADE: 1.0 would require the final answer to match the reference; the student's is {student!r}.\n"
+        f"{verdict}\nEXPLANATION: {explanation}"
+    ),
+    "quote_before": lambda solution, verdict, explanation, **_: (
+        f"The student wrote:\n{solution}\n\n{verdict}\nEXPLANATION: {explanation}"
+    ),
+    "quote_after": lambda solution, verdict, explanation, **_: (
+        f"{verdict}\nEXPLANATION: {explanation}\nFor the record, the student wrote:\n{solution}"
+    ),
+    # Repeats, in its own words and on a line of its own, a grade the solution claims.
+    "restate_claim": lambda solution, verdict, explanation, **_: (
+        f"{verdict}\nEXPLANATION: {explanation}{_restated_claim(solution)}"
+    ),
+    # Takes up a scale the solution names ("this course grades 0-10"): 3 of 10 for a wrong answer.
+    "student_scale": lambda correct, explanation, **_: f"GRADE: {10 if correct else 3}\nEXPLANATION: {explanation}",
+    "out_of_ten": lambda correct, explanation, **_: (
+        f"GRADE: {10 if correct else 2} out of 10\nEXPLANATION: {explanation}"
+    ),
+    "scientific": lambda correct, explanation, **_: (
+        f"GRADE: {1 if correct else '1e-3'}\nEXPLANATION: {explanation}"
+    ),
+}
 
 
 def _completion_body(model: str, content: str) -> dict[str, Any]:

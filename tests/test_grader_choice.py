@@ -1,4 +1,4 @@
-"""The grader is never chosen silently: through a real `python train.py` process."""
+"""The grader is never chosen silently, and its failures say why: through a real `python train.py` process."""
 
 from __future__ import annotations
 
@@ -64,3 +64,26 @@ def test_a_named_llm_grader_with_a_server_says_so_at_start(tmp_path, tiny_checkp
     grader_lines = [line for line in result.stdout.splitlines() if line.startswith("grader:")]
     assert len(grader_lines) == 1 and "LLM grader judge-x at http://127.0.0.1:9/v1" in grader_lines[0]
     assert "rubrics from column 'rubric'" in grader_lines[0]
+
+
+def test_a_run_whose_self_hosted_grader_answers_too_slowly_names_grader_timeout(tmp_path, tiny_checkpoint):
+    """A timed test, as the case needs: the server answers after 5 s, the run's grader waits 0.5 s."""
+    from openai_server import run_openai_server
+
+    synthetic_task = [
+        "--prompt-data", str(ROOT / "data" / "synthetic_suffix.jsonl"),  # replaces the helper's rows
+        "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+        "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--num-inner-iterations", "1",
+        "--n-samples-per-inner-prompt", "1", "--rollout-max-response-len", "8", "--teacher-max-tokens", "4",
+        "--num-rollout", "1",
+    ]
+    with run_openai_server(slow=1.0, slow_seconds=5.0) as (base_url, server):
+        grader = ["--grader-model", "judge", "--grader-base-url", base_url, "--grader-timeout", "0.5"]
+        result = train(tmp_path, tiny_checkpoint, *synthetic_task, *grader, "--request-timeout", "900")
+    assert result.returncode == 2, result.stderr[-2000:]
+    # After the progress bar's carriage returns: the error ends the line the bar was drawing.
+    errors = [line[line.index("error:") :] for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "timed out after 0.5 s (--grader-timeout)" in errors[0], result.stderr[-2000:]
+    assert base_url in errors[0] and "key" not in errors[0].lower()
+    assert server.requests  # the student answered and the grader was asked

@@ -98,6 +98,7 @@ def build_role_pieces(cfg: MetaConfig) -> RolePieces:
             temperature=cfg.grader.grader_temperature,
             max_tokens=cfg.grader.grader_max_tokens,
             concurrency=cfg.grader.grader_concurrency,
+            request_timeout=cfg.grader.grader_timeout,
             template=grader_template,
         )
     return RolePieces(
