@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from slime_meta.arguments_objectives import ObjectivesConfig, add_objective_arguments, shared_student_objective_defaults
 from slime_meta.arguments_validation import student_pool_defaults, validate_flags
+from slime_meta.checkpoints import resolve_checkpoint_flags
 from slime_meta.errors import UserInputError
 
 ADDITIONAL_INFO_POSITIONS = ("prefix", "suffix", "system")
@@ -331,7 +332,9 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--verifier-metric", choices=VERIFIER_METRICS, default="normalized", help="Built-in verifier: how the stated final answer matches the label. normalized (default): math labels by math-verify (60.0 == 60), others as normalised text; numeric: the same; exact: equal text; char: partial credit per character.")
 
     add = groups.group("pools and resources (slime-compatible)")
-    add("--hf-checkpoint", default=None, help="Teacher model: a local HF checkpoint directory.")
+    add("--hf-checkpoint", default=None,
+        help="Teacher model: a local HF checkpoint directory, or a .gguf file (converted once into an HF directory "
+             "cached under $SLIME_META_CACHE, default ~/.cache/slime-meta; needs the packages gguf and accelerate).")
     add("--rollout-num-gpus", type=int, default=0,
         help="GPUs of the teacher's inference pool (local backend on GPUs: one worker per engine, GPUs 0..N-1).")
     add("--rollout-num-gpus-per-engine", type=_positive_int, default=1,
@@ -342,8 +345,9 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         help="Port of the teacher's router (slime: --sglang-router-port; local: the router we start, its workers on "
              "free ports); default: a free port.")
     add("--student-checkpoint", default=None,
-        help="A separate, frozen student pool from this checkpoint; default: with --student-num-gpus, the teacher's "
-             "starting checkpoint (--hf-checkpoint), else no separate pool (the student shares the teacher's).")
+        help="A separate, frozen student pool from this checkpoint (an HF directory or a .gguf file); default: with "
+             "--student-num-gpus, the teacher's starting checkpoint (--hf-checkpoint), else no separate pool (the "
+             "student shares the teacher's).")
     add("--student-num-gpus", type=_positive_int, default=None,
         help="GPUs of a separate, frozen student pool (from --student-checkpoint, default the teacher's starting "
              "weights); local backend: --student-num-gpus / --student-num-gpus-per-engine workers, on CUDA placed "
@@ -463,6 +467,8 @@ def _pick(cls, namespace: argparse.Namespace, **overrides):
 def build_config(namespace: argparse.Namespace, *, default_run_dir: str | None = None) -> MetaConfig:
     """The frozen config from parsed flags, validated; raises UserInputError naming the flag."""
     validate_flags(namespace)
+    # Once, before anything reads them: a .gguf checkpoint flag becomes its converted HF directory.
+    namespace = resolve_checkpoint_flags(namespace)
     run_dir = namespace.run_dir or default_run_dir or "runs/meta"
     return MetaConfig(
         backend=namespace.backend,

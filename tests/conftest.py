@@ -6,12 +6,19 @@ from pathlib import Path
 
 import pytest
 from helpers_tiny import make_random_tiny_checkpoint
+from helpers_real import real_checkpoint_or_skip
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory holding a random-init tiny Llama and its character-level tokenizer."""
     return make_random_tiny_checkpoint(tmp_path_factory.mktemp("tiny-checkpoint"))
+
+
+@pytest.fixture(scope="session")
+def real_checkpoint() -> Path:
+    """The shipped real model (SmolLM2-135M-Instruct) as an HF directory, fetched and converted once per machine."""
+    return real_checkpoint_or_skip()
 
 
 # The tiny checkpoint's model and tokenizer, as the worker tests compare against them.

@@ -51,11 +51,13 @@ def prepare_run_dir(cfg: MetaConfig) -> Path:
 def check_model_dir(path: str | None, flag: str) -> str:
     if not path:
         raise UserInputError(
-            f"{flag} is required: a local HF checkpoint directory "
-            "(build the small demo model with: python -m slime_meta.models.tiny)"
+            f"{flag} is required: a local HF checkpoint directory or a .gguf file (build the small demo model "
+            "with: python -m slime_meta.models.tiny; get the real one with: python -m slime_meta.models.real)"
         )
     if not (Path(path) / "config.json").is_file():
-        raise UserInputError(f"{flag} {path}: not an HF checkpoint directory (no config.json in it)")
+        raise UserInputError(
+            f"{flag} {path}: not an HF checkpoint directory (no config.json in it); give one, or a .gguf file"
+        )
     return path
 
 

