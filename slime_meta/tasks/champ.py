@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Sequence
 
 from slime_meta.errors import UserInputError
-from slime_meta.tasks.pypi_wheels import download_wheel, installed_file, read_wheel_member
+from slime_meta.pypi_wheels import download_wheel, installed_file, read_wheel_member
 
 DISTRIBUTION, VERSION = "champ-dataset", "1.0.0"
 MEMBER = "champ_dataset/dataset_files/v0.json"

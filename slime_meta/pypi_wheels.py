@@ -10,19 +10,23 @@ is one (no network then).
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import re
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+from slime_meta.checkpoints import cache_root
 from slime_meta.errors import UserInputError
 
-# What pip prints when it cannot reach the index (as opposed to a wrong name or version).
+# What pip prints when it cannot reach the index (as opposed to a wrong name or version). With retries
+# off (`PIP_RETRIES=0`) it names no connection error at all, only that the index listed no version:
+# read that as unreachable too (or a mirror without the package); a version missing beside others
+# ("from versions: 0.1, ...") is not.
 _NETWORK_FAILURE = re.compile(
-    r"NewConnectionError|Max retries exceeded|Temporary failure in name resolution|Name or service not known|"
-    r"Network is unreachable|Connection refused|ConnectTimeout|ReadTimeout|ProxyError|timed out",
+    r"NewConnectionError|Failed to establish a new connection|Max retries exceeded|Temporary failure in name "
+    r"resolution|Name or service not known|Network is unreachable|Connection refused|ConnectTimeout|ReadTimeout|"
+    r"ProxyError|No route to host|SSLError|timed out|\(from versions: none\)",
     re.IGNORECASE,
 )
 
@@ -36,11 +40,8 @@ class WheelUnavailable(UserInputError):
 
 
 def default_cache_dir() -> Path:
-    """`$SLIME_META_CACHE`, else `$XDG_CACHE_HOME/slime_meta`, else `~/.cache/slime_meta`."""
-    if os.environ.get("SLIME_META_CACHE"):
-        return Path(os.environ["SLIME_META_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "slime_meta"
+    """The project's one cache (`$SLIME_META_CACHE`, else `$XDG_CACHE_HOME/slime-meta`, else ~/.cache/slime-meta)."""
+    return cache_root()
 
 
 def installed_file(distribution: str, member: str) -> Path | None:
