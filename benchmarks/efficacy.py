@@ -1,11 +1,15 @@
-"""Learning efficacy on a synthetic task, through the real train.py loop.
+"""Learning efficacy on a synthetic task or with the real model, through the real train.py loop.
 
     python benchmarks/efficacy.py                      # 60 outer steps on this machine
     python benchmarks/efficacy.py --steps 20 --quick   # a short check
     python benchmarks/efficacy.py --task bracket       # the task whose teacher never saw the key
+    python benchmarks/efficacy.py --task easy_word_problems --steps 400 --time-limit-s 560 --trace-rate 0.05
+                                                       # SmolLM2-135M-Instruct on real language (one GPU)
 
 The task is the suffix task (data/synthetic_suffix.jsonl) unless `--task` names another
-(docs/tasks.md); it selects the data, templates and small model in scripts/run_synthetic.sh.
+(docs/tasks.md); it selects the data, templates and small model in scripts/run_synthetic.sh, or,
+for `easy_word_problems` and `champ`, the data of scripts/run_real.sh (the real model, default
+prompts, the built-in verifier; R_oracle is the student's grade with the hand-written or human hint).
 
 The student is a frozen copy of the starting model (its own pool) unless `--shared-student`: in
 shared mode the student is the model being trained, and train.py's shared-student defaults add
@@ -30,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -42,24 +47,41 @@ sys.path.insert(0, str(ROOT))  # slime_meta.plot from this checkout
 from slime_meta.plot import plot_run  # noqa: E402
 from slime_meta.tracking import read_metrics  # noqa: E402
 
+SYNTHETIC_TASKS = ("synthetic_suffix", "bracket")  # tiny models built by the project (scripts/run_synthetic.sh)
+REAL_TASKS = ("easy_word_problems", "champ")  # SmolLM2-135M-Instruct on real language (scripts/run_real.sh)
+
 
 def run(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     run_dir = out / f"efficacy-{time.strftime('%Y%m%d-%H%M%S')}"
-    command = [
-        "bash", str(ROOT / "scripts/run_synthetic.sh"),
-        "--context-key", "oracle_hint", "--eval-baseline",  # R_oracle and R_no_info before training
-        "--trace-sample-rate", "0", *args.extra,
-    ]  # fmt: skip
+    if args.task in REAL_TASKS:  # the real model; run_real.sh measures R_oracle and R_no_info itself
+        command = ["bash", str(ROOT / "scripts/run_real.sh"), "--trace-sample-rate", str(args.trace_rate), *args.extra]
+    else:
+        command = [
+            "bash", str(ROOT / "scripts/run_synthetic.sh"),
+            "--context-key", "oracle_hint", "--eval-baseline",  # R_oracle and R_no_info before training
+            "--trace-sample-rate", str(args.trace_rate), *args.extra,
+        ]  # fmt: skip
     # FROZEN_STUDENT from the caller's environment never leaks in: --shared-student decides.
     env = {k: v for k, v in os.environ.items() if k != "FROZEN_STUDENT"}
-    env.update(RUN_DIR=str(run_dir), NUM_ROLLOUT=str(args.steps), PYTHON=sys.executable, TASK=args.task)
+    env.update(RUN_DIR=str(run_dir), NUM_ROLLOUT=str(args.steps), PYTHON=sys.executable, TASK=args.task, DATA=args.task)
     if not args.shared_student:
         env["FROZEN_STUDENT"] = "1"
     if args.model_dir:
         env["MODEL_DIR"] = args.model_dir
     started = time.perf_counter()
-    subprocess.run(command, cwd=ROOT, env=env, check=True)
+    # A time limit ends the run early (SIGTERM: its processes stop, the steps so far stay in
+    # metrics.jsonl) and the figures are read from the steps it finished.
+    process = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        returncode = process.wait(timeout=args.time_limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        returncode = process.wait()
+        print(f"[efficacy] stopped at the --time-limit-s of {args.time_limit_s:.0f} s", flush=True)
+    else:
+        if returncode != 0:
+            raise SystemExit(f"[efficacy] the run failed (exit code {returncode}); its output is above")
     wall = time.perf_counter() - started
     records = read_metrics(run_dir)
     first = records[0]
@@ -132,8 +154,13 @@ def run(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--task", default="synthetic_suffix", choices=("synthetic_suffix", "bracket"),
-                        help="The synthetic task (default synthetic_suffix; bracket: a teacher that never saw the key).")
+    parser.add_argument("--task", default="synthetic_suffix", choices=SYNTHETIC_TASKS + REAL_TASKS,
+                        help="The task (default synthetic_suffix; bracket: a teacher that never saw the key; "
+                             "easy_word_problems or champ: the real model SmolLM2-135M-Instruct, scripts/run_real.sh).")
+    parser.add_argument("--time-limit-s", type=float, default=None,
+                        help="Stop the run after this many seconds (model start included) and report the steps done.")
+    parser.add_argument("--trace-rate", type=float, default=0.0,
+                        help="--trace-sample-rate of the run (traces of the teacher's hints; 0: none).")
     parser.add_argument("--window", type=int, default=10, help="Steps averaged for the first and last grades.")
     parser.add_argument("--block", type=int, default=50, help="Steps per block of the per-block gain and no-info control.")
     parser.add_argument("--out", default="runs/benchmarks")

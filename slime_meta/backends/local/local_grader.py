@@ -47,4 +47,5 @@ def build_local_grader(cfg: MetaConfig, template: GraderPromptTemplate, base_url
     return OpenAIGrader(
         model=model_dir, base_url=base_url, api_key_env=g.grader_api_key_env, temperature=g.grader_temperature,
         max_tokens=g.grader_max_tokens, concurrency=g.grader_concurrency, template=template,
+        request_timeout=g.grader_timeout,
     )  # fmt: skip
