@@ -4,9 +4,18 @@ Why this is strict: the teacher is trained with RL against the grader, and the t
 student's prompt, so any answer format the verifier over-rewards becomes the teacher's hint
 ("list every candidate", "end with a GRADE line"). The rules, in order:
 
-- The final answers a solution states are the contents of its `\\boxed{...}` and of its
-  `Answer:` lines (`Final answer:` too; a box on an answer line counts once). A solution that
-  states none is read whole, as its own answer (short answers such as the synthetic task's).
+- The final answers a solution states are the contents of its `\\boxed{...}`, of its `Answer:`
+  lines (`Final answer:` too; a box on an answer line counts once; on the last line `Answer:` may
+  follow other text), of GSM8K's `#### N` lines, and of each "the (final) answer is ..." phrase (up
+  to the end of its sentence). Real instruct models state answers these ways, and rarely exactly as
+  the prompt asked.
+- A solution that states none: its result in the last sentence that has a number, read as a
+  careful human grader would (`Ana has 3 + 5 = 8 marbles.` states 8: the value after the last `=`,
+  or the sentence's only number); a sentence with several numbers and no `=` states no answer. A
+  one-line solution of a few words with no number is read whole (the synthetic tasks' answers). Else
+  there is no final answer (score 0; the feedback says so).
+- Yes/no labels: an answer that starts with yes or no and goes on in words (`Yes, it does.`) states
+  that word; one that says both yes and no is a hedge.
 - Several final answers that are not the same answer: the solution is hedging, and scores 0.
 - A hedge inside one answer ("12 or maybe 60", "12, 60", "12 60") scores 0 when the label is a
   single math answer: two numbers separated by words, a comma or a semicolon (unless the label
@@ -27,6 +36,20 @@ import threading
 import unicodedata
 
 _ANSWER_LINE = re.compile(r"^[\s>#*_\-`]*(?:final[*_ \t]+)?answer[*_ \t]*[:：](?P<rest>.*)$", re.IGNORECASE)
+# `Answer:` after other text, on the last line only ("So she has 8. Answer: 8").
+_ANSWER_IN_LINE = re.compile(r"\banswer[*_ \t]*[:：](?P<rest>[^:：]*)$", re.IGNORECASE)
+_GSM8K_LINE = re.compile(r"^[\s>*_`]*####[ \t]*(?P<rest>.*)$")
+# "The answer is 5." / "the final answer is: 5" up to the end of its sentence (a period followed by
+# a space or the end, so that decimals such as 2.5 stay whole).
+_ANSWER_IS = re.compile(
+    r"\b(?:the\s+)?(?:final\s+)?answer\s+(?:is|would\s+be|will\s+be)\s*[:：]?\s*(?P<rest>(?:[^.!?\n]|\.(?=\S))*)",
+    re.IGNORECASE,
+)
+# Sentence ends: . ! ? followed by whitespace or the end (not the point of a decimal).
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+_SIGNED_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?")
+_YES_NO = ("yes", "no")
+SHORT_ANSWER_CHARS = 64  # a one-line answer this short, with no number in it, is read whole
 _NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
 _TEXT_COMMAND = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
@@ -57,14 +80,31 @@ def _clean(text: str) -> str:
     return text.strip().strip("*_`").strip()
 
 
+def _last_nonempty_index(lines: list[str]) -> int:
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].strip():
+            return index
+    return -1
+
+
 def stated_answers(solution: str) -> list[str]:
-    """Every final answer the solution states (boxes and `Answer:` lines), in order; [] if none."""
+    """Every final answer the solution states (boxes, `Answer:` and `####` lines, "the answer is"
+    phrases), in order; [] if none."""
     answers: list[str] = []
     lines = solution.splitlines()
+    last = _last_nonempty_index(lines)
     boxed_on_answer_lines: list[str] = []
     for index, line in enumerate(lines):
-        match = _ANSWER_LINE.match(line)
+        match = _ANSWER_LINE.match(line) or _GSM8K_LINE.match(line)
+        if not match and index == last:
+            match = _ANSWER_IN_LINE.search(line)
         if not match:
+            for phrase in _ANSWER_IS.finditer(line):
+                rest = _clean(phrase.group("rest"))
+                boxes = _boxed_contents(rest)
+                boxed_on_answer_lines += boxes
+                if rest:
+                    answers.append(_clean(boxes[-1] if boxes else rest))
             continue
         rest = match.group("rest").strip()
         if not rest:  # "Answer:" with the value on the next non-empty line
@@ -81,18 +121,37 @@ def stated_answers(solution: str) -> list[str]:
 
 
 def extract_answer(solution: str) -> str:
-    """The student's final answer: the last `Answer:` line, else the last \\boxed{}, else all."""
-    lines = solution.splitlines()
-    for index in range(len(lines) - 1, -1, -1):
-        match = _ANSWER_LINE.match(lines[index])
-        if match:
-            answer = match.group("rest").strip()
-            if not answer:
-                answer = next((line.strip() for line in lines[index + 1 :] if line.strip()), "")
-            boxes = _boxed_contents(answer)
-            return _clean(boxes[-1] if boxes else answer)
-    boxes = _boxed_contents(solution)
-    return (boxes[-1] if boxes else solution).strip()
+    """The student's final answer: the last one it states (`stated_answers`), else its result in the
+    last sentence with a number (`final_result`), else "" (no final answer)."""
+    stated = stated_answers(solution)
+    return stated[-1] if stated else final_result(solution)
+
+
+def final_result(solution: str) -> str:
+    """The answer of a solution that states none explicitly, or "" when there is none to read.
+
+    The last sentence with a digit: the number after its last `=` (`3 + 5 = 8 marbles` -> `8`), or
+    its only number (`Ana has 8 marbles now.` -> `8`); several numbers and no `=`: none. A short
+    one-line solution with no digit at all is read whole (`abcdef.`, `Yes`, `x`).
+    """
+    text = solution.strip()
+    short_line = text if "\n" not in text and len(text) <= SHORT_ANSWER_CHARS else ""
+    line = next((line for line in reversed(text.splitlines()) if any(c.isdigit() for c in line)), None)
+    if line is None:
+        return short_line
+    starts = [0] + [end.end() for end in _SENTENCE_END.finditer(line)]
+    sentences = [line[a:b] for a, b in zip(starts, starts[1:] + [len(line)])]
+    sentence = next(s for s in reversed(sentences) if any(c.isdigit() for c in s))
+    if "=" in sentence:
+        sentence = sentence.rsplit("=", 1)[1]
+        if "\\" in sentence:  # a LaTeX result such as \\frac{3}{4}: compared as math
+            return _clean(sentence).rstrip(".")
+    numbers = _SIGNED_NUMBER.findall(sentence)
+    if len(numbers) == 1:
+        return numbers[0].replace(" ", "")
+    # Several numbers and no `=` to say which is the result: a short one-line answer is read whole
+    # (an expression such as x^2 + 2x + 1, or a hedge the comparison then refuses), else none.
+    return short_line
 
 
 def normalize_answer(text: str) -> str:
@@ -189,10 +248,21 @@ def same_answer(first: str, second: str) -> bool:
     return is_math_label(first) and is_math_label(second) and same_math_answer(first, second)
 
 
+def yes_no_answer(answer: str) -> str | None:
+    """`Yes, it does.` -> "yes"; `No.` -> "no"; None when it does not start with one, or says both."""
+    words = re.findall(r"[a-z]+", normalize_answer(answer))
+    if not words or words[0] not in _YES_NO or (set(_YES_NO) <= set(words)):
+        return None
+    return words[0]
+
+
 def answer_matches_label(answer: str, label: str) -> bool:
-    """The verifier's equivalence: math-verify for math labels (no hedges), else normalised text."""
+    """The verifier's equivalence: math-verify for math labels (no hedges), yes/no labels by the
+    answer's first word, else normalised text."""
     if is_math_label(label):
         return not is_hedge(answer, label) and same_math_answer(label, answer)
+    if normalize_answer(label) in _YES_NO:
+        return yes_no_answer(answer) == normalize_answer(label)
     return normalize_answer(answer) == normalize_answer(label)
 
 
