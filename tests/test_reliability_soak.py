@@ -140,9 +140,13 @@ def test_fifty_outer_steps_without_memory_or_fd_growth(tmp_path):
         if len(values) < WARMUP_STEPS + 2 * WINDOW:
             continue  # a process that did not live through the run (none expected)
         early, late, relative = growth(values)
+        # Descriptors: the end's median against the most seen in the first half after warm-up.
+        # Connection pools grow to the largest burst they have served, and under load a larger burst
+        # can come late (a worker's count wandered 120-133 over 200 loaded steps); a leak climbs past.
+        first_half = fds[name][WARMUP_STEPS : WARMUP_STEPS + (len(values) - WARMUP_STEPS) // 2]
         report[name] = {
             "rss_kib_after_warmup": early, "rss_kib_end": late, "growth": round(relative, 4),
-            "rss_kib_first": values[0], "fds_after_warmup": fds[name][WARMUP_STEPS], "fds_end": fds[name][-2],
+            "rss_kib_first": values[0], "fds_after_warmup": max(first_half), "fds_end": growth(fds[name])[1],
             "fds_max": max(fds[name]),
         }  # fmt: skip
     (run_dir / "soak.json").write_text(json.dumps({"samples": samples, "fds": fds, "report": report}, indent=1))
