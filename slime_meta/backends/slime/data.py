@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from slime_meta.data import BatchPlan, load_problems, plan_batch
+from slime_meta.data import BatchPlan, load_problems, plan_batch, problem_key
 from slime_meta.errors import EXIT_USER_ERROR, UserInputError
 
 if TYPE_CHECKING:
@@ -54,9 +54,9 @@ def check_eval_sets_disjoint(cfg: MetaConfig) -> None:
         return
     d = cfg.data
 
-    def keys(path: str) -> set[tuple[str, str]]:
+    def keys(path: str) -> set[str]:  # the normalised problem text: another label form is the same problem
         found = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
-        return {(p.prompt.strip(), p.ground_truth.strip()) for p in found}
+        return {problem_key(p) for p in found}
 
     train = keys(d.prompt_data)
     for name, path in pairs:
