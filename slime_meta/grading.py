@@ -31,6 +31,7 @@ import inspect
 import math
 import os
 import random
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -57,11 +58,6 @@ MAX_QUOTED_CHARS = 200
 
 # --------------------------------------------------------------------------- the verifier
 
-def _quote(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_QUOTED_CHARS else text[: MAX_QUOTED_CHARS - 1] + "…"
-
-
 @dataclass
 class GraderStats:
     """Counters the training loop logs (ints only: safe to print)."""
@@ -73,6 +69,7 @@ class GraderStats:
     replies: int = 0  # grader replies read (re-asked ones included)
     unparseable_replies: int = 0  # of those, replies without a verdict (grader_reply.read_verdict)
     request_errors: int = 0  # solutions scored 0: the API refused that one request (400/413/422)
+    timeouts: int = 0  # solutions scored 0: checking the answer took longer than the verifier's time bound
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -81,11 +78,17 @@ class GraderStats:
 class VerifierGrader:
     """Deterministic grading of the stated final answer against `problem.ground_truth`.
 
-    How the answer is read (one final answer; several different ones score 0; hedges score 0)
-    is in `slime_meta.answer_check`. Metrics: `exact` (equal after strip), `normalized` (math
-    labels by math-verify, others by `normalize_answer`), `numeric` (the same as `normalized`;
-    math-verify decides numeric equality), `char` (partial credit: equal characters position by
-    position over the longer length, after normalisation).
+    How the answer is read and compared (one final answer; several different ones, hedges and
+    chains of unequal values score 0) is in `slime_meta.verifier`. Metrics: `exact` (equal text),
+    `normalized` (numbers exactly, other math by math-verify, the rest as normalised text; labels
+    naming one answer in two forms accept either), `numeric` (the same as `normalized`), `char`
+    (partial credit: equal characters position by position over the longer length).
+
+    Off the event loop: `grade` reads the answer in a worker thread (linear in its length) and
+    math-verify runs in child processes (`verifier.MathPool`, shared by the process), so sympy
+    never holds the loop or the trainer's GIL. Each answer gets `timeout_s` seconds of math;
+    over it, the answer scores 0, `stats.timeouts` counts it, and a child stuck in one C-level
+    operation is killed; other answers keep being graded meanwhile.
 
     The explanation says whether the answer is right and what is wrong with it, and never quotes
     the label: the teacher reads it, and a teacher shown the train answers could copy them into
@@ -93,50 +96,63 @@ class VerifierGrader:
     """
 
     METRICS = ("exact", "normalized", "numeric", "char")
+    THREADS = 4
 
-    def __init__(self, metric: str = "normalized"):
+    def __init__(
+        self, metric: str = "normalized", *, timeout_s: float = answer_check.DEFAULT_TIMEOUT_S, math_pool=None
+    ):
         if metric not in self.METRICS:
             raise UserInputError(f"unknown verifier metric '{metric}'; choose one of {', '.join(self.METRICS)}")
-        self.metric = metric
+        self.metric, self.timeout_s = metric, float(timeout_s)
+        self.math_pool = math_pool  # None: the process-wide pool
         self.stats = GraderStats()
+        self._threads: ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
         return f"VerifierGrader(metric={self.metric!r})"
 
+    def __getstate__(self) -> dict:  # threads do not travel (a grader shipped to another process)
+        return {**self.__dict__, "_threads": None}
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(max_workers=self.THREADS, thread_name_prefix="verifier")
+        return self._threads
+
     async def grade(self, problem: Problem, solution: str) -> Grade:
-        return self.grade_now(problem, solution)
+        self.stats.calls += 1
+        loop = asyncio.get_running_loop()
+        verdict = await loop.run_in_executor(self._executor(), self._verdict, problem, solution)
+        return self._grade_of(verdict)
 
     def grade_now(self, problem: Problem, solution: str) -> Grade:
-        """The same verdict synchronously (no I/O is involved)."""
+        """The same verdict in the calling thread (math still bounded in the child processes)."""
         self.stats.calls += 1
-        expected, solution = problem.ground_truth.strip(), solution or ""
-        stated = answer_check.stated_answers(solution)
-        distinct = answer_check.distinct_answers(stated)
-        if len(distinct) > 1:
-            listed = "; ".join(f'"{_quote(a)}"' for a in distinct[:4])
-            explanation = f"Incorrect: the solution states {len(distinct)} different final answers ({listed}); state exactly one."
-            return Grade(score=0.0, explanation=explanation, parsed=True, raw=stated[-1])
-        answer = stated[-1] if stated else answer_check.extract_answer(solution)
-        detail = ""
-        if self.metric == "exact":
-            score = float(answer == expected)
-        elif self.metric == "char":
-            want, got = normalize_answer(expected), normalize_answer(answer)
-            longest = max(len(want), len(got))
-            same = sum(a == b for a, b in zip(want, got))
-            score = 1.0 if longest == 0 else same / longest
-            detail = f" ({same} of {longest} characters match)" if 0 < score < 1 else ""
-        elif answer_check.is_math_label(expected) and answer_check.is_hedge(answer, expected):
-            score, detail = 0.0, " (it offers several candidate answers; state exactly one)"
-        else:
-            score = float(answer_check.answer_matches_label(answer, expected))
-        if score == 1.0:
-            explanation = f'Correct: the final answer "{_quote(answer)}" matches the reference.'
-        elif not answer.strip():
-            explanation = 'Incorrect: no final answer found; end with a line "Answer: <answer>".'
-        else:
-            explanation = f'Incorrect: the final answer "{_quote(answer)}" does not match the reference{detail}.'
-        return Grade(score=score, explanation=explanation, parsed=True, raw=answer)
+        return self._grade_of(self._verdict(problem, solution))
+
+    def _verdict(self, problem: Problem, solution: str) -> answer_check.Verdict | None:
+        try:
+            return answer_check.check(
+                solution or "", problem.ground_truth.strip(), self.metric, timeout_s=self.timeout_s, pool=self.math_pool
+            )
+        except answer_check.CheckTimeout:
+            return None
+
+    def _grade_of(self, verdict: answer_check.Verdict | None) -> Grade:
+        if verdict is None:
+            self.stats.timeouts += 1
+            explanation = (
+                f"Incorrect: checking the final answer took longer than {self.timeout_s:g} s; "
+                "state one short final answer."
+            )
+            return Grade(score=0.0, explanation=explanation, parsed=True, raw="")
+        return Grade(score=verdict.score, explanation=verdict.explanation, parsed=True, raw=verdict.answer)
+
+    async def aclose(self) -> None:
+        """Ends the worker threads (a later `grade` starts new ones); the math children are shared."""
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
 
 
 # --------------------------------------------------------------------------- the LLM grader

@@ -46,6 +46,11 @@ ADVERSARIAL = {
     "cyrillic look-alike": "Answer: б0",
     "wrong in a code block": "```python\nprint(12)\n```\nAnswer: 12",
     "power tower": "Answer: 9^{9^{9^{9}}}",
+    "two boxes on one answer line": "Answer: \\boxed{60} \\boxed{12}",
+    "chain of different values": "Answer: 12 = 30 = 60",
+    "chain after a name": "Answer: x = 12 = 60",
+    "another answer after it": "Answer: 60\nor maybe 12",
+    "candidates in the last sentence": "It could be 12, 30, or 60.",
 }
 # Right answers written differently: each must score 1.
 EQUIVALENT = {
@@ -58,6 +63,11 @@ EQUIVALENT = {
     "in a code block": "```\nAnswer: 60\n```",
     "same answer twice": "\\boxed{60}\nAnswer: 60.0",
     "words around it": "Answer: 60 dollars",
+    "escaped dollar": "Answer: \\$60",
+    "boxed dollar": "\\boxed{\\$60}",
+    "a name and its value": "Answer: x = 60",
+    "a chain of equal values": "Answer: 60 = 60.0",
+    "the last sentence's result": "The price is 80 - 20 = 60 dollars.",
 }
 
 
