@@ -94,7 +94,7 @@ def test_a_grader_that_keeps_quoting_costs_the_injecting_student_its_grade(monke
     assert (right.score, right.parsed) == (1.0, True)
     assert grader.stats.as_dict() == {
         "calls": 2, "api_retries": 0, "parse_retries": 2, "parse_failures": 1, "request_errors": 0,
-        "replies": 4, "unparseable_replies": 3,
+        "replies": 4, "unparseable_replies": 3, "timeouts": 0,
     }
     assert len(server.requests) == 4
 
