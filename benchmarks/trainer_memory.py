@@ -57,7 +57,9 @@ def one(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_model_dir(shape, Path(tmp) / "model", device)
         samples = make_samples(args.batch, args.seq, args.prompt_len, shape["vocab_size"], seed=0)
-        settings = TrainerSettings(lr=1e-6, micro_batch_size=args.batch, device=device.type, **setting)
+        # Each setting as named, on the CPU too (where the trainer would otherwise always recompute).
+        settings = TrainerSettings(lr=1e-6, micro_batch_size=args.batch, device=device.type,
+                                   recompute_on_cpu=setting["recompute_layers"], **setting)  # fmt: skip
         try:
             trainer = LocalTrainer(str(model_dir), settings)
             if device.type == "cuda":
@@ -71,7 +73,8 @@ def one(args: argparse.Namespace) -> dict:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - started)
         except torch.OutOfMemoryError as error:
-            return {"shape": args.shape, "setting": args.setting, "oom": True, "error": str(error).splitlines()[0][:200]}
+            first_line = str(error).splitlines()[0][:200]
+            return {"shape": args.shape, "setting": args.setting, "oom": True, "error": first_line}
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
         reserved = torch.cuda.max_memory_reserved() / 2**30 if device.type == "cuda" else None
         params = sum(p.numel() for p in trainer.model.parameters()) if hasattr(trainer, "model") else None
@@ -79,6 +82,142 @@ def one(args: argparse.Namespace) -> dict:
     return {"shape": args.shape, "setting": args.setting, "oom": False, "params": params,
             "peak_allocated_gib": peak, "peak_reserved_gib": reserved, "step_s": sum(timed) / len(timed),
             "first_step_s": times[0], **{k: v for k, v in setting.items()}}  # fmt: skip
+
+
+def default_step_samples(cfg, vocab: int, teacher_prompt: tuple[int, int], teacher_response: int, seed: int = 0):
+    """One outer step's trainer inputs at `cfg`'s batch shape: a teacher sample per trained info
+    (groups x G, x K with --train-all-inner-steps), prompts spread over `teacher_prompt` tokens and
+    `teacher_response`-token infos; with a solver channel on, the chains' m no-info attempts at each
+    train problem (160-token prompts, answers spread up to --rollout-max-response-len). Random ids;
+    half the advantages positive, half negative (a step with signal)."""
+    import torch
+
+    from slime_meta.batch_split import plan_batch
+    from slime_meta.types import SolverSample, TeacherSample
+
+    m = cfg.meta
+    plan = plan_batch(rollout_batch_size=m.rollout_batch_size, train_ratio=m.inner_loop_train_ratio,
+                      heldout_ipb=m.heldout_ipb, problems_per_prompt=m.n_problems_per_prompt)  # fmt: skip
+    G = m.n_samples_per_prompt
+    chains = plan.groups * G
+    infos = chains * (m.num_inner_iterations if m.train_all_inner_steps else 1)
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> tuple[int, ...]:
+        return tuple(torch.randint(4, vocab, (n,), generator=g).tolist())
+
+    def logps(n: int) -> tuple[float, ...]:
+        return tuple((-torch.rand(n, generator=g) * 3).tolist())
+
+    low, high = teacher_prompt
+    teacher = []
+    for i in range(infos):
+        prompt = low + (high - low) * i // max(infos - 1, 1)
+        teacher.append(TeacherSample(
+            ids(prompt), ids(teacher_response), logps(teacher_response), reward=float(i % 2),
+            advantage=1.0 if i % 2 else -1.0, group_index=i // G, sample_index=i % G, inner_iteration=0,
+        ))  # fmt: skip
+    solver = []
+    if cfg.objectives.needs_solver_samples:
+        attempts = chains * m.n_problems_per_prompt * m.n_samples_per_inner_prompt
+        longest = cfg.sampling.rollout_max_response_len
+        for i in range(attempts):
+            n = longest // 4 + (longest - longest // 4) * i // max(attempts - 1, 1)
+            solver.append(SolverSample(
+                problem_uid=str(i // m.n_samples_per_inner_prompt), prompt_ids=ids(160), response_ids=ids(n),
+                rollout_logprobs=logps(n), temperature=cfg.sampling.rollout_temperature, grade=float(i % 2),
+                task_advantage=1.0 if i % 2 else -1.0, prompt_text="", solution_text="",
+            ))  # fmt: skip
+    return teacher, solver
+
+
+def _status_mib(key: str) -> float:
+    """A /proc/self/status figure in MiB (VmRSS: resident now; VmHWM: the peak since the start)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(key)
+
+
+def _tokens(samples) -> int:
+    return sum(len(x.prompt_ids) + len(x.response_ids) for x in samples)
+
+
+def real_model_step(args: argparse.Namespace, name: str, flags: str) -> dict:
+    """One configuration of the real model in this process: the trainer train.py builds, `--steps` steps."""
+    import resource
+    import shlex
+
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    from slime_meta.arguments import parse_config
+    from slime_meta.backends.local.components import make_trainer
+
+    base = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", args.model_path]
+    cfg = parse_config(base + shlex.split(flags))
+    tokenizer = AutoTokenizer.from_pretrained(args.model_path)
+    vocab = AutoConfig.from_pretrained(args.model_path).vocab_size
+    prompts = (args.teacher_prompt_min, args.teacher_prompt_max)
+    teacher, solver = default_step_samples(cfg, vocab, prompts, args.teacher_response)
+    started = time.perf_counter()
+    trainer = make_trainer(cfg, args.model_path, tokenizer)
+    load_s, loaded_mib = time.perf_counter() - started, _status_mib("VmRSS")
+    steps = []
+    for step in range(args.steps):
+        started, cpu_started = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_utime
+        metrics = trainer.train_step(teacher, solver, (), step=step)
+        steps.append({
+            "step_s": time.perf_counter() - started,
+            "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu_started,
+            "peak_rss_mib": _status_mib("VmHWM"), "loss": metrics.get("loss/total"),
+            "grad_norm": metrics.get("train/grad_norm"),
+        })  # fmt: skip
+    t = trainer.settings
+    return {
+        "config": name, "flags": flags, "threads": torch.get_num_threads(), "load_s": load_s,
+        "rss_after_load_mib": loaded_mib, "peak_rss_mib": _status_mib("VmHWM"), "steps": steps,
+        "teacher_samples": len(teacher), "teacher_tokens": _tokens(teacher),
+        "solver_samples": len(solver), "solver_tokens": _tokens(solver),
+        "micro_batch_size": t.micro_batch_size, "max_tokens_per_gpu": t.max_tokens_per_gpu,
+        "recompute_layers": getattr(trainer, "recomputes_layers", t.recompute_layers),
+        "kl_loss_coef": t.loss.kl_loss_coef, "adv_tau": t.distill.adv_tau,
+    }  # fmt: skip
+
+
+def real_model_main(args: argparse.Namespace) -> list[dict]:
+    """Each `--flags` configuration in a fresh process (peak RSS is per process); table last."""
+    from _common import machine_info
+
+    configs = dict(item.split("=", 1) for item in args.flags) if args.flags else {"defaults": ""}
+    rows = []
+    for name, flags in configs.items():
+        child = [sys.executable, __file__, "--model-path", args.model_path, "--one-real", name,
+                 f"--one-real-flags={flags}", "--steps", str(args.steps),
+                 "--teacher-prompt-min", str(args.teacher_prompt_min),
+                 "--teacher-prompt-max", str(args.teacher_prompt_max),
+                 "--teacher-response", str(args.teacher_response)]  # fmt: skip
+        done = subprocess.run(child, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        failed = {"config": name, "flags": flags, "returncode": done.returncode,
+                  "failed": done.stderr.strip().splitlines()[-3:]}  # fmt: skip
+        rows.append(json.loads(lines[-1]) if lines else failed)
+        print(json.dumps(rows[-1]), flush=True)
+    report = {"benchmark": "trainer_memory_real_model", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "command": " ".join(["benchmarks/trainer_memory.py", *sys.argv[1:]]), "machine": machine_info(),
+              "model_path": args.model_path, "rows": rows}  # fmt: skip
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"\n{'config':>16} {'peak RSS GiB':>12} {'after load':>10} {'step s (CPU s)':>24}")
+    for r in rows:
+        if r.get("failed"):
+            print(f"{r['config']:>16} {'failed (exit ' + str(r['returncode']) + ')':>12}")
+            continue
+        times = " ".join(f"{s['step_s']:.0f} ({s.get('cpu_s', float('nan')):.0f})" for s in r["steps"])
+        peak, loaded = r["peak_rss_mib"] / 1024, r["rss_after_load_mib"] / 1024
+        print(f"{r['config']:>16} {peak:>12.2f} {loaded:>10.2f} {times:>24}")
+    return rows
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -93,6 +232,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--tiny", action="store_true", help="the toy shape, 4 sequences of 256 tokens")
     p.add_argument("--out", default=None)
+    real = p.add_argument_group("real model on CPU (--model-path)")
+    real.add_argument("--model-path", default=None,
+                      help="an HF checkpoint directory: the trainer at train.py's defaults, on the CPU")
+    real.add_argument("--flags", nargs="+", default=None, metavar="NAME=FLAGS",
+                      help="configurations: a name and extra train.py flags each (default: defaults=)")
+    real.add_argument("--teacher-prompt-min", type=int, default=1024)
+    real.add_argument("--teacher-prompt-max", type=int, default=2048)
+    real.add_argument("--teacher-response", type=int, default=128)
+    real.add_argument("--one-real", default=None, help=argparse.SUPPRESS)  # a child's own run: its name
+    real.add_argument("--one-real-flags", default="", help=argparse.SUPPRESS)  # and its flags
     p.add_argument("--one", nargs=2, metavar=("SHAPE", "SETTING"), help=argparse.SUPPRESS)  # a child's own run
     args = p.parse_args(argv)
     if args.tiny:
@@ -102,6 +251,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    if args.one_real:
+        print(json.dumps(real_model_step(args, args.one_real, args.one_real_flags)))
+        return []
+    if args.model_path:
+        return real_model_main(args)
     if args.one:
         args.shape, args.setting = args.one
         print(json.dumps(one(args)))
@@ -114,8 +268,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                      "--max-tokens-per-gpu", str(args.max_tokens_per_gpu), "--steps", str(args.steps)]  # fmt: skip
             done = subprocess.run(child, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-            rows.append(json.loads(lines[-1]) if lines else
-                        {"shape": shape, "setting": setting, "failed": done.stderr.strip().splitlines()[-1:]})  # fmt: skip
+            failed = {"shape": shape, "setting": setting, "failed": done.stderr.strip().splitlines()[-1:]}
+            rows.append(json.loads(lines[-1]) if lines else failed)
             print(json.dumps(rows[-1]), flush=True)
     report = {"benchmark": "trainer_memory", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "command": " ".join(["benchmarks/trainer_memory.py", *(argv if argv is not None else sys.argv[1:])]),

@@ -398,19 +398,22 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--compile-layers", action="store_true",
         help="Local backend on CUDA: torch.compile each decoder layer (H100, 0.5B model: MFU 0.31 -> 0.49; "
              "about 8 s of compile in the first step and once more for new sequence lengths).")
-    add("--use-dynamic-batch-size", action="store_true",
+    add("--use-dynamic-batch-size", action=argparse.BooleanOptionalAction, default=True,
         help="Local backend: micro-batches by token count (slime's meaning): sequences packed, shortest first, while "
              "rows x longest row stays within --max-tokens-per-gpu; a longer sequence is a micro-batch of its own; "
-             "--micro-batch-size is then unused. The loss is the step's token mean either way. Off: --micro-batch-size "
-             "sequences per forward.")
-    add("--max-tokens-per-gpu", type=_positive_int, default=None,
+             "--micro-batch-size is then unused. The loss is the step's token mean either way. Default: on locally "
+             "(a step's memory then has a bound whatever the prompt lengths; slime's own default is off); "
+             "--no-use-dynamic-batch-size: --micro-batch-size sequences per forward.")
+    add("--max-tokens-per-gpu", type=_positive_int, default=8192,
         help="Token budget per micro-batch with --use-dynamic-batch-size (padded tokens of one forward); "
-             "without that flag the local trainer does not use it (slime also reads it on its own).")
+             "with --no-use-dynamic-batch-size the local trainer does not use it (slime also reads it on its own). "
+             "Default locally: 8192.")
     add("--recompute-granularity", choices=["full", "selective"], default=None,
         help="Activation checkpointing, Megatron's flag. Local backend: 'full' checkpoints every decoder layer "
              "(as full / --recompute-method uniform / --recompute-num-layers 1): the backward recomputes each "
              "layer's forward, about one extra forward for the layer activations' memory; 'selective' is slime's "
-             "only. Default: off (activations kept).")
+             "only. Default: off on a GPU (activations kept); a trainer on the CPU always recomputes, its process's "
+             "memory being the limit there (docs/performance.md).")
     add("--max-skipped-steps", type=_positive_int, default=3,
         help="Local backend: a step whose loss or gradient norm is not finite is skipped (weights, optimizer state "
              "unchanged, nothing pushed); this many in a row stop the run, the last checkpoint intact.")

@@ -175,6 +175,11 @@ class StudentRole:
             return prompt, await self.pool.generate_n(input_ids=ids, sampling_params=sampling, n=n)
         return prompt, await self.pool.generate_n(text=prompt, sampling_params=sampling, n=n)
 
+    def fits_scoring(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> bool:
+        """Whether a scoring call of `response_ids` after `prompt_ids` fits the model: SGLang refuses
+        an input of the context length or more, even with max_new_tokens 0."""
+        return self.context_length is None or len(prompt_ids) + len(response_ids) < self.context_length
+
     async def score(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
         """log p(response | prompt) per response token, by SGLang's scoring call (no generation)."""
         reply = await self.pool.post(

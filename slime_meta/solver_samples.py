@@ -56,6 +56,7 @@ class SolverSampleBuilder:
         self.policy = policy  # the student role over the *policy's* pool
         self.grader = grader
         self.settings = settings
+        self.skipped_for_length = 0  # attempts left out this step: a scoring call would not fit the context
 
     def context_for(self, chain: Chain, problem: Problem) -> str:
         s = self.settings
@@ -95,10 +96,16 @@ class SolverSampleBuilder:
                 completion = attempt.completion
                 if completion is None or not completion.output_ids:
                     continue
+                error = attempt.grade.score < s.sdpo_grade_threshold or s.sdpo_on == "all"
+                # The answer was sized for the plain prompt; with the context or hint in front it
+                # may not fit the model: such a sample is left out (counted), never a refused request.
+                scored_under = [x for x in (context_ids, hint_ids if error else None) if x is not None]
+                if not all(self.policy.fits_scoring(x, completion.output_ids) for x in scored_under):
+                    self.skipped_for_length += 1
+                    continue
                 teacher_logprobs = None
                 if context_ids is not None:
                     teacher_logprobs = tuple(await self.policy.score(context_ids, completion.output_ids))
-                error = attempt.grade.score < s.sdpo_grade_threshold or s.sdpo_on == "all"
                 hint_logprobs = None
                 if s.sdpo_shaping and error and hint_ids is not None:
                     hint_logprobs = tuple(await self.policy.score(hint_ids, completion.output_ids))
@@ -124,8 +131,11 @@ class SolverSampleBuilder:
 
     async def build_per_chain(self, chains: Sequence[Chain]) -> tuple[list[list[SolverSample]], dict[str, float]]:
         """The solver samples of each chain, in chain order (slime attaches them to the chain's rollout)."""
+        self.skipped_for_length = 0
         per_chain = list(await asyncio.gather(*[self._chain_samples(c) for c in chains]))
-        return per_chain, self._metrics([x for chain_samples in per_chain for x in chain_samples])
+        metrics = self._metrics([x for chain_samples in per_chain for x in chain_samples])
+        metrics["solver/skipped_for_length"] = float(self.skipped_for_length)
+        return per_chain, metrics
 
     async def build(self, chains: Sequence[Chain]) -> tuple[list[SolverSample], dict[str, float]]:
         per_chain, metrics = await self.build_per_chain(chains)

@@ -88,11 +88,15 @@ def format_step_line(step: int, metrics: Mapping[str, float]) -> str:
     def get(key: str) -> float:
         return float(metrics.get(key, float("nan")))
 
+    if metrics.get("train/skipped_no_signal"):  # nothing was trained: no loss to show
+        trained = f"no signal, update skipped ({get('train/skipped_no_signal_total'):.0f} so far) "
+    else:
+        trained = f"loss {get('train/loss'):+.4f} grad_norm {get('train/grad_norm'):.3f} "
     return (
         f"step {step}: holdout {get('meta_learning/avg_holdout_grade'):.3f} "
         f"(no info {get('meta_learning/holdout_grade_no_info'):.3f}) "
         f"inner {get('meta_learning/avg_inner_grade'):.3f} "
-        f"loss {get('train/loss'):+.4f} grad_norm {get('train/grad_norm'):.3f} "
+        f"{trained}"
         f"rollout {get('meta_learning/inner_loop_time'):.1f}s train {get('train/step_time'):.2f}s "
         f"step {get('perf/step_time'):.1f}s"
     ) + grader_parse_note(metrics)

@@ -159,6 +159,49 @@ def test_distillation_logprobs_align_to_the_students_tokens_on_a_chat_prompt(tin
         assert sample.hint_logprobs == pytest.approx(expected, abs=1e-4)
 
 
+def test_a_context_prompt_that_would_not_fit_leaves_its_sample_out(tiny_checkpoint, tmp_path):
+    """The answer was sized for the plain prompt; the same answer after the longer context prompt can
+    pass the model's context, which SGLang (and the embedded worker) refuse even with max_new_tokens 0:
+    the sample is left out and counted, and the step goes on."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    context = "Remember: the suffix is always 'ab'. " * 4
+    problem = Problem(uid="0", prompt="word", label="wordab", metadata={})
+    renderer = PromptRenderer(tokenizer, apply_chat_template=True)
+    template = GeneratorPromptTemplate("Q: {problem}")
+
+    async def build(context_length: int):
+        pool = SGLangPool(name="policy", base_url=endpoints.router_url)
+        student = StudentRole(pool=pool, template=template, renderer=renderer, info_position="prefix",
+                              temperature=1.0, max_new_tokens=6, context_length=context_length)  # fmt: skip
+        plain, with_context = len(student.prompt_ids(problem, "")), len(student.prompt_ids(problem, context))
+        assert plain + 6 < context_length <= with_context + 1  # the plain request fits, the scoring call not
+
+        class AnyGrader:
+            async def grade(self, p, solution):
+                return Grade(score=0.0)
+
+        settings = SolverSettings(
+            attempts_per_problem=2, reuse_chain_attempts=False, distill_context="fixed", fixed_context=context,
+            context_key=None, distill=True, sdpo=False, sdpo_hint=None, sdpo_grade_threshold=1.0,
+            sdpo_on="errors", skip_verification=False, std_normalize=True,
+        )  # fmt: skip
+        chain = Chain(prompt_index=0, sample_index=0, problems=[problem])
+        try:
+            return await SolverSampleBuilder(student, AnyGrader(), settings).build([chain])
+        finally:
+            await pool.close()
+
+    probe = StudentRole(pool=None, template=template, renderer=renderer, info_position="prefix",
+                        temperature=1.0, max_new_tokens=6)  # fmt: skip
+    context_length = len(probe.prompt_ids(problem, context)) + 1  # context prompt + any answer is >= this
+    with LocalProcessGroup() as group:
+        endpoints = group.start_pool("policy", str(tiny_checkpoint), 1, device="cpu", weights_root=None,
+                                     log_dir=str(tmp_path))  # fmt: skip
+        samples, metrics = asyncio.run(build(context_length))
+    assert samples == [] and metrics["solver/num_samples"] == 0.0
+    assert metrics["solver/skipped_for_length"] == 2.0
+
+
 def gradients(checkpoint, settings: TrainerSettings, teacher, solver=()) -> list[torch.Tensor]:
     torch.manual_seed(0)
     trainer = LocalTrainer(str(checkpoint), settings)

@@ -2,7 +2,7 @@
 --use-dynamic-batch-size) and per-decoder-layer activation checkpointing (`recompute_layers`,
 --recompute-granularity full). Both change how a step is computed, never what it computes.
 
-Run as a script for the CPU measurement behind the checkpointing default (peak memory and step
+Run as a script for the CPU measurement behind the checkpointing default on the CPU (peak memory and step
 time, with and without): `python tests/test_trainer_memory.py --hidden 512 --layers 8 --tokens 1024`.
 """
 
@@ -61,19 +61,33 @@ def mixed_length_batch():
     return teacher, solver, pairs
 
 
+def moved_reference(checkpoint: Path) -> Path:
+    """Start weights unlike the policy's (as after some training): the KL term has a gradient."""
+    out = checkpoint.parent / f"{checkpoint.name}-moved-reference"
+    if not out.exists():
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(checkpoint)
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=generator))
+        model.save_pretrained(out)
+    return out
+
+
 def float64_gradients(checkpoint, settings: TrainerSettings) -> tuple[list[torch.Tensor], list[tuple[int, int]]]:
-    """The step's gradient (no optimizer step) in float64, and every forward's (rows, columns)."""
+    """The step's gradient (no optimizer step) in float64, and every forward's (rows, columns),
+    the reference's too (read from its checkpoint, it runs through the policy's modules)."""
     torch.manual_seed(0)
-    trainer = LocalTrainer(str(checkpoint), settings, reference_path=str(checkpoint))
-    trainer.model.double()
-    trainer.reference.double()
+    trainer = LocalTrainer(str(checkpoint), settings, reference_path=str(moved_reference(Path(checkpoint))))
+    trainer.model.double()  # the start weights are read in the parameters' dtype
     shapes: list[tuple[int, int]] = []
 
     def count(module, args, kwargs):
         shapes.append(tuple(kwargs["input_ids"].shape))
 
-    for model in (trainer.model, trainer.reference):
-        model.model.register_forward_pre_hook(count, with_kwargs=True)
+    trainer.model.model.register_forward_pre_hook(count, with_kwargs=True)
     teacher, solver, pairs = mixed_length_batch()
     metrics = trainer.compute_gradients(teacher, solver, pairs)
     assert metrics["train/num_sequences"] == 8 + 5 * settings.distill.on
@@ -129,23 +143,27 @@ def test_memory_flags_reach_the_trainer(tiny_checkpoint):
 
     base = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", str(tiny_checkpoint)]
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
-    default = make_trainer(parse_config(base), str(tiny_checkpoint), tokenizer)
-    assert default.settings.max_tokens_per_gpu is None and not default.model.model.layers[0].gradient_checkpointing
-    cfg = parse_config(base + ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096", "--recompute-granularity", "full"])
-    trainer = make_trainer(cfg, str(tiny_checkpoint), tokenizer)
-    assert trainer.settings.max_tokens_per_gpu == 4096
-    assert all(layer.gradient_checkpointing for layer in trainer.model.model.layers)
-    # Alone, --max-tokens-per-gpu is slime's to read (it passes through); the local split stays by sequences.
-    assert make_trainer(parse_config(base + ["--max-tokens-per-gpu", "4096"]), str(tiny_checkpoint), tokenizer).settings.max_tokens_per_gpu is None
-    with pytest.raises(UserInputError, match="--max-tokens-per-gpu"):
-        parse_config(base + ["--use-dynamic-batch-size"])
+
+    def trainer_of(*flags: str) -> LocalTrainer:
+        return make_trainer(parse_config(base + list(flags)), str(tiny_checkpoint), tokenizer)
+
+    # Defaults: micro-batches of 8,192 padded tokens; on the CPU every layer recomputed.
+    default = trainer_of()
+    assert default.settings.max_tokens_per_gpu == 8192 and not default.settings.recompute_layers
+    assert default.recomputes_layers and all(layer.gradient_checkpointing for layer in default.model.model.layers)
+    trainer = trainer_of("--max-tokens-per-gpu", "4096", "--recompute-granularity", "full")
+    assert trainer.settings.max_tokens_per_gpu == 4096 and trainer.settings.recompute_layers
+    # With --no-use-dynamic-batch-size, --max-tokens-per-gpu is slime's to read; the local split is by sequences.
+    assert trainer_of("--no-use-dynamic-batch-size", "--max-tokens-per-gpu", "4096").settings.max_tokens_per_gpu is None
+    kept = LocalTrainer(str(tiny_checkpoint), dataclasses.replace(default.settings, recompute_on_cpu=False))
+    assert not kept.recomputes_layers and not kept.model.model.layers[0].gradient_checkpointing
     with pytest.raises(UserInputError, match="--recompute-granularity selective"):
         make_trainer(parse_config(base + ["--recompute-granularity", "selective"]), str(tiny_checkpoint), tokenizer)
 
 
 def test_recompute_gradient_equals_kept_activations(tiny_checkpoint):
-    kept, _ = float64_gradients(tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, micro_batch_size=3))
-    recomputed, _ = float64_gradients(tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, micro_batch_size=3, recompute_layers=True))
+    kept, _ = float64_gradients(tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, micro_batch_size=3, recompute_on_cpu=False))
+    recomputed, _ = float64_gradients(tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, micro_batch_size=3))
     assert_same_gradient(recomputed, kept)
 
 
@@ -156,8 +174,9 @@ def test_recompute_inside_compiled_layers_keeps_the_gradient_and_saves_less(tiny
     results = {}
     for recompute in (False, True):
         torch.manual_seed(0)
-        trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu", micro_batch_size=100,
-                                                                     recompute_layers=recompute))  # fmt: skip
+        settings = TrainerSettings(lr=1e-3, device="cpu", micro_batch_size=100, recompute_layers=recompute,
+                                   recompute_on_cpu=False)  # fmt: skip
+        trainer = LocalTrainer(str(tiny_checkpoint), settings)
         assert compile_decoder_layers(trainer.model, backend="aot_eager") == 2
         saved_bytes = 0
 
@@ -196,7 +215,8 @@ EXACT_RSS_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0
 
 def measure_step(checkpoint: Path, recompute: bool, sequences: int, tokens: int) -> tuple[float, float]:
     """(peak resident memory above the step's start in MiB, seconds) of one policy-gradient step."""
-    trainer = LocalTrainer(str(checkpoint), TrainerSettings(lr=1e-4, device="cpu", micro_batch_size=sequences, recompute_layers=recompute))
+    settings = TrainerSettings(lr=1e-4, device="cpu", micro_batch_size=sequences, recompute_on_cpu=recompute)
+    trainer = LocalTrainer(str(checkpoint), settings)
     g = torch.Generator().manual_seed(0)
     half = tokens // 2
     teacher = [TeacherSample(ids(g, half), ids(g, half), logprobs(g, half), reward=1.0, advantage=1.0, group_index=0,

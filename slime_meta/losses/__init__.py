@@ -18,6 +18,7 @@ Conventions shared by every function:
 from .advantages import context_distillation_advantages, grpo_advantages
 from .combine import ThreeChannelInputs, TotalLossOutput, total_loss
 from .distill import JSDOutput, generalized_jsd, token_logps_and_jsd
+from .linear_head import linear_token_logps
 from .policy import KLPenaltyOutput, PolicyLossOutput, kl_penalty, policy_loss
 from .preference import DPOOutput, dpo_loss
 from .token_stats import (
@@ -45,6 +46,7 @@ __all__ = [
     "generalized_jsd",
     "grpo_advantages",
     "kl_penalty",
+    "linear_token_logps",
     "policy_loss",
     "sequence_logps",
     "token_logps",

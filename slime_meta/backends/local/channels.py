@@ -16,7 +16,12 @@ Logits are made only for the positions a loss reads (response tokens): the model
 last hidden states and the output projection runs on those rows alone (`ModelCall`), so no
 `[B, T, V]` tensor exists, and the vocabulary-wide work (token log-probs, entropy, JSD) goes
 through `slime_meta.losses`, whose fused kernels on CUDA read the `[rows, V]` logits in their
-own dtype and write one gradient.
+own dtype and write one gradient. Token log-probs (`ModelCall.token_logps`) on the CPU fold the
+projection into chunks of rows, so not even the `[rows, V]` logits of a micro-batch are held.
+
+The KL anchor's log-probs come with the sequences (`PolicySequence.reference_logprobs`, computed
+by `reference_token_logps` before the passes), or, while the policy still is the start weights,
+are the policy's own (detached): the same numbers without a second forward.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ from slime_meta.backends.local.batching import (
     MicroBatch,
     PolicySequence,
     budget_chunks,
+    collate,
     make_micro_batches,
     pad_sequences,
     response_columns,
+    sequence_groups,
 )
 from slime_meta.losses import (
     context_distillation_advantages,
@@ -43,6 +50,7 @@ from slime_meta.losses import (
     policy_loss,
     token_logps,
 )
+from slime_meta.losses.token_stats import TokenLogpsOutput
 from slime_meta.types import PreferencePair, SolverSample
 
 
@@ -55,6 +63,13 @@ class ModelCall(Protocol):
 
     def logits(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
         """`[N, V]` logits of the given rows of `hidden_states`."""
+        ...
+
+    def token_logps(
+        self, hidden_N_H: torch.Tensor, targets_N: torch.Tensor, temperature_N: torch.Tensor, chunk_size: int | None,
+        with_entropy: bool,
+    ) -> TokenLogpsOutput:  # fmt: skip
+        """`slime_meta.losses.token_logps` of `logits(hidden_N_H)`, however the call computes it."""
         ...
 
 
@@ -85,10 +100,19 @@ class LossSettings:
     jsd_chunk_size: int | None = 256
 
 
-def _row_logits(model: ModelCall, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor, rows_B_T: torch.Tensor) -> torch.Tensor:
-    """Logits `[N, V]` predicting the tokens at `rows_B_T` (bool, shifted `[B, T-1]`), rows in row-major order."""
-    hidden_B_T_H = model.hidden_states(tokens_B_T, attention_B_T)
-    return model.logits(hidden_B_T_H[:, :-1][rows_B_T])
+def _row_hidden(
+    model: ModelCall, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor, rows_B_T: torch.Tensor
+) -> torch.Tensor:
+    """Hidden states `[N, H]` predicting the tokens at `rows_B_T` (bool, shifted `[B, T-1]`), rows in
+    row-major order."""
+    return model.hidden_states(tokens_B_T, attention_B_T)[:, :-1][rows_B_T]
+
+
+def _row_logits(
+    model: ModelCall, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor, rows_B_T: torch.Tensor
+) -> torch.Tensor:
+    """Logits `[N, V]` predicting the tokens at `rows_B_T`, rows in row-major order."""
+    return model.logits(_row_hidden(model, tokens_B_T, attention_B_T, rows_B_T))
 
 
 def _place(values_N: torch.Tensor, rows_B_T: torch.Tensor) -> torch.Tensor:
@@ -104,14 +128,19 @@ def _response_rows(prompt_lengths: Sequence[int], response_lengths: Sequence[int
 
 
 def policy_gradient_pass(
-    forward: ModelCall, reference: ModelCall | None, sequences: Sequence[PolicySequence], s: LossSettings,
-    micro_batch_size: int, pad_id: int, device: torch.device, max_tokens: int | None = None,
+    forward: ModelCall, sequences: Sequence[PolicySequence], s: LossSettings, micro_batch_size: int, pad_id: int,
+    device: torch.device, max_tokens: int | None = None, *, reference_is_policy: bool = False,
 ) -> dict[str, float]:  # fmt: skip
     """Channel 1. Each micro-batch's token mean is weighted by its share of the step's response
-    tokens, so the gradient is the step's token mean whatever the split (`max_tokens`: by tokens)."""
+    tokens, so the gradient is the step's token mean whatever the split (`max_tokens`: by tokens).
+
+    The KL term (`s.kl_loss_coef`) is on when the sequences carry reference log-probs, or when
+    `reference_is_policy` (the policy has not moved from the start weights: its own log-probs).
+    """
     total_tokens = sum(len(x.response_ids) for x in sequences)
-    sums = {"loss": 0.0, "pg_loss": 0.0, "clipfrac": 0.0, "approx_kl": 0.0, "entropy": 0.0, "logprob_abs_diff": 0.0, "kl_ref": 0.0}
+    sums = dict.fromkeys(("loss", "pg_loss", "clipfrac", "approx_kl", "entropy", "logprob_abs_diff", "kl_ref"), 0.0)
     correct_off_policy = s.use_tis or s.aipo_delta is not None
+    kl_on = bool(s.kl_loss_coef) and (reference_is_policy or all(x.reference_logprobs is not None for x in sequences))
     for batch in make_micro_batches(sequences, micro_batch_size, pad_id, max_tokens):
         b: MicroBatch = batch.to(device)
         mask = b.loss_mask_B_T
@@ -120,8 +149,12 @@ def policy_gradient_pass(
         targets_N = b.tokens_B_T[:, 1:][rows_B_T]
         # The distribution each sequence was sampled from: logits / its temperature.
         temperature_N = b.temperature_B.clamp_min(1e-6)[:, None].expand(rows_B_T.shape)[rows_B_T]
-        logits_N_V = _row_logits(forward, b.tokens_B_T, b.attention_mask_B_T, rows_B_T)
-        stats = token_logps(logits_N_V, targets_N, temperature_N, chunk_size=s.jsd_chunk_size, with_entropy=not s.entropy_coef)
+        hidden_N_H = _row_hidden(forward, b.tokens_B_T, b.attention_mask_B_T, rows_B_T)
+        logits_N_V = forward.logits(hidden_N_H) if s.entropy_coef else None  # the bonus needs the logits' gradient
+        if logits_N_V is None:
+            stats = forward.token_logps(hidden_N_H, targets_N, temperature_N, s.jsd_chunk_size, with_entropy=True)
+        else:
+            stats = token_logps(logits_N_V, targets_N, temperature_N, chunk_size=s.jsd_chunk_size, with_entropy=False)
         logp_B_T = _place(stats.logp_N, rows_B_T)
         # With TIS/AIPO the trainer's own (pre-update) log-probs are the PPO anchor and the engine's
         # are the behaviour policy that the importance weight corrects for; without them the
@@ -133,23 +166,19 @@ def policy_gradient_pass(
             tis_clip=s.tis_clip if s.use_tis else None, tis_clip_low=s.tis_clip_low, aipo_delta=s.aipo_delta,
         )  # fmt: skip
         loss = out.loss
-        if s.entropy_coef:  # the bonus needs the entropy's gradient: a float32 [N, V] pass
+        if logits_N_V is not None:  # a float32 [N, V] pass with gradient
             scaled_N_V = logits_N_V.float() / temperature_N[:, None]
             entropy = entropy_from_logits(scaled_N_V, None, chunk_size=s.jsd_chunk_size).entropy
             loss = loss - s.entropy_coef * entropy
             del scaled_N_V
         else:  # logged only: computed with the log-probs, no graph
             entropy = stats.entropy_N.sum() / max(stats.entropy_N.numel(), 1)
-        if s.kl_loss_coef and reference is not None:
-            with torch.no_grad():
-                ref_logits_N_V = _row_logits(reference, b.tokens_B_T, b.attention_mask_B_T, rows_B_T)
-                ref_logp_N = token_logps(ref_logits_N_V, targets_N, temperature_N, chunk_size=s.jsd_chunk_size,
-                                         with_entropy=False).logp_N  # fmt: skip
-                del ref_logits_N_V
-            kl = kl_penalty(logp_B_T, _place(ref_logp_N, rows_B_T), mask, kind=s.kl_loss_type).kl
+        if kl_on:
+            reference_logp_B_T = logp_B_T.detach() if reference_is_policy else b.reference_logp_B_T
+            kl = kl_penalty(logp_B_T, reference_logp_B_T, mask, kind=s.kl_loss_type).kl
             loss = loss + s.kl_loss_coef * kl
             sums["kl_ref"] += kl.item() * share
-        del logits_N_V, stats
+        del logits_N_V, stats, hidden_N_H
         (loss * share).backward()
         sums["loss"] += loss.item() * share
         sums["pg_loss"] += out.loss.item() * share
@@ -160,6 +189,30 @@ def policy_gradient_pass(
         if "tis_weight_mean" in out.metrics:
             sums["tis_weight_mean"] = sums.get("tis_weight_mean", 0.0) + float(out.metrics["tis_weight_mean"]) * share
     return sums
+
+
+def reference_token_logps(
+    reference: ModelCall, sequences: Sequence[PolicySequence], chunk_size: int | None, micro_batch_size: int,
+    pad_id: int, device: torch.device, max_tokens: int | None = None,
+) -> list[tuple[float, ...]]:  # fmt: skip
+    """Each sequence's response-token log-probs under `reference` (no gradient), at the sequence's
+    temperature, micro-batched as the policy pass will be; in sequence order."""
+    out: list[tuple[float, ...]] = [()] * len(sequences)
+    with torch.no_grad():
+        for group in sequence_groups(sequences, micro_batch_size, max_tokens):
+            b = collate([sequences[i] for i in group], pad_id).to(device)
+            rows_B_T = b.loss_mask_B_T > 0
+            temperature_N = b.temperature_B.clamp_min(1e-6)[:, None].expand(rows_B_T.shape)[rows_B_T]
+            hidden_N_H = _row_hidden(reference, b.tokens_B_T, b.attention_mask_B_T, rows_B_T)
+            targets_N = b.tokens_B_T[:, 1:][rows_B_T]
+            logp_N = reference.token_logps(hidden_N_H, targets_N, temperature_N, chunk_size, with_entropy=False).logp_N
+            values = logp_N.float().tolist()
+            offset = 0
+            for i in group:  # rows_B_T is row-major: each sequence's response tokens in turn
+                n = len(sequences[i].response_ids)
+                out[i] = tuple(values[offset : offset + n])
+                offset += n
+    return out
 
 
 def sdpo_pass(
@@ -182,7 +235,8 @@ def sdpo_pass(
         student_N_V = _row_logits(forward, student_tokens.to(device), student_att.to(device), student_rows.to(device))
         jsd = generalized_jsd(
             student_N_V, hinted_N_V, None, beta=s.sdpo_beta,
-            temperature=s.sdpo_temperature, top_k=s.sdpo_top_k, token_clip=s.sdpo_token_clip, chunk_size=s.jsd_chunk_size,
+            temperature=s.sdpo_temperature, top_k=s.sdpo_top_k, token_clip=s.sdpo_token_clip,
+            chunk_size=s.jsd_chunk_size,
         ).loss  # fmt: skip
         share = sum(lengths) / total_tokens
         (s.sdpo_alpha * jsd * share).backward()
@@ -202,7 +256,8 @@ def sdpo_shaping_sequences(samples: Sequence[SolverSample], alpha: float) -> lis
             torch.zeros(1), torch.tensor([x.hint_logprobs]), torch.tensor([x.rollout_logprobs]),
             adv_tau=0.0, teacher_tau=alpha, student_tau=alpha,
         )[0]  # fmt: skip
-        out.append(PolicySequence(x.prompt_ids, x.response_ids, x.rollout_logprobs, tuple(advantages_T.tolist()), x.temperature))
+        advantages = tuple(advantages_T.tolist())
+        out.append(PolicySequence(x.prompt_ids, x.response_ids, x.rollout_logprobs, advantages, x.temperature))
     return out
 
 
@@ -212,8 +267,10 @@ def _sequence_logp_sums(forward: ModelCall, pairs_ids: Sequence[tuple[tuple[int,
     tokens, attention = pad_sequences([p + r for p, r in pairs_ids], pad_id)
     rows_B_T = _response_rows([len(p) for p, _ in pairs_ids], [len(r) for _, r in pairs_ids], tokens.shape[1] - 1)
     tokens, attention, rows_B_T = tokens.to(device), attention.to(device), rows_B_T.to(device)
-    logits_N_V = _row_logits(forward, tokens, attention, rows_B_T)
-    logp_N = token_logps(logits_N_V, tokens[:, 1:][rows_B_T], 1.0, chunk_size=chunk_size, with_entropy=False).logp_N
+    hidden_N_H = _row_hidden(forward, tokens, attention, rows_B_T)
+    temperature_N = torch.ones(hidden_N_H.shape[0], device=device)
+    targets_N = tokens[:, 1:][rows_B_T]
+    logp_N = forward.token_logps(hidden_N_H, targets_N, temperature_N, chunk_size, with_entropy=False).logp_N
     pair_of_row_N = torch.arange(len(pairs_ids), device=device)[:, None].expand(rows_B_T.shape)[rows_B_T]
     return torch.zeros(len(pairs_ids), dtype=logp_N.dtype, device=device).index_add(0, pair_of_row_N, logp_N)
 
@@ -226,8 +283,10 @@ def reference_logp_sums(
     values: dict[int, tuple[float, float]] = {}
     with torch.no_grad():
         for group in budget_chunks(list(range(len(pairs))), _pair_lengths(pairs), micro_batch_size, max_tokens):
-            chosen = _sequence_logp_sums(reference, [(pairs[i].prompt_ids, pairs[i].chosen_ids) for i in group], pad_id, device, chunk_size)
-            rejected = _sequence_logp_sums(reference, [(pairs[i].prompt_ids, pairs[i].rejected_ids) for i in group], pad_id, device, chunk_size)
+            chosen_ids = [(pairs[i].prompt_ids, pairs[i].chosen_ids) for i in group]
+            rejected_ids = [(pairs[i].prompt_ids, pairs[i].rejected_ids) for i in group]
+            chosen = _sequence_logp_sums(reference, chosen_ids, pad_id, device, chunk_size)
+            rejected = _sequence_logp_sums(reference, rejected_ids, pad_id, device, chunk_size)
             values.update(zip(group, zip(chosen.float().tolist(), rejected.float().tolist())))
     return [values[i] for i in range(len(pairs))]
 
@@ -247,7 +306,9 @@ def replay_dpo_pass(
     under the start weights when the pair was made (`LocalTrainer.with_reference_logps`).
     """
     if any(p.reference_chosen_logp is None or p.reference_rejected_logp is None for p in pairs):
-        raise ValueError("replay_dpo_pass: every pair needs its reference log-probs (LocalTrainer.with_reference_logps)")
+        raise ValueError(
+            "replay_dpo_pass: every pair needs its reference log-probs (LocalTrainer.with_reference_logps)"
+        )
     sums = {"replay_dpo": 0.0, "replay_reward_accuracy": 0.0, "replay_reward_margin": 0.0}
     for group in budget_chunks(list(pairs), _pair_lengths(pairs), micro_batch_size, max_tokens):
         chosen = [(p.prompt_ids, p.chosen_ids) for p in group]

@@ -94,7 +94,8 @@ async def _run(cfg: MetaConfig) -> Path:
                     trainer_thread, trainer.train_step, result.samples, solver, pairs, rollout_id
                 )
                 train_done = time.perf_counter()
-                if not train_metrics.get("train/skipped_nonfinite"):  # a skipped step left the weights as they were
+                # A step skipped (non-finite, or no training signal) left the weights as they were: nothing to push.
+                if not (train_metrics.get("train/skipped_nonfinite") or train_metrics.get("train/skipped_no_signal")):
                     await on_thread(
                         trainer_thread, C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root,
                         rollout_id + 1, processes, weight_sync,

@@ -8,21 +8,31 @@ distribution the engine sampled from, so the ratio is 1 on-policy.
 The loss channels (policy gradient, SDPO, trace-replay DPO) live in `channels.py`. A step whose
 loss or gradient norm is not finite is skipped: no optimizer update, so the weights and AdamW's
 moments stay those of the last good step; `max_skipped_steps` such steps in a row stop the run
-(`NonFiniteTrainingError`). fp32 on CPU;
+(`NonFiniteTrainingError`). A step whose loss provably has no gradient (every advantage zero and
+no other term that could move the weights, `no_signal.py`) runs no forward at all and is counted
+(`train/skipped_no_signal`). fp32 on CPU;
 on a GPU fp32 master weights with bf16 autocast, AdamW's fused kernel, and the decoder layers
 compiled (`compile_layers`). The model is called in two parts (`SplitModelCall`):
 the decoder's last hidden states, then the output projection on the loss rows only.
+
+The start weights (KL anchor, replay-DPO reference, `reference.py`) are read once per step,
+before the policy's passes: the reference log-probs of every sequence first, then the passes
+with them. Until the first update the policy *is* the start weights, and its own log-probs serve.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import logging
 import math
+import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -33,19 +43,41 @@ from slime_meta.backends.local.channels import (
     ModelCall,
     policy_gradient_pass,
     reference_logp_sums,
+    reference_token_logps,
     replay_dpo_pass,
     sdpo_pass,
     sdpo_shaping_sequences,
 )
-from slime_meta.losses import (
-    ThreeChannelInputs,
-    context_distillation_advantages,
-    total_loss,
-)
+from slime_meta.backends.local.model_call import SPLIT_HEAD_MODEL_TYPES, SplitModelCall, compile_decoder_layers
+from slime_meta.backends.local.no_signal import NoSignalStreak, RolloutSummary, zero_gradient_step
+from slime_meta.backends.local.reference import StartWeights
 from slime_meta.errors import NonFiniteTrainingError
+from slime_meta.losses import ThreeChannelInputs, context_distillation_advantages, total_loss
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
+__all__ = ["SPLIT_HEAD_MODEL_TYPES", "SplitModelCall", "compile_decoder_layers", "LocalTrainer", "TrainerSettings"]
+
 logger = logging.getLogger(__name__)
+
+
+def release_freed_memory_promptly() -> bool:
+    """glibc: blocks of 1 MiB and more mapped on their own and unmapped when freed, at a fixed size.
+
+    By default glibc raises that size (up to 32 MiB) after each such block is freed, so the next
+    step's activations come from the heap, where freed memory stays resident: measured on the real
+    model, the second step's peak was 2 GB above the first for 1 GB of AdamW state. With a fixed
+    size, resident memory follows the live tensors. False where this is not glibc, or where the
+    environment sets the size itself (MALLOC_MMAP_THRESHOLD_, which then stays as set).
+    """
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 20))
+
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
@@ -103,57 +135,22 @@ class TrainerSettings:
     # Activation checkpointing of every decoder layer (slime's --recompute-granularity full): the
     # backward recomputes each layer's forward instead of keeping its activations.
     recompute_layers: bool = False
-
-
-# Causal LMs whose forward is `lm_head(decoder(...).last_hidden_state)` with nothing in between.
-SPLIT_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-
-
-class SplitModelCall:
-    """One HF causal LM called as decoder, then output projection on chosen rows (`ModelCall`).
-
-    Under bf16 autocast on CUDA. When the model cannot be split, `hidden_states` returns the full
-    logits and `logits` is the identity, so the channels work unchanged.
-    """
-
-    def __init__(self, model: torch.nn.Module, autocast: bool, split_head: bool):
-        self.model = model
-        self.autocast = autocast
-        self.split = split_head and getattr(model.config, "model_type", None) in SPLIT_HEAD_MODEL_TYPES
-        self.decoder = getattr(model, model.base_model_prefix) if self.split else None
-        self.head = model.get_output_embeddings() if self.split else None
-
-    def _autocast(self):
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.autocast)
-
-    def hidden_states(self, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor) -> torch.Tensor:
-        # No KV cache: training never reads it, building it copies every layer's keys and values,
-        # and its per-layer state would make a compiled layer recompile once per layer.
-        with self._autocast():
-            if self.split:
-                return self.decoder(input_ids=tokens_B_T, attention_mask=attention_B_T, use_cache=False).last_hidden_state
-            return self.model(input_ids=tokens_B_T, attention_mask=attention_B_T, use_cache=False).logits
-
-    def logits(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
-        if not self.split:
-            return hidden_N_H
-        with self._autocast():
-            return self.head(hidden_N_H)
-
-
-def compile_decoder_layers(model: torch.nn.Module, backend: str = "inductor") -> int:
-    """`torch.compile` each decoder layer in place; returns how many (0 where none are found)."""
-    layers = getattr(getattr(model, model.base_model_prefix, None), "layers", None)
-    if layers is None:
-        return 0
-    for layer in layers:
-        layer.compile(backend=backend)
-    return len(layers)
+    # On the CPU, recompute whatever `recompute_layers` says: kept activations cost about 1.4 MB per
+    # token of SmolLM2-135M in float32 (a 2k-token teacher sequence alone: 3 GB), the recompute
+    # +22% of the step's CPU time (docs/performance.md, "Trainer memory on CPU with a real model").
+    recompute_on_cpu: bool = True
+    # The start weights as a second resident model (True) or read from the checkpoint once per
+    # step (False, `reference.py`); None: resident on CUDA, read per step on the CPU.
+    reference_resident: bool | None = None
+    # Steps in a row without a training signal (each skipped) before one console line says so.
+    no_signal_warn_after: int = 3
 
 
 def teacher_sequences(samples: Sequence[TeacherSample], temperature: float) -> list[PolicySequence]:
     return [
-        PolicySequence(s.prompt_ids, s.response_ids, s.rollout_logprobs, (s.advantage,) * len(s.response_ids), temperature)
+        PolicySequence(
+            s.prompt_ids, s.response_ids, s.rollout_logprobs, (s.advantage,) * len(s.response_ids), temperature
+        )
         for s in samples
         if s.response_ids
     ]
@@ -171,12 +168,15 @@ def distillation_sequences(samples: Sequence[SolverSample], d: DistillSettings) 
             torch.tensor([s.task_advantage]), torch.tensor([teacher_logprobs]), torch.tensor([s.rollout_logprobs]),
             adv_tau=d.adv_tau, teacher_tau=d.teacher_tau, student_tau=d.student_tau,
         )[0]  # fmt: skip
-        out.append(PolicySequence(s.prompt_ids, s.response_ids, s.rollout_logprobs, tuple(advantages_T.tolist()), s.temperature))
+        advantages = tuple(advantages_T.tolist())
+        out.append(PolicySequence(s.prompt_ids, s.response_ids, s.rollout_logprobs, advantages, s.temperature))
     return out
 
 
 class LocalTrainer:
-    def __init__(self, model_path: str, settings: TrainerSettings, pad_token_id: int = 0, reference_path: str | None = None):
+    def __init__(
+        self, model_path: str, settings: TrainerSettings, pad_token_id: int = 0, reference_path: str | None = None
+    ):
         self.settings = settings
         self.device = resolve_device(settings.device)
         self.pad_token_id = pad_token_id
@@ -184,14 +184,20 @@ class LocalTrainer:
             # cuDNN attention plans per input shape, and every rollout brings new lengths (the
             # workers measured 60-190 ms per new shape on an H100); the flash/efficient kernels don't.
             torch.backends.cuda.enable_cudnn_sdp(False)
+        else:
+            release_freed_memory_promptly()
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device)
         self.model.train()
-        self.reference = None
         # Names the reference weights in caches of values computed under them (replay DPO).
         self.reference_id = str(Path(reference_path).resolve()) if reference_path is not None else None
-        if reference_path is not None:  # frozen start weights: KL anchor and DPO reference
-            self.reference = AutoModelForCausalLM.from_pretrained(reference_path, dtype=torch.float32).to(self.device)
-            self.reference.eval().requires_grad_(False)
+        self.start_weights = None  # frozen start weights: KL anchor and DPO reference
+        if reference_path is not None:
+            resident = settings.reference_resident
+            if resident is None:
+                resident = self.device.type == "cuda"
+            self.start_weights = StartWeights(reference_path, self.model, self.device, resident)
+        # The policy holds the start weights until its first update (a resume loads trained ones).
+        self.policy_is_reference = self.reference_id == str(Path(model_path).resolve())
         # One kernel for the whole update on CUDA instead of a loop over tensors; the CPU keeps
         # the default implementation (its numbers are what the CPU tests pin down).
         fused = {"fused": True} if self.device.type == "cuda" else {}
@@ -199,7 +205,8 @@ class LocalTrainer:
             self.model.parameters(), lr=settings.lr, betas=(settings.adam_beta1, settings.adam_beta2),
             weight_decay=settings.weight_decay, **fused,
         )  # fmt: skip
-        if settings.recompute_layers:
+        self.recomputes_layers = settings.recompute_layers or (settings.recompute_on_cpu and self.device.type == "cpu")
+        if self.recomputes_layers:
             # Non-reentrant: works with inputs that need no gradient and inside a compiled layer.
             # transformers 5 renamed the call (the old name warns); 4.x has only the old one.
             if hasattr(self.model, "activation_checkpointing_enable"):
@@ -212,26 +219,62 @@ class LocalTrainer:
         self.steps_done = 0  # optimizer steps applied
         self.skipped_nonfinite = 0  # steps skipped for a non-finite loss or gradient norm, in all
         self.skipped_in_a_row = 0
+        self.no_signal = NoSignalStreak(settings.no_signal_warn_after)
+        # The reference runs through the policy's own modules (its parameters swapped in for the
+        # call, or the policy itself before its first update), and the run scores replay pairs in
+        # another thread while a step trains (--max-async-level): one user of the model at a time.
+        self._model_lock = threading.RLock()
+
+    @property
+    def reference(self) -> torch.nn.Module | None:
+        """The resident reference model, when the start weights are kept as one."""
+        return self.start_weights.resident_model if self.start_weights is not None else None
 
     def _forward(self, model) -> ModelCall:
         return SplitModelCall(model, autocast=self.device.type == "cuda", split_head=self.settings.split_head)
 
-    def with_reference_logps(self, pairs: Sequence[PreferencePair]) -> list[PreferencePair]:
+    @contextlib.contextmanager
+    def _reference_call(self) -> Iterator[ModelCall]:
+        """A `ModelCall` of the start weights for the `with` block (the policy itself before its first update)."""
+        if self.start_weights is None:
+            raise ValueError(
+                "replay DPO needs reference log-probs: load the start weights as the trainer's reference_path"
+            )
+        if self.policy_is_reference:
+            yield self._forward(self.model)
+            return
+        with self.start_weights.loaded() as reference:
+            yield self._forward(reference)
+
+    def with_reference_logps(
+        self, pairs: Sequence[PreferencePair], reference: ModelCall | None = None
+    ) -> list[PreferencePair]:
         """The pairs with their DPO reference log-probs: summed over each response, under the frozen
         start weights (`reference_path`). Pairs that carry them already are returned as they are."""
-        missing = [i for i, p in enumerate(pairs) if p.reference_chosen_logp is None or p.reference_rejected_logp is None]
+        missing = [
+            i for i, p in enumerate(pairs) if p.reference_chosen_logp is None or p.reference_rejected_logp is None
+        ]
         out = list(pairs)
         if not missing:
             return out
-        if self.reference is None:
-            raise ValueError("replay DPO needs reference log-probs: load the start weights as the trainer's reference_path")
+        if reference is None:
+            with self._model_lock, self._reference_call() as reference:
+                return self.with_reference_logps(pairs, reference)
         values = reference_logp_sums(
-            self._forward(self.reference), [pairs[i] for i in missing], self.settings.micro_batch_size,
+            reference, [pairs[i] for i in missing], self.settings.micro_batch_size,
             self.pad_token_id, self.device, self.settings.loss.jsd_chunk_size, self.settings.max_tokens_per_gpu,
         )  # fmt: skip
         for i, (chosen, rejected) in zip(missing, values):
             out[i] = dataclasses.replace(pairs[i], reference_chosen_logp=chosen, reference_rejected_logp=rejected)
         return out
+
+    def _with_reference_logprobs(self, reference: ModelCall, sequences: list[PolicySequence]) -> list[PolicySequence]:
+        s = self.settings
+        values = reference_token_logps(
+            reference, sequences, s.loss.jsd_chunk_size, s.micro_batch_size, self.pad_token_id, self.device,
+            s.max_tokens_per_gpu,
+        )  # fmt: skip
+        return [dataclasses.replace(x, reference_logprobs=v) for x, v in zip(sequences, values)]
 
     def compute_gradients(
         self,
@@ -243,56 +286,88 @@ class LocalTrainer:
 
         The teacher's infos and the solver's distillation samples are two policy-gradient terms,
         each its own token mean, added with weight 1 (the distillation's weights are its taus):
-        turning distillation on leaves the teacher's own gradient as it was.
+        turning distillation on leaves the teacher's own gradient as it was. A step whose loss
+        provably has no gradient computes nothing (`train/skipped_no_signal` 1, `.grad` untouched).
         """
+        with self._model_lock:
+            return self._compute_gradients(teacher_samples, solver_samples, pairs)
+
+    def _compute_gradients(
+        self,
+        teacher_samples: Sequence[TeacherSample],
+        solver_samples: Sequence[SolverSample],
+        pairs: Sequence[PreferencePair],
+    ) -> dict[str, float]:
         s = self.settings
         teacher = teacher_sequences(teacher_samples, s.temperature)
         solver = distillation_sequences(solver_samples, s.distill) if s.distill.on else []
         if not teacher and not solver:
             return {"train/skipped_empty_batch": 1.0}
-        policy, reference = self._forward(self.model), self._forward(self.reference) if self.reference else None
+        # With the shaping form, SDPO's term is a policy-gradient pass of its own, like distillation's.
+        shaped = sdpo_shaping_sequences(solver_samples, s.loss.sdpo_alpha) if s.loss.sdpo_form == "shaping" else []
+        sdpo_samples = [x for x in solver_samples if x.is_error_site and x.hint_prompt_ids and x.response_ids]
+        sdpo_jsd = bool(s.loss.sdpo_alpha) and s.loss.sdpo_form == "jsd" and bool(sdpo_samples)
+        replay = bool(s.loss.replay_beta) and bool(pairs)
+        kl_on = bool(s.loss.kl_loss_coef) and self.start_weights is not None
+        sequences = teacher + solver
+        counts = {
+            "train/tokens": float(sum(len(x.prompt_ids) + len(x.response_ids) for x in sequences)),
+            "train/num_sequences": float(len(sequences)),
+            "train/response_tokens": float(sum(len(x.response_ids) for x in sequences)),
+            "train/advantage_abs_mean": sum(abs(x.advantage) for x in teacher_samples) / max(len(teacher_samples), 1),
+            "train/replay_pairs": float(len(pairs)),
+        }
+        if zero_gradient_step(
+            teacher + solver + shaped, entropy_coef=s.loss.entropy_coef, kl_coef=s.loss.kl_loss_coef if kl_on else 0.0,
+            kl_type=s.loss.kl_loss_type, policy_is_reference=self.policy_is_reference,
+            sdpo_jsd_samples=len(sdpo_samples) if sdpo_jsd else 0, replay_pairs=len(pairs) if replay else 0,
+        ):  # fmt: skip
+            # Every term is exactly 0 here (PPO terms at zero advantage, k2/k3 at the reference).
+            zero = {"train/loss": 0.0, "loss/total": 0.0, "combined_advantage": 0.0}
+            return {"train/skipped_no_signal": 1.0, **zero, **counts}
+        if (kl_on and not self.policy_is_reference) or replay:
+            # The start weights read once for the step: every sequence's anchor log-probs, the pairs' sums.
+            with self._reference_call() as reference:
+                if kl_on and not self.policy_is_reference:
+                    teacher, solver, shaped = (
+                        self._with_reference_logprobs(reference, x) if x else x for x in (teacher, solver, shaped)
+                    )
+                if replay:
+                    pairs = self.with_reference_logps(pairs, reference)
+        policy = self._forward(self.model)
         # Every pass's trailing arguments: how its forwards are split into micro-batches.
         batching = (s.micro_batch_size, self.pad_token_id, self.device, s.max_tokens_per_gpu)
-        metrics: dict[str, float] = {}
+        own_reference = {"reference_is_policy": kl_on and self.policy_is_reference}
+        metrics: dict[str, float] = {"train/skipped_no_signal": 0.0}
         pg_loss = 0.0
         if teacher:
-            pg = policy_gradient_pass(policy, reference, teacher, s.loss, *batching)
+            pg = policy_gradient_pass(policy, teacher, s.loss, *batching, **own_reference)
             metrics.update({f"train/{k}": v for k, v in pg.items()})
             pg_loss += pg["loss"]
         if solver:
-            distill = policy_gradient_pass(policy, reference, solver, s.loss, *batching)
+            distill = policy_gradient_pass(policy, solver, s.loss, *batching, **own_reference)
             metrics.update({f"train/distill_{k}": v for k, v in distill.items()})
             metrics["train/distill_tokens"] = float(sum(len(x.response_ids) for x in solver))
             pg_loss += distill["loss"]
         channels = ThreeChannelInputs(grpo=torch.tensor(pg_loss))  # with the shaping form, SDPO's term too
-        shaped = sdpo_shaping_sequences(solver_samples, s.loss.sdpo_alpha) if s.loss.sdpo_form == "shaping" else []
         if shaped:  # channel 2 as token advantages: a policy-gradient term of its own, like distillation's
-            sdpo = policy_gradient_pass(policy, reference, shaped, s.loss, *batching)
+            sdpo = policy_gradient_pass(policy, shaped, s.loss, *batching, **own_reference)
             metrics.update({f"train/sdpo_shaping_{k}": v for k, v in sdpo.items()})
             pg_loss += sdpo["loss"]
-        sdpo_samples = [x for x in solver_samples if x.is_error_site and x.hint_prompt_ids and x.response_ids]
-        if s.loss.sdpo_alpha and s.loss.sdpo_form == "jsd" and sdpo_samples:
+        if sdpo_jsd:
             sdpo = sdpo_pass(policy, sdpo_samples, s.loss, *batching)
             metrics.update({f"train/{k}": v for k, v in sdpo.items()})
             channels.sdpo_jsd = torch.tensor(sdpo["sdpo_jsd"])
-        if s.loss.replay_beta and pairs:
+        if replay:
             # The reference is the start weights (seed 004), never the weights being trained.
-            dpo = replay_dpo_pass(policy, self.with_reference_logps(pairs), s.loss, *batching)
+            dpo = replay_dpo_pass(policy, pairs, s.loss, *batching)
             metrics.update({f"train/{k}": v for k, v in dpo.items()})
             channels.replay_dpo = torch.tensor(dpo["replay_dpo"])
         combined = total_loss(channels, alpha=s.loss.sdpo_alpha, beta=s.loss.replay_beta)
         metrics.update({k: float(v) for k, v in combined.metrics.items()})
-        sequences = teacher + solver
-        metrics["combined_advantage"] = sum(sum(x.advantages) for x in sequences) / sum(len(x.advantages) for x in sequences)
-        metrics.update(
-            {
-                "train/tokens": float(sum(len(x.prompt_ids) + len(x.response_ids) for x in sequences)),
-                "train/num_sequences": float(len(sequences)),
-                "train/response_tokens": float(sum(len(x.response_ids) for x in sequences)),
-                "train/advantage_abs_mean": sum(abs(x.advantage) for x in teacher_samples) / max(len(teacher_samples), 1),
-                "train/replay_pairs": float(len(pairs)),
-            }
-        )
+        advantages = [a for x in sequences for a in x.advantages]
+        metrics["combined_advantage"] = sum(advantages) / len(advantages)
+        metrics.update(counts)
         return metrics
 
     def train_step(
@@ -306,11 +381,35 @@ class LocalTrainer:
 
         A non-finite loss or gradient norm skips the update (`train/skipped_nonfinite` 1, weights
         and optimizer state untouched); `max_skipped_steps` of them in a row raise
-        `NonFiniteTrainingError`. `step` (the outer step) only names the step in that message.
+        `NonFiniteTrainingError`. A step without a training signal skips forward, backward and the
+        update (`train/skipped_no_signal` 1); `no_signal_warn_after` in a row log one line saying
+        what the rollouts looked like. `step` (the outer step) only names the step in those messages.
         """
+        with self._model_lock:
+            return self._train_step(teacher_samples, solver_samples, pairs, step)
+
+    def _train_step(
+        self,
+        teacher_samples: Sequence[TeacherSample],
+        solver_samples: Sequence[SolverSample],
+        pairs: Sequence[PreferencePair],
+        step: int | None,
+    ) -> dict[str, float]:
         started = time.perf_counter()
         metrics = self.compute_gradients(teacher_samples, solver_samples, pairs)
         if "train/skipped_empty_batch" in metrics:
+            return metrics
+        skipped = bool(metrics["train/skipped_no_signal"])
+        warning = self.no_signal.record(skipped, step, RolloutSummary.of(teacher_samples, solver_samples))
+        if warning:
+            logger.warning("%s", warning)
+        metrics["train/skipped_no_signal_total"] = float(self.no_signal.total)
+        if skipped:  # nothing was computed: the weights, AdamW's moments and the push stay as they were
+            elapsed = time.perf_counter() - started
+            metrics.update({"train/grad_norm": 0.0, "train/skipped_nonfinite": 0.0,
+                            "train/skipped_nonfinite_total": float(self.skipped_nonfinite), "train/step_time": elapsed,
+                            "train/tokens_per_s": 0.0})  # fmt: skip
+            metrics.pop("train/tokens")
             return metrics
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.clip_grad).item()
         loss = metrics["loss/total"]
@@ -319,6 +418,7 @@ class LocalTrainer:
             self.optimizer.step()
             self.steps_done += 1
             self.skipped_in_a_row = 0
+            self.policy_is_reference = False
         else:
             self.skipped_nonfinite += 1
             self.skipped_in_a_row += 1
@@ -335,7 +435,8 @@ class LocalTrainer:
             }
         )
         if not finite:
-            where = f"step {step}" if step is not None else f"trainer step {self.steps_done + self.skipped_nonfinite - 1}"
+            done = self.steps_done + self.skipped_nonfinite - 1
+            where = f"step {step}" if step is not None else f"trainer step {done}"
             limit = self.settings.max_skipped_steps
             logger.warning(
                 "%s: non-finite loss %s or gradient norm %s: optimizer step skipped, weights unchanged (%d in a row, "
@@ -356,9 +457,15 @@ class LocalTrainer:
         return directory
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done, "skipped_nonfinite": self.skipped_nonfinite}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "steps_done": self.steps_done,
+            "skipped_nonfinite": self.skipped_nonfinite,
+            "skipped_no_signal": self.no_signal.total,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps_done = int(state["steps_done"])
         self.skipped_nonfinite = int(state.get("skipped_nonfinite", 0))  # checkpoints written before it was kept
+        self.no_signal.total = int(state.get("skipped_no_signal", 0))

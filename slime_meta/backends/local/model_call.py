@@ -1,0 +1,68 @@
+"""The policy (or the reference) as a `ModelCall`: decoder hidden states, then the output projection
+on the loss rows only; and the per-layer compile of the CUDA path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from slime_meta.losses import linear_token_logps, token_logps
+from slime_meta.losses.token_stats import TokenLogpsOutput
+
+# Causal LMs whose forward is `lm_head(decoder(...).last_hidden_state)` with nothing in between.
+SPLIT_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+class SplitModelCall:
+    """One HF causal LM called as decoder, then output projection on chosen rows (`ModelCall`).
+
+    Under bf16 autocast on CUDA. When the model cannot be split, `hidden_states` returns the full
+    logits and `logits` is the identity, so the channels work unchanged.
+    """
+
+    def __init__(self, model: torch.nn.Module, autocast: bool, split_head: bool):
+        self.model = model
+        self.autocast = autocast
+        self.split = split_head and getattr(model.config, "model_type", None) in SPLIT_HEAD_MODEL_TYPES
+        self.decoder = getattr(model, model.base_model_prefix) if self.split else None
+        self.head = model.get_output_embeddings() if self.split else None
+
+    def _autocast(self):
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.autocast)
+
+    def hidden_states(self, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor) -> torch.Tensor:
+        # No KV cache: training never reads it, building it copies every layer's keys and values,
+        # and its per-layer state would make a compiled layer recompile once per layer.
+        with self._autocast():
+            if self.split:
+                out = self.decoder(input_ids=tokens_B_T, attention_mask=attention_B_T, use_cache=False)
+                return out.last_hidden_state
+            return self.model(input_ids=tokens_B_T, attention_mask=attention_B_T, use_cache=False).logits
+
+    def logits(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
+        if not self.split:
+            return hidden_N_H
+        with self._autocast():
+            return self.head(hidden_N_H)
+
+    def token_logps(
+        self, hidden_N_H: torch.Tensor, targets_N: torch.Tensor, temperature_N: torch.Tensor, chunk_size: int | None,
+        with_entropy: bool,
+    ) -> TokenLogpsOutput:  # fmt: skip
+        """Without autocast (the CPU), the projection folded into row chunks (`linear_token_logps`):
+        no `[N, V]` logits held. Under autocast, the bf16 logits and the fused kernels."""
+        if not self.split or self.autocast or getattr(self.head, "bias", None) is not None:
+            logits_N_V = self.logits(hidden_N_H)
+            return token_logps(logits_N_V, targets_N, temperature_N, chunk_size=chunk_size, with_entropy=with_entropy)
+        chunk_size = chunk_size or max(len(targets_N), 1)
+        return linear_token_logps(hidden_N_H, self.head.weight, targets_N, temperature_N, chunk_size, with_entropy)
+
+
+def compile_decoder_layers(model: torch.nn.Module, backend: str = "inductor") -> int:
+    """`torch.compile` each decoder layer in place; returns how many (0 where none are found)."""
+    layers = getattr(getattr(model, model.base_model_prefix, None), "layers", None)
+    if layers is None:
+        return 0
+    for layer in layers:
+        layer.compile(backend=backend)
+    return len(layers)
