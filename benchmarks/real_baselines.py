@@ -15,7 +15,7 @@ project's `VerifierGrader` against the label. The hints are dataset columns (`--
 is the empty hint), the ones `--eval-baseline --context-key` reads in a training run.
 
 The verifier changes over time; the report names the versions of the files that graded (git
-blob hashes of answer_check.py and grading.py, and whether they differ from the last commit), and
+blob hashes of answer_check.py, grading.py and slime_meta/verifier/, and whether they differ from the last commit), and
 every completion is saved, so `--regrade` grades them again with the verifier of the day
 without the model. Writes `<out>.json` (settings, machine, grades per family) and
 `<out>_completions.jsonl`.
@@ -44,7 +44,10 @@ from slime_meta.types import Problem
 
 NO_HINT = "none"
 DEFAULT_DATA = "data/easy_word_problems.jsonl"
-GRADING_FILES = ("slime_meta/answer_check.py", "slime_meta/grading.py")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# The code that decides a grade: the verifier package, its old entry point and the grader around it.
+VERIFIER_FILES = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "slime_meta" / "verifier").glob("*.py"))
+GRADING_FILES = ("slime_meta/answer_check.py", "slime_meta/grading.py", *VERIFIER_FILES)
 
 
 def smollm2_gguf() -> Path:
