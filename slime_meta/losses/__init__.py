@@ -21,6 +21,7 @@ from .distill import JSDOutput, generalized_jsd, token_logps_and_jsd
 from .linear_head import linear_token_logps
 from .policy import KLPenaltyOutput, PolicyLossOutput, kl_penalty, policy_loss
 from .preference import DPOOutput, dpo_loss
+from .topk_distill import ProcessGroupShards, VocabShards, teacher_topk, topk_generalized_jsd
 from .token_stats import (
     EntropyOutput,
     SequenceLogpsOutput,
@@ -36,10 +37,12 @@ __all__ = [
     "JSDOutput",
     "KLPenaltyOutput",
     "PolicyLossOutput",
+    "ProcessGroupShards",
     "SequenceLogpsOutput",
     "ThreeChannelInputs",
     "TokenLogpsOutput",
     "TotalLossOutput",
+    "VocabShards",
     "context_distillation_advantages",
     "dpo_loss",
     "entropy_from_logits",
@@ -50,6 +53,8 @@ __all__ = [
     "policy_loss",
     "sequence_logps",
     "token_logps",
+    "teacher_topk",
     "token_logps_and_jsd",
+    "topk_generalized_jsd",
     "total_loss",
 ]

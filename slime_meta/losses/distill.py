@@ -45,8 +45,11 @@ def _jsd_rows(student_c_V: Tensor, teacher_c_V: Tensor, beta: float, temperature
     if top_k is not None:
         ids = t.topk(top_k, dim=-1).indices
         s, t = s.gather(-1, ids), t.gather(-1, ids)
-    logp_s = torch.log_softmax(s, dim=-1)
-    logp_t = torch.log_softmax(t, dim=-1)
+    return divergence_from_logps(torch.log_softmax(s, dim=-1), torch.log_softmax(t, dim=-1), beta)
+
+
+def divergence_from_logps(logp_s: Tensor, logp_t: Tensor, beta: float) -> Tensor:
+    """The generalised JSD per row between two distributions given as log-probs `[c, outcomes]`."""
     if beta == 0.0:
         return _kl_rows(logp_t, logp_s)
     if beta == 1.0:
