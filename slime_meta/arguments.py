@@ -21,7 +21,6 @@ from typing import Any, Sequence
 from slime_meta.arguments_objectives import ObjectivesConfig, add_objective_arguments, shared_student_objective_defaults
 from slime_meta.arguments_validation import student_pool_defaults, validate_flags
 from slime_meta.checkpoints import resolve_checkpoint_flags
-from slime_meta.errors import UserInputError
 
 ADDITIONAL_INFO_POSITIONS = ("prefix", "suffix", "system")
 HOLDOUT_ADVANTAGE_MODES = ("mean-then-normalize", "normalize-then-mean")
@@ -130,16 +129,12 @@ class TrainConfig:
     eps_clip_high: float | None
     micro_batch_size: int
     std_normalize: bool
-    compile_layers: bool = False
+    compile_layers: bool | None = None  # None: chosen at start (local backend on CUDA), else off
     max_skipped_steps: int = 3
     use_dynamic_batch_size: bool = False
-    max_tokens_per_gpu: int | None = None
-    recompute_granularity: str | None = None
+    max_tokens_per_gpu: int | None = None  # None: chosen at start on CUDA, 8192 elsewhere
+    recompute_granularity: str | None = None  # None: chosen at start on CUDA, off elsewhere (the CPU recomputes)
     weight_sync: str = "auto"
-
-    def __post_init__(self):
-        if self.use_dynamic_batch_size and self.max_tokens_per_gpu is None:
-            raise UserInputError("--use-dynamic-batch-size needs --max-tokens-per-gpu N (e.g. 8192): the token budget per micro-batch")
 
 
 @dataclass(frozen=True)
@@ -395,25 +390,27 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--micro-batch-size", type=_positive_int, default=8, help="Sequences per forward pass (gradients accumulate).")
     add("--std-normalize", action=argparse.BooleanOptionalAction, default=True,
         help="Divide GRPO advantages by the group's std (--no-std-normalize: Dr.GRPO).")
-    add("--compile-layers", action="store_true",
+    add("--compile-layers", action=argparse.BooleanOptionalAction, default=None,
         help="Local backend on CUDA: torch.compile each decoder layer (H100, 0.5B model: MFU 0.31 -> 0.49; "
-             "about 8 s of compile in the first step and once more for new sequence lengths).")
+             "about 8 s of compile in the first step and once more for new sequence lengths). Default: on for "
+             "runs of 4 steps or more, off otherwise (the start line says which).")
     add("--use-dynamic-batch-size", action=argparse.BooleanOptionalAction, default=True,
         help="Local backend: micro-batches by token count (slime's meaning): sequences packed, shortest first, while "
              "rows x longest row stays within --max-tokens-per-gpu; a longer sequence is a micro-batch of its own; "
              "--micro-batch-size is then unused. The loss is the step's token mean either way. Default: on locally "
              "(a step's memory then has a bound whatever the prompt lengths; slime's own default is off); "
              "--no-use-dynamic-batch-size: --micro-batch-size sequences per forward.")
-    add("--max-tokens-per-gpu", type=_positive_int, default=8192,
+    add("--max-tokens-per-gpu", type=_positive_int, default=None,
         help="Token budget per micro-batch with --use-dynamic-batch-size (padded tokens of one forward); "
              "with --no-use-dynamic-batch-size the local trainer does not use it (slime also reads it on its own). "
-             "Default locally: 8192.")
-    add("--recompute-granularity", choices=["full", "selective"], default=None,
+             "Default locally: on CUDA the largest of 16384 / 8192 that fits the trainer's share of the GPU with "
+             "activations kept, else with every layer recomputed (the start line says which); 8192 on the CPU.")
+    add("--recompute-granularity", choices=["full", "selective", "none"], default=None,
         help="Activation checkpointing, Megatron's flag. Local backend: 'full' checkpoints every decoder layer "
              "(as full / --recompute-method uniform / --recompute-num-layers 1): the backward recomputes each "
-             "layer's forward, about one extra forward for the layer activations' memory; 'selective' is slime's "
-             "only. Default: off on a GPU (activations kept); a trainer on the CPU always recomputes, its process's "
-             "memory being the limit there (docs/performance.md).")
+             "layer's forward, about one extra forward for the layer activations' memory; 'none' keeps the "
+             "activations (on a GPU; local only); 'selective' is slime's only. Default: on a GPU off unless the trainer's share of it needs it (the start line says); a "
+             "trainer on the CPU always recomputes, its process's memory being the limit there (docs/performance.md).")
     add("--max-skipped-steps", type=_positive_int, default=3,
         help="Local backend: a step whose loss or gradient norm is not finite is skipped (weights, optimizer state "
              "unchanged, nothing pushed); this many in a row stop the run, the last checkpoint intact.")

@@ -13,10 +13,11 @@ from pathlib import Path
 from slime_meta.arguments import MetaConfig
 from slime_meta.arguments_objectives import read_context
 from slime_meta.backends.local.channels import LossSettings
-from slime_meta.backends.local.gpu_split import check_shared_gpu, worker_memory_args
+from slime_meta.backends.local.gpu_split import check_shared_gpu, worker_memory_args, workers_on_first_gpu
 from slime_meta.backends.local.launcher import PortInUse
 from slime_meta.backends.local import local_grader, weight_sync
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
+from slime_meta.backends.local.trainer_plan import DEFAULT_TOKENS_PER_GPU, plan_trainer
 from slime_meta.backends.local.weight_sync import WeightSync
 from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
 from slime_meta.context_budget import context_length_of
@@ -220,10 +221,8 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
     student_model = None
     if cfg.separate_student and not external_student_url:
         student_model = check_model_dir(p.student_checkpoint or p.hf_checkpoint, "--student-checkpoint")
-    layouts = [(teacher_layout.num_workers, teacher_layout.gpu_ids)]
-    layouts += [(student_layout.num_workers, student_layout.gpu_ids)] if student_model is not None else []
     grader_model = check_model_dir(local_grader.grader_checkpoint(cfg), "--grader-checkpoint") if cfg.grader.grader == "local" else None
-    layouts += [(cfg.grader.grader_num_workers, None)] if grader_model is not None else []  # shares the device
+    layouts = pool_layouts(cfg, student_model is not None, grader_model is not None)
     # exit 2 before anything starts when they cannot fit; without the flag, the workers' share of the trainer's GPU
     worker_fraction = check_shared_gpu(cfg, teacher_model, layouts)
     worker_args = worker_memory_args(worker_fraction, cfg.pools.sglang_chunked_prefill_size, cfg.pools.sglang_context_length)
@@ -241,6 +240,26 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
         )  # fmt: skip
         return teacher, student.router_url, grader_url
     return teacher, teacher.router_url, grader_url  # shared pool: the student is the same, evolving model
+
+
+def pool_layouts(cfg: MetaConfig, student_pool: bool, grader_pool: bool) -> list[tuple[int, tuple[int, ...] | None]]:
+    """`(num_workers, gpu_ids)` of each pool the run starts: the teacher's, a separate student's, the local grader's."""
+    teacher_layout, student_layout = worker_layouts(cfg)
+    layouts = [(teacher_layout.num_workers, teacher_layout.gpu_ids)]
+    layouts += [(student_layout.num_workers, student_layout.gpu_ids)] if student_pool else []
+    layouts += [(cfg.grader.grader_num_workers, None)] if grader_pool else []  # shares the device
+    return layouts
+
+
+def with_trainer_plan(cfg: MetaConfig, model_dir: str) -> MetaConfig:
+    """The run's config with the trainer's memory settings it leaves out chosen (`trainer_plan.py`);
+    on a GPU the choice is printed, one line."""
+    student_pool = cfg.separate_student and not (cfg.pools.student_router_ip or cfg.pools.external_student_url)
+    layouts = pool_layouts(cfg, student_pool, cfg.grader.grader == "local")
+    cfg, line = plan_trainer(cfg, model_dir, workers_on_first_gpu(layouts))
+    if line:
+        print(line, flush=True)
+    return cfg
 
 
 def _start_pool(processes, name, model, layout: WorkerLayout, cfg: MetaConfig, logs: str, worker_args: list[str], *,
@@ -272,10 +291,11 @@ def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
     )  # fmt: skip
     settings = TrainerSettings(
         lr=t.lr, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2,
-        clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size, device=cfg.pools.device, compile_layers=t.compile_layers,
+        clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size, device=cfg.pools.device,
+        compile_layers=bool(t.compile_layers),  # None (not chosen: no GPU plan ran) is off
         temperature=cfg.sampling.teacher_temperature,  # log-probs under the distribution sampled from
         loss=loss, distill=DistillSettings(o.solver_adv_tau, o.teacher_tau, o.student_tau), max_skipped_steps=t.max_skipped_steps,
-        max_tokens_per_gpu=t.max_tokens_per_gpu if t.use_dynamic_batch_size else None,
+        max_tokens_per_gpu=(t.max_tokens_per_gpu or DEFAULT_TOKENS_PER_GPU) if t.use_dynamic_batch_size else None,
         recompute_layers=t.recompute_granularity == "full",
     )  # fmt: skip
     pad_token_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)

@@ -42,6 +42,7 @@ AUTO_WORKERS_SHARE = 0.3  # of the trainer's GPU, for all the workers on it toge
 ACTIVATION_BYTES_PER_TOKEN_LAYER_UNIT = 96  # per token, per hidden unit, per layer, all kept
 RECOMPUTE_INPUT_BYTES_PER_TOKEN_LAYER_UNIT = 8  # layer inputs kept with full recompute
 RECOMPUTE_LAYER_BYTES_PER_TOKEN_UNIT = 180  # the one layer being recomputed and its backward
+DEFAULT_TOKENS_PER_GPU = 8192  # --max-tokens-per-gpu where no choice is made (the CPU; trainer_plan.py)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def check_shared_gpu(cfg, model_dir: str, layouts: list[tuple[int, tuple[int, ..
         return fraction
     t, sampling = cfg.train, cfg.sampling
     if t.use_dynamic_batch_size:
-        tokens = t.max_tokens_per_gpu
+        tokens = t.max_tokens_per_gpu or DEFAULT_TOKENS_PER_GPU
     else:
         tokens = t.micro_batch_size * max(sampling.teacher_max_tokens, sampling.rollout_max_response_len)
     params, num_layers, hidden_size = model_size(model_dir)

@@ -48,6 +48,7 @@ async def _run(cfg: MetaConfig) -> Path:
     tokenizer = C.load_tokenizer(teacher_model)
     pieces = C.build_role_pieces(cfg)
     external_student_url = C.external_student_url(cfg) if cfg.pools.student_router_ip else None
+    cfg = C.with_trainer_plan(cfg, teacher_model)  # on a GPU: micro-batch tokens, recompute, compile (one line)
     run_dir = C.prepare_run_dir(cfg)  # only once the input is known to be good
     weights_root = run_dir / "weights"
 

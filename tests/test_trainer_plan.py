@@ -1,0 +1,73 @@
+"""The trainer's memory settings chosen at start on a GPU (`trainer_plan.py`), at Qwen2.5 shapes on
+80 GiB and 141 GiB GPUs, and the CPU left as it was."""
+
+from __future__ import annotations
+
+import pytest
+
+from slime_meta.arguments import parse_config
+from slime_meta.backends.local.gpu_split import default_worker_fraction, gpu_split_problem
+from slime_meta.backends.local.trainer_plan import (
+    DEFAULT_TOKENS_PER_GPU,
+    choose_trainer_plan,
+    plan_trainer,
+    trainer_budget_bytes,
+)
+
+H100 = 81559 * 2**20  # torch's total_memory of an 80 GB H100
+H200 = 143771 * 2**20
+SHAPES = {"0.5b": dict(params=494_032_768, num_layers=24, hidden_size=896),
+          "1.5b": dict(params=1_543_714_304, num_layers=28, hidden_size=1536)}  # fmt: skip
+
+
+def plan(shape: str, total: int, **given):
+    budget = trainer_budget_bytes(total_bytes=total, num_workers=1, worker_fraction=given.pop("fraction", None))
+    return choose_trainer_plan(**SHAPES[shape], with_reference=True, budget_bytes=budget, num_steps=4, **given)
+
+
+@pytest.mark.parametrize(
+    "shape, total, tokens, recompute",
+    [("0.5b", H100, 16384, False), ("1.5b", H100, 16384, True), ("0.5b", H200, 16384, False), ("1.5b", H200, 16384, False)],
+)  # fmt: skip
+def test_activations_are_kept_where_they_fit_and_recomputed_only_where_needed(shape, total, tokens, recompute):
+    chosen = plan(shape, total)
+    assert (chosen.max_tokens_per_gpu, chosen.recompute, chosen.compile_layers) == (tokens, recompute, True)
+    assert chosen.estimate.total_bytes <= chosen.budget_bytes and not chosen.given
+    # The split check at start agrees: the workers' default share still fits beside the trainer.
+    fraction = default_worker_fraction(total_bytes=total, trainer=chosen.estimate, num_workers=1)
+    assert gpu_split_problem(total_bytes=total, trainer=chosen.estimate, num_workers=1, worker_fraction=fraction) is None
+    if recompute:  # kept activations at the smallest kept budget would not have fitted
+        kept = plan(shape, total, recompute=False, max_tokens_per_gpu=8192)
+        assert kept.estimate.total_bytes > kept.budget_bytes
+
+
+def test_a_given_setting_is_kept_and_the_others_chosen_around_it():
+    chosen = plan("1.5b", H100, max_tokens_per_gpu=4096)  # small enough to keep activations
+    assert (chosen.max_tokens_per_gpu, chosen.recompute) == (4096, False) and chosen.given == {"tokens"}
+    forced = plan("0.5b", H100, recompute=True, compile_layers=False)
+    assert (forced.max_tokens_per_gpu, forced.recompute, forced.compile_layers) == (16384, True, False)
+    line = forced.line()
+    assert "16384 tokens (chosen)" in line and "every layer recomputed (given)" in line and "not compiled (given)" in line
+    # A larger worker share leaves less: the 0.5B trainer takes a smaller budget, then recomputes.
+    assert (plan("0.5b", H100, fraction=0.6).max_tokens_per_gpu, plan("0.5b", H100, fraction=0.6).recompute) == (8192, False)
+    assert plan("0.5b", H100, fraction=0.7).recompute
+    # Nothing fits: the smallest recomputed budget, which the split check then refuses with its numbers.
+    tiny_gpu = plan("1.5b", 20 * 10**9)
+    assert (tiny_gpu.max_tokens_per_gpu, tiny_gpu.recompute) == (4096, True)
+    assert tiny_gpu.estimate.total_bytes > tiny_gpu.budget_bytes
+
+
+def test_short_runs_are_not_compiled():
+    budget = trainer_budget_bytes(total_bytes=H100, num_workers=1, worker_fraction=None)
+    short = choose_trainer_plan(**SHAPES["0.5b"], with_reference=False, budget_bytes=budget, num_steps=3)
+    assert not short.compile_layers
+
+
+def test_the_cpu_keeps_its_settings(tiny_checkpoint):
+    base = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", str(tiny_checkpoint),
+            "--device", "cpu"]  # fmt: skip
+    cfg, line = plan_trainer(parse_config(base), str(tiny_checkpoint), workers_on_gpu0=1)
+    assert line is None and cfg.train.max_tokens_per_gpu == DEFAULT_TOKENS_PER_GPU == 8192
+    assert cfg.train.recompute_granularity is None and cfg.train.compile_layers is False
+    given, _ = plan_trainer(parse_config(base + ["--max-tokens-per-gpu", "2048"]), str(tiny_checkpoint), 1)
+    assert given.train.max_tokens_per_gpu == 2048
