@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from slime_meta.context_budget import metrics_of as context_budget_metrics
+from slime_meta.phase_timeline import PhaseTimeline
 from slime_meta.rewards import group_rewards_and_advantages
 from slime_meta.roles import Grader, StudentRole, TeacherRole
 from slime_meta.types import Chain, Episode, GradedAttempt, InfoStep, Problem, TeacherSample
@@ -87,13 +88,19 @@ class MetaLearningRollout:
         ]
         chains = [c for chains_P_G in chains_E_P_G for chains_G in chains_P_G for c in chains_G]
         progress = tqdm(total=len(chains), desc=f"step {rollout_id} chains", disable=not s.show_progress, leave=False)
+        timeline = PhaseTimeline()  # when each dependent phase ran (perf/rollout_phase_*)
 
         async def chain_then_holdout(chain: Chain, holdout: Sequence[Problem]) -> None:
-            await self._run_chain(chain)
-            await self._run_holdout(chain, holdout)
+            await self._run_chain(chain, timeline)
+            with timeline.phase("holdout"):
+                await self._run_holdout(chain, holdout)
             progress.update(1)
 
-        control = [self._control_grades(e.holdout) for e in episodes]
+        async def control_grades(holdout: Sequence[Problem]) -> list[float]:
+            with timeline.phase("control"):
+                return await self._control_grades(holdout)
+
+        control = [control_grades(e.holdout) for e in episodes]
         work = [chain_then_holdout(c, e.holdout) for e, P_G in zip(episodes, chains_E_P_G) for G in P_G for c in G]
         control_grades_E = (await asyncio.gather(asyncio.gather(*control), *work))[0]
         progress.close()
@@ -113,6 +120,7 @@ class MetaLearningRollout:
 
         metrics = self._metrics(chains_E_P_G, control_grades_E, elapsed=time.perf_counter() - started)
         metrics["meta_learning/num_train_samples"] = float(len(samples))
+        metrics.update(timeline.metrics())
         metrics.update(context_budget_metrics(self.student, self.teacher))  # what was shortened to fit the context
         traces = [self._trace_record(c, rollout_id) for c in chains if c.traced]
         return RolloutResult(samples=samples, metrics=metrics, chains=chains, traces=traces)
@@ -133,18 +141,20 @@ class MetaLearningRollout:
             for c, grade in zip(completions, grades)
         ]
 
-    async def _run_chain(self, chain: Chain) -> None:
+    async def _run_chain(self, chain: Chain, timeline: PhaseTimeline | None = None) -> None:
         m = self.settings.n_samples_per_inner_prompt
         info = ""
         history_K_M: list[list[GradedAttempt]] = [[] for _ in chain.problems]  # every round's attempts so far
         round_infos: list[str] = []  # the info of each round so far
+        timeline = timeline or PhaseTimeline()
         for iteration in range(self.settings.num_inner_iterations):
             # The first round's no-info attempts are the policy's own solver samples when it is the
             # student (shared pool): keep their tokens for the solver-role channels.
             keep_tokens = iteration == 0 and self.settings.keep_solver_attempts
-            results_K_M = await asyncio.gather(
-                *[self._attempts(p, info, m, keep_tokens, iteration) for p in chain.problems]
-            )
+            with timeline.phase(f"student_{iteration}"):  # the attempts and their grades
+                results_K_M = await asyncio.gather(
+                    *[self._attempts(p, info, m, keep_tokens, iteration) for p in chain.problems]
+                )
             if keep_tokens:
                 chain.solver_attempts_K_M = [[attempt for _, attempt in results_M] for results_M in results_K_M]
             attempts_K_M = [[attempt for _, attempt in results_M] for results_M in results_K_M]
@@ -157,9 +167,10 @@ class MetaLearningRollout:
                 shown_K_M, shown_infos = [list(h) for h in history_K_M], list(round_infos)
             else:
                 shown_K_M, shown_infos = attempts_K_M, []
-            new_info, completion, teacher_prompt = await self.teacher.write_info(
-                chain.problems, shown_K_M, info, round_infos=shown_infos
-            )
+            with timeline.phase(f"teacher_{iteration}"):
+                new_info, completion, teacher_prompt = await self.teacher.write_info(
+                    chain.problems, shown_K_M, info, round_infos=shown_infos
+                )
             chain.steps.append(InfoStep(iteration=iteration, info=new_info, completion=completion, avg_grade_before=avg_grade))
             if chain.traced:
                 chain.trace.append(

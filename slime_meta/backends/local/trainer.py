@@ -51,6 +51,7 @@ from slime_meta.backends.local.channels import (
 from slime_meta.backends.local.model_call import SPLIT_HEAD_MODEL_TYPES, SplitModelCall, compile_decoder_layers
 from slime_meta.backends.local.no_signal import NoSignalStreak, RolloutSummary, zero_gradient_step
 from slime_meta.backends.local.reference import StartWeights
+from slime_meta.backends.local.step_timing import NoTimer, StepTimer
 from slime_meta.errors import NonFiniteTrainingError
 from slime_meta.losses import ThreeChannelInputs, context_distillation_advantages, total_loss
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
@@ -290,13 +291,14 @@ class LocalTrainer:
         provably has no gradient computes nothing (`train/skipped_no_signal` 1, `.grad` untouched).
         """
         with self._model_lock:
-            return self._compute_gradients(teacher_samples, solver_samples, pairs)
+            return self._compute_gradients(teacher_samples, solver_samples, pairs, NoTimer())
 
     def _compute_gradients(
         self,
         teacher_samples: Sequence[TeacherSample],
         solver_samples: Sequence[SolverSample],
         pairs: Sequence[PreferencePair],
+        timer: StepTimer | NoTimer,
     ) -> dict[str, float]:
         s = self.settings
         teacher = teacher_sequences(teacher_samples, s.temperature)
@@ -334,6 +336,7 @@ class LocalTrainer:
                     )
                 if replay:
                     pairs = self.with_reference_logps(pairs, reference)
+            timer.mark("reference_forward")
         policy = self._forward(self.model)
         # Every pass's trailing arguments: how its forwards are split into micro-batches.
         batching = (s.micro_batch_size, self.pad_token_id, self.device, s.max_tokens_per_gpu)
@@ -365,6 +368,7 @@ class LocalTrainer:
             channels.replay_dpo = torch.tensor(dpo["replay_dpo"])
         combined = total_loss(channels, alpha=s.loss.sdpo_alpha, beta=s.loss.replay_beta)
         metrics.update({k: float(v) for k, v in combined.metrics.items()})
+        timer.mark("forward_backward")
         advantages = [a for x in sequences for a in x.advantages]
         metrics["combined_advantage"] = sum(advantages) / len(advantages)
         metrics.update(counts)
@@ -396,7 +400,8 @@ class LocalTrainer:
         step: int | None,
     ) -> dict[str, float]:
         started = time.perf_counter()
-        metrics = self.compute_gradients(teacher_samples, solver_samples, pairs)
+        timer = StepTimer(self.device)
+        metrics = self._compute_gradients(teacher_samples, solver_samples, pairs, timer)
         if "train/skipped_empty_batch" in metrics:
             return metrics
         skipped = bool(metrics["train/skipped_no_signal"])
@@ -424,6 +429,8 @@ class LocalTrainer:
             self.skipped_in_a_row += 1
         # Also after a skip: the clip has scaled the gradient by NaN, and none of it may carry over.
         self.optimizer.zero_grad(set_to_none=True)
+        timer.mark("optimizer")  # the gradient norm and clip with it
+        metrics.update(timer.metrics())
         elapsed = time.perf_counter() - started
         metrics.update(
             {
