@@ -16,6 +16,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
+import numpy as np
+
 from slime_meta.context_budget import (
     ContextBudgetStats, TokenCounter, fit_teacher_prompt, longest_prompt, student_new_tokens,
 )
@@ -189,6 +191,24 @@ class StudentRole:
         )  # fmt: skip
         entries = reply["meta_info"]["input_token_logprobs"]
         return [float(e[0]) for e in entries[len(entries) - len(response_ids) :]]
+
+    async def score_topk(self, prompt_ids: Sequence[int], response_ids: Sequence[int], k: int) -> tuple[Any, Any]:
+        """The `k` most likely tokens (temperature 1) at each response token given the prompt, by
+        SGLang's scoring call with `top_logprobs_num` (no generation): `[R, k]` ids (int32) and
+        log-probs (float32), 8 * k bytes per token. `meta_info.input_top_logprobs` holds one list of
+        [logprob, id, text] per input position from `logprob_start_len` on."""
+        reply = await self.pool.post(
+            "/generate",
+            {"input_ids": list(prompt_ids) + list(response_ids), "sampling_params": {"max_new_tokens": 0},
+             "return_logprob": True, "logprob_start_len": len(prompt_ids), "top_logprobs_num": int(k)},
+        )  # fmt: skip
+        tops = (reply["meta_info"].get("input_top_logprobs") or [])[-len(response_ids) :]
+        if len(tops) != len(response_ids) or any(top is None or len(top) != k for top in tops):
+            raise ValueError(f"the scoring call returned {len(tops)} top-{k} lists for {len(response_ids)} response "
+                             "tokens: the server does not return input_top_logprobs as SGLang does")  # fmt: skip
+        ids_R_K = np.array([[int(entry[1]) for entry in top] for top in tops], dtype=np.int32)
+        logprobs_R_K = np.array([[float(entry[0]) for entry in top] for top in tops], dtype=np.float32)
+        return ids_R_K, logprobs_R_K
 
 
 @dataclass

@@ -41,6 +41,9 @@ class SolverSettings:
     skip_verification: bool
     std_normalize: bool
     sdpo_shaping: bool = False  # score the answers of error sites under the hint prompt
+    # SDPO's JSD form where the trainer cannot run the hinted forward itself (slime): the hint-conditioned
+    # top-k at each answer token of the error sites, from the pool's scoring call
+    sdpo_topk_scoring: int | None = None
 
 
 def distillation_prompt_ids(policy: StudentRole, problem: Problem, context: str) -> tuple[int, ...]:
@@ -109,6 +112,11 @@ class SolverSampleBuilder:
                 hint_logprobs = None
                 if s.sdpo_shaping and error and hint_ids is not None:
                     hint_logprobs = tuple(await self.policy.score(hint_ids, completion.output_ids))
+                hint_topk_ids = hint_topk_logprobs = None
+                if s.sdpo_topk_scoring is not None and error and hint_ids is not None:
+                    hint_topk_ids, hint_topk_logprobs = await self.policy.score_topk(
+                        hint_ids, completion.output_ids, s.sdpo_topk_scoring
+                    )
                 samples.append(
                     SolverSample(
                         problem_uid=problem.uid,
@@ -125,6 +133,8 @@ class SolverSampleBuilder:
                         hint_prompt_ids=hint_ids,
                         is_error_site=error,
                         hint_logprobs=hint_logprobs,
+                        hint_topk_ids=hint_topk_ids,
+                        hint_topk_logprobs=hint_topk_logprobs,
                     )
                 )
         return samples

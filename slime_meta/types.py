@@ -165,6 +165,10 @@ class SolverSample:
     hint_prompt_ids: tuple[int, ...] | None = None
     is_error_site: bool = False
     hint_logprobs: tuple[float, ...] | None = None  # log p(response | hint prompt): SDPO's shaping form
+    # SDPO's JSD form on slime: the hint-conditioned distribution at each response token as its top-k,
+    # `[R, K]` ids (int32) and log-probs (float32) from the pool's scoring call (`StudentRole.score_topk`).
+    hint_topk_ids: Any = field(default=None, compare=False)
+    hint_topk_logprobs: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

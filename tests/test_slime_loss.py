@@ -21,12 +21,11 @@ from slime_meta.backends.slime.advantages import meta_advantages
 from slime_meta.backends.slime.loss import (
     REPLAY_IS_CHOSEN,
     REPLAY_PAIR_INDEX,
-    SDPO_TOPK_IDS,
-    SDPO_TOPK_LOGPROBS,
+    hold_sdpo_topk,
     meta_loss,
     response_logits,
 )
-from slime_meta.backends.slime.samples import SOLVER_INDEX_BASE
+from slime_meta.backends.slime.samples import SOLVER_INDEX_BASE, pack_topk
 
 V = 13
 
@@ -162,36 +161,59 @@ def test_use_rollout_logprobs_anchors_on_the_engine():
     torch.testing.assert_close(loss, reduce(pg))
 
 
-def test_sdpo_channel_is_active_with_top_k_targets():
+@pytest.mark.parametrize("held", [False, True])
+def test_sdpo_channel_is_the_top_k_jsd_with_a_tail_bucket(held: bool):
     args = slime_args(sdpo_alpha=0.5, entropy_coef=0.0)
     batch, logits = slime_batch(seed=3)
     reduce = sum_of_sample_mean(batch)
-    base, _ = meta_loss(args, batch, logits, reduce)
     g = torch.Generator().manual_seed(4)
     k = 4
-    batch[SDPO_TOPK_IDS] = [
-        torch.stack([torch.randperm(V, generator=g)[:k] for _ in range(r)]) for r in batch["response_lengths"]
-    ]
-    batch[SDPO_TOPK_LOGPROBS] = [
-        torch.log_softmax(torch.randn(r, k, generator=g), -1) for r in batch["response_lengths"]
-    ]
-    batch[SDPO_TOPK_IDS][1] = torch.zeros(0, k, dtype=torch.long)  # a sample without targets
+    ids = [torch.stack([torch.randperm(V, generator=g)[:k] for _ in range(r)]) for r in batch["response_lengths"]]
+    # A teacher's top-k log-probs: normalised over the whole vocabulary, so some mass is left for the tail.
+    targets = [torch.log_softmax(torch.randn(r, V, generator=g), -1).gather(-1, i) for r, i in zip(batch["response_lengths"], ids)]
+    sdpo_samples = (0, 2)
+    batch["teacher_log_probs"] = [
+        torch.as_tensor(pack_topk(ids[i].numpy(), targets[i].numpy())) if i in sdpo_samples else torch.zeros(r)
+        for i, r in enumerate(batch["response_lengths"])
+    ]  # fmt: skip
+    batch["advantages"] = [a if i not in sdpo_samples else torch.zeros_like(a) for i, a in enumerate(batch["advantages"])]
+    if held:  # as the trainer-side hook leaves them: 1-D placeholders holding the top-k
+        data = {"teacher_log_probs": batch["teacher_log_probs"]}
+        hold_sdpo_topk(args, 0, data)
+        assert all(t.dim() == 1 for t in data["teacher_log_probs"])
+    base, _ = meta_loss(slime_args(entropy_coef=0.0), batch, logits, reduce)
     loss, metrics = meta_loss(args, batch, logits, reduce)
-    assert "loss/sdpo_kl" in metrics and metrics["loss/sdpo_kl"] > 0
+    assert metrics["loss/sdpo_kl"] > 0 and float(metrics["sdpo_samples"]) == len(sdpo_samples)
     torch.testing.assert_close(loss, base + 0.5 * metrics["loss/sdpo_kl"])
 
-    # By hand: beta 0.5 JSD over the top-k ids, renormalised, token means per sample.
-    rows = response_logits(batch, logits)
+    # By hand: beta 0.5 JSD over the k ids plus one bucket for the rest of each side's mass.
     per_token = []
-    for rows_R_V, ids, target in zip(rows, batch[SDPO_TOPK_IDS], batch[SDPO_TOPK_LOGPROBS]):
-        if ids.numel() == 0:
+    for i, rows_R_V in enumerate(response_logits(batch, logits)):
+        if i not in sdpo_samples:
             per_token.append(torch.zeros(rows_R_V.shape[0]))
             continue
-        ps, pt = torch.softmax(rows_R_V.gather(-1, ids), -1), torch.softmax(target, -1)
+        p = torch.softmax(rows_R_V.detach(), -1).gather(-1, ids[i])
+        q = targets[i].exp()
+        ps, pt = torch.cat([p, 1 - p.sum(-1, keepdim=True)], -1), torch.cat([q, 1 - q.sum(-1, keepdim=True)], -1)
         m = 0.5 * (ps + pt)
         per_token.append(0.5 * (pt * (pt / m).log()).sum(-1) + 0.5 * (ps * (ps / m).log()).sum(-1))
-    torch.testing.assert_close(metrics["loss/sdpo_kl"], reduce(torch.cat(per_token)).detach())
+    torch.testing.assert_close(metrics["loss/sdpo_kl"], reduce(torch.cat(per_token)).detach(), rtol=1e-5, atol=1e-6)
     loss.backward()
+    # Only the SDPO answers' rows get the JSD's gradient; the others keep the policy gradient's alone.
+    (base_grad,) = torch.autograd.grad(meta_loss(slime_args(entropy_coef=0.0), batch, logits, reduce)[0], logits)
+    rows_with = [rows for i, rows in enumerate(response_logits(batch, logits.grad)) if i in sdpo_samples]
+    assert all(float(r.abs().sum()) > 0 for r in rows_with)
+    assert not torch.allclose(logits.grad, base_grad)
+
+
+def test_sdpo_channel_refuses_context_parallel():
+    args = slime_args(sdpo_alpha=0.5, context_parallel_size=2)
+    batch, logits = slime_batch(seed=3)
+    batch["teacher_log_probs"] = [torch.zeros(r, 4) for r in batch["response_lengths"]]
+    with pytest.raises(NotImplementedError, match="context parallel size 2"):
+        from slime_meta.backends.slime.loss import sdpo_channel
+
+        sdpo_channel(args, batch, logits, sum_of_sample_mean(batch))
 
 
 def test_replay_channel_is_active_with_complete_pairs():

@@ -4,7 +4,8 @@
              infos and, with distillation on, over the policy's own solutions with shaped token
              advantages: two passes, each its own token mean
   channel 2  SDPO: JSD between the policy on the plain prompt and the same weights (no grad) on the
-             hint-injected prompt, on the response tokens of the error sites; or (sdpo_form
+             hint-injected prompt, on the response tokens of the error sites (full vocabulary, or with
+             `sdpo_topk` the hinted self's top-k plus a tail bucket, as slime has it); or (sdpo_form
              "shaping") a policy-gradient pass over those answers with token advantages
              alpha * (log p_hint - log p), its own token mean (the form slime runs too)
   channel 3  trace replay: DPO on (teacher-agreed answer, policy answer) pairs
@@ -48,7 +49,9 @@ from slime_meta.losses import (
     generalized_jsd,
     kl_penalty,
     policy_loss,
+    teacher_topk,
     token_logps,
+    topk_generalized_jsd,
 )
 from slime_meta.losses.token_stats import TokenLogpsOutput
 from slime_meta.types import PreferencePair, SolverSample
@@ -90,6 +93,7 @@ class LossSettings:
     sdpo_beta: float = 0.5
     sdpo_temperature: float = 1.0
     sdpo_top_k: int | None = None
+    sdpo_topk: int | None = None  # the hinted self as its top-k + a tail bucket (what slime computes); None: full
     sdpo_token_clip: float | None = None
     sdpo_form: str = "jsd"  # "jsd": sdpo_pass; "shaping": sdpo_shaping_sequences through the policy gradient
     replay_beta: float = 0.0
@@ -233,11 +237,19 @@ def sdpo_pass(
         with torch.no_grad():
             hinted_N_V = _row_logits(forward, hinted_tokens.to(device), hinted_att.to(device), hinted_rows.to(device))
         student_N_V = _row_logits(forward, student_tokens.to(device), student_att.to(device), student_rows.to(device))
-        jsd = generalized_jsd(
-            student_N_V, hinted_N_V, None, beta=s.sdpo_beta,
-            temperature=s.sdpo_temperature, top_k=s.sdpo_top_k, token_clip=s.sdpo_token_clip,
-            chunk_size=s.jsd_chunk_size,
-        ).loss  # fmt: skip
+        if s.sdpo_topk is not None:  # what a scoring server gives: the hinted self's top-k log-probs
+            topk_ids_N_K, topk_logps_N_K = teacher_topk(hinted_N_V, s.sdpo_topk, s.sdpo_temperature)
+            del hinted_N_V
+            jsd = topk_generalized_jsd(
+                student_N_V, topk_ids_N_K, topk_logps_N_K, None, beta=s.sdpo_beta, temperature=s.sdpo_temperature,
+                token_clip=s.sdpo_token_clip, chunk_size=s.jsd_chunk_size,
+            ).loss  # fmt: skip
+        else:
+            jsd = generalized_jsd(
+                student_N_V, hinted_N_V, None, beta=s.sdpo_beta,
+                temperature=s.sdpo_temperature, top_k=s.sdpo_top_k, token_clip=s.sdpo_token_clip,
+                chunk_size=s.jsd_chunk_size,
+            ).loss  # fmt: skip
         share = sum(lengths) / total_tokens
         (s.sdpo_alpha * jsd * share).backward()
         jsd_sum += jsd.item() * share

@@ -30,17 +30,22 @@ channel 1, GRPO: slime's own policy loss for the grpo estimator, term by term: l
   says why; with tensor or context parallel size > 1 that path would read one shard of the
   vocabulary, so it is refused, with the import error. Any other import error of slime's
   modules (a dependency missing, a renamed function) is raised as it is.
-channel 2, SDPO (--sdpo-alpha): active when the batch carries `sdpo_topk_ids[i]` [R_i, k] and
-  `sdpo_topk_logprobs[i]` [R_i, k] (the hint-conditioned model's top-k); the JSD is over those k
-  ids, renormalised. Skipped otherwise.
+channel 2, SDPO (--sdpo-alpha, --sdpo-form jsd): the error sites' answers arrive as samples of
+  their own kind (`samples.SDPO_JSD_INDEX_BASE`, advantage 0, outside the policy-gradient terms)
+  whose `teacher_log_probs[i]` is the hint-conditioned model's top-k at each token, `[R_i, 2k]`
+  (ids then log-probs, `samples.pack_topk`; 8k bytes per token), scored by the pool at rollout
+  time. The term is `topk_generalized_jsd` of the policy's logits against them, the teacher's
+  remaining mass and the policy's mass outside those ids as one tail bucket each; vocabulary-
+  parallel over Megatron's tensor-parallel group; context parallel size 1 only. Its token mean
+  is over the step's SDPO tokens (the conversion plugin's denominators), as the local SDPO pass.
+  `hold_sdpo_topk` (--rollout-data-postprocess-path) keeps the 2-D top-k away from slime's
+  rollout logging. In its shaping form (--sdpo-form shaping) channel 2 is token advantages.
 channel 3, replay DPO (--replay-beta): active when the batch carries `replay_pair_index[i]` (a
   pair id, -1 for none), `replay_is_chosen[i]` and `ref_log_probs`; a pair counts when both of
   its samples are in this micro-batch. Skipped otherwise.
-slime (checked at 624b824) forwards a fixed set of keys into this batch, without the channel 2
-and 3 keys above, so on stock slime both channels arrive as advantages instead: SDPO in its
-shaping form (--sdpo-form shaping) and replay as two samples per pair (advantages.py,
-replay_samples.py); the launcher refuses --sdpo-form jsd. The two channels here run as soon as
-a slime forwards their keys.
+slime (checked at 624b824) forwards a fixed set of keys into this batch, without channel 3's keys
+above, so on stock slime replay arrives as two samples per pair with advantages
+(replay_samples.py); channel 3 runs here as soon as a slime forwards its keys.
 """
 
 from __future__ import annotations
@@ -54,18 +59,21 @@ import torch
 from torch import Tensor
 
 from slime_meta.losses import (
+    ProcessGroupShards,
     ThreeChannelInputs,
     dpo_loss,
     entropy_from_logits,
-    generalized_jsd,
     kl_penalty,
     policy_loss,
     sequence_logps,
+    topk_generalized_jsd,
     total_loss,
 )
 
-SDPO_TOPK_IDS = "sdpo_topk_ids"
-SDPO_TOPK_LOGPROBS = "sdpo_topk_logprobs"
+# Where `hold_sdpo_topk` keeps a sample's packed hint top-k on its teacher_log_probs placeholder.
+SDPO_TOPK_ATTRIBUTE = "sdpo_topk"
+# Tokens per chunk of the top-k JSD: float32 temporaries of a few [256, V / TP] (docs/performance.md).
+SDPO_CHUNK_TOKENS = 256
 REPLAY_PAIR_INDEX = "replay_pair_index"
 REPLAY_IS_CHOSEN = "replay_is_chosen"
 
@@ -186,7 +194,8 @@ def grpo_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tensor]
         rollout_logp=rollout, tis_clip=args.tis_clip if use_tis else None,
         tis_clip_low=float(getattr(args, "tis_clip_low", 0.0) or 0.0), aipo_delta=aipo_delta,
     )  # fmt: skip
-    pg_loss = reduce(out.per_token_loss)
+    trained = _policy_gradient_tokens(batch, like)
+    pg_loss = reduce(out.per_token_loss * trained)
 
     with torch.no_grad():  # slime's per-token clip fraction and k1, reduced the same way
         ratio = torch.exp(logp.detach() - old)
@@ -201,12 +210,13 @@ def grpo_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tensor]
     loss = pg_loss
     entropy_coef = float(getattr(args, "entropy_coef", 0.0) or 0.0)
     if entropy is not None:
-        entropy_loss = reduce(_cat(entropy, like))
+        entropy_loss = reduce(_cat(entropy, like) * trained)
         loss = loss - entropy_coef * entropy_loss
         metrics["entropy_loss"] = entropy_loss.detach()
     kl_coef = float(getattr(args, "kl_loss_coef", 0.0) or 0.0)
     if (getattr(args, "use_kl_loss", False) or kl_coef) and batch.get("ref_log_probs"):
-        kl_loss = reduce(_kl_per_token(logp, _cat(batch["ref_log_probs"], like), getattr(args, "kl_loss_type", "k1")))
+        kl_per_token = _kl_per_token(logp, _cat(batch["ref_log_probs"], like), getattr(args, "kl_loss_type", "k1"))
+        kl_loss = reduce(kl_per_token * trained)
         loss = loss + kl_coef * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
     if batch.get("rollout_log_probs"):
@@ -220,24 +230,76 @@ def grpo_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tensor]
     return loss, metrics
 
 
-def sdpo_channel(args: Namespace, batch: dict[str, Any], logits: Tensor, reduce: Reducer) -> Tensor | None:
-    ids_list, logprobs_list = batch.get(SDPO_TOPK_IDS), batch.get(SDPO_TOPK_LOGPROBS)
-    if not getattr(args, "sdpo_alpha", 0.0) or ids_list is None or logprobs_list is None:
+def sdpo_topk_of(teacher_log_probs: Tensor | None) -> Tensor | None:
+    """A sample's packed hint top-k `[R, 2K]` (`samples.pack_topk`), or None when it has none: as
+    slime hands it over (2-D `teacher_log_probs`), or held by `hold_sdpo_topk` on a placeholder."""
+    if teacher_log_probs is None:
         return None
-    _require_single_rank(args, "the SDPO channel")
-    per_token = []
-    for rows_R_V, ids, target in zip(response_logits(batch, logits), ids_list, logprobs_list):
-        if ids is None or torch.as_tensor(ids).numel() == 0:
+    held = getattr(teacher_log_probs, SDPO_TOPK_ATTRIBUTE, None)
+    if held is not None:
+        return held
+    return teacher_log_probs if teacher_log_probs.dim() == 2 else None
+
+
+def hold_sdpo_topk(args: Namespace, rollout_id: int, rollout_data: dict[str, Any]) -> None:
+    """slime's --rollout-data-postprocess-path: the trainer-side hook after the advantages, before
+    slime's rollout logging. That logging concatenates every per-sample tensor of a field, which a
+    2-D top-k beside 1-D log-probs would break; so each packed top-k is held as an attribute of a
+    1-D zero placeholder of the sample's response length. slime's data iterator hands the loss the
+    very tensor objects of this dict, attribute included (checked at slime 624b824)."""
+    teachers = rollout_data.get("teacher_log_probs")
+    for i, teacher in enumerate(teachers or []):
+        if teacher.dim() == 2:
+            placeholder = teacher.new_zeros(teacher.shape[0])
+            setattr(placeholder, SDPO_TOPK_ATTRIBUTE, teacher)
+            teachers[i] = placeholder
+
+
+def _tensor_parallel_shards() -> ProcessGroupShards:
+    """Megatron's tensor-parallel group: rank r holds vocabulary slice r of the output layer."""
+    from megatron.core import mpu
+
+    return ProcessGroupShards(mpu.get_tensor_model_parallel_group())
+
+
+def sdpo_channel(args: Namespace, batch: dict[str, Any], logits: Tensor, reduce: Reducer) -> tuple[Tensor | None, int]:
+    """Channel 2, JSD form: the policy's logits against the hint-conditioned top-k of each answer of
+    SDPO's kind (a tail bucket on both sides, `topk_generalized_jsd`); (None, 0) without any."""
+    if not getattr(args, "sdpo_alpha", 0.0) or getattr(args, "sdpo_form", "jsd") != "jsd":
+        return None, 0
+    packed = [sdpo_topk_of(t) for t in (batch.get("teacher_log_probs") or [])]
+    if not any(p is not None for p in packed):
+        return None, 0
+    tp, cp = _parallel_sizes(args)
+    if cp > 1:
+        raise NotImplementedError(
+            f"the SDPO JSD reads each answer's logit rows whole; with context parallel size {cp} they are split over "
+            "ranks in slime's zigzag layout, which this loss does not map (give --context-parallel-size 1)"
+        )
+    shards = _tensor_parallel_shards() if tp > 1 else None
+    per_token, num_samples = [], 0
+    for rows_R_V, topk_R_2K in zip(response_logits(batch, logits), packed):
+        if topk_R_2K is None or rows_R_V.shape[0] == 0:  # not an SDPO answer: no JSD term
             per_token.append(rows_R_V.new_zeros(rows_R_V.shape[0], dtype=torch.float32))
             continue
-        ids = torch.as_tensor(ids, device=rows_R_V.device).long()
-        student_R_K = rows_R_V.gather(-1, ids)
-        out = generalized_jsd(
-            student_R_K, torch.as_tensor(target, device=rows_R_V.device, dtype=torch.float32), None,
-            beta=args.sdpo_beta, temperature=args.sdpo_temperature, token_clip=getattr(args, "sdpo_token_clip", None),
+        k = topk_R_2K.shape[1] // 2
+        topk_R_2K = topk_R_2K.to(rows_R_V.device)
+        out = topk_generalized_jsd(
+            rows_R_V, topk_R_2K[:, :k].round().long(), topk_R_2K[:, k:].float(), None, beta=args.sdpo_beta,
+            temperature=float(getattr(args, "sdpo_temperature", 1.0)), token_clip=getattr(args, "sdpo_token_clip", None),
+            chunk_size=SDPO_CHUNK_TOKENS, shards=shards,
         )  # fmt: skip
         per_token.append(out.per_token)
-    return reduce(torch.cat(per_token))
+        num_samples += 1
+    return reduce(torch.cat(per_token)), num_samples
+
+
+def _policy_gradient_tokens(batch: dict[str, Any], like: Tensor) -> Tensor:
+    """1 on the tokens of samples the policy-gradient channel trains, 0 on SDPO's JSD answers (whose
+    only term is the JSD, as the local trainer's SDPO pass)."""
+    teachers = batch.get("teacher_log_probs") or [None] * len(batch["response_lengths"])
+    return _cat([torch.full((int(r),), 0.0 if sdpo_topk_of(t) is not None else 1.0)
+                 for r, t in zip(batch["response_lengths"], teachers)], like)  # fmt: skip
 
 
 def replay_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tensor]) -> tuple[Tensor | None, int]:
@@ -282,7 +344,7 @@ def meta_loss(
     log_probs, entropy = response_log_probs(args, batch, logits, with_entropy=True)
     reduce = channel_token_mean(args, sum_of_sample_mean)
     grpo, metrics = grpo_channel(args, batch, log_probs, entropy, reduce, logits)
-    sdpo = sdpo_channel(args, batch, logits, reduce)
+    sdpo, sdpo_samples = sdpo_channel(args, batch, logits, reduce)
     replay, num_pairs = replay_channel(args, batch, log_probs)
     out = total_loss(
         ThreeChannelInputs(grpo=grpo, sdpo_jsd=sdpo, replay_dpo=replay),
@@ -292,6 +354,8 @@ def meta_loss(
     if sum(lp.numel() for lp in log_probs) == 0:
         loss = loss + 0 * logits.sum()  # no response token on this rank: keep the graph connected (as slime does)
     metrics = {"loss": loss.detach(), **metrics, **out.metrics}
+    if sdpo is not None:
+        metrics["sdpo_samples"] = torch.tensor(float(sdpo_samples), device=logits.device)
     if replay is not None:
         metrics["replay_pairs"] = torch.tensor(float(num_pairs), device=logits.device)
     return loss, metrics

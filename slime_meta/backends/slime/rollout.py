@@ -45,6 +45,7 @@ from slime_meta.backends.slime.flags import config_from_slime_args
 from slime_meta.backends.slime.samples import (
     advantage_of,
     apply_fields,
+    pack_topk,
     problem_from_sample,
     replay_sample_fields,
     solver_sample_fields,
@@ -60,6 +61,7 @@ from slime_meta.types import Episode, Problem, SolverSample, TeacherSample
 
 T = TypeVar("T")
 STUDENT_MODEL = "student"
+DEFAULT_SDPO_TOPK = 100  # SDPO's reference implementation's k, when --sdpo-topk is not given
 
 
 class _LoopThread:
@@ -147,6 +149,11 @@ def _build_runtime(args: Namespace) -> _Runtime:
     # progress bar inside a Ray actor's log.
     rollout.settings = replace(rollout.settings, show_progress=False)
     solver_builder = C.make_solver_builder(cfg, pieces, teacher_pool, tokenizer)
+    if solver_builder is not None and cfg.objectives.sdpo_on_any and cfg.objectives.sdpo_form == "jsd":
+        # SDPO's JSD: slime's trainer has no hinted forward, so the pool scores each error site's
+        # answer under the hint prompt once, returning its top-k per token (one prefill, no generation).
+        topk = replace(solver_builder.settings, sdpo_topk_scoring=cfg.objectives.sdpo_topk or DEFAULT_SDPO_TOPK)
+        solver_builder.settings = topk
     replayer = C.make_replayer(cfg, Path(cfg.tracking.run_dir)) if cfg.objectives.replay_on else None
     run_dir = Path(cfg.tracking.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -271,11 +278,13 @@ def _chain_output(rt: _Runtime, base: Any, steps: list[TeacherSample], trace: di
     return [infos[-1], *solvers] if with_solver else infos[-1]
 
 
-def trained_solver_samples(cfg: MetaConfig, samples: Sequence[SolverSample]) -> list[tuple[str, SolverSample, tuple[float, ...]]]:
+def trained_solver_samples(cfg: MetaConfig, samples: Sequence[SolverSample]) -> list[tuple[str, SolverSample, Any]]:
     """(kind, sample, its teacher_log_probs) of each solver sample the trainer uses, picked as the
     local trainer picks them: distillation trains every answer with context scores, SDPO's
-    shaping form the error sites' answers with hint scores (an answer in both is two samples)."""
+    shaping form the error sites' answers with hint scores, its JSD form the same answers with the
+    hint's top-k (`samples.pack_topk`; an answer trained by several is one sample per kind)."""
     o, out = cfg.objectives, []
+    sdpo_jsd = bool(getattr(o, "sdpo_alpha", 0.0)) and getattr(o, "sdpo_form", "shaping") == "jsd"
     for x in samples:
         if not x.response_ids:
             continue
@@ -283,6 +292,8 @@ def trained_solver_samples(cfg: MetaConfig, samples: Sequence[SolverSample]) -> 
             out.append(("distill", x, tuple(x.teacher_logprobs)))
         if o.sdpo_shaping and x.is_error_site and x.hint_logprobs is not None:
             out.append(("sdpo", x, tuple(x.hint_logprobs)))
+        if sdpo_jsd and x.is_error_site and x.hint_topk_ids is not None:
+            out.append(("sdpo_jsd", x, pack_topk(x.hint_topk_ids, x.hint_topk_logprobs)))
     return out
 
 

@@ -16,8 +16,9 @@ What a solver sample becomes (context distillation, SDPO shaping: the policy ans
 problem itself, `SolverSample`): the same fields over the solver's prompt and answer, with
   teacher_log_probs  log p(answer | prompt with the context or hint), the scoring call's
   reward             the answer's grade; metadata["meta_learning"]["advantage"] its task advantage
-  index              SOLVER_INDEX_BASE + n (distillation, context scores) or SDPO_INDEX_BASE + n
-                     (SDPO shaping, hint scores): the mark by which the advantage and conversion
+  index              SOLVER_INDEX_BASE + n (distillation, context scores), SDPO_INDEX_BASE + n
+                     (SDPO shaping, hint scores) or SDPO_JSD_INDEX_BASE + n (SDPO's JSD form:
+                     teacher_log_probs is the hint's top-k, `pack_topk`): the mark by which the advantage and conversion
                      plugins tell the kinds apart (slime forwards `Sample.index` to the trainer as
                      `sample_indices`, and no free-form per-sample field). An answer trained by
                      both channels is two samples, one of each kind.
@@ -31,13 +32,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from slime_meta.types import Problem, SolverSample, TeacherSample
 
 META_KEY = "meta_learning"
 SOLVER_INDEX_BASE = 1 << 40  # far above any data-source index: distillation's solver samples
 SDPO_INDEX_BASE = 2 << 40  # the same answers as SDPO's shaping samples (hint scores)
 REPLAY_INDEX_BASE = 3 << 40  # the two sides of replay DPO pairs (replay_samples.py)
-KINDS = ("info", "distill", "sdpo", "replay")
+SDPO_JSD_INDEX_BASE = 4 << 40  # the error sites' answers for SDPO's JSD form (hint top-k, no advantage)
+KINDS = ("info", "distill", "sdpo", "replay", "sdpo_jsd")
+_INDEX_BASE_OF_KIND = {"distill": SOLVER_INDEX_BASE, "sdpo": SDPO_INDEX_BASE, "sdpo_jsd": SDPO_JSD_INDEX_BASE}
 _STATUS_BY_FINISH = {"stop": "completed", "length": "truncated", "abort": "aborted"}
 
 
@@ -92,7 +97,8 @@ def _token_fields(sample: TeacherSample | SolverSample, prompt: str, response: s
     if teacher_log_probs is not None:
         if len(teacher_log_probs) != len(sample.response_ids):
             raise ValueError(f"{len(teacher_log_probs)} teacher log-probs for {len(sample.response_ids)} response tokens")
-        fields["teacher_log_probs"] = [float(x) for x in teacher_log_probs]
+        packed = isinstance(teacher_log_probs, np.ndarray) and teacher_log_probs.ndim == 2  # SDPO's top-k
+        fields["teacher_log_probs"] = teacher_log_probs if packed else [float(x) for x in teacher_log_probs]
     return fields
 
 
@@ -152,17 +158,19 @@ def solver_sample_fields(
     base_metadata: Mapping[str, Any] | None = None,
     kind: str = "distill",
 ) -> dict[str, Any]:
-    """The slime `Sample` fields of one solver sample of `kind` ("distill" | "sdpo"); `index`
-    counts from 0 within the step and kind."""
+    """The slime `Sample` fields of one solver sample of `kind` ("distill" | "sdpo" | "sdpo_jsd");
+    `index` counts from 0 within the step and kind. An "sdpo_jsd" sample's `teacher_log_probs` is the
+    packed hint top-k (`pack_topk`) and its advantage 0: its only term is the JSD."""
+    advantage = 0.0 if kind == "sdpo_jsd" else float(sample.task_advantage)
     return {
-        "index": (SDPO_INDEX_BASE if kind == "sdpo" else SOLVER_INDEX_BASE) + index,
+        "index": _INDEX_BASE_OF_KIND[kind] + index,
         **_token_fields(sample, prompt, response, teacher_log_probs),
         "reward": float(sample.grade),
         "status": "completed",
         "rollout_id": rollout_id,
         "metadata": {
             **dict(base_metadata or {}),
-            META_KEY: {"kind": kind, "advantage": float(sample.task_advantage), "problem_uid": sample.problem_uid,
+            META_KEY: {"kind": kind, "advantage": advantage, "problem_uid": sample.problem_uid,
                        "error_site": bool(sample.is_error_site)},
         },
     }  # fmt: skip
@@ -170,7 +178,9 @@ def solver_sample_fields(
 
 def kind_of_index(index: Any) -> str:
     index = int(index)
-    for base, kind in ((REPLAY_INDEX_BASE, "replay"), (SDPO_INDEX_BASE, "sdpo"), (SOLVER_INDEX_BASE, "distill")):
+    bases = ((SDPO_JSD_INDEX_BASE, "sdpo_jsd"), (REPLAY_INDEX_BASE, "replay"), (SDPO_INDEX_BASE, "sdpo"),
+             (SOLVER_INDEX_BASE, "distill"))  # fmt: skip
+    for base, kind in bases:
         if index >= base:
             return kind
     return "info"
@@ -199,3 +209,15 @@ def replay_sample_fields(sample: Any, *, index: int, rollout_id: int, base_metad
 
 def is_solver_index(index: Any) -> bool:
     return kind_of_index(index) != "info"
+
+
+def pack_topk(ids_R_K: Any, logprobs_R_K: Any) -> np.ndarray:
+    """The hint top-k of an answer as one float32 `[R, 2K]` array (ids, then log-probs): it travels in
+    `Sample.teacher_log_probs`, the one per-token field slime carries from the rollout to the loss
+    (it checks only its length, R). Token ids below 2**24 are exact in float32; 8 K bytes per token."""
+    ids_R_K, logprobs_R_K = np.asarray(ids_R_K), np.asarray(logprobs_R_K)
+    if ids_R_K.shape != logprobs_R_K.shape or ids_R_K.ndim != 2:
+        raise ValueError(f"top-k ids and log-probs must be [R, K] alike, got {ids_R_K.shape} and {logprobs_R_K.shape}")
+    if ids_R_K.size and int(ids_R_K.max()) >= 1 << 24:
+        raise ValueError(f"token id {int(ids_R_K.max())} is not exact in float32 (vocabularies below 2**24 only)")
+    return np.concatenate([ids_R_K.astype(np.float32), logprobs_R_K.astype(np.float32)], axis=1)
