@@ -109,7 +109,10 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--loss-type", "policy_loss"], "--loss-type policy_loss"),
         (["--colocate", "--advantage-estimator", "ppo"], "--advantage-estimator ppo"),
         (["--colocate", "--group-key", "family"], "--heldout-ipb"),  # per family: the holdout must divide evenly
-        (["--colocate", "--sdpo-alpha", "0.1"], "give --sdpo-form shaping"),
+        (["--colocate", "--sdpo-alpha", "0.1", "--sdpo-top-k", "8"], "give --sdpo-topk 8 instead"),
+        (["--colocate", "--sdpo-alpha", "0.1", "--sdpo-temperature", "0.5"], "give --sdpo-temperature 1"),
+        (["--colocate", "--sdpo-alpha", "0.1", "--context-parallel-size", "2"], "give --context-parallel-size 1"),
+        (["--colocate", "--sdpo-alpha", "0.1"], "--rollout-temperature 1.0 with solver samples"),
         (["--colocate", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"], "a frozen pool of the start weights"),
         (["--student-num-gpus", "2", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"],
          "--replay-beta with --teacher-temperature 0.7"),
@@ -430,19 +433,23 @@ def test_external_student_server_has_its_own_flag_and_no_pool():
 
 
 ALL_CHANNELS = ("--teacher-context", "Be brief.", "--teacher-tau", "0.5", "--student-tau", "0.5", "--sdpo-alpha", "0.5",
-                "--sdpo-form", "shaping", "--use-tis", "--rollout-temperature", "0.7", "--teacher-temperature", "0.7",
+                "--use-tis", "--rollout-temperature", "0.7", "--teacher-temperature", "0.7",
                 "--skip-verification", "--eval-baseline")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_launch_script_dry_run_with_every_channel_slime_runs(name, tmp_path):
-    """Distillation, SDPO (shaping form), TIS: the dry run prints each plugin path and the channel flags."""
+    """Distillation, SDPO (its default JSD form, the hint's top-k), TIS: the dry run prints each plugin
+    path and the channel flags."""
     result = run_script(name, tmp_path, *ALL_CHANNELS)
     assert result.returncode == 0, result.stderr
     for flag, path in PLUGINS.items():
         assert re.search(rf"{re.escape(flag)} {re.escape(path)}\b", result.stdout), flag
-    for flag in ("--teacher-tau 0.5", "--sdpo-alpha 0.5", "--sdpo-form shaping", "--use-tis", "--eval-baseline"):
+    for flag in ("--teacher-tau 0.5", "--sdpo-alpha 0.5", "--sdpo-topk 100", "--use-tis", "--eval-baseline"):
         assert flag in result.stdout
+    shaping = run_script(name, tmp_path, *ALL_CHANNELS, "--sdpo-form", "shaping")
+    assert shaping.returncode == 0, shaping.stderr
+    assert "--sdpo-form shaping" in shaping.stdout and "--rollout-data-postprocess-path" not in shaping.stdout
 
 
 def test_split_script_dry_run_with_all_three_channels_and_replay(tmp_path):
@@ -454,7 +461,7 @@ def test_split_script_dry_run_with_all_three_channels_and_replay(tmp_path):
     assert result.returncode == 0, result.stderr
     for flag, path in PLUGINS.items():
         assert re.search(rf"{re.escape(flag)} {re.escape(path)}\b", result.stdout), flag
-    for flag in ("--teacher-tau 0.5", "--sdpo-form shaping", "--replay-beta 0.1", "--replay-teachers a@http://127.0.0.1:1/v1"):
+    for flag in ("--teacher-tau 0.5", "--sdpo-topk 100", "--replay-beta 0.1", "--replay-teachers a@http://127.0.0.1:1/v1"):
         assert flag in result.stdout
     refused = run_script("launch_1node_8gpu_shared.sh", tmp_path, *replay)  # no frozen pool of the start weights
     assert refused.returncode == 2 and "a frozen pool of the start weights" in refused.stderr

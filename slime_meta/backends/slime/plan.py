@@ -29,6 +29,7 @@ import yaml
 from slime_meta.arguments import MetaConfig, add_meta_learning_arguments, build_config
 from slime_meta.backends.slime.data import batch_plan, check_eval_sets_disjoint
 from slime_meta.backends.slime.flags import add_slime_backend_arguments
+from slime_meta.backends.slime.samples import DEFAULT_SDPO_TOPK
 from slime_meta.checkpoints import resolve_checkpoint_argv
 from slime_meta.errors import UserInputError
 from slime_meta.grading import default_grader_kind
@@ -39,6 +40,7 @@ PLUGINS = {
     "--custom-loss-function-path": "slime_meta.backends.slime.loss.meta_loss",
     "--custom-advantage-function-path": "slime_meta.backends.slime.advantages.meta_advantages",
     "--custom-convert-samples-to-train-data-path": "slime_meta.backends.slime.train_data.convert_samples_to_train_data",
+    "--rollout-data-postprocess-path": "slime_meta.backends.slime.loss.hold_sdpo_topk",
 }
 TEACHER_MODEL = "actor"  # slime's name for the trained model's pool in its own examples
 STUDENT_MODEL = "student"
@@ -87,6 +89,7 @@ def _slime_side_parser() -> argparse.ArgumentParser:
     parser.add_argument("--global-batch-size", type=int, default=None)
     parser.add_argument("--num-steps-per-rollout", type=int, default=None)
     parser.add_argument("--num-epoch", type=int, default=None)
+    parser.add_argument("--context-parallel-size", type=int, default=1)
     return parser
 
 
@@ -275,10 +278,17 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
              "with SGLang (python -m sglang.launch_server --model-path PATH) and give --grader-base-url http://HOST:PORT/v1")
     if slime_ns.disable_rollout_global_dataset:
         fail("--disable-rollout-global-dataset: the rollout draws its problems from slime's data source; leave it out")
-    if ns.sdpo_alpha != 0.0 and ns.sdpo_form == "jsd":
-        fail("--sdpo-alpha with --sdpo-form jsd: the JSD needs the hint-conditioned distribution over the vocabulary "
-             "at every token, and slime forwards only per-token log-probs into a custom loss; give --sdpo-form "
-             "shaping (the same hint, as token advantages), or run the JSD on the local backend")  # fmt: skip
+    sdpo_jsd = ns.sdpo_alpha != 0.0 and ns.sdpo_form == "jsd"
+    if sdpo_jsd and ns.sdpo_top_k is not None:
+        fail(f"--sdpo-top-k {ns.sdpo_top_k}: on slime the hint-conditioned model arrives as its top-k log-probs plus "
+             f"a tail bucket; give --sdpo-topk {ns.sdpo_top_k} instead")  # fmt: skip
+    if sdpo_jsd and ns.sdpo_temperature != 1.0:
+        fail(f"--sdpo-temperature {ns.sdpo_temperature} with --sdpo-form jsd: on slime the hint's top-k log-probs come "
+             "from the scoring call at temperature 1; give --sdpo-temperature 1, or run it on the local backend")  # fmt: skip
+    if sdpo_jsd and slime_ns.context_parallel_size > 1:
+        fail(f"--context-parallel-size {slime_ns.context_parallel_size} with --sdpo-alpha (JSD form): the loss reads "
+             "each answer's logit rows whole, and context parallelism splits them over ranks; give "
+             "--context-parallel-size 1, or --sdpo-form shaping")  # fmt: skip
     if ns.replay_beta != 0.0 and (ns.student_num_gpus is None or ns.student_checkpoint or ns.external_student_url):
         fail("--replay-beta on slime: DPO's reference log-probs are scored on a frozen pool of the start weights; "
              "give --student-num-gpus N without --student-checkpoint (a frozen student pool of --hf-checkpoint), "
@@ -407,7 +417,12 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     # Always: our denominators make slime's step loss the local one (infos' token mean, + solver samples').
     out += ["--custom-convert-samples-to-train-data-path", PLUGINS["--custom-convert-samples-to-train-data-path"]]
     o = config.objectives
-    if o.distillation_on or o.sdpo_shaping or o.replay_on:  # solver and replay samples: advantages per kind
+    if o.sdpo_on_any and o.sdpo_form == "jsd":
+        # The hint's top-k per answer token, scored at rollout time; held away from slime's rollout logging.
+        if o.sdpo_topk is None:
+            out += ["--sdpo-topk", str(DEFAULT_SDPO_TOPK)]
+        out += ["--rollout-data-postprocess-path", PLUGINS["--rollout-data-postprocess-path"]]
+    if o.distillation_on or o.sdpo_on_any or o.replay_on:  # solver and replay samples: advantages per kind
         out += ["--custom-advantage-function-path", PLUGINS["--custom-advantage-function-path"]]
     return LaunchPlan(tuple(out), config, layout, run_dir, ns.dry_run)
 

@@ -45,6 +45,7 @@ from slime_meta.backends.slime.flags import config_from_slime_args
 from slime_meta.backends.slime.samples import (
     advantage_of,
     apply_fields,
+    DEFAULT_SDPO_TOPK,
     pack_topk,
     problem_from_sample,
     replay_sample_fields,
@@ -61,7 +62,6 @@ from slime_meta.types import Episode, Problem, SolverSample, TeacherSample
 
 T = TypeVar("T")
 STUDENT_MODEL = "student"
-DEFAULT_SDPO_TOPK = 100  # SDPO's reference implementation's k, when --sdpo-topk is not given
 
 
 class _LoopThread:

@@ -42,6 +42,7 @@ SDPO_INDEX_BASE = 2 << 40  # the same answers as SDPO's shaping samples (hint sc
 REPLAY_INDEX_BASE = 3 << 40  # the two sides of replay DPO pairs (replay_samples.py)
 SDPO_JSD_INDEX_BASE = 4 << 40  # the error sites' answers for SDPO's JSD form (hint top-k, no advantage)
 KINDS = ("info", "distill", "sdpo", "replay", "sdpo_jsd")
+DEFAULT_SDPO_TOPK = 100  # the k of SDPO's reference implementation, when --sdpo-topk is not given
 _INDEX_BASE_OF_KIND = {"distill": SOLVER_INDEX_BASE, "sdpo": SDPO_INDEX_BASE, "sdpo_jsd": SDPO_JSD_INDEX_BASE}
 _STATUS_BY_FINISH = {"stop": "completed", "length": "truncated", "abort": "aborted"}
 
