@@ -17,8 +17,12 @@ like with like. In one run:
   `--concurrency` in flight;
 - served one-at-a-time: the same, one request in flight.
 Generated tokens / wall time. On a GPU the workers decode through their CUDA-graph path
-(`--cuda-graphs auto`, a static KV cache; `off` measures the DynamicCache path); the report names
-the path each worker ran (`served.worker_engines`). Correctness first, and part of `meets.correct`:
+(`--cuda-graphs auto`; `off` measures the DynamicCache path) over the KV cache `--kv-cache`
+names (static slots or a paged pool; default: the worker's); the report names the path and cache
+each worker ran (`served.worker_engines`). `--also-concurrency 128` times more batches in the same
+pool at those numbers in flight. On a GPU every served figure is also given as a share of the
+decode roofline: rows x HBM bandwidth (a device copy measured in the same run) / the bytes one
+decode step must read (all weights once, plus each row's keys and values at the mean context). Correctness first, and part of `meets.correct`:
 - greedy decoding of `--check-prompts` prompts through the served path must give the tokens of
   in-process greedy `generate`, or first differ at a near-tie: at the first difference, the served
   token's logit under HF's own full forward of the shared prefix lies less than
@@ -210,10 +214,26 @@ def in_process(model_dir: Path, args: argparse.Namespace, device: torch.device, 
 # ----------------------------------------------------------------------------- served
 
 
+async def timed_batch(pool, prompts_: list[list[int]], sampling: dict) -> tuple[float, list[int]]:
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=sampling) for p in prompts_])
+    return time.perf_counter() - t0, [len(r.output_ids) for r in results]
+
+
 async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_reference: list[list[int]],
                  check: list[list[int]]) -> dict:
     from slime_meta.pools import SGLangPool
 
+    more = {}
+    for in_flight in args.also_concurrency:
+        more_pool = SGLangPool(name="bench", base_url=router_url, concurrency=in_flight, timeout_s=600)
+        batch = prompts(in_flight * 3, args.prompt_len, vocab, seed=2)
+        sampling = {"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
+        await timed_batch(more_pool, batch[:in_flight], dict(sampling, max_new_tokens=4))  # warm-up
+        wall, lengths = await timed_batch(more_pool, batch, sampling)
+        await more_pool.close()
+        more[str(in_flight)] = {"tokens_per_s": sum(lengths) / wall, "wall_s": wall, "requests": len(batch),
+                                "in_flight": in_flight, "all_lengths_right": all(n == args.new_tokens for n in lengths)}  # fmt: skip
     pool = SGLangPool(name="bench", base_url=router_url, concurrency=args.concurrency, timeout_s=600)
     sampling = {"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
     batch = prompts(max(args.requests, args.concurrency), args.prompt_len, vocab, seed=1)
@@ -239,7 +259,8 @@ async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_r
         "concurrent": {"tokens_per_s": sum(lengths[: args.requests]) / wall, "wall_s": wall, "requests": args.requests,
                        "in_flight": args.concurrency},  # fmt: skip
         "one_at_a_time": {"tokens_per_s": args.new_tokens / statistics.median(singles), "request_s": singles},
-        "all_lengths_right": all(n == args.new_tokens for n in lengths),
+        "more_in_flight": more,
+        "all_lengths_right": all(n == args.new_tokens for n in lengths) and all(m["all_lengths_right"] for m in more.values()),
         "greedy_token_match": matches,
         "greedy_served": [list(ids) for ids in served_greedy],
         "sampled_check": [{"prompt": p, "output_ids": list(c.output_ids), "output_logprobs": list(c.output_logprobs)}
@@ -370,8 +391,9 @@ def run(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             endpoints = group.start_pool(
                 "gen", str(model_dir), args.workers, device=device.type, weights_root=None, log_dir=str(Path(tmp) / "logs"),
-                worker_args=["--max-batch-size", str(max(64, args.concurrency)), "--cuda-graphs", args.cuda_graphs,
-                             "--dtype", report["dtype"]],
+                worker_args=["--max-batch-size", str(max(64, args.concurrency, *args.also_concurrency)),
+                             "--cuda-graphs", args.cuda_graphs, "--dtype", report["dtype"],
+                             *(["--kv-cache", args.kv_cache] if args.kv_cache else [])],
             )  # fmt: skip
             report["pool_start_s"] = time.perf_counter() - t0
             report["served"] = asyncio.run(
@@ -380,6 +402,8 @@ def run(args: argparse.Namespace) -> dict:
         print(f"  served: {report['served']['concurrent']['tokens_per_s']:.0f} tok/s at {args.concurrency} in flight",
               file=sys.stderr, flush=True)  # fmt: skip
         report["verification"] = verify(model_dir, device, dtype, args, report, check)
+        if device.type == "cuda":
+            report["roofline"] = decode_roofline(model_dir, args, report, device)
     ip, sv = report["in_process"], report["served"]
     report["ratios"] = {
         "served_vs_inprocess_batched": sv["concurrent"]["tokens_per_s"] / ip["batched"]["tokens_per_s"],
@@ -399,6 +423,41 @@ def run(args: argparse.Namespace) -> dict:
     vf = report["verification"]
     report["meets"]["correct"] = sv["all_lengths_right"] and vf["greedy_ok"] and vf["logprobs_ok"]
     return report
+
+
+def hbm_bandwidth(device: torch.device) -> float:
+    """Bytes/s of a 1 GiB device-to-device copy (read + write), the best of 5."""
+    source = torch.empty(1 << 29, dtype=torch.int16, device=device)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(6):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        target.copy_(source)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * source.nbytes / best
+
+
+def decode_roofline(model_dir: Path, args: argparse.Namespace, report: dict, device: torch.device) -> dict:
+    """Served tokens/s against rows x bandwidth / bytes per decode step (weights + rows' KV at mean context)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    element = 2 if report["dtype"] in ("bfloat16", "float16") else 4
+    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    kv_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * element
+    context = args.prompt_len + args.new_tokens / 2
+    bandwidth = hbm_bandwidth(device)
+    bound = lambda rows: rows * bandwidth / (weights + rows * context * kv_token)  # noqa: E731
+    sv = report["served"]
+    figures = {str(args.concurrency): sv["concurrent"]["tokens_per_s"]}
+    figures.update({k: v["tokens_per_s"] for k, v in sv["more_in_flight"].items()})
+    return {
+        "hbm_bytes_per_s": bandwidth, "weights_bytes": weights, "kv_bytes_per_token": kv_token,
+        "by_in_flight": {k: {"served_tokens_per_s": v, "roofline_tokens_per_s": bound(int(k)),
+                             "share": v / bound(int(k))} for k, v in figures.items()},
+    }  # fmt: skip
 
 
 def print_table(report: dict) -> None:
@@ -428,7 +487,14 @@ def print_table(report: dict) -> None:
           f"{vf['logprob_tokens_checked']} tokens (HF generate's own cached vs full, the {report['dtype']} floor: "
           f"mean {vf['hf_generate_logprob_abs_diff_mean']:.2e}, "
           f"max {vf['hf_generate_logprob_abs_diff_max']:.2e}); all lengths right: {sv['all_lengths_right']}")  # fmt: skip
+    for in_flight, more in sv["more_in_flight"].items():
+        rows.append([f"router + worker(s), {in_flight} in flight", more["tokens_per_s"], more["tokens_per_s"] / base])
     print(C.table(rows, ["path", "tokens/s", "x best in-process batched"]))
+    caches = ", ".join(sorted({str((e.get("fast_path") or {}).get("kv_cache")) for e in sv["worker_engines"]}))
+    print(f"worker KV cache: {caches}")
+    for in_flight, figure in report.get("roofline", {}).get("by_in_flight", {}).items():
+        print(f"decode roofline at {in_flight} in flight: {figure['roofline_tokens_per_s']:.0f} tokens/s; served "
+              f"{figure['served_tokens_per_s']:.0f} = {figure['share']:.1%} of it")
     print(f"served vs in-process one at a time: {report['ratios']['served_vs_inprocess_one_at_a_time']:.2f}x; meets: "
           + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in report["meets"].items()))
 
@@ -451,6 +517,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-prompts", type=int, default=4)
     p.add_argument("--check-tokens", type=int, default=32)
     p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto", help="the workers' decode path")
+    p.add_argument("--kv-cache", choices=("static", "paged"), default=None, help="the workers' KV cache (default theirs)")
+    p.add_argument("--also-concurrency", type=int, nargs="*", default=[],
+                   help="also time 3x this many requests at this many in flight, same pool")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)

@@ -5,14 +5,18 @@ takes tens of milliseconds of CPU time for well under a millisecond of GPU work.
 replays the same launches with one call.
 
 A graph fixes its shapes and its input/output addresses, so:
-- inputs go through persistent buffers (`token_ids_S`, `positions_S`) written before each replay;
-  a graph for B rows reads their first B entries, i.e. cache slots 0..B-1;
+- inputs go through persistent buffers (token ids, positions and, for the paged cache, the page
+  each new token goes to) written before each replay with one copy; a graph for B rows reads
+  their first B entries, i.e. cache slots (page-table rows) 0..B-1;
 - rows are rounded up to a bucket (1, 2, 4, ... `num_slots`); the extra slots decode a padding
   token at position 0 of a free slot, which nothing reads;
 - the key columns attended are rounded up to a length bucket (128, 256, ... capacity), so short
   rows do not pay for reading the whole capacity;
 - every graph writes its logits into one shared buffer (`logits_S_V`), which the caller must
-  consume before the next replay.
+  consume before the next replay;
+- with `max_graph_tokens`, pairs whose rows x attended exceed it are not captured (the paged
+  forward gathers that many tokens' keys per layer, memory the graph pool would keep); such
+  steps run eagerly.
 All graphs are captured at start-up (no row is running then, so the warm-up writes land in free
 slots), share one memory pool, and read the model's weights by address, so in-place weight updates
 take effect without re-capturing.
@@ -59,19 +63,22 @@ def smallest_bucket(buckets: Sequence[int], needed: int) -> int:
 
 
 class DecodeGraphs:
-    """Runs `StaticDecoder.decode` for the first B slots, through captured graphs or eagerly."""
+    """Runs the decoder's `decode` for the first B slots, through captured graphs or eagerly.
 
-    def __init__(self, decoder: StaticDecoder, use_graphs: bool):
+    The decoder (`StaticDecoder`, `PagedDecoder`) has `num_rows`, `capacity`, `shape` and
+    `step_inputs` (per-row int64 inputs of `decode`, before `attended`).
+    """
+
+    def __init__(self, decoder: StaticDecoder, use_graphs: bool, max_graph_tokens: int | None = None):
         self._decoder = decoder
-        cache = decoder.cache
         device = decoder.shape.device
-        self.row_buckets = row_buckets(cache.num_slots)
-        self.length_buckets = length_buckets(cache.capacity)
-        # One buffer for both inputs, so a step costs one host-to-device copy.
-        self._inputs_2_S = torch.zeros(2, cache.num_slots, dtype=torch.int64, device=device)
-        self.token_ids_S, self.positions_S = self._inputs_2_S[0], self._inputs_2_S[1]
+        self.row_buckets = row_buckets(decoder.num_rows)
+        self.length_buckets = length_buckets(decoder.capacity)
+        self._max_graph_tokens = max_graph_tokens
+        # One buffer for all inputs, so a step costs one host-to-device copy.
+        self._inputs_I_S = torch.zeros(decoder.step_inputs, decoder.num_rows, dtype=torch.int64, device=device)
         shape = decoder.shape
-        self.logits_S_V = torch.zeros(cache.num_slots, shape.vocab_size, dtype=shape.dtype, device=device)
+        self.logits_S_V = torch.zeros(decoder.num_rows, shape.vocab_size, dtype=shape.dtype, device=device)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.use_graphs = use_graphs
         self.capture_s = 0.0
@@ -83,16 +90,18 @@ class DecodeGraphs:
         return len(self._graphs)
 
     def _step_into_buffer(self, rows: int, attended: int) -> None:
-        logits_B_V = self._decoder.decode(self.token_ids_S[:rows], self.positions_S[:rows], attended)
+        logits_B_V = self._decoder.decode(*self._inputs_I_S[:, :rows], attended)
         self.logits_S_V[:rows].copy_(logits_B_V)
 
     def _capture_all(self) -> None:
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
-        self._inputs_2_S.zero_()
+        self._inputs_I_S.zero_()
         with torch.inference_mode():
             for attended in self.length_buckets:
                 for rows in self.row_buckets:
+                    if self._max_graph_tokens is not None and rows * attended > self._max_graph_tokens:
+                        continue
                     # Warm-up outside the capture: lazily initialised kernels and library handles
                     # must exist before capturing.
                     side = torch.cuda.Stream()
@@ -114,20 +123,19 @@ class DecodeGraphs:
             self.capture_s,
         )
 
-    def step(self, token_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+    def step(self, token_ids: Sequence[int], positions: Sequence[int], *more: Sequence[int]) -> torch.Tensor:
         """Decode one token for slots 0..len(token_ids)-1; returns (bucket rows, V) logits.
 
-        `positions[i]` is slot i's new position (see `StaticDecoder.decode`). The returned view
-        is overwritten by the next step.
+        `positions[i]` is slot i's new position (see `StaticDecoder.decode`); `more`: the
+        decoder's further per-row inputs (the paged forward's write pages). Padding rows get 0
+        everywhere. The returned view is overwritten by the next step.
         """
         needed = len(token_ids)
         rows = smallest_bucket(self.row_buckets, needed)
         attended = smallest_bucket(self.length_buckets, max(positions) + 1)
-        padding = rows - needed
-        inputs_2_B = torch.tensor(
-            [list(token_ids) + [0] * padding, list(positions) + [0] * padding], dtype=torch.int64
-        )
-        self._inputs_2_S[:, :rows].copy_(inputs_2_B)
+        padding = [0] * (rows - needed)
+        inputs_I_B = torch.tensor([list(values) + padding for values in (token_ids, positions, *more)], dtype=torch.int64)
+        self._inputs_I_S[:, :rows].copy_(inputs_I_B)
         graph = self._graphs.get((rows, attended)) if self.use_graphs else None
         if graph is not None:
             graph.replay()

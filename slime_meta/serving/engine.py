@@ -24,10 +24,11 @@ How batching works (continuous batching on top of HF's `DynamicCache`):
 
 Admission and prefill live in prefill.py (a mixin of the engine).
 
-The fast path (CUDA, Llama/Qwen2 family; static_batch.py): when the engine is given a
-`StaticBatch`, requests it can serve (no prompt scoring, prompt plus max_new_tokens within its
-cache) run there instead: each row owns a slot of a preallocated KV cache and decode steps replay
-CUDA graphs. Everything else (scoring, longer requests) runs on the DynamicCache batch beside it;
+The fast path (CUDA, Llama/Qwen2 family; static_batch.py, paged_batch.py): when the engine is
+given a `StaticBatch` or a `PagedBatch`, requests it can serve (no prompt scoring, prompt plus
+max_new_tokens within its cache) run there instead: each row owns a slot of a preallocated KV
+cache (static) or pages of one pool (paged), and decode steps replay CUDA graphs. A paged batch
+gates admission: a request waits in the queue until the pool can promise it every page it may need. Everything else (scoring, longer requests) runs on the DynamicCache batch beside it;
 each loop turn steps both. Token choice, stop rules and answers are shared by the two.
 """
 
@@ -233,12 +234,16 @@ class GenerationEngine(_Prefill):
         taken: list[GenerationJob] = []
         prompts: set[str | int] = set()  # what the prefill will compute: a shared prompt counts once
         longest = 0
+        # A paged cache admits a request only when its pages are free; the rest wait in the queue.
+        gate = self._static.admission_gate() if self._static is not None else None
         while self._waiting and rows_in_batch + len(taken) < self._max_batch_size:
             job = self._waiting[0]
             if job.cancelled:
                 self._waiting.popleft()
                 job.settle(RuntimeError("request cancelled"))
                 continue
+            if gate is not None and not gate.admit(job.spec):
+                break
             key = job.spec.shared_prefill if job.spec.shared_prefill is not None else id(job)
             if key not in prompts:
                 new_longest = max(longest, len(job.spec.input_ids))

@@ -36,13 +36,18 @@ class WorkerMemoryPlan:
     slots: int
     cache_len: int
     max_prefill_tokens: int
+    pool_tokens: int | None = None  # paged cache: tokens of the one page pool; None: static slots
 
     def describe(self, chunked_prefill_size: int | None) -> str:
         chunked = f"{chunked_prefill_size} tokens" if chunked_prefill_size else "off"
+        if self.pool_tokens is not None:
+            layout = f"a pool of {self.pool_tokens} tokens in pages, rows up to {self.cache_len} tokens"
+        else:
+            layout = f"{self.slots} slots x {self.cache_len} tokens"
         return (
             f"memory budget: --mem-fraction-static {self.fraction:g} of {self.total_bytes / GB:.1f} GB = "
             f"{self.fraction * self.total_bytes / GB:.2f} GB: weights {self.weights_bytes / GB:.2f} GB, "
-            f"KV cache {self.kv_bytes / GB:.2f} GB ({self.slots} slots x {self.cache_len} tokens), "
+            f"KV cache {self.kv_bytes / GB:.2f} GB ({layout}), "
             f"max running requests {self.slots}, max prefill tokens {self.max_prefill_tokens}, "
             f"chunked prefill {chunked}"
         )
@@ -88,6 +93,40 @@ def plan_worker_memory(
     )
 
 
+def plan_paged_worker_memory(
+    *,
+    fraction: float,
+    total_bytes: int,
+    weights_bytes: int,
+    row_token_bytes: int,
+    max_rows: int,
+    max_positions: int | None,
+    max_prefill_tokens: int,
+) -> WorkerMemoryPlan:
+    """The paged cache's plan: everything the weights leave of `fraction` is one pool of tokens
+    (SGLang's and vLLM's sizing), shared by up to `max_rows` running rows; one row may grow to the
+    model's positions or the whole pool. Raises ValueError when the pool holds under `MIN_CACHE_LEN`."""
+    kv_budget = int(fraction * total_bytes) - weights_bytes
+    pool_tokens = max(kv_budget, 0) // row_token_bytes
+    if pool_tokens < MIN_CACHE_LEN:
+        need = (weights_bytes + MIN_CACHE_LEN * row_token_bytes) / total_bytes
+        raise ValueError(
+            f"--mem-fraction-static {fraction:g} gives {fraction * total_bytes / GB:.2f} GB of "
+            f"{total_bytes / GB:.1f} GB, but the weights take {weights_bytes / GB:.2f} GB and a pool of "
+            f"{MIN_CACHE_LEN} tokens {MIN_CACHE_LEN * row_token_bytes / GB:.3f} GB: give at least {need:.3f}"
+        )
+    return WorkerMemoryPlan(
+        fraction=fraction,
+        total_bytes=total_bytes,
+        weights_bytes=weights_bytes,
+        kv_bytes=pool_tokens * row_token_bytes,
+        slots=max_rows,
+        cache_len=min(pool_tokens, max_positions) if max_positions else pool_tokens,
+        max_prefill_tokens=min(max_prefill_tokens, pool_tokens),
+        pool_tokens=pool_tokens,
+    )
+
+
 def row_token_bytes(model: torch.nn.Module) -> int:
     """Keys and values of one token of one row over all layers, from the model's config."""
     config = model.config.get_text_config()
@@ -115,23 +154,27 @@ def plan_for_device(
     cache_len: int,
     max_positions: int | None,
     max_prefill_tokens: int,
+    kv_cache: str = "static",
 ) -> WorkerMemoryPlan | None:
     """The worker's plan for `--mem-fraction-static`; None without the flag or off CUDA (ignored there).
 
-    A fraction too small for the weights ends the worker with one line naming the flag.
+    `kv_cache` "paged" plans one page pool instead of slots. A fraction too small for the weights
+    ends the worker with one line naming the flag.
     """
     if fraction is None or device.type != "cuda":
         return None
+    sizes = dict(
+        fraction=fraction,
+        total_bytes=torch.cuda.get_device_properties(device).total_memory,
+        weights_bytes=model_bytes(model),
+        row_token_bytes=row_token_bytes(model),
+        max_rows=max_rows,
+        max_positions=max_positions,
+        max_prefill_tokens=max_prefill_tokens,
+    )
     try:
-        return plan_worker_memory(
-            fraction=fraction,
-            total_bytes=torch.cuda.get_device_properties(device).total_memory,
-            weights_bytes=model_bytes(model),
-            row_token_bytes=row_token_bytes(model),
-            max_rows=max_rows,
-            cache_len=cache_len,
-            max_positions=max_positions,
-            max_prefill_tokens=max_prefill_tokens,
-        )
+        if kv_cache == "paged":
+            return plan_paged_worker_memory(**sizes)
+        return plan_worker_memory(cache_len=cache_len, **sizes)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None

@@ -10,8 +10,8 @@ router) cannot tell the difference for the calls it makes.
         [--weight-buffer-prefix NAME] \
         [--max-batch-size 64] [--max-prefill-tokens 16384] [--batch-wait-ms 2] [--seed 0] \
         [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info] \
-        [--cuda-graphs auto|on|off] [--static-cache-len 4096] [--mem-fraction-static F] \
-        [--chunked-prefill-size N]
+        [--cuda-graphs auto|on|off] [--kv-cache static|paged] [--page-size 16] \
+        [--static-cache-len 4096] [--mem-fraction-static F] [--chunked-prefill-size N]
 
 `sampling_params.n = k` returns k completions of the prompt as a list (SGLang's shape); the k
 rows share one prefill of the prompt (see engine.py).
@@ -251,6 +251,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="decode through a static KV cache and CUDA graphs (Llama/Qwen2 family); auto: when on CUDA and supported",
     )
     parser.add_argument(
+        "--kv-cache",
+        choices=("static", "paged"),
+        default="static",
+        help="the fast path's KV cache: static (a slot of --static-cache-len tokens per running request) or paged "
+        "(one pool of pages shared by all requests, sized like the static cache or by --mem-fraction-static; any "
+        "request the pool holds stays on the fast path, n samples share their prompt's pages)",
+    )
+    parser.add_argument("--page-size", type=int, default=16, help="tokens per page of the paged KV cache (2^k <= 128)")
+    parser.add_argument(
         "--static-cache-len",
         type=int,
         default=4096,
@@ -278,6 +287,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--max-batch-size, --max-prefill-tokens and --static-cache-len must be >= 1")
     if args.mem_fraction_static is not None and not 0.0 < args.mem_fraction_static < 1.0:
         parser.error(f"--mem-fraction-static {args.mem_fraction_static}: give a fraction between 0 and 1, e.g. 0.3")
+    if args.page_size < 1 or args.page_size > 128 or args.page_size & (args.page_size - 1):
+        parser.error(f"--page-size {args.page_size}: give a power of two up to 128")
     if args.chunked_prefill_size == -1:
         args.chunked_prefill_size = None
     if args.chunked_prefill_size is not None and args.chunked_prefill_size < 1:
@@ -339,7 +350,7 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
     max_positions = getattr(text_config, "max_position_embeddings", None)
     plan = plan_for_device(
         args.mem_fraction_static, model, device, max_rows=args.max_batch_size, cache_len=args.static_cache_len,
-        max_positions=max_positions, max_prefill_tokens=args.max_prefill_tokens,
+        max_positions=max_positions, max_prefill_tokens=args.max_prefill_tokens, kv_cache=args.kv_cache,
     )  # fmt: skip
     max_batch_size, cache_len, max_prefill_tokens = args.max_batch_size, args.static_cache_len, args.max_prefill_tokens
     if plan is not None:
@@ -358,7 +369,8 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
         weight_version=args.weight_version,
         static_batch=build_fast_path(
             args.cuda_graphs, model, device, max_batch_size, cache_len, pad_token_id,
-            chunk_tokens=args.chunked_prefill_size, budgeted=plan is not None,
+            chunk_tokens=args.chunked_prefill_size, budgeted=plan is not None, kv_cache=args.kv_cache,
+            pool_tokens=plan.pool_tokens if plan is not None else None, page_size=args.page_size,
         ),  # fmt: skip
         chunked_prefill_size=args.chunked_prefill_size,
     )

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from slime_meta.serving.cuda_graphs import DecodeGraphs
+from slime_meta.serving.paged_batch import DEFAULT_PAGE_SIZE, PagedBatch, build_paged_batch
 from slime_meta.serving.protocol import GenerationSpec
 from slime_meta.serving.rows import GenerationJob, RowState, shared_prompts
 from slime_meta.serving.sampling import RowSampling
@@ -60,6 +61,7 @@ class StaticBatch:
     def describe(self) -> dict:
         graphs = self._graphs
         return {
+            "kv_cache": "static",
             "slots": self._decoder.cache.num_slots,
             "capacity": self.capacity,
             "graphs": graphs.num_graphs,
@@ -79,6 +81,10 @@ class StaticBatch:
     def can_serve(self, spec: GenerationSpec) -> bool:
         """Prompt scoring stays on the generic path; every position a row will write must fit."""
         return not spec.wants_input_logprobs and len(spec.input_ids) + spec.sampling.max_new_tokens <= self.capacity
+
+    def admission_gate(self) -> None:
+        """No gate: requests beyond the free slots go to the DynamicCache path (see PagedBatch)."""
+        return None
 
     def _membership_changed(self) -> None:
         self._rows = None
@@ -160,6 +166,15 @@ class StaticBatch:
         return rows
 
 
+def default_pool_tokens(model: torch.nn.Module, requested: int) -> int:
+    """Without a memory budget: `requested` tokens, capped like the static cache at its share of
+    the device memory free now."""
+    shape = model_shape(model)
+    token_bytes = bytes_per_token(shape.num_layers, 1, shape.num_kv_heads, shape.head_dim, shape.dtype)
+    free_bytes = torch.cuda.mem_get_info(shape.device)[0] if shape.device.type == "cuda" else None
+    return fit_capacity(requested, None, token_bytes, free_bytes)
+
+
 def build_static_batch(
     model: torch.nn.Module,
     *,
@@ -209,16 +224,29 @@ def build_fast_path(
     *,
     chunk_tokens: int | None = None,
     budgeted: bool = False,
-) -> StaticBatch | None:
-    """The static-cache decode path for `--cuda-graphs`, or None for the DynamicCache path.
+    kv_cache: str = "static",
+    pool_tokens: int | None = None,
+    page_size: int = DEFAULT_PAGE_SIZE,
+) -> StaticBatch | PagedBatch | None:
+    """The fast decode path for `--cuda-graphs`, or None for the DynamicCache path.
 
-    `chunk_tokens` and `budgeted`: see `StaticBatch` and `build_static_batch`.
+    `kv_cache` "static": `num_slots` slots of `cache_len` tokens (`chunk_tokens` and `budgeted`:
+    see `StaticBatch` and `build_static_batch`). "paged": one pool of `pool_tokens` tokens (None:
+    as many as the static cache would hold, `num_slots` x `cache_len`, capped at the same share
+    of free memory) in pages of `page_size`, for `num_slots` running rows.
     """
     if mode == "off":
         return None
     problem = "it needs a CUDA device" if device.type != "cuda" else None
     if problem is None:
         try:
+            if kv_cache == "paged":
+                if pool_tokens is None:
+                    pool_tokens = default_pool_tokens(model, num_slots * cache_len)
+                return build_paged_batch(
+                    model, num_rows=num_slots, pool_tokens=pool_tokens, pad_token_id=pad_token_id, use_graphs=True,
+                    page_size=page_size, chunk_tokens=chunk_tokens,
+                )  # fmt: skip
             return build_static_batch(
                 model, num_slots=num_slots, requested_capacity=cache_len, pad_token_id=pad_token_id, use_graphs=True,
                 chunk_tokens=chunk_tokens, budgeted=budgeted,

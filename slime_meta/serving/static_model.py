@@ -140,23 +140,21 @@ def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) 
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
-class StaticDecoder:
-    """Prefill and single-token decode of a loaded HF Llama/Qwen2 model over a `StaticKVCache`."""
+class LlamaFamilyForward:
+    """What every cache layout's forward shares: the weights, rotary tables and MLP/head of a
+    loaded HF Llama/Qwen2 model, for positions 0..`max_positions`-1."""
 
-    def __init__(self, model: torch.nn.Module, cache: StaticKVCache):
+    def __init__(self, model: torch.nn.Module, max_positions: int):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"static decoding is not supported: {reason}")
         self.model = model
-        self.cache = cache
         self.shape = model_shape(model)
         self._inner = model.model
         self._layers = list(model.model.layers)
         self._scaling = self._layers[0].self_attn.scaling
-        device = self.shape.device
-        self.cos_P_D, self.signed_sin_P_D = self._rotary_tables(cache.capacity)
-        self._positions_T = torch.arange(cache.capacity, device=device)
-        self._slots_S = torch.arange(cache.num_slots, device=device)
+        self.cos_P_D, self.signed_sin_P_D = self._rotary_tables(max_positions)
+        self._positions_T = torch.arange(max_positions, device=self.shape.device)
 
     def _rotary_tables(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin (see `_apply_rotary`) for every position the cache can hold, computed
@@ -178,6 +176,35 @@ class StaticDecoder:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return _linear(_rms_norm(hidden, self._inner.norm), self.model.lm_head)
+
+    def _project_qkv(self, layer: torch.nn.Module, hidden_N_C_E: torch.Tensor, cos_C_D, sin_C_D):
+        """Queries (N, H, C, D) and keys/values (N, K, C, D) of C columns, rotated as HF rotates them."""
+        s = self.shape
+        num_rows, columns = hidden_N_C_E.shape[:2]
+        attention = layer.self_attn
+        x = _rms_norm(hidden_N_C_E, layer.input_layernorm)
+        q_N_H_C_D = _linear(x, attention.q_proj).view(num_rows, columns, s.num_heads, s.head_dim).transpose(1, 2)
+        k_N_K_C_D = _linear(x, attention.k_proj).view(num_rows, columns, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        v_N_K_C_D = _linear(x, attention.v_proj).view(num_rows, columns, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        return _apply_rotary(q_N_H_C_D, cos_C_D, sin_C_D), _apply_rotary(k_N_K_C_D, cos_C_D, sin_C_D), v_N_K_C_D
+
+    def _finish_layer(self, layer: torch.nn.Module, hidden: torch.Tensor, attended_HD: torch.Tensor) -> torch.Tensor:
+        """Output projection, residual, MLP and residual after attention (`attended_HD`: heads flattened)."""
+        hidden = hidden + _linear(attended_HD, layer.self_attn.o_proj)
+        return hidden + self._mlp(layer, _rms_norm(hidden, layer.post_attention_layernorm))
+
+
+class StaticDecoder(LlamaFamilyForward):
+    """Prefill and single-token decode of a loaded HF Llama/Qwen2 model over a `StaticKVCache`."""
+
+    step_inputs = 2  # decode inputs per row that DecodeGraphs keeps in persistent buffers: token, position
+
+    def __init__(self, model: torch.nn.Module, cache: StaticKVCache):
+        super().__init__(model, cache.capacity)
+        self.cache = cache
+        self.num_rows = cache.num_slots
+        self.capacity = cache.capacity
+        self._slots_S = torch.arange(cache.num_slots, device=self.shape.device)
 
     # ----- prefill ---------------------------------------------------------------------------
 

@@ -1,0 +1,335 @@
+"""The worker's paged KV cache: one pool of pages for every running row (paged_*.py).
+
+On CPU (float32, eager) the paged forward must give HF's greedy tokens and its log-probs within
+1e-4, as the static forward does, for the tiny Qwen2/Llama models and the real SmolLM2-135M, with
+small pages so that rows cross many page boundaries. Then what pages add: rows longer than a
+static slot would be, `n = k` samples sharing their prompt's pages (counted), pages returned on
+finish, cancel and abort, a pool too small for all requests at once (they wait, all are
+answered), and the pool sized from `--mem-fraction-static`. With CUDA: the same through graphs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from test_worker_static_decode import full_logprobs, greedy_spec, hf_greedy, random_prompts, submit_all, tiny_model
+
+from slime_meta.serving.engine import GenerationEngine
+from slime_meta.serving.memory_budget import plan_paged_worker_memory
+from slime_meta.serving.paged_batch import build_paged_batch
+from slime_meta.serving.paged_cache import PagePool
+from slime_meta.serving.protocol import GenerationSpec, SamplingParams
+from slime_meta.serving.rows import GenerationJob
+
+HAS_CUDA = torch.cuda.is_available()
+PAGE = 4  # small pages: every row crosses many page boundaries
+
+
+def paged_engine(model, *, pool_tokens: int = 1024, rows: int = 8, graphs: bool = False, page_size: int = PAGE):
+    paged = build_paged_batch(
+        model, num_rows=rows, pool_tokens=pool_tokens, pad_token_id=0, use_graphs=graphs, page_size=page_size
+    )
+    engine = GenerationEngine(
+        model,
+        decode=lambda ids, skip: "".join(f"<{i}>" for i in ids),
+        device=model.device,
+        eos_token_ids=frozenset(),
+        pad_token_id=0,
+        max_batch_size=rows,
+        static_batch=paged,
+    )
+    return engine, paged
+
+
+def assert_pool_empty(paged) -> None:
+    assert len(paged) == 0
+    assert paged.pool.in_use == 0 and paged.pool.reserved == 0 and paged.pool.available == paged.pool.usable_pages
+
+
+def check_greedy(model, prompt, length, result) -> None:
+    assert result.output_ids == hf_greedy(model, prompt, length)
+    expected = full_logprobs(model, prompt + result.output_ids)
+    for step, (token, logprob) in enumerate(zip(result.output_ids, result.output_logprobs)):
+        assert logprob == pytest.approx(float(expected[len(prompt) - 1 + step, token]), abs=1e-4)
+
+
+# ----- the page pool alone -------------------------------------------------------------------
+
+
+def test_pool_reserves_takes_shares_and_returns_pages() -> None:
+    pool = PagePool(5)  # page 0 is scratch: 4 usable
+    assert pool.usable_pages == 4 and pool.available == 4
+    pool.reserve(3)
+    assert pool.available == 1
+    with pytest.raises(RuntimeError):
+        pool.reserve(2)
+    first, second = pool.take_reserved(), pool.take_reserved()
+    assert 0 not in (first, second) and pool.in_use == 2 and pool.reserved == 1
+    pool.share(first)
+    pool.release([first, second])
+    assert pool.in_use == 1 and pool.refcount(first) == 1  # still held by its sharer
+    pool.release([first])
+    pool.unreserve(1)
+    assert pool.in_use == 0 and pool.available == 4 and pool.peak_in_use == 2
+
+
+# ----- the generation loop on the paged forward (eager on CPU) ----------------------------------
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_paged_engine_greedy_equals_hf_with_rows_joining_and_leaving(kind: str) -> None:
+    model = tiny_model(kind)
+    engine, paged = paged_engine(model)
+    assert engine.decode_path == "static_eager" and engine.fast_path_info["kv_cache"] == "paged"
+    engine.start()
+    try:
+        prompts = random_prompts([6, 11, 3, 8, 5, 17], seed=2)
+        lengths = [20, 4, 12, 1, 9, 30]
+        results = submit_all(engine, [greedy_spec(f"g{i}", p, n) for i, (p, n) in enumerate(zip(prompts, lengths))])
+        assert engine.counters["static_requests"] == len(prompts)
+        for prompt, length, result in zip(prompts, lengths, results):
+            check_greedy(model, prompt, length, result)
+        assert_pool_empty(paged)
+        # A long row mid-way, then joiners in the pages the first rows freed: same tokens as alone.
+        alone = submit_all(engine, [greedy_spec("long", prompts[0], 60)])[0]
+        holder: list = []
+        thread = threading.Thread(target=lambda: holder.extend(submit_all(engine, [greedy_spec("long", prompts[0], 60)])))
+        steps = engine.counters["static_decode_steps"]
+        thread.start()
+        deadline = time.monotonic() + 60
+        while engine.counters["static_decode_steps"] < steps + 10 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        joined = submit_all(engine, [greedy_spec(f"j{i}", p, 7) for i, p in enumerate(prompts[1:])])
+        thread.join(60)
+        assert holder[0].output_ids == alone.output_ids
+        assert holder[0].output_logprobs == pytest.approx(alone.output_logprobs, abs=1e-5)
+        for prompt, result in zip(prompts[1:], joined):
+            assert result.output_ids == hf_greedy(model, prompt, 7)
+        assert_pool_empty(paged)
+    finally:
+        engine.stop()
+
+
+def test_rows_longer_than_a_static_slot_stay_on_the_paged_path() -> None:
+    """A 200-token prompt plus 50 new tokens: a static cache of 128-token slots sends it to the
+    DynamicCache path; the paged pool (256 tokens here) serves it with the short rows beside it."""
+    model = tiny_model("qwen2")
+    engine, paged = paged_engine(model, pool_tokens=320)
+    long_prompt, short_prompt = random_prompts([200, 9], seed=5)
+    engine.start()
+    try:
+        results = submit_all(engine, [greedy_spec("long", long_prompt, 50), greedy_spec("short", short_prompt, 20)])
+    finally:
+        engine.stop()
+    assert engine.counters["static_requests"] == 2 and paged.capacity == 256  # the model's 256 positions
+    check_greedy(model, long_prompt, 50, results[0])
+    check_greedy(model, short_prompt, 20, results[1])
+    assert paged.pool.peak_in_use >= (200 + 49) // PAGE
+    assert_pool_empty(paged)
+
+
+def test_n_samples_share_their_prompt_pages_and_decode_as_if_alone() -> None:
+    """4 samples of a 13-token prompt with pages of 4: the 3 full prompt pages are held once (4
+    references each), the last partial page is copied per sample; each sample's log-probs are
+    those of a full forward of its own sequence."""
+    model = tiny_model("llama")
+    engine, paged = paged_engine(model)
+    shared = random_prompts([13], seed=4)[0]
+    sampling = SamplingParams(max_new_tokens=10, temperature=1.0, ignore_eos=True)
+    specs = [GenerationSpec(f"n{j}", tuple(shared), sampling, True, shared_prefill="group") for j in range(4)]
+    with torch.inference_mode():
+        rows, logits, prompts_run = paged.prefill([GenerationJob(spec, on_done=lambda outcome: None) for spec in specs])
+    assert prompts_run == 1 and len(rows) == 4
+    owner_pages = paged._pages_by_slot[0]
+    assert paged.pool.in_use == 3 + 4  # three shared full pages, one partial page per sample
+    for slot in range(4):
+        assert paged._pages_by_slot[slot][:3] == owner_pages[:3]
+        assert all(paged.pool.refcount(page) == 4 for page in owner_pages[:3])
+    assert len({paged._pages_by_slot[slot][3] for slot in range(4)}) == 4
+    # Reserved: 6 pages per sample for 23 tokens, less the 3 shared ones for the three sharers.
+    assert paged.pool.reserved + paged.pool.in_use == 6 + 3 * 3
+    paged.release(rows)
+    assert_pool_empty(paged)
+
+    engine.start()
+    try:
+        results = submit_all(engine, specs)
+    finally:
+        engine.stop()
+    assert engine.counters["shared_prefill_rows"] == 3 and engine.counters["prefill_prompts"] == 1
+    for result in results:
+        expected = full_logprobs(model, shared + result.output_ids)
+        for step, (token, logprob) in enumerate(zip(result.output_ids, result.output_logprobs)):
+            assert logprob == pytest.approx(float(expected[len(shared) - 1 + step, token]), abs=1e-4)
+    assert len({tuple(result.output_ids) for result in results}) > 1  # sampled apart, not copies
+    assert_pool_empty(paged)
+
+
+def test_a_pool_too_small_for_every_request_makes_them_wait_and_answers_all() -> None:
+    """16 pages of 4 tokens; each request may need 8 (14 + 18 tokens), so at most two run at once."""
+    model = tiny_model("qwen2")
+    engine, paged = paged_engine(model, pool_tokens=64)
+    prompts = random_prompts([14] * 7, seed=6)
+    engine.start()
+    try:
+        results = submit_all(engine, [greedy_spec(f"w{i}", p, 18) for i, p in enumerate(prompts)])
+    finally:
+        engine.stop()
+    assert engine.counters["static_requests"] == len(prompts)  # none sent to the DynamicCache path
+    assert engine.counters["prefill_batches"] >= 4  # admitted in turns as pages came back
+    assert paged.pool.peak_in_use <= paged.pool.usable_pages == 16
+    for prompt, result in zip(prompts, results):
+        assert result.output_ids == hf_greedy(model, prompt, 18)
+    # A request larger than the whole pool runs on the DynamicCache path instead of waiting forever.
+    big = random_prompts([60], seed=7)[0]
+    assert not paged.can_serve(greedy_spec("big", big, 10))
+    assert_pool_empty(paged)
+
+
+def test_cancel_and_abort_return_every_page() -> None:
+    model = tiny_model("qwen2")
+    engine, paged = paged_engine(model)
+    engine.start()
+    try:
+        prompts = random_prompts([10, 7, 12], seed=8)
+        outcomes: dict[str, object] = {}
+        done = threading.Semaphore(0)
+        jobs = [
+            GenerationJob(greedy_spec(f"c{i}", p, 200), on_done=lambda o, i=i: (outcomes.__setitem__(i, o), done.release()))
+            for i, p in enumerate(prompts)
+        ]
+        engine.submit_all(jobs)
+        deadline = time.monotonic() + 60
+        while engine.counters["static_decode_steps"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert paged.pool.in_use > 0
+        jobs[0].cancelled = True
+        assert done.acquire(timeout=60)
+        assert outcomes[0].finish_reason["type"] == "abort"
+        engine.abort_all()
+        for _ in jobs[1:]:
+            assert done.acquire(timeout=60)
+        assert all(outcome.finish_reason["type"] == "abort" for outcome in outcomes.values())
+        deadline = time.monotonic() + 10
+        while paged.pool.in_use and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert_pool_empty(paged)
+        # The freed pages serve new requests correctly.
+        check_greedy(model, prompts[1], 9, submit_all(engine, [greedy_spec("after", prompts[1], 9)])[0])
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_paged_prefill_whole_or_in_windows_equals_hf(chunk) -> None:
+    model = tiny_model("llama")
+    paged = build_paged_batch(model, num_rows=4, pool_tokens=512, pad_token_id=0, use_graphs=False,
+                              page_size=8, chunk_tokens=chunk)  # fmt: skip
+    prompts = random_prompts([21, 6, 33], seed=9)
+    jobs = [GenerationJob(greedy_spec(f"p{i}", p, 4), on_done=lambda outcome: None) for i, p in enumerate(prompts)]
+    with torch.inference_mode():
+        rows, logits_N_V, _ = paged.prefill(jobs)
+        for prompt, logits_V in zip(prompts, logits_N_V):
+            reference_V = model(torch.tensor([prompt])).logits[0, -1]
+            assert float((reference_V - logits_V).abs().max()) < 1e-4
+    paged.release(rows)
+    assert_pool_empty(paged)
+
+
+def test_the_pool_is_sized_from_mem_fraction_static() -> None:
+    gb = 10**9
+    plan = plan_paged_worker_memory(
+        fraction=0.3, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=12_288, max_rows=64,
+        max_positions=32768, max_prefill_tokens=16384,
+    )  # fmt: skip
+    assert plan.pool_tokens == (24 * gb - 1 * gb) // 12_288
+    assert plan.kv_bytes == plan.pool_tokens * 12_288 <= 23 * gb
+    assert plan.slots == 64 and plan.cache_len == 32768 and plan.max_prefill_tokens == 16384
+    assert "pool of" in plan.describe(None)
+    small = plan_paged_worker_memory(
+        fraction=0.02, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=122_880, max_rows=64,
+        max_positions=32768, max_prefill_tokens=16384,
+    )  # fmt: skip
+    assert small.pool_tokens == (int(0.02 * 80 * gb) - gb) // 122_880 == 4882
+    assert small.max_prefill_tokens == small.pool_tokens
+    assert small.cache_len == small.pool_tokens  # a row may grow to the whole pool, not past it
+    with pytest.raises(ValueError, match="mem-fraction-static"):
+        plan_paged_worker_memory(
+            fraction=0.01, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=12_288, max_rows=64,
+            max_positions=32768, max_prefill_tokens=16384,
+        )  # fmt: skip
+
+
+# ----- the real model --------------------------------------------------------------------------
+
+
+def test_real_model_paged_engine_matches_hf(real_checkpoint) -> None:
+    """SmolLM2-135M (GQA 9 over 3, tied head) on the paged path: greedy tokens of HF `generate`,
+    EOS included, log-probs within 1e-4 of a full forward, prompts of different lengths together."""
+    from helpers_real import LONG_ANSWER_QUESTIONS, SHORT_ANSWER_QUESTION, chat_prompt_ids
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(real_checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(real_checkpoint, dtype=torch.float32).eval()
+    model.requires_grad_(False)
+    paged = build_paged_batch(model, num_rows=8, pool_tokens=1024, pad_token_id=tokenizer.pad_token_id,
+                              use_graphs=False, page_size=16)  # fmt: skip
+    engine = GenerationEngine(
+        model, decode=lambda ids, skip: tokenizer.decode(list(ids), skip_special_tokens=skip), device=torch.device("cpu"),
+        eos_token_ids=frozenset({tokenizer.eos_token_id}), pad_token_id=tokenizer.pad_token_id, max_batch_size=8,
+        static_batch=paged,
+    )  # fmt: skip
+    questions = (*LONG_ANSWER_QUESTIONS, SHORT_ANSWER_QUESTION)
+    prompts = [chat_prompt_ids(tokenizer, question) for question in questions]
+    specs = [
+        GenerationSpec(f"q{i}", tuple(p), SamplingParams(max_new_tokens=40, temperature=0.0), return_logprob=True)
+        for i, p in enumerate(prompts)
+    ]
+    engine.start()
+    try:
+        results = submit_all(engine, specs, timeout_s=300)
+    finally:
+        engine.stop()
+    assert engine.counters["static_requests"] == len(specs)
+    for prompt, result in zip(prompts, results):
+        ids = torch.tensor([prompt])
+        with torch.inference_mode():
+            reference = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
+        assert result.output_ids == reference[0, len(prompt) :].tolist()
+        expected = full_logprobs(model, prompt + result.output_ids)
+        for step, (token, logprob) in enumerate(zip(result.output_ids, result.output_logprobs)):
+            assert logprob == pytest.approx(float(expected[len(prompt) - 1 + step, token]), abs=1e-4)
+    assert results[-1].finish_reason == {"type": "stop", "matched": tokenizer.eos_token_id}
+    assert_pool_empty(paged)
+
+
+# ----- CUDA: the same through captured graphs ----------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_cuda_graph_paged_engine_float32_is_exact(kind: str) -> None:
+    model = tiny_model(kind, device="cuda")
+    engine, paged = paged_engine(model, graphs=True, page_size=16)
+    assert engine.decode_path == "cuda_graphs" and paged.describe()["graphs"] > 0
+    engine.start()
+    try:
+        prompts = random_prompts([6, 40, 3, 90, 17], seed=10)
+        results = submit_all(engine, [greedy_spec(f"g{i}", p, 30) for i, p in enumerate(prompts)])
+        shared = GenerationSpec
+        specs = [shared(f"n{j}", tuple(prompts[1]), SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True),
+                        True, shared_prefill="k") for j in range(3)]  # fmt: skip
+        sampled = submit_all(engine, specs)
+    finally:
+        engine.stop()
+    for prompt, result in zip(prompts, results):
+        check_greedy(model, prompt, 30, result)
+    for result in sampled:
+        expected = full_logprobs(model, prompts[1] + result.output_ids)
+        for step, (token, logprob) in enumerate(zip(result.output_ids, result.output_logprobs)):
+            assert logprob == pytest.approx(float(expected[len(prompts[1]) - 1 + step, token]), abs=1e-4)
+    assert_pool_empty(paged)
