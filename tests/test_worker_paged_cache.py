@@ -333,3 +333,37 @@ def test_cuda_graph_paged_engine_float32_is_exact(kind: str) -> None:
         for step, (token, logprob) in enumerate(zip(result.output_ids, result.output_logprobs)):
             assert logprob == pytest.approx(float(expected[len(prompts[1]) - 1 + step, token]), abs=1e-4)
     assert_pool_empty(paged)
+
+
+def test_kv_cache_flags_are_parsed_and_checked(tiny_checkpoint) -> None:
+    from slime_meta.serving.server import parse_args
+
+    base = ["--model-path", str(tiny_checkpoint)]
+    args = parse_args(base + ["--kv-cache", "paged", "--page-size", "32"])
+    assert (args.kv_cache, args.page_size) == ("paged", 32)
+    assert parse_args(base).kv_cache == "static"
+    for bad in (["--kv-cache", "ring"], ["--page-size", "12"], ["--page-size", "256"]):
+        with pytest.raises(SystemExit) as error:
+            parse_args(base + bad)
+        assert error.value.code == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cuda_worker_sizes_its_page_pool_from_the_budget(tiny_checkpoint, tmp_path) -> None:
+    from test_worker_memory_budget import generate, server_info, start_worker
+
+    process, url = start_worker(tiny_checkpoint, "cuda", ["--kv-cache", "paged", "--mem-fraction-static", "0.02"],
+                                tmp_path / "worker.log")  # fmt: skip
+    try:
+        fast_path = server_info(url)["engine"]["fast_path"]
+        assert fast_path["kv_cache"] == "paged" and fast_path["graphs"] > 0
+        total = torch.cuda.get_device_properties(0).total_memory
+        assert fast_path["pages"] * fast_path["page_size"] <= 0.02 * total
+        results = generate(url, [[5, 6, 7], list(range(10, 50))], 24)
+        assert [len(result["output_ids"]) for result in results] == [24, 24]
+        info = server_info(url)["engine"]
+        assert info["static_requests"] >= 2 and info["fast_path"]["pages_in_use"] == 0
+    finally:
+        process.terminate()
+        process.wait(30)
