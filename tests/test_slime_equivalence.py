@@ -46,7 +46,7 @@ if not SLIME_SRC and importlib.util.find_spec("slime") is None:
 TEMPERATURE = 0.7  # teacher and student alike: slime's trainer scores every sample at one temperature
 VOCAB_LOW, VOCAB_HIGH = 4, 60  # ordinary character ids of the tiny tokenizer
 IMPORT_ONLY = ("ray", "ray.util", "ray.util.scheduling_strategies", "sglang", "sglang.srt", "sglang.srt.constants",
-               "sglang.srt.server_args", "sglang.srt.utils", "requests", "urllib3", "urllib3.exceptions", "wandb")  # fmt: skip
+               "sglang.srt.server_args", "sglang.srt.utils", "requests", "urllib3", "urllib3.exceptions", "wandb", "httpx")  # fmt: skip
 
 
 class _ImportOnly(types.ModuleType):
