@@ -98,7 +98,7 @@ def measure_gap(args: argparse.Namespace) -> dict:
 
 
 def measure_time(args: argparse.Namespace) -> dict:
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     x = L.make_inputs(args.tokens, args.vocab, 8, device, args.seed)
     ids, logps = teacher_topk(x["teacher"].reshape(-1, args.vocab), args.k)
     x["topk_ids"], x["topk_logps"] = ids.reshape(*x["teacher"].shape[:2], args.k), logps.reshape(*x["teacher"].shape[:2], args.k)
@@ -114,7 +114,8 @@ def measure_time(args: argparse.Namespace) -> dict:
     for name, fn in (("full_jsd_kernel", full), (f"topk_jsd_k{args.k}", topk)):
         loss = float(L.forward_backward(fn, x))
         result = L.measure(fn, x, device, args.warmup, args.reps)
-        out[name] = {"loss": loss, "ms": result["ms"], "peak_extra_gib": result["peak_extra_bytes"] / 2**30}
+        peak = result["peak_extra_bytes"]
+        out[name] = {"loss": loss, "ms": result["ms"], "peak_extra_gib": None if peak is None else peak / 2**30}
         L.free(device)
     return out
 
@@ -134,11 +135,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda", help="--time on cpu: a smoke run at a small --tokens/--vocab only")
     p.add_argument("--out", default=None, help="JSON report path")
     args = p.parse_args(argv)
     if not (args.gap or args.time):
         p.error("give --gap, --time or both")
-    if args.time and not torch.cuda.is_available():
+    if args.time and args.device == "cuda" and not torch.cuda.is_available():
         p.error("--time needs a CUDA device")
     return args
 
