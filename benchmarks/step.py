@@ -55,9 +55,11 @@ from typing import Any, Sequence
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 
 from slime_meta.tracking import jsonl_lines  # noqa: E402
+from step_floor import DEFAULT_PEAK_TFLOPS, default_bandwidth_tbs, phase_breakdown, physical_floor  # noqa: E402
 from step_requests import prefix_sharing, replay, step_requests  # noqa: E402
 
-TARGETS = {"peak_gpu_gib_0.5b": 24.0, "peak_gpu_gib_1.5b": 80.0, "weight_push_share": 0.05, "step_vs_bound": 1.5}
+TARGETS = {"peak_gpu_gib_0.5b": 24.0, "peak_gpu_gib_1.5b": 60.0, "step_s_0.5b": 6.0, "step_s_1.5b": 9.0,
+           "weight_push_share": 0.05, "step_vs_bound": 1.5}  # fmt: skip
 COMMON = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
               hidden_act="silu", use_sliding_window=False)  # fmt: skip
 SHAPES = {
@@ -200,8 +202,11 @@ def train_command(args: argparse.Namespace, model_dir: Path, data: Path, run_dir
         "--num-inner-iterations", str(args.inner_iterations), "--n-samples-per-inner-prompt", str(args.m),
         "--num-rollout", str(args.steps), "--rollout-max-response-len", str(args.new_tokens),
         "--teacher-max-tokens", str(args.new_tokens), "--grader", "verifier", "--local-num-workers", "1",
-        "--lr", "1e-6", "--use-dynamic-batch-size", "--max-tokens-per-gpu", str(args.max_tokens_per_gpu),
-        "--recompute-granularity", "full", "--trace-sample-rate", "1", "--run-dir", str(run_dir), *args.extra,
+        "--lr", "1e-6", "--trace-sample-rate", "1", "--run-dir", str(run_dir),
+        *(["--max-tokens-per-gpu", str(args.max_tokens_per_gpu)] if args.max_tokens_per_gpu else []),
+        # The tiny random model may grade every attempt 0: a step without signal trains nothing, and
+        # a small entropy term leaves a step that trains, to measure.
+        *(["--entropy-coef", "1e-4"] if args.quick else []), *args.extra,
     ]  # fmt: skip
 
 
@@ -251,13 +256,16 @@ def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, resu
     keys = ("perf/step_time", "perf/rollout_wait_time", "perf/train_time", "perf/weight_push_time", "perf/meta_rollout_time",
             "meta_learning/inner_loop_time", "pool/teacher_prompt_tokens", "pool/teacher_completion_tokens",
             "pool/student_prompt_tokens", "pool/student_completion_tokens", "pool/teacher_requests",
-            "pool/student_requests", "train/step_time", "train/num_sequences")  # fmt: skip
+            "pool/student_requests", "train/step_time", "train/num_sequences", "train/response_tokens")  # fmt: skip
+    keys += tuple(sorted({key for r in measured for key in r if key.startswith("perf/")} - set(keys)))
     per = result["per_step"] = {key: fmean(r.get(key, 0.0) for r in measured) for key in keys if any(key in r for r in measured)}
+    result["trainer_plan"] = trainer_plan(run_dir, work / "train.log")
     per["train/tokens"] = fmean(r["train/tokens_per_s"] * r["train/step_time"] for r in measured)
     per["generated_tokens"] = per["pool/teacher_completion_tokens"] + per["pool/student_completion_tokens"]
     per["prompt_tokens_per_row"] = per["pool/teacher_prompt_tokens"] + per["pool/student_prompt_tokens"]
     traces = _jsonl(run_dir / "traces.jsonl")
-    sharing = [prefix_sharing(step_requests(traces, r["step"], tokenizer)) for r in measured]
+    requests_by_step = [step_requests(traces, r["step"], tokenizer) for r in measured]
+    sharing = [prefix_sharing(requests) for requests in requests_by_step]
     result["prefix"] = {k: fmean(s[k] for s in sharing) for k in sharing[0]}
     last = step_requests(traces, measured[-1]["step"], tokenizer)
     result["prefix"]["by_kind"] = {kind: prefix_sharing([r for r in last if r["kind"] == kind])
@@ -266,6 +274,23 @@ def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, resu
         endpoints = group.start_pool("replay", str(model_dir), 1, device=device, weights_root=None, log_dir=str(work / "logs"))
         result["replay"] = asyncio.run(replay(endpoints.router_url, last, shape["vocab_size"], args))
     result["bound"] = lower_bound(name, args, result)
+    plan = result["trainer_plan"]
+    result["floor"] = physical_floor(
+        shape, per, requests_by_step, recompute=plan.get("recompute_granularity") == "full" or device == "cpu",
+        decode_steps=(2 * args.inner_iterations + 1) * args.new_tokens, peak_tflops=args.peak_tflops,
+        bandwidth_tbs=args.bandwidth_tbs, bytes_per_param=2 if device == "cuda" else 4,
+    )  # fmt: skip
+    result["phases"] = phase_breakdown(per, result["replay"]["prefill_only_s"])
+
+
+def trainer_plan(run_dir: Path, log: Path) -> dict[str, Any]:
+    """The trainer's memory settings the run used (its saved config) and its start line on a GPU."""
+    config = _read_json(str(run_dir / "config.json")) or {}
+    keys = ("max_tokens_per_gpu", "recompute_granularity", "compile_layers", "use_dynamic_batch_size")
+    plan = {key: config.get("train", {}).get(key) for key in keys}
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    plan["line"] = next((line for line in lines if line.startswith("trainer on GPU 0:")), None)
+    return plan
 
 
 def lower_bound(name: str, args: argparse.Namespace, result: dict) -> dict[str, Any]:
@@ -279,7 +304,9 @@ def lower_bound(name: str, args: argparse.Namespace, result: dict) -> dict[str, 
     if gen and gen.get("model") == "qwen0.5b" and name == "0.5b":  # the same shape's figure, for comparison
         out["served_tokens_per_s_generation_json"] = gen["served"]["concurrent"]["tokens_per_s"]
     memory = _read_json(args.trainer_json)
-    setting = "dynamic_tokens_recompute"
+    # The trainer benchmark's row at the loop's own setting (recomputed layers or kept activations).
+    recompute = result.get("trainer_plan", {}).get("recompute_granularity", "full") == "full"
+    setting = "dynamic_tokens_recompute" if recompute else "dynamic_tokens"
     row = next((r for r in (memory or {}).get("rows", []) if r["shape"] == TRAINER_MEMORY_SHAPE.get(name)
                 and r["setting"] == setting and not r.get("oom")), None)  # fmt: skip
     if row:
@@ -288,6 +315,8 @@ def lower_bound(name: str, args: argparse.Namespace, result: dict) -> dict[str, 
         gpu = machine.get("gpu", "?") if isinstance(machine, dict) else machine
         out["trainer_source"] = f"{args.trainer_json}: {row['shape']} {setting}, {gpu}"
         out["train_s"] = per["train/tokens"] / out["trainer_tokens_per_s"]
+        out["trainer_json_max_tokens_per_gpu"] = memory.get("max_tokens_per_gpu")
+        out["loop_train_vs_trainer_json"] = per["perf/train_time"] / out["train_s"]  # the loop's train part, same tokens
     else:
         out["trainer_source"] = "no trainer JSON row for this shape: this run's own train/step_time"
         out["train_s"] = per["train/step_time"]
@@ -330,6 +359,8 @@ def verdicts(result: dict) -> dict[str, Any]:
     target = TARGETS.get(f"peak_gpu_gib_{result['shape']}")
     if mem.get("available") and target:
         out["meets"]["peak_gpu_gib"] = mem["peak_device_gib"] <= target
+    if f"step_s_{result['shape']}" in TARGETS:
+        out["meets"]["step_s"] = per["perf/step_time"] <= TARGETS[f"step_s_{result['shape']}"]
     return out
 
 
@@ -339,13 +370,13 @@ def print_table(report: dict) -> None:
         v = r["verdicts"]
         if not v.get("meets"):
             why = "see error" if r.get("error") else f"rc {r.get('returncode')}"
-            rows.append([r["shape"], f"failed: {why}"] + [None] * 11)
+            rows.append([r["shape"], f"failed: {why}"] + [None] * 12)
             continue
         p, b, m, pre = r["per_step"], r["bound"], r["gpu_memory"], r["prefix"]
         rows.append([r["shape"], p["perf/step_time"], p["perf/rollout_wait_time"], p["perf/train_time"],
                      p["perf/weight_push_time"], p["generated_tokens"], pre["prefilled_tokens"], p["train/tokens"],
-                     m.get("peak_device_gib"), b["bound_s"], b["step_vs_bound"], v["weight_push_share"],
-                     pre["repeated_share"]])  # fmt: skip
+                     m.get("peak_device_gib"), r.get("floor", {}).get("floor_s"), b["bound_s"], b["step_vs_bound"],
+                     v["weight_push_share"], pre["repeated_share"]])  # fmt: skip
         procs = ", ".join(f"{p['role']} {p['peak_gib']:.1f}" for p in m.get("processes", {}).values()) or "-"
         pays = "pays" if v["prefix_cache_pays"] else "does not pay"
         notes.append(f"{r['shape']}: per process peak GiB: {procs}; prefill {r['replay']['prefill_only_s']:.2f}s = "
@@ -353,8 +384,32 @@ def print_table(report: dict) -> None:
                      f"{v['prefix_cache_max_saving_share_of_step']:.1%} of a step ({pays}); meets: "
                      + ", ".join(f"{k}={'yes' if ok else 'NO'}" for k, ok in v["meets"].items()))  # fmt: skip
     print(C.table(rows, ["shape", "step s", "rollout s", "train s", "push s", "gen tok", "prefill tok", "train tok",
-                         "peak GiB", "bound s", "step/bound", "push share", "prefix repeat"]))  # fmt: skip
+                         "peak GiB", "floor s", "bound s", "step/bound", "push share", "prefix repeat"]))  # fmt: skip
+    print_phases(report)
     print("\n".join(notes))
+
+
+def print_phases(report: dict) -> None:
+    """The step by phase (seconds, means over the measured steps): the rollout's dependent phases
+    (the step's prefills replayed apart, inside them), the trainer's parts, the push, idle."""
+    shapes = [r for r in report["shapes"] if r.get("phases")]
+    if not shapes:
+        return
+    rollout_names = list(dict.fromkeys(n for r in shapes for n in r["phases"]["rollout_phases"]))
+    rows = []
+    for r in shapes:
+        ph, floor = r["phases"], r["floor"]
+        rows.append([r["shape"], floor["floor_s"], r["bound"]["bound_s"], ph["step"], ph["prefill_replayed_s"],
+                     *[ph["rollout_phases"].get(n) for n in rollout_names], ph["trainer"]["forward_backward"],
+                     ph["trainer"]["reference_forward"], ph["trainer"]["optimizer"], ph["push"], ph["idle"]])  # fmt: skip
+    print(C.table(rows, ["shape", "floor s", "bound s", "step s", "(prefill)", *rollout_names, "fwd+bwd",
+                         "ref fwd", "optimizer", "push", "idle"]))  # fmt: skip
+    for r in shapes:
+        f = r["floor"]
+        print(f"{r['shape']}: floor {f['floor_s']:.2f}s = train {f['train_s']:.2f} ({f['train_passes']} passes) + "
+              f"prefill {f['prefill_s']:.2f} + decode {f['decode_s']:.3f} ({f['decode_steps']} steps) at "
+              f"{f['peak_tflops']:g} TFLOP/s, {f['bandwidth_tbs']:g} TB/s; step / floor {f['step_vs_floor']:.1f}; "
+              f"trainer: {r.get('trainer_plan', {}).get('line') or r.get('trainer_plan')}")  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -371,7 +426,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--m", type=int, default=2, help="attempts per inner prompt")
     p.add_argument("--inner-iterations", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=64, help="student and teacher output tokens")
-    p.add_argument("--max-tokens-per-gpu", type=int, default=8192)
+    p.add_argument("--max-tokens-per-gpu", type=int, default=None,
+                   help="passed to train.py when given; default: train.py's own choice (its start line)")
+    p.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS,
+                   help="bf16 matmul rate of the floor (measured on an H100 and an H200 by benchmarks/trainer.py)")
+    p.add_argument("--bandwidth-tbs", type=float, default=None,
+                   help="memory bandwidth of the floor's decode steps; default by GPU name: H200 4.8, H100 and others 3.35")
     p.add_argument("--served", type=int, nargs=4, default=[128, 128, 32, 96],
                    metavar=("PROMPT", "NEW", "IN_FLIGHT", "REQUESTS"),
                    help="served tokens/s: prompt ids, sampled tokens, in flight, timed")
@@ -396,6 +456,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     C.quiet_transformers()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.bandwidth_tbs is None:
+        args.bandwidth_tbs = default_bandwidth_tbs(torch.cuda.get_device_name() if device == "cuda" else "")
     names = ["tiny"] if args.quick else (["0.5b", "1.5b"] if args.shape == "both" else [args.shape])
     report = C.report_header("step", {k: v for k, v in vars(args).items() if k != "out"})
     report.update(device=device, targets=TARGETS, shapes=[])

@@ -194,8 +194,30 @@ def test_step_quick_runs_the_loop_and_reports_its_parts(tmp_path):
         replay["prefill_only_s"] / per["perf/step_time"] * prefix["repeated_share"]
     )
     assert set(verdicts["meets"]) == {"weight_push_share", "step_vs_bound"}  # no GPU: no memory target
+    floor, phases = shape["floor"], shape["phases"]
+    assert floor["floor_s"] == pytest.approx(floor["train_s"] + floor["prefill_s"] + floor["decode_s"])
+    assert floor["floor_s"] > 0
+    assert floor["decode_steps"] == (2 * 2 + 1) * 8
+    # forward and backward, the CPU's recompute, and the KL anchor's forward once the policy has moved
+    assert floor["reference_forward"] and floor["train_passes"] == 3 + 1 + 1
+    assert floor["peak_tflops"] == report["settings"]["peak_tflops"]
+    assert list(phases["rollout_phases"]) == ["student_0", "teacher_0", "student_1", "teacher_1", "holdout"]
+    assert phases["trainer"]["forward_backward"] > 0 and phases["trainer"]["optimizer"] > 0
+    covered = sum(phases["rollout_phases"].values()) + sum(phases["trainer"].values()) + phases["push"]
+    assert phases["idle"] == pytest.approx(per["perf/step_time"] - covered) and phases["idle"] > -1e-3
     lines = result.stdout.strip().splitlines()
+    assert any(line.startswith("tiny: floor") for line in lines)
     assert lines[-1] == f"json: {out}" and lines[-2].startswith("tiny: per process peak GiB")
+
+
+def test_step_floor_counts_the_parameters_of_the_real_shapes():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from step import SHAPES
+    from step_floor import default_bandwidth_tbs, parameter_counts
+
+    assert parameter_counts(SHAPES["0.5b"])[1] == 494_032_768  # Qwen2.5-0.5B's published count
+    assert parameter_counts(SHAPES["1.5b"])[1] == 1_543_714_304
+    assert default_bandwidth_tbs("NVIDIA H200") == 4.8 and default_bandwidth_tbs("NVIDIA H100 80GB HBM3") == 3.35
 
 
 def test_step_prefix_sharing_counts_what_an_unbounded_cache_would_skip():
