@@ -27,6 +27,11 @@ Reported per shape:
   setting: dynamic batches of 8,192 tokens, full recompute; without a row for the shape, this
   run's own train time). The bound leaves out the weight push, the prefills of the step's long
   prompts (`bound_with_prefill_s` adds them) and every dependency between requests;
+- the physical floor (step_floor.py: training and prefill FLOPs at `--peak-tflops`, the sequential
+  decode steps reading the weights at `--bandwidth-tbs`) and the step by phase: the rollout's
+  dependent phases (`perf/rollout_phase_*`), the trainer's forward and backward, reference forward
+  and optimizer (`perf/train_*`), the push, idle. train.py runs at its own memory defaults (its
+  start line, `trainer_plan`); the trainer row of the bound is the loop's setting;
 - whether a prefix cache would pay: the share of the prefilled prompt tokens that repeat a prefix
   already computed in the same step (sorted prompts: sum of neighbouring common prefixes, what a
   cache of unbounded size could skip; the no-info control is not traced, not counted), and a
