@@ -209,9 +209,9 @@ def train_command(args: argparse.Namespace, model_dir: Path, data: Path, run_dir
         "--teacher-max-tokens", str(args.new_tokens), "--grader", "verifier", "--local-num-workers", "1",
         "--lr", "1e-6", "--trace-sample-rate", "1", "--run-dir", str(run_dir),
         *(["--max-tokens-per-gpu", str(args.max_tokens_per_gpu)] if args.max_tokens_per_gpu else []),
-        # The tiny random model may grade every attempt 0: a step without signal trains nothing, and
-        # a small entropy term leaves a step that trains, to measure.
-        *(["--entropy-coef", "1e-4"] if args.quick else []), *args.extra,
+        # A random-init model grades every attempt 0: a step without signal trains nothing (the
+        # trainer skips it), and a small entropy term leaves a step that trains, to measure.
+        "--entropy-coef", "1e-4", *args.extra,
     ]  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from slime_meta.arguments import parse_config
 from slime_meta.backends.local.gpu_split import default_worker_fraction, gpu_split_problem
 from slime_meta.backends.local.trainer_plan import (
     DEFAULT_TOKENS_PER_GPU,
+    RECOMPUTE_TOKEN_BUDGETS,
     choose_trainer_plan,
     plan_trainer,
     trainer_budget_bytes,
@@ -26,31 +27,32 @@ def plan(shape: str, total: int, **given):
 
 
 @pytest.mark.parametrize(
-    "shape, total, tokens, recompute",
-    [("0.5b", H100, 16384, False), ("1.5b", H100, 16384, True), ("0.5b", H200, 16384, False), ("1.5b", H200, 16384, False)],
+    "shape, total, tokens",
+    [("0.5b", H100, 16384), ("1.5b", H100, 16384), ("0.5b", H200, 16384), ("1.5b", H200, 16384),
+     ("0.5b", 24 * 10**9, 8192), ("1.5b", 52 * 10**9, 4096)],
 )  # fmt: skip
-def test_activations_are_kept_where_they_fit_and_recomputed_only_where_needed(shape, total, tokens, recompute):
+def test_layers_are_recomputed_at_the_largest_budget_that_fits(shape, total, tokens):
     chosen = plan(shape, total)
-    assert (chosen.max_tokens_per_gpu, chosen.recompute, chosen.compile_layers) == (tokens, recompute, True)
+    assert (chosen.max_tokens_per_gpu, chosen.recompute, chosen.compile_layers) == (tokens, True, True)
     assert chosen.estimate.total_bytes <= chosen.budget_bytes and not chosen.given
     # The split check at start agrees: the workers' default share still fits beside the trainer.
     fraction = default_worker_fraction(total_bytes=total, trainer=chosen.estimate, num_workers=1)
     assert gpu_split_problem(total_bytes=total, trainer=chosen.estimate, num_workers=1, worker_fraction=fraction) is None
-    if recompute:  # kept activations at the smallest kept budget would not have fitted
-        kept = plan(shape, total, recompute=False, max_tokens_per_gpu=8192)
-        assert kept.estimate.total_bytes > kept.budget_bytes
+    if tokens < max(RECOMPUTE_TOKEN_BUDGETS):  # the next larger budget would not have fitted
+        larger = plan(shape, total, max_tokens_per_gpu=tokens * 2)
+        assert larger.estimate.total_bytes > larger.budget_bytes
 
 
 def test_a_given_setting_is_kept_and_the_others_chosen_around_it():
-    chosen = plan("1.5b", H100, max_tokens_per_gpu=4096)  # small enough to keep activations
-    assert (chosen.max_tokens_per_gpu, chosen.recompute) == (4096, False) and chosen.given == {"tokens"}
+    kept = plan("1.5b", H100, recompute=False)  # activations kept only when asked for
+    assert (kept.max_tokens_per_gpu, kept.recompute) == (8192, False) and kept.given == {"recompute"}
+    assert "activations kept (given)" in kept.line()
+    chosen = plan("1.5b", H100, max_tokens_per_gpu=4096)
+    assert (chosen.max_tokens_per_gpu, chosen.recompute) == (4096, True) and chosen.given == {"tokens"}
     forced = plan("0.5b", H100, recompute=True, compile_layers=False)
     assert (forced.max_tokens_per_gpu, forced.recompute, forced.compile_layers) == (16384, True, False)
     line = forced.line()
     assert "16384 tokens (chosen)" in line and "every layer recomputed (given)" in line and "not compiled (given)" in line
-    # A larger worker share leaves less: the 0.5B trainer takes a smaller budget, then recomputes.
-    assert (plan("0.5b", H100, fraction=0.6).max_tokens_per_gpu, plan("0.5b", H100, fraction=0.6).recompute) == (8192, False)
-    assert plan("0.5b", H100, fraction=0.7).recompute
     # Nothing fits: the smallest recomputed budget, which the split check then refuses with its numbers.
     tiny_gpu = plan("1.5b", 20 * 10**9)
     assert (tiny_gpu.max_tokens_per_gpu, tiny_gpu.recompute) == (4096, True)
