@@ -327,14 +327,16 @@ class LocalTrainer:
             # Every term is exactly 0 here (PPO terms at zero advantage, k2/k3 at the reference).
             zero = {"train/loss": 0.0, "loss/total": 0.0, "combined_advantage": 0.0}
             return {"train/skipped_no_signal": 1.0, **zero, **counts}
-        if (kl_on and not self.policy_is_reference) or replay:
+        # Pairs that come with their reference log-probs (cached with them) need no start weights.
+        unscored_pairs = replay and any(p.reference_chosen_logp is None or p.reference_rejected_logp is None for p in pairs)
+        if (kl_on and not self.policy_is_reference) or unscored_pairs:
             # The start weights read once for the step: every sequence's anchor log-probs, the pairs' sums.
             with self._reference_call() as reference:
                 if kl_on and not self.policy_is_reference:
                     teacher, solver, shaped = (
                         self._with_reference_logprobs(reference, x) if x else x for x in (teacher, solver, shaped)
                     )
-                if replay:
+                if unscored_pairs:
                     pairs = self.with_reference_logps(pairs, reference)
             timer.mark("reference_forward")
         policy = self._forward(self.model)
