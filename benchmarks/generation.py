@@ -59,6 +59,7 @@ from typing import Sequence
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
+from generation_roofline import decode_roofline
 
 CHAT_QUESTIONS = (
     "Explain in two sentences why the sky is blue.",
@@ -423,41 +424,6 @@ def run(args: argparse.Namespace) -> dict:
     vf = report["verification"]
     report["meets"]["correct"] = sv["all_lengths_right"] and vf["greedy_ok"] and vf["logprobs_ok"]
     return report
-
-
-def hbm_bandwidth(device: torch.device) -> float:
-    """Bytes/s of a 1 GiB device-to-device copy (read + write), the best of 5."""
-    source = torch.empty(1 << 29, dtype=torch.int16, device=device)
-    target = torch.empty_like(source)
-    best = float("inf")
-    for _ in range(6):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        target.copy_(source)
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * source.nbytes / best
-
-
-def decode_roofline(model_dir: Path, args: argparse.Namespace, report: dict, device: torch.device) -> dict:
-    """Served tokens/s against rows x bandwidth / bytes per decode step (weights + rows' KV at mean context)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    element = 2 if report["dtype"] in ("bfloat16", "float16") else 4
-    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    kv_token = 2 * config["num_hidden_layers"] * config.get("num_key_value_heads", heads) * head_dim * element
-    context = args.prompt_len + args.new_tokens / 2
-    bandwidth = hbm_bandwidth(device)
-    bound = lambda rows: rows * bandwidth / (weights + rows * context * kv_token)  # noqa: E731
-    sv = report["served"]
-    figures = {str(args.concurrency): sv["concurrent"]["tokens_per_s"]}
-    figures.update({k: v["tokens_per_s"] for k, v in sv["more_in_flight"].items()})
-    return {
-        "hbm_bytes_per_s": bandwidth, "weights_bytes": weights, "kv_bytes_per_token": kv_token,
-        "by_in_flight": {k: {"served_tokens_per_s": v, "roofline_tokens_per_s": bound(int(k)),
-                             "share": v / bound(int(k))} for k, v in figures.items()},
-    }  # fmt: skip
 
 
 def print_table(report: dict) -> None:
