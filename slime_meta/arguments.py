@@ -410,7 +410,7 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
              "(as full / --recompute-method uniform / --recompute-num-layers 1): the backward recomputes each "
              "layer's forward, about one extra forward for the layer activations' memory; 'none' keeps the "
              "activations (on a GPU; local only); 'selective' is slime's only. Default locally: 'full' (kept "
-             "activations measured 4.6x the trainer's memory for 7% of a step, docs/performance.md section 8).")
+             "activations measured 4.6x the trainer's memory for 7%% of a step, docs/performance.md section 8).")
     add("--max-skipped-steps", type=_positive_int, default=3,
         help="Local backend: a step whose loss or gradient norm is not finite is skipped (weights, optimizer state "
              "unchanged, nothing pushed); this many in a row stop the run, the last checkpoint intact.")
