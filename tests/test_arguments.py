@@ -119,3 +119,10 @@ def test_argparse_errors_are_one_line_with_exit_code_2(capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--num-inner-iterations" in err
+
+
+def test_help_renders_every_flag():
+    """argparse formats each help text with %: a bare percent sign breaks `train.py --help`."""
+    text = build_parser().format_help()
+    for flag in ("--recompute-granularity", "--max-tokens-per-gpu", "--sdpo-topk", "--teacher-history"):
+        assert flag in text
