@@ -82,8 +82,10 @@ def _prefill_flops(requests: list[dict], decoder: int, layers: int, d: int, voca
 def phase_breakdown(per: dict, prefill_s: float | None) -> dict[str, Any]:
     """The step's mean time by phase: each dependent phase of the rollout in order, the trainer's
     parts, the push, and idle (what none of them covers: the rollout's tail and bookkeeping, the
-    trainer's host work between its parts). `prefill_replayed_s` is the step's prefills replayed on
-    a fresh worker (inside the rollout's phases, not added to them)."""
+    trainer's host work between its parts). With `--max-async-level` >= 1 the next step's rollout
+    runs during this step's training, so the parts add up to more than the step: `overlapped` is
+    that excess (0 for a synchronous step) and `idle` is then 0. `prefill_replayed_s` is the step's
+    prefills replayed on a fresh worker (inside the rollout's phases, not added to them)."""
     rollout = {key.removeprefix("perf/rollout_phase_").removesuffix("_time"): value for key, value in per.items()
                if key.startswith("perf/rollout_phase_") and not key.endswith("_chain_time")}  # fmt: skip
     order = sorted(rollout, key=_phase_order)
@@ -94,7 +96,8 @@ def phase_breakdown(per: dict, prefill_s: float | None) -> dict[str, Any]:
         "prefill_replayed_s": prefill_s,
         "trainer": trainer,
         "push": per["perf/weight_push_time"],
-        "idle": per["perf/step_time"] - covered,
+        "idle": max(0.0, per["perf/step_time"] - covered),
+        "overlapped": max(0.0, covered - per["perf/step_time"]),
         "step": per["perf/step_time"],
     }
 
