@@ -45,8 +45,8 @@ class ObjectivesConfig:
     sdpo_alpha: float
     sdpo_beta: float
     sdpo_temperature: float
-    sdpo_top_k: int | None
-    sdpo_topk: int | None  # the teacher as its top-k log-probs + a tail bucket (slime: 100 when not given)
+    sdpo_topk: int | None  # the teacher as its top-k log-probs (slime: 100 when not given)
+    sdpo_topk_tail: bool  # the rest of the teacher's mass as one outcome (True) or the k renormalised (False)
     sdpo_token_clip: float | None
     sdpo_grade_threshold: float
     sdpo_on: str
@@ -141,13 +141,15 @@ def add_objective_arguments(add_group) -> None:
              "call; its own token mean.")
     add("--sdpo-beta", type=float, default=0.5, help="JSD mixture: 0 forward KL(teacher||student), 1 reverse KL.")
     add("--sdpo-temperature", type=float, default=1.0)
-    add("--sdpo-top-k", type=int, default=None, help="Restrict the JSD to the hint-conditioned model's top-k tokens, "
-        "both sides renormalised over those k (local backend only).")
     add("--sdpo-topk", type=int, default=None,
         help="The hint-conditioned model as its K most likely tokens per response token plus one tail bucket (the "
              "rest of its mass; the policy's mass outside those K ids on the other side): the JSD over K + 1 "
              "outcomes, as the slime backend computes it from the scoring call's top-K log-probs. Local default: "
              "the full vocabulary; slime default: 100.")
+    add("--sdpo-topk-tail", action=argparse.BooleanOptionalAction, default=True,
+        help="With --sdpo-topk: keep the rest of the mass as a tail bucket (default); --no-sdpo-topk-tail "
+             "renormalises both sides over the K ids instead (local backend only).")
+    add("--sdpo-top-k", type=int, default=None, help=argparse.SUPPRESS)  # the old name: refused with the new one
     add("--sdpo-token-clip", type=float, default=None, help="Cap each token's divergence.")
     add("--sdpo-grade-threshold", type=float, default=1.0, help="Error sites: attempts graded below this.")
     add("--sdpo-on", choices=("errors", "all"), default="errors")
@@ -209,13 +211,13 @@ def validate_objective_flags(ns: argparse.Namespace) -> None:
         fail("--teacher-tau/--student-tau need a context: --teacher-context, --context-key or --distill-context additional_info")
     if len(sources) > 1:
         fail("give one context source: --teacher-context, --context-key or --distill-context additional_info")
-    if ns.sdpo_top_k is not None and ns.sdpo_top_k < 1:
-        fail(f"--sdpo-top-k {ns.sdpo_top_k}: must be >= 1")
+    if ns.sdpo_top_k is not None:
+        fail(f"--sdpo-top-k {ns.sdpo_top_k}: renamed; give --sdpo-topk {ns.sdpo_top_k} --no-sdpo-topk-tail for the "
+             f"top-k renormalised as before, or --sdpo-topk {ns.sdpo_top_k} alone to keep the rest as a tail bucket")
     if ns.sdpo_topk is not None and ns.sdpo_topk < 1:
         fail(f"--sdpo-topk {ns.sdpo_topk}: must be >= 1 (e.g. 100)")
-    if ns.sdpo_topk is not None and ns.sdpo_top_k is not None:
-        fail("--sdpo-topk with --sdpo-top-k: give one (--sdpo-topk keeps the rest of the mass as a tail bucket, "
-             "--sdpo-top-k renormalises over the k ids)")
+    if not ns.sdpo_topk_tail and ns.sdpo_topk is None:
+        fail("--no-sdpo-topk-tail without --sdpo-topk: give --sdpo-topk K (the number of ids to renormalise over)")
     if not 0.0 <= ns.sdpo_beta <= 1.0:
         fail(f"--sdpo-beta {ns.sdpo_beta}: must be in [0, 1]")
     if ns.replay_beta != 0.0 and len(ns.replay_teachers) < max(ns.replay_min_agree, 1):

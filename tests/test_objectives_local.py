@@ -79,7 +79,7 @@ def test_each_channel_alone_changes_the_update(tiny_checkpoint, batch, channel):
     base, _ = trained_parameters(tiny_checkpoint, plain, teacher)
     reference = None
     if channel == "sdpo":
-        settings = dataclasses.replace(plain, loss=LossSettings(sdpo_alpha=1.0, sdpo_top_k=5))
+        settings = dataclasses.replace(plain, loss=LossSettings(sdpo_alpha=1.0, sdpo_topk=5, sdpo_topk_tail=False))
     elif channel == "replay":  # the DPO reference is the start weights
         settings, reference = dataclasses.replace(plain, loss=LossSettings(replay_beta=1.0)), str(tiny_checkpoint)
     elif channel == "distill":

@@ -201,7 +201,7 @@ def test_all_three_channels_and_context_distillation_in_one_run(tiny_checkpoint,
             synthetic_args(
                 tiny_checkpoint, run_dir, "--num-rollout", "2",
                 "--distill-context", "additional_info", "--teacher-tau", "0.5", "--student-tau", "0.5",
-                "--sdpo-alpha", "0.5", "--sdpo-on", "all", "--sdpo-top-k", "8",
+                "--sdpo-alpha", "0.5", "--sdpo-on", "all", "--sdpo-topk", "8", "--no-sdpo-topk-tail",
                 "--replay-beta", "0.5", "--replay-teachers", f"ta@{url_a}", f"tb@{url_b}", "--replay-min-agree", "2",
                 "--use-tis", "--kl-loss-coef", "0.01", "--kl-loss-type", "k3", "--entropy-coef", "0.001",
             )  # fmt: skip

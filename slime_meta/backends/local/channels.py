@@ -92,8 +92,8 @@ class LossSettings:
     sdpo_alpha: float = 0.0
     sdpo_beta: float = 0.5
     sdpo_temperature: float = 1.0
-    sdpo_top_k: int | None = None
-    sdpo_topk: int | None = None  # the hinted self as its top-k + a tail bucket (what slime computes); None: full
+    sdpo_topk: int | None = None  # the hinted self as its top-k (+ a tail bucket: what slime computes); None: full
+    sdpo_topk_tail: bool = True  # False: both sides renormalised over the top-k ids
     sdpo_token_clip: float | None = None
     sdpo_form: str = "jsd"  # "jsd": sdpo_pass; "shaping": sdpo_shaping_sequences through the policy gradient
     replay_beta: float = 0.0
@@ -237,7 +237,7 @@ def sdpo_pass(
         with torch.no_grad():
             hinted_N_V = _row_logits(forward, hinted_tokens.to(device), hinted_att.to(device), hinted_rows.to(device))
         student_N_V = _row_logits(forward, student_tokens.to(device), student_att.to(device), student_rows.to(device))
-        if s.sdpo_topk is not None:  # what a scoring server gives: the hinted self's top-k log-probs
+        if s.sdpo_topk is not None and s.sdpo_topk_tail:  # what a scoring server gives: the hint's top-k log-probs
             topk_ids_N_K, topk_logps_N_K = teacher_topk(hinted_N_V, s.sdpo_topk, s.sdpo_temperature)
             del hinted_N_V
             jsd = topk_generalized_jsd(
@@ -247,7 +247,7 @@ def sdpo_pass(
         else:
             jsd = generalized_jsd(
                 student_N_V, hinted_N_V, None, beta=s.sdpo_beta,
-                temperature=s.sdpo_temperature, top_k=s.sdpo_top_k, token_clip=s.sdpo_token_clip,
+                temperature=s.sdpo_temperature, top_k=s.sdpo_topk, token_clip=s.sdpo_token_clip,
                 chunk_size=s.jsd_chunk_size,
             ).loss  # fmt: skip
         share = sum(lengths) / total_tokens

@@ -286,8 +286,8 @@ def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
         eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high, eps_clip_c=o.eps_clip_c, use_tis=o.use_tis,
         tis_clip=o.tis_clip, tis_clip_low=o.tis_clip_low, aipo_delta=o.aipo_delta, kl_loss_coef=o.kl_loss_coef,
         kl_loss_type=o.kl_loss_type, entropy_coef=o.entropy_coef, sdpo_alpha=o.sdpo_alpha, sdpo_beta=o.sdpo_beta,
-        sdpo_temperature=o.sdpo_temperature, sdpo_top_k=o.sdpo_top_k, sdpo_token_clip=o.sdpo_token_clip, sdpo_form=o.sdpo_form,
-        sdpo_topk=o.sdpo_topk,
+        sdpo_temperature=o.sdpo_temperature, sdpo_topk=o.sdpo_topk, sdpo_topk_tail=o.sdpo_topk_tail,
+        sdpo_token_clip=o.sdpo_token_clip, sdpo_form=o.sdpo_form,
         replay_beta=o.replay_beta, replay_dpo_beta=o.replay_dpo_beta,
     )  # fmt: skip
     settings = TrainerSettings(

@@ -279,9 +279,9 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
     if slime_ns.disable_rollout_global_dataset:
         fail("--disable-rollout-global-dataset: the rollout draws its problems from slime's data source; leave it out")
     sdpo_jsd = ns.sdpo_alpha != 0.0 and ns.sdpo_form == "jsd"
-    if sdpo_jsd and ns.sdpo_top_k is not None:
-        fail(f"--sdpo-top-k {ns.sdpo_top_k}: on slime the hint-conditioned model arrives as its top-k log-probs plus "
-             f"a tail bucket; give --sdpo-topk {ns.sdpo_top_k} instead")  # fmt: skip
+    if sdpo_jsd and not ns.sdpo_topk_tail:
+        fail("--no-sdpo-topk-tail: on slime the loss keeps the hint's mass outside its top-k as a tail bucket; "
+             "leave it out, or run the renormalised top-k on the local backend")  # fmt: skip
     if sdpo_jsd and ns.sdpo_temperature != 1.0:
         fail(f"--sdpo-temperature {ns.sdpo_temperature} with --sdpo-form jsd: on slime the hint's top-k log-probs come "
              "from the scoring call at temperature 1; give --sdpo-temperature 1, or run it on the local backend")  # fmt: skip
