@@ -269,6 +269,24 @@ def test_without_removes_both_flag_forms():
     assert without(["--a", "1", "--b=2", "--c", "--d", "4"], {"--a": True, "--b": True, "--c": False}) == ["--d", "4"]
 
 
+@pytest.mark.parametrize(
+    "extra, kept",
+    [
+        (["--recompute-granularity", "none", "--no-use-dynamic-batch-size"], []),
+        (["--recompute-granularity=none"], []),
+        (["--recompute-granularity", "full", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192"],
+         ["--recompute-granularity", "full", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192"]),
+    ],
+)  # fmt: skip
+def test_spellings_of_slimes_own_defaults_are_dropped_and_its_settings_kept(extra, kept):
+    # slime's parser knows neither --no-use-dynamic-batch-size nor Megatron's granularity 'none'.
+    argv = list(plan_of("--colocate", *extra).slime_argv)
+    shared = ("--recompute-granularity", "--recompute-granularity=none", "--use-dynamic-batch-size",
+              "--no-use-dynamic-batch-size", "--max-tokens-per-gpu")  # fmt: skip
+    found = [t for i, t in enumerate(argv) if t in shared or (i and argv[i - 1] in shared[:1] + shared[4:])]
+    assert found == kept
+
+
 def test_config_from_slime_args_reads_our_meaning_back():
     plan = plan_of("--colocate", "--rollout-temperature", "0.6", "--teacher-temperature", "0.9", "--apply-chat-template",
                    "--rollout-batch-size", "3")  # fmt: skip

@@ -27,6 +27,7 @@ from typing import Sequence
 import yaml
 
 from slime_meta.arguments import MetaConfig, add_meta_learning_arguments, build_config
+from slime_meta.backends.slime.argv import absolute_paths, given, without, without_slime_defaults
 from slime_meta.backends.slime.data import batch_plan, check_eval_sets_disjoint
 from slime_meta.backends.slime.flags import add_slime_backend_arguments
 from slime_meta.backends.slime.samples import DEFAULT_SDPO_TOPK
@@ -91,25 +92,6 @@ def _slime_side_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-epoch", type=int, default=None)
     parser.add_argument("--context-parallel-size", type=int, default=1)
     return parser
-
-
-def given(argv: Sequence[str], flag: str) -> bool:
-    return any(token == flag or token.startswith(flag + "=") for token in argv)
-
-
-def without(argv: Sequence[str], flags: dict[str, bool]) -> list[str]:
-    """`argv` minus every occurrence of `flags` (flag -> takes a value), as `--f v` or `--f=v`."""
-    out, skip = [], False
-    for token in argv:
-        if skip:
-            skip = False
-            continue
-        name = token.split("=", 1)[0]
-        if name in flags:
-            skip = flags[name] and "=" not in token
-            continue
-        out.append(token)
-    return out
 
 
 # ----------------------------------------------------------------------------- GPUs
@@ -322,36 +304,6 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
                  "leave it out, or give --external-student-url for a student server you run")  # fmt: skip
 
 
-# Flags whose relative paths are made absolute: slime's actors do not run in our directory.
-_PATH_FLAGS = (
-    "--prompt-data", "--hf-checkpoint", "--student-checkpoint", "--generator-template", "--grader-template",
-    "--teacher-template", "--teacher-context",
-)  # fmt: skip
-
-
-def absolute_paths(argv: Sequence[str]) -> list[str]:
-    """`argv` with the relative paths of `_PATH_FLAGS` that exist here made absolute."""
-
-    def fix(flag: str, value: str) -> str:
-        at, raw = ("@", value[1:]) if flag == "--teacher-context" else ("", value)
-        if flag == "--teacher-context" and not value.startswith("@"):
-            return value  # a context text, not a file
-        path = Path(raw)
-        return at + str(path.resolve()) if not path.is_absolute() and path.exists() else value
-
-    out, pending = [], None
-    for token in argv:
-        name, eq, value = token.partition("=")
-        if pending:
-            out.append(fix(pending, token))
-        elif eq and name in _PATH_FLAGS:
-            out.append(f"{name}={fix(name, value)}")
-        else:
-            out.append(token)
-        pending = token if not eq and token in _PATH_FLAGS else None
-    return out
-
-
 def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> LaunchPlan:
     """Our argv -> slime's argv (no slime needed). Raises UserInputError naming the flag."""
     # slime's SGLang and Megatron read --hf-checkpoint too: a .gguf becomes its converted HF directory here, once.
@@ -378,7 +330,7 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
         )
     check_eval_sets_disjoint(config)
 
-    out = without(argv, _REWRITTEN)
+    out = without_slime_defaults(without(argv, _REWRITTEN))
     out += [
         "--actor-num-nodes",
         str(layout.actor_num_nodes),
