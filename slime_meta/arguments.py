@@ -116,6 +116,7 @@ class PoolConfig:
     sglang_mem_fraction_static: float | None = None
     sglang_chunked_prefill_size: int | None = None
     sglang_context_length: int | None = None
+    sglang_page_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,13 @@ def _open_fraction(text: str) -> float:
     value = float(text)
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
+    return value
+
+
+def _page_size(text: str) -> int:
+    value = int(text)
+    if value < 1 or value > 128 or value & (value - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two up to 128 (e.g. 16), got {value}")
     return value
 
 
@@ -380,6 +388,12 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
              "--backend slime this is SGLang's own --context-length.")
 
     add = groups.group("training (slime-compatible)")
+    add("--sglang-page-size", type=_page_size, default=None,
+        help="Tokens per page of the KV cache (SGLang's --page-size). Local backend on CUDA: the embedded workers "
+             "keep one pool of pages for all running requests (the worker's --kv-cache paged), so no request leaves "
+             "the CUDA-graph path for its length and memory follows the tokens in flight; not set: a static slot of "
+             "--sglang-context-length tokens per request (faster at today's kernels: docs/performance.md section 4). "
+             "The CPU decodes without either cache. On --backend slime this is SGLang's own flag.")
     add("--lr", type=float, default=1e-5)
     add("--weight-decay", type=float, default=0.0)
     add("--adam-beta1", type=float, default=0.9)

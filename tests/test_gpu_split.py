@@ -121,6 +121,16 @@ def test_run_flags_are_checked_and_become_the_workers_flags(tiny_checkpoint: Pat
     assert parse_worker_args(["--model-path", str(tiny_checkpoint), *args]).static_cache_len == 8192
     with pytest.raises(SystemExit):
         parse_config([*BASE, "--sglang-context-length", "0"])
+    # A page size puts the workers on the paged KV cache; none keeps the static slots.
+    cfg = parse_config([*BASE, "--sglang-page-size", "32"])
+    p = cfg.pools
+    worker = parse_worker_args(["--model-path", str(tiny_checkpoint), *worker_memory_args(None, None, None, p.sglang_page_size)])
+    assert (worker.kv_cache, worker.page_size) == ("paged", 32)
+    assert parse_worker_args(["--model-path", str(tiny_checkpoint)]).kv_cache == "static"
+    for bad in ("24", "256", "0"):
+        with pytest.raises(SystemExit) as error:
+            parse_config([*BASE, "--sglang-page-size", bad])
+        assert error.value.code == 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine")

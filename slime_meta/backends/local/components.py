@@ -225,7 +225,9 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
     layouts = pool_layouts(cfg, student_model is not None, grader_model is not None)
     # exit 2 before anything starts when they cannot fit; without the flag, the workers' share of the trainer's GPU
     worker_fraction = check_shared_gpu(cfg, teacher_model, layouts)
-    worker_args = worker_memory_args(worker_fraction, cfg.pools.sglang_chunked_prefill_size, cfg.pools.sglang_context_length)
+    worker_args = worker_memory_args(
+        worker_fraction, p.sglang_chunked_prefill_size, p.sglang_context_length, p.sglang_page_size
+    )
     teacher = _start_pool(
         processes, "teacher", teacher_model, teacher_layout, cfg, logs, worker_args,
         weights_root=str(run_dir / "weights"), router_port=p.teacher_port, port_flag="--teacher-port",
