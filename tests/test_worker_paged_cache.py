@@ -18,7 +18,7 @@ import torch
 from test_worker_static_decode import full_logprobs, greedy_spec, hf_greedy, random_prompts, submit_all, tiny_model
 
 from slime_meta.serving.engine import GenerationEngine
-from slime_meta.serving.memory_budget import plan_paged_worker_memory
+from slime_meta.serving.memory_budget import MIN_CACHE_LEN, plan_paged_worker_memory
 from slime_meta.serving.paged_batch import build_paged_batch
 from slime_meta.serving.paged_cache import PagePool
 from slime_meta.serving.protocol import GenerationSpec, SamplingParams
@@ -261,6 +261,24 @@ def test_the_pool_is_sized_from_mem_fraction_static() -> None:
             fraction=0.01, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=12_288, max_rows=64,
             max_positions=32768, max_prefill_tokens=16384,
         )  # fmt: skip
+    # A cap (SGLang's --max-total-tokens) bounds the pool below what the share allows, never below
+    # the smallest usable pool, and a cap above the share changes nothing.
+    capped = plan_paged_worker_memory(
+        fraction=0.3, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=12_288, max_rows=64,
+        max_positions=32768, max_prefill_tokens=16384, max_total_tokens=64 * 4096,
+    )  # fmt: skip
+    assert capped.pool_tokens == 64 * 4096 and capped.kv_bytes == 64 * 4096 * 12_288
+    assert capped.cache_len == 32768  # one row may still grow to the model's positions within the pool
+    tiny_cap = plan_paged_worker_memory(
+        fraction=0.3, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=12_288, max_rows=64,
+        max_positions=32768, max_prefill_tokens=16384, max_total_tokens=1,
+    )  # fmt: skip
+    assert tiny_cap.pool_tokens == MIN_CACHE_LEN
+    loose = plan_paged_worker_memory(
+        fraction=0.3, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=12_288, max_rows=64,
+        max_positions=32768, max_prefill_tokens=16384, max_total_tokens=10**9,
+    )  # fmt: skip
+    assert loose.pool_tokens == plan.pool_tokens
 
 
 # ----- the real model --------------------------------------------------------------------------
@@ -360,6 +378,8 @@ def test_cuda_worker_sizes_its_page_pool_from_the_budget(tiny_checkpoint, tmp_pa
         assert fast_path["kv_cache"] == "paged" and fast_path["graphs"] > 0
         total = torch.cuda.get_device_properties(0).total_memory
         assert fast_path["pages"] * fast_path["page_size"] <= 0.02 * total
+        # No --max-total-tokens: at most what the static cache would hold (64 rows x 4,096 tokens).
+        assert fast_path["pages"] * fast_path["page_size"] <= 64 * 4096
         results = generate(url, [[5, 6, 7], list(range(10, 50))], 24)
         assert [len(result["output_ids"]) for result in results] == [24, 24]
         info = server_info(url)["engine"]

@@ -102,12 +102,16 @@ def plan_paged_worker_memory(
     max_rows: int,
     max_positions: int | None,
     max_prefill_tokens: int,
+    max_total_tokens: int | None = None,
 ) -> WorkerMemoryPlan:
-    """The paged cache's plan: everything the weights leave of `fraction` is one pool of tokens
-    (SGLang's and vLLM's sizing), shared by up to `max_rows` running rows; one row may grow to the
-    model's positions or the whole pool. Raises ValueError when the pool holds under `MIN_CACHE_LEN`."""
+    """The paged cache's plan: what the weights leave of `fraction` is one pool of tokens (SGLang's
+    and vLLM's sizing), at most `max_total_tokens` (SGLang's --max-total-tokens; None: no cap),
+    shared by up to `max_rows` running rows; one row may grow to the model's positions or the whole
+    pool. Raises ValueError when the pool holds under `MIN_CACHE_LEN`."""
     kv_budget = int(fraction * total_bytes) - weights_bytes
     pool_tokens = max(kv_budget, 0) // row_token_bytes
+    if max_total_tokens is not None and pool_tokens >= MIN_CACHE_LEN:
+        pool_tokens = max(min(pool_tokens, max_total_tokens), MIN_CACHE_LEN)
     if pool_tokens < MIN_CACHE_LEN:
         need = (weights_bytes + MIN_CACHE_LEN * row_token_bytes) / total_bytes
         raise ValueError(
@@ -155,11 +159,14 @@ def plan_for_device(
     max_positions: int | None,
     max_prefill_tokens: int,
     kv_cache: str = "static",
+    max_total_tokens: int | None = None,
 ) -> WorkerMemoryPlan | None:
     """The worker's plan for `--mem-fraction-static`; None without the flag or off CUDA (ignored there).
 
-    `kv_cache` "paged" plans one page pool instead of slots. A fraction too small for the weights
-    ends the worker with one line naming the flag.
+    `kv_cache` "paged" plans one page pool instead of slots, of at most `max_total_tokens` tokens
+    (None: the static cache's `max_rows` x `cache_len`, so a share given for the whole GPU is not
+    all reserved for pages that rows of that length never fill). A fraction too small for the
+    weights ends the worker with one line naming the flag.
     """
     if fraction is None or device.type != "cuda":
         return None
@@ -174,7 +181,8 @@ def plan_for_device(
     )
     try:
         if kv_cache == "paged":
-            return plan_paged_worker_memory(**sizes)
+            cap = max_total_tokens if max_total_tokens is not None else max_rows * cache_len
+            return plan_paged_worker_memory(max_total_tokens=cap, **sizes)
         return plan_worker_memory(cache_len=cache_len, **sizes)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None

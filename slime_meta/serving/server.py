@@ -10,7 +10,7 @@ router) cannot tell the difference for the calls it makes.
         [--weight-buffer-prefix NAME] \
         [--max-batch-size 64] [--max-prefill-tokens 16384] [--batch-wait-ms 2] [--seed 0] \
         [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info] \
-        [--cuda-graphs auto|on|off] [--kv-cache static|paged] [--page-size 16] \
+        [--cuda-graphs auto|on|off] [--kv-cache static|paged] [--page-size 16] [--max-total-tokens N] \
         [--static-cache-len 4096] [--mem-fraction-static F] [--chunked-prefill-size N]
 
 `sampling_params.n = k` returns k completions of the prompt as a list (SGLang's shape); the k
@@ -255,10 +255,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("static", "paged"),
         default="static",
         help="the fast path's KV cache: static (a slot of --static-cache-len tokens per running request) or paged "
-        "(one pool of pages shared by all requests, sized like the static cache or by --mem-fraction-static; any "
+        "(one pool of pages shared by all requests, as many tokens as the static cache, within --mem-fraction-static "
+        "when given; any "
         "request the pool holds stays on the fast path, n samples share their prompt's pages)",
     )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per page of the paged KV cache (2^k <= 128)")
+    parser.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="paged KV cache with --mem-fraction-static: the most tokens its pool holds (SGLang's flag). Default: "
+        "what the static cache would hold, --max-batch-size x --static-cache-len tokens; rows of any length share them",
+    )
     parser.add_argument(
         "--static-cache-len",
         type=int,
@@ -285,6 +293,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.max_batch_size < 1 or args.max_prefill_tokens < 1 or args.static_cache_len < 1:
         parser.error("--max-batch-size, --max-prefill-tokens and --static-cache-len must be >= 1")
+    if args.max_total_tokens is not None and args.max_total_tokens < 1:
+        parser.error(f"--max-total-tokens {args.max_total_tokens}: must be >= 1 (tokens in the page pool)")
     if args.mem_fraction_static is not None and not 0.0 < args.mem_fraction_static < 1.0:
         parser.error(f"--mem-fraction-static {args.mem_fraction_static}: give a fraction between 0 and 1, e.g. 0.3")
     if args.page_size < 1 or args.page_size > 128 or args.page_size & (args.page_size - 1):
@@ -351,6 +361,7 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
     plan = plan_for_device(
         args.mem_fraction_static, model, device, max_rows=args.max_batch_size, cache_len=args.static_cache_len,
         max_positions=max_positions, max_prefill_tokens=args.max_prefill_tokens, kv_cache=args.kv_cache,
+        max_total_tokens=args.max_total_tokens,
     )  # fmt: skip
     max_batch_size, cache_len, max_prefill_tokens = args.max_batch_size, args.static_cache_len, args.max_prefill_tokens
     if plan is not None:
