@@ -311,6 +311,70 @@ def train_argv(out: Path, checkpoint: Path) -> list[str]:
     ]  # fmt: skip
 
 
+NUMPY_GATE_SITE = '''"""slime's Megatron init asserts numpy 1.x (slime/backends/megatron_utils/initialize.py, after
+Megatron-LM issue 1563: its dataset index helpers); slime's trainer does not use those helpers. Where numpy is
+2.x (and the installed scipy needs it), this lets that one module see a 1.x version string: `np` in
+slime.backends.megatron_utils.initialize forwards everything else to numpy. Written by
+benchmarks/slime_megatron_1gpu.py; on PYTHONPATH of the training run only."""
+import importlib, importlib.abc, sys
+
+TARGET = "slime.backends.megatron_utils.initialize"
+
+
+class _NumpyUnderGate:
+    def __init__(self, numpy):
+        self._numpy, self.__version__ = numpy, "1.99 (numpy " + numpy.__version__ + " past slime's 1.x gate)"
+
+    def __getattr__(self, name):
+        return getattr(self._numpy, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            import numpy
+            module.np = _NumpyUnderGate(numpy)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+import importlib.util  # noqa: E402
+
+sys.meta_path.insert(0, _Finder())
+# Then any sitecustomize this one shadows.
+_here = __file__.rsplit("/", 1)[0]
+del sys.modules["sitecustomize"]
+_saved = list(sys.path)
+sys.path[:] = [p for p in sys.path if p.rstrip("/") != _here]
+try:
+    importlib.import_module("sitecustomize")
+except ImportError:
+    pass
+finally:
+    sys.path[:] = _saved
+'''
+
+
+def numpy_gate_site(out: Path) -> str | None:
+    """A sitecustomize directory for the training run when numpy is 2.x (see NUMPY_GATE_SITE), else None."""
+    import numpy
+
+    if numpy.__version__.startswith("1."):
+        return None
+    site = out / "numpy_gate_site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(NUMPY_GATE_SITE)
+    return str(site)
+
+
 def first_step_metrics(log_text: str) -> dict | None:
     """slime's per-step line `step 0: {'train/loss': ...}` (model.py's logger), as a dict."""
     import ast
@@ -322,7 +386,8 @@ def first_step_metrics(log_text: str) -> dict | None:
 def run_train(out: Path, checkpoint: Path, slime_src: str, timeout: int) -> dict:
     env = dict(os.environ)
     # Ray's workers start in their own directory: slime and this repository must be on their path.
-    paths = (slime_src, str(REPO), str(REPO / "benchmarks"), env.get("PYTHONPATH", ""))  # benchmarks/: the init hook
+    gate = numpy_gate_site(out) or ""
+    paths = (gate, slime_src, str(REPO), str(REPO / "benchmarks"), env.get("PYTHONPATH", ""))  # benchmarks/: hooks
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     command = [sys.executable, str(REPO / "train.py"), "--backend", "slime", *train_argv(out, checkpoint)]
@@ -376,7 +441,9 @@ def torch_step_loss(args, checkpoint: Path, samples, dtype) -> dict:
     tensorisation, the trainer's log-probs, our top-k hook and advantages, then slime's loss_function
     (our loss) per micro-batch of one sample, the reported loss as slime reduces it (sum / rollouts)."""
     import torch
+    from megatron.core import mpu
     from slime.backends.megatron_utils.loss import loss_function
+    from slime.observability import train_metric_utils
     from slime.observability.rollout_data_utils import tensorize_rollout_data_for_training
     from transformers import AutoModelForCausalLM
 
@@ -402,7 +469,7 @@ def torch_step_loss(args, checkpoint: Path, samples, dtype) -> dict:
     meta_advantages(args, rollout_data)
     rollouts = len(set(int(r) for r in rollout_data["rollout_ids"]))
     num_microbatches = len(samples)
-    sums: dict[str, float] = {}
+    logs = []
     for i in range(len(samples)):
         batch = {key: [rollout_data[key][i]] for key in
                  ("loss_masks", "advantages", "log_probs", "rollout_log_probs", "teacher_log_probs")}  # fmt: skip
@@ -413,9 +480,13 @@ def torch_step_loss(args, checkpoint: Path, samples, dtype) -> dict:
         logits = model(input_ids=batch["unconcat_tokens"][0][None].long()).logits.float()
         loss, _, log = loss_function(args, batch, num_microbatches, rollouts, logits)
         (loss / num_microbatches).backward()  # Megatron divides each micro-batch's loss by their number
-        for key, value in zip(log["keys"], log["values"][1:].tolist()):
-            sums[key] = sums.get(key, 0.0) + value
-    metrics = {f"train/{k}": v / rollouts for k, v in sums.items()}
+        logs.append({"keys": log["keys"], "values": log["values"].detach().double()})
+    # slime's own reduction of the micro-batches' logs (it adds them position by position).
+    reduced = train_metric_utils.reduce_train_step_metrics(
+        logs, calculate_per_token_loss=False, step_global_batch_size=rollouts, cp_size=1,
+        dp_with_cp_group=mpu.get_data_parallel_group(with_context_parallel=True),
+    )  # fmt: skip
+    metrics = {f"train/{k}": float(v) for k, v in reduced.items()}
     grads = [p.grad.double().norm() for p in model.parameters() if p.grad is not None]
     metrics["train/grad_norm"] = float(torch.stack(grads).norm())  # before clipping, as Megatron reports it
     return metrics
@@ -468,6 +539,7 @@ def main(argv=None) -> int:
     parser.add_argument("--checkpoint", type=Path, default=None, help="HF Llama directory (default: the tiny one)")
     parser.add_argument("--timeout", type=int, default=480, help="seconds for the training subprocess")
     ns = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO))  # slime_meta, when the repository is not installed (pip install -e .)
     if ns.slime_src:
         sys.path.insert(0, str(Path(ns.slime_src).resolve()))
     checkpoint = (ns.checkpoint or tiny_checkpoint()).resolve()

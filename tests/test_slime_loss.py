@@ -234,6 +234,32 @@ def test_replay_channel_is_active_with_complete_pairs():
     torch.testing.assert_close(loss, base + 0.3 * dpo)
 
 
+def test_every_micro_batch_reports_the_same_metric_keys():
+    """slime adds the micro-batches' metric values position by position: a micro-batch without SDPO
+    answers or replay pairs must report the same keys, in the same order, as one with them."""
+    args = slime_args(sdpo_alpha=0.5, replay_beta=0.3, entropy_coef=0.0)
+    keys, values = [], []
+    for sdpo_rows, pairs in (((0, 2), [0, 0, 1, -1]), ((), [-1, -1, -1, -1])):
+        batch, logits = slime_batch(seed=3)
+        batch["teacher_log_probs"] = [
+            torch.as_tensor(pack_topk(torch.arange(4).repeat(r, 1).numpy(), torch.full((r, 4), -2.0).numpy()))
+            if i in sdpo_rows else torch.zeros(r)
+            for i, r in enumerate(batch["response_lengths"])
+        ]  # fmt: skip
+        batch[REPLAY_PAIR_INDEX], batch[REPLAY_IS_CHOSEN] = pairs, [True, False, True, False]
+        _, metrics = meta_loss(args, batch, logits, sum_of_sample_mean(batch))
+        keys.append(list(metrics))
+        values.append(metrics)
+    assert keys[0] == keys[1]
+    assert {"loss/sdpo_kl", "sdpo_samples", "loss/trace_replay_dpo", "replay_pairs"} <= set(keys[0])
+    assert float(values[0]["loss/sdpo_kl"]) > 0 and float(values[0]["replay_pairs"]) == 1.0
+    assert float(values[1]["loss/sdpo_kl"]) == 0.0 and float(values[1]["replay_pairs"]) == 0.0
+    # A slime that forwards no replay keys (stock slime: replay as samples) reports no replay metric.
+    batch, logits = slime_batch(seed=3)
+    _, metrics = meta_loss(args, batch, logits, sum_of_sample_mean(batch))
+    assert "loss/trace_replay_dpo" not in metrics and "replay_pairs" not in metrics
+
+
 def test_whole_vocabulary_channels_refuse_tensor_parallel_without_megatron():
     batch, logits = slime_batch()
     with pytest.raises(NotImplementedError, match="tensor and context parallel size 1"):

@@ -353,9 +353,31 @@ def meta_loss(
     loss = out.loss
     if sum(lp.numel() for lp in log_probs) == 0:
         loss = loss + 0 * logits.sum()  # no response token on this rank: keep the graph connected (as slime does)
-    metrics = {"loss": loss.detach(), **metrics, **out.metrics}
-    if sdpo is not None:
-        metrics["sdpo_samples"] = torch.tensor(float(sdpo_samples), device=logits.device)
-    if replay is not None:
-        metrics["replay_pairs"] = torch.tensor(float(num_pairs), device=logits.device)
-    return loss, metrics
+    channels = step_metrics(args, batch, out.metrics, sdpo_samples, num_pairs, logits)
+    return loss, {"loss": loss.detach(), **metrics, **channels}
+
+
+def step_metrics(args: Namespace, batch: dict[str, Any], channel_metrics: dict[str, Tensor], sdpo_samples: int,
+                 num_pairs: int, like: Tensor) -> dict[str, Tensor]:  # fmt: skip
+    """The channels' metrics with the same keys, in the same order, for every micro-batch of a run.
+
+    slime sums each micro-batch's metric values position by position (train_metric_utils.
+    reduce_train_step_metrics), so a key present in one micro-batch only (one with SDPO answers or
+    a complete replay pair) breaks the step. SDPO's keys follow the flags (--sdpo-alpha with the JSD
+    form), replay's whether this slime forwards the pair keys at all; a micro-batch without such
+    samples adds 0, which is its share of the step's token mean.
+    """
+    zero = like.new_zeros((), dtype=torch.float32)
+    sdpo_on = bool(float(getattr(args, "sdpo_alpha", 0.0) or 0.0)) and getattr(args, "sdpo_form", "jsd") == "jsd"
+    replay_on = bool(float(getattr(args, "replay_beta", 0.0) or 0.0)) and REPLAY_PAIR_INDEX in batch
+    out = {"loss/grpo": channel_metrics["loss/grpo"]}
+    if sdpo_on:
+        out["loss/sdpo_kl"] = channel_metrics.get("loss/sdpo_kl", zero)
+    if replay_on:
+        out["loss/trace_replay_dpo"] = channel_metrics.get("loss/trace_replay_dpo", zero)
+    out.update({k: v for k, v in channel_metrics.items() if k not in out})  # loss/total, and any other
+    if sdpo_on:
+        out["sdpo_samples"] = torch.tensor(float(sdpo_samples), device=like.device)
+    if replay_on:
+        out["replay_pairs"] = torch.tensor(float(num_pairs), device=like.device)
+    return out
