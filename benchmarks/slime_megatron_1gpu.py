@@ -10,20 +10,28 @@ Three stages, each its own subcommand; `all` runs `train` then `compare` (the GP
            --load-debug-rollout-data file (slime's own `save_debug_rollout_data`).
   train    (GPU) `train.py --backend slime ... --debug-train-only --load-debug-rollout-data FILE`: slime's
            parse_args, Ray placement group, RolloutManager (our conversion and reward plugins), Megatron
-           actor (`--transformer-impl local`, no TransformerEngine; the HF checkpoint loaded by slime's
-           own HF->Megatron loader through --load), our loss and top-k hook, one optimizer step.
+           actor, our loss and top-k hook, one optimizer step. Megatron without TransformerEngine:
+           `--transformer-impl local` with two hooks of slime_megatron_hooks.py (slime 624b824 assumes TE):
+           --spec `packed_local_layer_spec` (the local spec with a THD-packed causal attention: the local
+           DotProductAttention refuses slime's packed micro-batches) and --custom-megatron-init-path
+           `local_spec_hf_names` (slime's HF->Megatron loader knows the TE spec's fused input norm only).
+           The HF checkpoint goes to --load (slime's own loader; no torch_dist conversion).
   compare  the same step in plain torch on the same weights, float32: our plugins on slime's batch
-           layout (slime's conversion and reducer, one micro-batch per sample as Megatron ran it), and the
-           local trainer (`LocalTrainer.compute_gradients`) on the infos and the SDPO samples.
+           layout (slime's conversion, loss_function and metric reduction, one micro-batch per sample as
+           Megatron ran it), and the local trainer (`LocalTrainer.compute_gradients`) on the infos and the
+           SDPO samples (replay's loss value differs by design: two surrogate samples, not DPO's loss).
 
 Needs (installs nothing): slime's source (`--slime-src`, THUDM/slime at 624b824) on every stage;
 for `rollout` ray and sglang-router importable; for `train` one CUDA GPU with torch, ray 2.60,
-megatron-core 0.19.2, torch_memory_saver, the sglang wheel (--no-deps; slime's argument module imports
-it) and what they import (docs/cluster.md, "One step of slime's Megatron trainer", lists them).
+Megatron-LM at slime's pinned commit 1dcf0da with slime's docker/patch/latest/megatron*.patch
+(megatron-core 0.19.2 from PyPI lacks the --moe-use-legacy-grouped-gemm argument slime's model provider
+reads), torch_memory_saver, the sglang and sglang-router wheels (slime's argument module imports both),
+wandb, and what they import; docs/cluster.md ("One step of slime's Megatron trainer") lists them. With
+numpy 2 the training run gets a sitecustomize that lets slime's numpy-1.x assertion pass (the hooks file).
 
   OUT=benchmarks/results/slime_megatron_1gpu
-  python benchmarks/slime_megatron_1gpu.py rollout --slime-src /tmp/slime_src --out $OUT
-  python benchmarks/slime_megatron_1gpu.py all --slime-src /tmp/slime_src --out $OUT
+  python benchmarks/slime_megatron_1gpu.py rollout --slime-src /tmp/slime_src --out $OUT   # CPU
+  python benchmarks/slime_megatron_1gpu.py all --slime-src /tmp/slime_src --out $OUT       # GPU
 """
 
 from __future__ import annotations
@@ -221,78 +229,6 @@ MEGATRON_FLAGS = [
 ]  # fmt: skip
 
 
-def local_spec_hf_names(args) -> None:
-    """--custom-megatron-init-path hook (runs in slime's Megatron actor before the model is built).
-
-    slime 624b824's HF->Megatron loader for Llama/Qwen names the input layer norm the way the
-    TransformerEngine spec has it, fused into the QKV projection (`linear_qkv.layer_norm_weight`);
-    Megatron's local spec keeps it as a module of its own (`input_layernorm.weight`), which the loader
-    refuses (KeyError). This maps that one name to the HF tensor the fused one reads; nothing else changes.
-    """
-    from slime.backends.megatron_utils import hf_to_megatron
-    from slime.backends.megatron_utils.hf_to_megatron.common import strip_mcore_wrappers
-
-    llama = hf_to_megatron._LOADERS["llama"]
-
-    def llama_local_spec(name, reader, config):
-        match = re.fullmatch(r"decoder\.layers\.(\d+)\.input_layernorm\.weight", strip_mcore_wrappers(name))
-        if match:
-            return reader.get_tensor(f"model.layers.{match.group(1)}.input_layernorm.weight")
-        return llama(name, reader, config)
-
-    hf_to_megatron._LOADERS["llama"] = llama_local_spec
-
-
-def packed_causal_attention_class():
-    """Causal attention over slime's packed micro-batches in plain torch, for Megatron's local spec.
-
-    slime packs every micro-batch as THD sequences (`PackedSeqParams`, qkv_format "thd"); Megatron's
-    local `DotProductAttention` asserts `packed_seq_params is None` (only TransformerEngine's attention
-    takes THD). This one takes query/key/value `[T, H, D]` and lets each packed sequence (cu_seqlens)
-    attend causally to itself, through torch's scaled_dot_product_attention.
-    """
-    import torch
-    import torch.nn.functional as F
-    from megatron.core.transformer.module import MegatronModule
-
-    class PackedCausalAttention(MegatronModule):
-        def __init__(self, config, layer_number, attn_mask_type, attention_type, softmax_scale=None, **_unused):
-            super().__init__(config=config)
-            self.softmax_scale = softmax_scale
-
-        def forward(self, query_T_H_D, key_T_G_D, value_T_G_D, attention_mask=None, attn_mask_type=None,
-                    attention_bias=None, packed_seq_params=None, **_unused):  # fmt: skip
-            if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
-                raise NotImplementedError("PackedCausalAttention takes slime's THD-packed micro-batches only")
-            bounds = packed_seq_params.cu_seqlens_q.tolist()
-            groups = query_T_H_D.shape[1] // key_T_G_D.shape[1]
-            out = []
-            for start, end in zip(bounds[:-1], bounds[1:]):
-                q_H_S_D = query_T_H_D[start:end].transpose(0, 1)
-                k_H_S_D = key_T_G_D[start:end].transpose(0, 1).repeat_interleave(groups, dim=0)
-                v_H_S_D = value_T_G_D[start:end].transpose(0, 1).repeat_interleave(groups, dim=0)
-                o_H_S_D = F.scaled_dot_product_attention(
-                    q_H_S_D, k_H_S_D, v_H_S_D, is_causal=True, scale=self.softmax_scale
-                )
-                out.append(o_H_S_D.transpose(0, 1))
-            return torch.cat(out)  # [T, H, D]: Megatron's Attention reshapes it to [T, 1, H * D]
-
-    return PackedCausalAttention
-
-
-def packed_local_layer_spec(args, config, vp_stage=None):
-    """--spec hook: slime's own local layer spec (its model_provider's call) with the attention above."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    spec = get_gpt_layer_local_spec(
-        num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm, qk_layernorm=args.qk_layernorm,
-        multi_latent_attention=args.multi_latent_attention,
-        moe_use_legacy_grouped_gemm=args.moe_use_legacy_grouped_gemm,
-    )  # fmt: skip
-    spec.submodules.self_attention.submodules.core_attention = packed_causal_attention_class()
-    return spec
-
-
 def train_argv(out: Path, checkpoint: Path) -> list[str]:
     """`train.py --backend slime` flags: ours as at rollout time, slime's debug-train-only mode, Megatron's."""
     from slime_meta.backends.slime.data import convert
@@ -306,73 +242,9 @@ def train_argv(out: Path, checkpoint: Path) -> list[str]:
         "--replay-teachers", "t0@http://127.0.0.1:9/v1", "t1@http://127.0.0.1:9/v1",
         "--debug-train-only", "--load-debug-rollout-data", str(out / ROLLOUT_FILE), "--num-rollout", "1",
         *megatron_shape(checkpoint), *MEGATRON_FLAGS,
-        "--custom-megatron-init-path", "slime_megatron_1gpu.local_spec_hf_names",
-        "--spec", "slime_megatron_1gpu", "packed_local_layer_spec",
+        "--custom-megatron-init-path", "slime_megatron_hooks.local_spec_hf_names",
+        "--spec", "slime_megatron_hooks", "packed_local_layer_spec",
     ]  # fmt: skip
-
-
-NUMPY_GATE_SITE = '''"""slime's Megatron init asserts numpy 1.x (slime/backends/megatron_utils/initialize.py, after
-Megatron-LM issue 1563: its dataset index helpers); slime's trainer does not use those helpers. Where numpy is
-2.x (and the installed scipy needs it), this lets that one module see a 1.x version string: `np` in
-slime.backends.megatron_utils.initialize forwards everything else to numpy. Written by
-benchmarks/slime_megatron_1gpu.py; on PYTHONPATH of the training run only."""
-import importlib, importlib.abc, sys
-
-TARGET = "slime.backends.megatron_utils.initialize"
-
-
-class _NumpyUnderGate:
-    def __init__(self, numpy):
-        self._numpy, self.__version__ = numpy, "1.99 (numpy " + numpy.__version__ + " past slime's 1.x gate)"
-
-    def __getattr__(self, name):
-        return getattr(self._numpy, name)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != TARGET:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            import numpy
-            module.np = _NumpyUnderGate(numpy)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-import importlib.util  # noqa: E402
-
-sys.meta_path.insert(0, _Finder())
-# Then any sitecustomize this one shadows.
-_here = __file__.rsplit("/", 1)[0]
-del sys.modules["sitecustomize"]
-_saved = list(sys.path)
-sys.path[:] = [p for p in sys.path if p.rstrip("/") != _here]
-try:
-    importlib.import_module("sitecustomize")
-except ImportError:
-    pass
-finally:
-    sys.path[:] = _saved
-'''
-
-
-def numpy_gate_site(out: Path) -> str | None:
-    """A sitecustomize directory for the training run when numpy is 2.x (see NUMPY_GATE_SITE), else None."""
-    import numpy
-
-    if numpy.__version__.startswith("1."):
-        return None
-    site = out / "numpy_gate_site"
-    site.mkdir(parents=True, exist_ok=True)
-    (site / "sitecustomize.py").write_text(NUMPY_GATE_SITE)
-    return str(site)
 
 
 def first_step_metrics(log_text: str) -> dict | None:
@@ -386,6 +258,8 @@ def first_step_metrics(log_text: str) -> dict | None:
 def run_train(out: Path, checkpoint: Path, slime_src: str, timeout: int) -> dict:
     env = dict(os.environ)
     # Ray's workers start in their own directory: slime and this repository must be on their path.
+    from slime_megatron_hooks import numpy_gate_site
+
     gate = numpy_gate_site(out) or ""
     paths = (gate, slime_src, str(REPO), str(REPO / "benchmarks"), env.get("PYTHONPATH", ""))  # benchmarks/: hooks
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)

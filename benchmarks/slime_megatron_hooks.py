@@ -1,0 +1,153 @@
+"""What slime (624b824) needs from Megatron for `benchmarks/slime_megatron_1gpu.py` on one GPU without
+TransformerEngine: hooks slime takes by flag, named in the training command line.
+
+  --spec slime_megatron_hooks packed_local_layer_spec     Megatron's local layer spec with an attention that
+                                                          takes slime's THD-packed micro-batches
+  --custom-megatron-init-path slime_megatron_hooks.local_spec_hf_names
+                                                          the local spec's input norm for slime's HF loader
+  numpy_gate_site(out)                                    a sitecustomize for slime's numpy-1.x assertion
+
+Imported by slime's Megatron actor (a Ray worker): benchmarks/ is on its PYTHONPATH (the train stage sets it).
+Nothing here imports Megatron or slime at module level.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+
+def local_spec_hf_names(args) -> None:
+    """--custom-megatron-init-path hook (runs in slime's Megatron actor before the model is built).
+
+    slime 624b824's HF->Megatron loader for Llama/Qwen names the input layer norm the way the
+    TransformerEngine spec has it, fused into the QKV projection (`linear_qkv.layer_norm_weight`);
+    Megatron's local spec keeps it as a module of its own (`input_layernorm.weight`), which the loader
+    refuses (KeyError). This maps that one name to the HF tensor the fused one reads; nothing else changes.
+    """
+    from slime.backends.megatron_utils import hf_to_megatron
+    from slime.backends.megatron_utils.hf_to_megatron.common import strip_mcore_wrappers
+
+    llama = hf_to_megatron._LOADERS["llama"]
+
+    def llama_local_spec(name, reader, config):
+        match = re.fullmatch(r"decoder\.layers\.(\d+)\.input_layernorm\.weight", strip_mcore_wrappers(name))
+        if match:
+            return reader.get_tensor(f"model.layers.{match.group(1)}.input_layernorm.weight")
+        return llama(name, reader, config)
+
+    hf_to_megatron._LOADERS["llama"] = llama_local_spec
+
+
+def packed_causal_attention_class():
+    """Causal attention over slime's packed micro-batches in plain torch, for Megatron's local spec.
+
+    slime packs every micro-batch as THD sequences (`PackedSeqParams`, qkv_format "thd"); Megatron's
+    local `DotProductAttention` asserts `packed_seq_params is None` (only TransformerEngine's attention
+    takes THD). This one takes query/key/value `[T, H, D]` and lets each packed sequence (cu_seqlens)
+    attend causally to itself, through torch's scaled_dot_product_attention.
+    """
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.module import MegatronModule
+
+    class PackedCausalAttention(MegatronModule):
+        def __init__(self, config, layer_number, attn_mask_type, attention_type, softmax_scale=None, **_unused):
+            super().__init__(config=config)
+            self.softmax_scale = softmax_scale
+
+        def forward(self, query_T_H_D, key_T_G_D, value_T_G_D, attention_mask=None, attn_mask_type=None,
+                    attention_bias=None, packed_seq_params=None, **_unused):  # fmt: skip
+            if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
+                raise NotImplementedError("PackedCausalAttention takes slime's THD-packed micro-batches only")
+            bounds = packed_seq_params.cu_seqlens_q.tolist()
+            groups = query_T_H_D.shape[1] // key_T_G_D.shape[1]
+            out = []
+            for start, end in zip(bounds[:-1], bounds[1:]):
+                q_H_S_D = query_T_H_D[start:end].transpose(0, 1)
+                k_H_S_D = key_T_G_D[start:end].transpose(0, 1).repeat_interleave(groups, dim=0)
+                v_H_S_D = value_T_G_D[start:end].transpose(0, 1).repeat_interleave(groups, dim=0)
+                o_H_S_D = F.scaled_dot_product_attention(
+                    q_H_S_D, k_H_S_D, v_H_S_D, is_causal=True, scale=self.softmax_scale
+                )
+                out.append(o_H_S_D.transpose(0, 1))
+            return torch.cat(out)  # [T, H, D]: Megatron's Attention reshapes it to [T, 1, H * D]
+
+    return PackedCausalAttention
+
+
+def packed_local_layer_spec(args, config, vp_stage=None):
+    """--spec hook: slime's own local layer spec (its model_provider's call) with the attention above."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(
+        num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm, qk_layernorm=args.qk_layernorm,
+        multi_latent_attention=args.multi_latent_attention,
+        moe_use_legacy_grouped_gemm=args.moe_use_legacy_grouped_gemm,
+    )  # fmt: skip
+    spec.submodules.self_attention.submodules.core_attention = packed_causal_attention_class()
+    return spec
+
+
+NUMPY_GATE_SITE = '''"""slime's Megatron init asserts numpy 1.x (slime/backends/megatron_utils/initialize.py, after
+Megatron-LM issue 1563: its dataset index helpers); slime's trainer does not use those helpers. Where numpy is
+2.x (and the installed scipy needs it), this lets that one module see a 1.x version string: `np` in
+slime.backends.megatron_utils.initialize forwards everything else to numpy. Written by
+benchmarks/slime_megatron_hooks.py; on PYTHONPATH of the training run only."""
+import importlib, importlib.abc, sys
+
+TARGET = "slime.backends.megatron_utils.initialize"
+
+
+class _NumpyUnderGate:
+    def __init__(self, numpy):
+        self._numpy, self.__version__ = numpy, "1.99 (numpy " + numpy.__version__ + " past slime's 1.x gate)"
+
+    def __getattr__(self, name):
+        return getattr(self._numpy, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            import numpy
+            module.np = _NumpyUnderGate(numpy)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+import importlib.util  # noqa: E402
+
+sys.meta_path.insert(0, _Finder())
+# Then any sitecustomize this one shadows.
+_here = __file__.rsplit("/", 1)[0]
+del sys.modules["sitecustomize"]
+_saved = list(sys.path)
+sys.path[:] = [p for p in sys.path if p.rstrip("/") != _here]
+try:
+    importlib.import_module("sitecustomize")
+except ImportError:
+    pass
+finally:
+    sys.path[:] = _saved
+'''
+
+
+def numpy_gate_site(out: Path) -> str | None:
+    """A sitecustomize directory for the training run when numpy is 2.x (see NUMPY_GATE_SITE), else None."""
+    import numpy
+
+    if numpy.__version__.startswith("1."):
+        return None
+    site = out / "numpy_gate_site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(NUMPY_GATE_SITE)
+    return str(site)
