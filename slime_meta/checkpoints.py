@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from slime_meta.command_line import rewrite_flag_values
 from slime_meta.errors import UserInputError
 
 CONVERSION_VERSION = 1  # bump when the recipe changes, so cached conversions are redone
@@ -130,17 +131,7 @@ def resolve_checkpoint_argv(argv: Sequence[str], *, log: Log = _print) -> list[s
             resolved[(flag, value)] = known or str(resolve_checkpoint(value, flag, log=log))
         return resolved[(flag, value)]
 
-    out, pending = [], None
-    for token in argv:
-        name, eq, value = token.partition("=")
-        if pending:
-            out.append(resolve(pending, token))
-        elif eq and name in flags:
-            out.append(f"{name}={resolve(name, value)}")
-        else:
-            out.append(token)
-        pending = token if not eq and token in flags else None
-    return out
+    return rewrite_flag_values(argv, flags, resolve)
 
 
 # ----------------------------------------------------------------------------- conversion

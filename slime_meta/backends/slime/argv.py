@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from slime_meta.command_line import rewrite_flag_values
+
 
 def without_slime_defaults(argv: Sequence[str]) -> list[str]:
     """`argv` without the spellings of slime's and Megatron's own defaults that only our parser knows:
@@ -60,14 +62,4 @@ def absolute_paths(argv: Sequence[str]) -> list[str]:
         path = Path(raw)
         return at + str(path.resolve()) if not path.is_absolute() and path.exists() else value
 
-    out, pending = [], None
-    for token in argv:
-        name, eq, value = token.partition("=")
-        if pending:
-            out.append(fix(pending, token))
-        elif eq and name in _PATH_FLAGS:
-            out.append(f"{name}={fix(name, value)}")
-        else:
-            out.append(token)
-        pending = token if not eq and token in _PATH_FLAGS else None
-    return out
+    return rewrite_flag_values(argv, _PATH_FLAGS, fix)
