@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
 
+from slime_meta.argument_types import open_fraction, page_size, positive_int, positive_seconds, prefill_chunk
 from slime_meta.arguments_objectives import ObjectivesConfig, add_objective_arguments, shared_student_objective_defaults
 from slime_meta.arguments_validation import student_pool_defaults, validate_flags
 from slime_meta.checkpoints import resolve_checkpoint_flags
@@ -189,41 +190,6 @@ class MetaConfig:
 # ----------------------------------------------------------------------------- flags
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
-    return value
-
-
-def _open_fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
-    return value
-
-
-def _page_size(text: str) -> int:
-    value = int(text)
-    if value < 1 or value > 128 or value & (value - 1):
-        raise argparse.ArgumentTypeError(f"must be a power of two up to 128 (e.g. 16), got {value}")
-    return value
-
-
-def _prefill_chunk(text: str) -> int:
-    value = int(text)
-    if value < 1 and value != -1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (tokens) or -1 (off), got {value}")
-    return value
-
-
 class _Groups:
     """Adds flags to argparse groups, skipping those the parser already defines (slime's)."""
 
@@ -247,14 +213,14 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
 
     add = groups.group("meta-learning")
     add("--use-meta-learning", action="store_true", help="Train a teacher with the meta-learning rollout.")
-    add("--num-inner-iterations", type=_positive_int, default=3, help="K: student -> grader -> teacher rounds per chain.")
-    add("--n-samples-per-inner-prompt", type=_positive_int, default=4, help="m: student attempts per train problem per round.")
+    add("--num-inner-iterations", type=positive_int, default=3, help="K: student -> grader -> teacher rounds per chain.")
+    add("--n-samples-per-inner-prompt", type=positive_int, default=4, help="m: student attempts per train problem per round.")
     add("--inner-loop-train-ratio", type=float, default=0.75,
         help="Share of the --rollout-batch-size problems used as train problems (rounded half up); the rest is holdout.")
-    add("--heldout-ipb", type=_positive_int, default=None,
+    add("--heldout-ipb", type=positive_int, default=None,
         help="Holdout problems per batch, out of --rollout-batch-size (instead of --inner-loop-train-ratio); "
              "with --group-key split evenly over the teacher prompts.")
-    add("--n-problems-per-prompt", type=_positive_int, default=1,
+    add("--n-problems-per-prompt", type=positive_int, default=1,
         help="k: train problems in one teacher prompt; one info serves all k. Teacher prompts (GRPO groups) = train problems / k.")
     add("--additional-info-position", choices=ADDITIONAL_INFO_POSITIONS, default="prefix", help="Where the info goes in the student's prompt.")
     add("--train-all-inner-steps", action="store_true", help="Also train every earlier inner iteration's info with its group's advantage.")
@@ -271,16 +237,16 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--grader-template", default=None, help="Grader prompt: a file, a template text, module.name of a GraderPromptTemplate instance, or module.Class (a subclass); default prompt_templates/grader.txt.")
     add("--teacher-template", default=None, help="Teacher prompt: a file, a template text, module.name of a TeacherPromptTemplate instance, or module.Class (a subclass); default prompt_templates/teacher.txt.")
     add("--trace-sample-rate", type=float, default=0.1, help="Share of chains written in full to traces.jsonl.")
-    add("--n-holdout-samples", type=_positive_int, default=1,
+    add("--n-holdout-samples", type=positive_int, default=1,
         help="S: student attempts per (final info, holdout problem), and per holdout problem of the no-info control; "
              "the reward is the mean grade over all of them.")
     add("--eval-prompt-data", nargs="+", default=None, metavar="NAME PATH",
         help="Fixed evaluation sets as NAME PATH pairs, never drawn for training: the same meta-learning rollout "
              "without training, logged as eval/NAME/holdout_grade, eval/NAME/holdout_grade_no_info and eval/NAME/gain.")
-    add("--eval-interval", type=_positive_int, default=None,
+    add("--eval-interval", type=positive_int, default=None,
         help="Evaluate every N outer steps (also before the first and after the last); default: only before the first "
              "and after the last step.")
-    add("--eval-num-batches", type=_positive_int, default=1,
+    add("--eval-num-batches", type=positive_int, default=1,
         help="Batches of --rollout-batch-size problems drawn from each eval set per evaluation (the same ones every time).")
 
     add = groups.group("data (slime-compatible)")
@@ -288,25 +254,25 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--input-key", default="prompt", help="Column with the problem text (a `messages` chat column also works).")
     add("--label-key", default="label", help="Column with the ground truth (a string or a dict such as {\"answer\": ...}).")
     add("--rubric-key", default="rubric", help="Column with the grading rubric.")
-    add("--rollout-batch-size", type=_positive_int, default=4,
+    add("--rollout-batch-size", type=positive_int, default=4,
         help="Problems drawn per outer step, split into train and holdout by --inner-loop-train-ratio or --heldout-ipb "
              "(default: 3 train + 1 holdout); teacher prompts (GRPO groups) = train / --n-problems-per-prompt.")
-    add("--n-samples-per-prompt", type=_positive_int, default=4, help="G: infos sampled per teacher prompt.")
-    add("--num-rollout", type=_positive_int, default=3, help="Outer steps.")
+    add("--n-samples-per-prompt", type=positive_int, default=4, help="G: infos sampled per teacher prompt.")
+    add("--num-rollout", type=positive_int, default=3, help="Outer steps.")
     add("--rollout-shuffle", action="store_true", help="Shuffle the dataset (seeded) each epoch.")
     add("--apply-chat-template", action=argparse.BooleanOptionalAction, default=None,
         help="Render each role's prompts with its own model's chat template. Default: when that model's tokenizer "
              "has one (instruct models), plain text otherwise (base models, the tiny demo models); "
              "--no-apply-chat-template forces plain text.")
     add("--rollout-temperature", type=float, default=1.0, help="Student sampling temperature.")
-    add("--rollout-max-response-len", type=_positive_int, default=256, help="Student max new tokens (a request gets less when its prompt leaves less of the model's context).")
+    add("--rollout-max-response-len", type=positive_int, default=256, help="Student max new tokens (a request gets less when its prompt leaves less of the model's context).")
 
     add = groups.group("teacher sampling")
     add("--teacher-temperature", type=float, default=0.7)
-    add("--teacher-max-tokens", type=_positive_int, default=256,
+    add("--teacher-max-tokens", type=positive_int, default=256,
         help="Teacher max new tokens; the teacher's prompt is shortened to the model's context minus this.")
-    add("--teacher-concurrency", type=_positive_int, default=64, help="Teacher requests in flight.")
-    add("--student-concurrency", type=_positive_int, default=128, help="Student requests in flight.")
+    add("--teacher-concurrency", type=positive_int, default=64, help="Teacher requests in flight.")
+    add("--student-concurrency", type=positive_int, default=128, help="Student requests in flight.")
     add("--request-timeout", type=float, default=300.0, help="Seconds before an inference request is retried.")
     add("--request-retries", type=int, default=3, help="Retries of a failed inference request (with backoff).")
 
@@ -318,16 +284,16 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         help="--grader local: the grader's model, a local HF checkpoint directory or a .gguf file (default: the "
              "teacher's starting --hf-checkpoint, a frozen copy). The run starts a grader pool of embedded workers "
              "behind its own router, serving the OpenAI chat route; rubric + chain-of-thought grading, no API key.")
-    add("--grader-num-workers", type=_positive_int, default=1, help="--grader local: workers of the grader pool.")
+    add("--grader-num-workers", type=positive_int, default=1, help="--grader local: workers of the grader pool.")
     add("--grader-model", default=None,
         help="The LLM grader's model (default: gpt-4 when an LLM grader is used). Naming one asks for the LLM grader: "
              "with --grader auto and no key or --grader-base-url the run stops instead of using the verifier.")
     add("--grader-base-url", default=None, help="A self-hosted OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1.")
     add("--grader-api-key-env", default="OPENAI_API_KEY", help="Name of the environment variable holding the API key.")
     add("--grader-temperature", type=float, default=0.0)
-    add("--grader-max-tokens", type=_positive_int, default=512)
-    add("--grader-concurrency", type=_positive_int, default=32)
-    add("--grader-timeout", type=_positive_seconds, default=600.0, metavar="SECONDS",
+    add("--grader-max-tokens", type=positive_int, default=512)
+    add("--grader-concurrency", type=positive_int, default=32)
+    add("--grader-timeout", type=positive_seconds, default=600.0, metavar="SECONDS",
         help="Seconds one grader request may take, reply included, before it is retried (default 600, the openai "
              "SDK's). A hosted API needs far less; a self-hosted model on CPU may need minutes for "
              "--grader-max-tokens tokens with --grader-concurrency requests at once. (--request-timeout is for "
@@ -340,9 +306,9 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
              "cached under $SLIME_META_CACHE, default ~/.cache/slime-meta; needs the packages gguf and accelerate).")
     add("--rollout-num-gpus", type=int, default=0,
         help="GPUs of the teacher's inference pool (local backend on GPUs: one worker per engine, GPUs 0..N-1).")
-    add("--rollout-num-gpus-per-engine", type=_positive_int, default=1,
+    add("--rollout-num-gpus-per-engine", type=positive_int, default=1,
         help="GPUs per inference engine (the local worker uses one GPU per engine).")
-    add("--actor-num-nodes", type=_positive_int, default=1)
+    add("--actor-num-nodes", type=positive_int, default=1)
     add("--actor-num-gpus-per-node", type=int, default=0)
     add("--teacher-port", type=int, default=None,
         help="Port of the teacher's router (slime: --sglang-router-port; local: the router we start, its workers on "
@@ -351,11 +317,11 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         help="A separate, frozen student pool from this checkpoint (an HF directory or a .gguf file); default: with "
              "--student-num-gpus, the teacher's starting checkpoint (--hf-checkpoint), else no separate pool (the "
              "student shares the teacher's).")
-    add("--student-num-gpus", type=_positive_int, default=None,
+    add("--student-num-gpus", type=positive_int, default=None,
         help="GPUs of a separate, frozen student pool (from --student-checkpoint, default the teacher's starting "
              "weights); local backend: --student-num-gpus / --student-num-gpus-per-engine workers, on CUDA placed "
              "after the teacher's GPUs; default: no separate pool (shared with the teacher).")
-    add("--student-num-gpus-per-engine", type=_positive_int, default=None,
+    add("--student-num-gpus-per-engine", type=positive_int, default=None,
         help="GPUs per student engine; default: --rollout-num-gpus-per-engine.")
     add("--student-router-ip", default=None,
         help="Address of the student router; default: the teacher's (local backend: --host, the only value it takes; "
@@ -366,34 +332,35 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--external-student-url", default=None,
         help="Use an already running SGLang-API server or router (http://HOST:PORT) as the student pool; "
              "nothing is started for the student. Default: none.")
-    add("--local-num-workers", type=_positive_int, default=1,
+    add("--local-num-workers", type=positive_int, default=1,
         help="Local backend: embedded teacher workers when --rollout-num-gpus is not given (CPU, or sharing one GPU).")
-    add("--local-student-num-workers", type=_positive_int, default=1,
+    add("--local-student-num-workers", type=positive_int, default=1,
         help="Local backend: workers of a separate student pool (--student-checkpoint) when --student-num-gpus is not given.")
     add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="Local backend: cuda if available, else cpu.")
     add("--host", default="127.0.0.1", help="Local backend: address workers and routers bind to.")
-    add("--sglang-mem-fraction-static", type=_open_fraction, default=None,
+    add("--sglang-mem-fraction-static", type=open_fraction, default=None,
         help="Fraction of the GPU's total memory each inference worker may hold for weights plus its static KV "
              "cache (SGLang's --mem-fraction-static); local backend: passed to the workers, and a split with the "
              "trainer on the same GPU that cannot fit is refused at start. Default: not set: when local workers share the "
              "trainer's GPU, each gets an equal part of at most 0.3 of it (never more than the trainer's estimate "
              "leaves); otherwise workers keep up to 30%% of the memory free when they start.")
-    add("--sglang-chunked-prefill-size", type=_prefill_chunk, default=None,
+    add("--sglang-chunked-prefill-size", type=prefill_chunk, default=None,
         help="Tokens per prefill forward in the inference workers (SGLang's --chunked-prefill-size; -1: off). "
              "Default: not set (local workers prefill whole prompts).")
-    add("--sglang-context-length", type=_positive_int, default=None,
+    add("--sglang-context-length", type=positive_int, default=None,
         help="Local backend: the longest request (prompt + new tokens) each embedded worker serves from its "
              "static KV cache and CUDA graphs (the worker's --static-cache-len); longer requests take the slower "
              "generic path. Default: not set (4096). Its slots are sized within the workers' memory share. On "
              "--backend slime this is SGLang's own --context-length.")
-
-    add = groups.group("training (slime-compatible)")
-    add("--sglang-page-size", type=_page_size, default=None,
+    add("--sglang-page-size", type=page_size, default=None,
         help="Tokens per page of the KV cache (SGLang's --page-size). Local backend on CUDA: the embedded workers "
              "keep one pool of pages for all running requests (the worker's --kv-cache paged), so no request leaves "
              "the CUDA-graph path for its length and memory follows the tokens in flight; not set: a static slot of "
-             "--sglang-context-length tokens per request (faster at today's kernels: docs/performance.md section 4). "
-             "The CPU decodes without either cache. On --backend slime this is SGLang's own flag.")
+             "--sglang-context-length tokens per request (faster where prompts fit it; prompts over 4,096 tokens: paged "
+             "is faster, docs/performance.md section 8). The pool holds what the static cache would (the worker's "
+             "--max-total-tokens). The CPU decodes without either cache. On --backend slime this is SGLang's own flag.")
+
+    add = groups.group("training (slime-compatible)")
     add("--lr", type=float, default=1e-5)
     add("--weight-decay", type=float, default=0.0)
     add("--adam-beta1", type=float, default=0.9)
@@ -401,7 +368,7 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add("--clip-grad", type=float, default=1.0)
     add("--eps-clip", type=float, default=0.2)
     add("--eps-clip-high", type=float, default=None)
-    add("--micro-batch-size", type=_positive_int, default=8, help="Sequences per forward pass (gradients accumulate).")
+    add("--micro-batch-size", type=positive_int, default=8, help="Sequences per forward pass (gradients accumulate).")
     add("--std-normalize", action=argparse.BooleanOptionalAction, default=True,
         help="Divide GRPO advantages by the group's std (--no-std-normalize: Dr.GRPO).")
     add("--compile-layers", action=argparse.BooleanOptionalAction, default=None,
@@ -414,7 +381,7 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
              "--micro-batch-size is then unused. The loss is the step's token mean either way. Default: on locally "
              "(a step's memory then has a bound whatever the prompt lengths; slime's own default is off); "
              "--no-use-dynamic-batch-size: --micro-batch-size sequences per forward.")
-    add("--max-tokens-per-gpu", type=_positive_int, default=None,
+    add("--max-tokens-per-gpu", type=positive_int, default=None,
         help="Token budget per micro-batch with --use-dynamic-batch-size (padded tokens of one forward); "
              "with --no-use-dynamic-batch-size the local trainer does not use it (slime also reads it on its own). "
              "Default locally: on CUDA the largest of 16384 / 8192 / 4096 that fits the trainer's share of the GPU "
@@ -425,7 +392,7 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
              "layer's forward, about one extra forward for the layer activations' memory; 'none' keeps the "
              "activations (on a GPU; local only); 'selective' is slime's only. Default locally: 'full' (kept "
              "activations measured 4.6x the trainer's memory for 7%% of a step, docs/performance.md section 8).")
-    add("--max-skipped-steps", type=_positive_int, default=3,
+    add("--max-skipped-steps", type=positive_int, default=3,
         help="Local backend: a step whose loss or gradient norm is not finite is skipped (weights, optimizer state "
              "unchanged, nothing pushed); this many in a row stop the run, the last checkpoint intact.")
     add("--weight-sync", choices=["auto", "disk", "shared-memory", "cuda-ipc"], default="auto",
@@ -440,7 +407,7 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add = groups.group("checkpoints and tracking")
     add("--save", default=None, help="Checkpoint directory.")
     add("--load", default=None, help="Resume from this checkpoint directory.")
-    add("--save-interval", type=_positive_int, default=None, help="Save every N outer steps (and at the end).")
+    add("--save-interval", type=positive_int, default=None, help="Save every N outer steps (and at the end).")
     add("--run-dir", default=None, help="Where metrics, traces, config and plot go (default runs/<time>).")
     add("--use-wandb", action="store_true")
     add("--wandb-project", default="slime-meta")
