@@ -31,16 +31,23 @@ def small_step_args(checkpoint, run_dir, *extra: str) -> list[str]:
 
 
 def test_one_outer_step_with_default_prompts_gives_grades_and_a_gradient(real_checkpoint, tmp_path):
-    run_dir = tmp_path / "real-step"
-    result = run_train(small_step_args(real_checkpoint, run_dir, "--grader", "verifier"), timeout=900)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    # About 1 in 10 of this model's sampled answers is right, so a step of 34 answers is all wrong in
+    # a few runs of a hundred (sampling order varies with batching whatever the seed): a second,
+    # independent step is drawn only then. Both all wrong (about 0.1%) fails.
+    for seed in ("1", "2"):
+        run_dir = tmp_path / f"real-step-{seed}"
+        args = small_step_args(real_checkpoint, run_dir, "--grader", "verifier", "--seed", seed)
+        result = run_train(args, timeout=900)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        (record,) = read_jsonl(run_dir / "metrics.jsonl")
+        grades = [record["meta_learning/avg_inner_grade"], record["meta_learning/avg_holdout_grade"],
+                  record["meta_learning/holdout_grade_no_info"]]  # fmt: skip
+        if max(grades) > 0:
+            break
+    assert max(grades) > 0, (grades, result.stdout[-3000:])
     # The default renders every role with the model's own chat template (the tokenizer has one).
     (line,) = [x for x in result.stdout.splitlines() if x.startswith("prompts:")]
     assert "chat template" in line and "student the same" in line, line
-    (record,) = read_jsonl(run_dir / "metrics.jsonl")
-    grades = [record["meta_learning/avg_inner_grade"], record["meta_learning/avg_holdout_grade"],
-              record["meta_learning/holdout_grade_no_info"]]  # fmt: skip
-    assert max(grades) > 0, (grades, result.stdout[-3000:])
     assert record["train/grad_norm"] > 0 and record.get("train/skipped_no_signal", 0) == 0, record
     # The student saw its problems in the model's chat format and answered (not an instant end of turn).
     traces = (run_dir / "traces.jsonl").read_text()
