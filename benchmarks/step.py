@@ -396,7 +396,8 @@ def print_table(report: dict) -> None:
 
 def print_phases(report: dict) -> None:
     """The step by phase (seconds, means over the measured steps): the rollout's dependent phases
-    (the step's prefills replayed apart, inside them), the trainer's parts, the push, idle, and what ran at once (rollouts ahead of training)."""
+    (the step's prefills replayed apart, inside them), the trainer's parts, the push, idle, and
+    what ran at once (rollouts ahead of training)."""
     shapes = [r for r in report["shapes"] if r.get("phases")]
     if not shapes:
         return
@@ -406,7 +407,8 @@ def print_phases(report: dict) -> None:
         ph, floor = r["phases"], r["floor"]
         rows.append([r["shape"], floor["floor_s"], r["bound"]["bound_s"], ph["step"], ph["prefill_replayed_s"],
                      *[ph["rollout_phases"].get(n) for n in rollout_names], ph["trainer"]["forward_backward"],
-                     ph["trainer"]["reference_forward"], ph["trainer"]["optimizer"], ph["push"], ph["idle"], ph.get("overlapped", 0.0)])  # fmt: skip
+                     ph["trainer"]["reference_forward"], ph["trainer"]["optimizer"], ph["push"], ph["idle"],
+                     ph.get("overlapped", 0.0)])  # fmt: skip
     print(C.table(rows, ["shape", "floor s", "bound s", "step s", "(prefill)", *rollout_names, "fwd+bwd",
                          "ref fwd", "optimizer", "push", "idle", "overlapped"]))  # fmt: skip
     for r in shapes:

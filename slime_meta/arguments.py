@@ -356,9 +356,10 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         help="Tokens per page of the KV cache (SGLang's --page-size). Local backend on CUDA: the embedded workers "
              "keep one pool of pages for all running requests (the worker's --kv-cache paged), so no request leaves "
              "the CUDA-graph path for its length and memory follows the tokens in flight; not set: a static slot of "
-             "--sglang-context-length tokens per request (faster where prompts fit it; prompts over 4,096 tokens: paged "
-             "is faster, docs/performance.md section 8). The pool holds what the static cache would (the worker's "
-             "--max-total-tokens). The CPU decodes without either cache. On --backend slime this is SGLang's own flag.")
+             "--sglang-context-length tokens per request (faster where prompts fit it; with prompts over 4,096 "
+             "tokens paged is faster, docs/performance.md section 8). The pool holds what the static cache would "
+             "(the worker's --max-total-tokens). The CPU decodes without either cache. On --backend slime this is "
+             "SGLang's own flag.")
 
     add = groups.group("training (slime-compatible)")
     add("--lr", type=float, default=1e-5)

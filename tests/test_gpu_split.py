@@ -124,7 +124,8 @@ def test_run_flags_are_checked_and_become_the_workers_flags(tiny_checkpoint: Pat
     # A page size puts the workers on the paged KV cache; none keeps the static slots.
     cfg = parse_config([*BASE, "--sglang-page-size", "32"])
     p = cfg.pools
-    worker = parse_worker_args(["--model-path", str(tiny_checkpoint), *worker_memory_args(None, None, None, p.sglang_page_size)])
+    args = worker_memory_args(None, None, None, p.sglang_page_size)
+    worker = parse_worker_args(["--model-path", str(tiny_checkpoint), *args])
     assert (worker.kv_cache, worker.page_size) == ("paged", 32)
     assert parse_worker_args(["--model-path", str(tiny_checkpoint)]).kv_cache == "static"
     for bad in ("24", "256", "0"):

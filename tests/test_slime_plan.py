@@ -109,7 +109,8 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--loss-type", "policy_loss"], "--loss-type policy_loss"),
         (["--colocate", "--advantage-estimator", "ppo"], "--advantage-estimator ppo"),
         (["--colocate", "--group-key", "family"], "--heldout-ipb"),  # per family: the holdout must divide evenly
-        (["--colocate", "--sdpo-alpha", "0.1", "--sdpo-topk", "8", "--no-sdpo-topk-tail"], "keeps the hint's mass outside"),
+        (["--colocate", "--sdpo-alpha", "0.1", "--sdpo-topk", "8", "--no-sdpo-topk-tail"],
+         "keeps the hint's mass outside"),
         (["--colocate", "--sdpo-alpha", "0.1", "--sdpo-temperature", "0.5"], "give --sdpo-temperature 1"),
         (["--colocate", "--sdpo-alpha", "0.1", "--context-parallel-size", "2"], "give --context-parallel-size 1"),
         (["--colocate", "--sdpo-alpha", "0.1"], "--rollout-temperature 1.0 with solver samples"),
