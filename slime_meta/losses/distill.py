@@ -58,6 +58,16 @@ def divergence_from_logps(logp_s: Tensor, logp_t: Tensor, beta: float) -> Tensor
     return beta * _kl_rows(logp_t, logp_m) + (1.0 - beta) * _kl_rows(logp_s, logp_m)
 
 
+def check_jsd_settings(beta: float, temperature: float, token_clip: float | None) -> None:
+    """The settings every generalised JSD here takes: beta in [0, 1], temperature > 0, clip >= 0."""
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if token_clip is not None and token_clip < 0:
+        raise ValueError(f"token_clip must be >= 0, got {token_clip}")
+
+
 def _check_jsd_args(student_logits: Tensor, teacher_logits: Tensor, beta: float, temperature: float,
                     top_k: int | None, token_clip: float | None) -> int | None:  # fmt: skip
     """Validate; returns `top_k`, or None when it keeps every id (identical to the full distribution)."""
@@ -66,14 +76,9 @@ def _check_jsd_args(student_logits: Tensor, teacher_logits: Tensor, beta: float,
             f"student and teacher logits must have the same [..., V] shape, got "
             f"{tuple(student_logits.shape)} and {tuple(teacher_logits.shape)}"
         )
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got {beta}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    check_jsd_settings(beta, temperature, token_clip)
     if top_k is not None and not (isinstance(top_k, int) and 1 <= top_k):
         raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-    if token_clip is not None and token_clip < 0:
-        raise ValueError(f"token_clip must be >= 0, got {token_clip}")
     return None if top_k is not None and top_k >= student_logits.shape[-1] else top_k
 
 

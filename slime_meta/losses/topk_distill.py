@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ._common import as_bool_mask, rowwise, selected_rows
-from .distill import JSDOutput, _jsd_output, divergence_from_logps
+from .distill import JSDOutput, _jsd_output, check_jsd_settings, divergence_from_logps
 
 # The log of an empty bucket: a floor, not -inf, so that 0 * log 0 and its gradient stay finite.
 _TINY = 1e-30
@@ -147,12 +147,7 @@ def topk_generalized_jsd(
             f"expected student logits [..., V] and teacher top-k ids and log-probs [..., K] over the same tokens, got "
             f"{tuple(student_logits.shape)}, {tuple(teacher_topk_ids.shape)} and {tuple(teacher_topk_logprobs.shape)}"
         )
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got {beta}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if token_clip is not None and token_clip < 0:
-        raise ValueError(f"token_clip must be >= 0, got {token_clip}")
+    check_jsd_settings(beta, temperature, token_clip)
     V, K = student_logits.shape[-1], teacher_topk_ids.shape[-1]
     mask_b = as_bool_mask(mask, student_logits.shape[:-1], student_logits)
     row_idx = selected_rows(mask_b.reshape(-1))
