@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from slime_meta.serving.paged_cache import SCRATCH_PAGE, PagedKVCache
-from slime_meta.serving.static_model import _ATTENTION_BACKENDS, LlamaFamilyForward, _apply_rotary, _linear, _rms_norm
+from slime_meta.serving.static_model import _ATTENTION_BACKENDS, LlamaFamilyForward
 
 
 class PagedDecoder(LlamaFamilyForward):
@@ -139,21 +139,9 @@ class PagedDecoder(LlamaFamilyForward):
         self.page_table_R_M[self._rows_R[:rows], positions_B // page_size] = write_pages_B
         write_slots_B = write_pages_B * page_size + positions_B % page_size
         pages_B_A = self.page_table_R_M[:rows, : attended // page_size]
-        cos_B_1_D = self.cos_P_D[positions_B][:, None, :]
-        sin_B_1_D = self.signed_sin_P_D[positions_B][:, None, :]
-        hidden_columns_B_T = self._positions_T[None, :attended] > positions_B[:, None]
-        mask_B_1_1_T = torch.zeros(hidden_columns_B_T.shape, dtype=s.dtype, device=s.device).masked_fill(
-            hidden_columns_B_T, float("-inf")
-        )[:, None, None, :]
-        hidden_B_E = self._inner.embed_tokens(token_ids_B)
+        hidden_B_E, cos_B_1_D, sin_B_1_D, mask_B_1_1_T = self._decode_inputs(token_ids_B, positions_B, attended)
         for index, layer in enumerate(self._layers):
-            attention = layer.self_attn
-            x = _rms_norm(hidden_B_E, layer.input_layernorm)
-            q_B_H_D = _linear(x, attention.q_proj).view(rows, s.num_heads, s.head_dim)
-            k_B_K_D = _linear(x, attention.k_proj).view(rows, s.num_kv_heads, s.head_dim)
-            rotated_B_HK_D = _apply_rotary(torch.cat((q_B_H_D, k_B_K_D), dim=1), cos_B_1_D, sin_B_1_D)
-            q_B_H_D, k_B_K_D = rotated_B_HK_D[:, : s.num_heads], rotated_B_HK_D[:, s.num_heads :]
-            v_B_K_D = _linear(x, attention.v_proj).view(rows, s.num_kv_heads, s.head_dim)
+            q_B_H_D, k_B_K_D, v_B_K_D = self._decode_qkv(layer, hidden_B_E, cos_B_1_D, sin_B_1_D)
             keys_P_S_K_D = self.cache.keys_L_P_S_K_D[index]
             values_P_S_K_D = self.cache.values_L_P_S_K_D[index]
             keys_P_S_K_D.view(-1, s.num_kv_heads, s.head_dim)[write_slots_B] = k_B_K_D
@@ -161,15 +149,8 @@ class PagedDecoder(LlamaFamilyForward):
             # Each row's pages in order make its keys 0..attended-1 (one gather per tensor).
             keys_B_T_K_D = keys_P_S_K_D[pages_B_A].view(rows, attended, s.num_kv_heads, s.head_dim)
             values_B_T_K_D = values_P_S_K_D[pages_B_A].view(rows, attended, s.num_kv_heads, s.head_dim)
-            # Grouped-query attention without copying keys, as in the static forward.
-            q_B_K_G_D = q_B_H_D.view(rows, s.num_kv_heads, s.group_size, s.head_dim)
-            attended_B_K_G_D = F.scaled_dot_product_attention(
-                q_B_K_G_D,
-                keys_B_T_K_D.transpose(1, 2),
-                values_B_T_K_D.transpose(1, 2),
-                attn_mask=mask_B_1_1_T,
-                scale=self._scaling,
+            attended_B_HD = self._decode_attention(
+                q_B_H_D, keys_B_T_K_D.transpose(1, 2), values_B_T_K_D.transpose(1, 2), mask_B_1_1_T
             )
-            attended_B_HD = attended_B_K_G_D.reshape(rows, s.num_heads * s.head_dim)
             hidden_B_E = self._finish_layer(layer, hidden_B_E, attended_B_HD)
         return self._logits(hidden_B_E)

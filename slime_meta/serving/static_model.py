@@ -188,6 +188,45 @@ class LlamaFamilyForward:
         v_N_K_C_D = _linear(x, attention.v_proj).view(num_rows, columns, s.num_kv_heads, s.head_dim).transpose(1, 2)
         return _apply_rotary(q_N_H_C_D, cos_C_D, sin_C_D), _apply_rotary(k_N_K_C_D, cos_C_D, sin_C_D), v_N_K_C_D
 
+    # ----- one decode step, whatever holds the keys ---------------------------------------------
+
+    def _decode_inputs(self, token_ids_B: torch.Tensor, positions_B: torch.Tensor, attended: int):
+        """The step's embeddings (B, E), rotary cos/sin (B, 1, D) and additive mask (B, 1, 1, T)."""
+        s = self.shape
+        cos_B_1_D = self.cos_P_D[positions_B][:, None, :]
+        sin_B_1_D = self.signed_sin_P_D[positions_B][:, None, :]
+        # Key column t is visible to a row when t <= its new position; an additive mask made once
+        # here rather than converted from booleans in every layer.
+        hidden_columns_B_T = self._positions_T[None, :attended] > positions_B[:, None]
+        mask_B_1_1_T = torch.zeros(hidden_columns_B_T.shape, dtype=s.dtype, device=s.device).masked_fill(
+            hidden_columns_B_T, float("-inf")
+        )[:, None, None, :]
+        return self._inner.embed_tokens(token_ids_B), cos_B_1_D, sin_B_1_D, mask_B_1_1_T
+
+    def _decode_qkv(self, layer: torch.nn.Module, hidden_B_E: torch.Tensor, cos_B_1_D, sin_B_1_D):
+        """The new token's query (B, H, D), key and value (B, K, D), rotated as HF rotates them."""
+        s = self.shape
+        rows = hidden_B_E.shape[0]
+        attention = layer.self_attn
+        x = _rms_norm(hidden_B_E, layer.input_layernorm)
+        q_B_H_D = _linear(x, attention.q_proj).view(rows, s.num_heads, s.head_dim)
+        k_B_K_D = _linear(x, attention.k_proj).view(rows, s.num_kv_heads, s.head_dim)
+        rotated_B_HK_D = _apply_rotary(torch.cat((q_B_H_D, k_B_K_D), dim=1), cos_B_1_D, sin_B_1_D)
+        v_B_K_D = _linear(x, attention.v_proj).view(rows, s.num_kv_heads, s.head_dim)
+        return rotated_B_HK_D[:, : s.num_heads], rotated_B_HK_D[:, s.num_heads :], v_B_K_D
+
+    def _decode_attention(self, q_B_H_D: torch.Tensor, keys_B_K_T_D: torch.Tensor, values_B_K_T_D: torch.Tensor,
+                          mask_B_1_1_T: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Grouped-query attention without copying keys: the G query heads that share a kv head
+        become G query positions against that head's keys. Returns (B, H x D)."""
+        s = self.shape
+        rows = q_B_H_D.shape[0]
+        q_B_K_G_D = q_B_H_D.view(rows, s.num_kv_heads, s.group_size, s.head_dim)
+        attended_B_K_G_D = F.scaled_dot_product_attention(
+            q_B_K_G_D, keys_B_K_T_D, values_B_K_T_D, attn_mask=mask_B_1_1_T, scale=self._scaling
+        )
+        return attended_B_K_G_D.reshape(rows, s.num_heads * s.head_dim)
+
     def _finish_layer(self, layer: torch.nn.Module, hidden: torch.Tensor, attended_HD: torch.Tensor) -> torch.Tensor:
         """Output projection, residual, MLP and residual after attention (`attended_HD`: heads flattened)."""
         hidden = hidden + _linear(attended_HD, layer.self_attn.o_proj)
@@ -303,38 +342,15 @@ class StaticDecoder(LlamaFamilyForward):
         s = self.shape
         rows = token_ids_B.shape[0]
         slots_B = self._slots_S[:rows]
-        cos_B_1_D = self.cos_P_D[positions_B][:, None, :]
-        sin_B_1_D = self.signed_sin_P_D[positions_B][:, None, :]
-        # Key column t is visible to a row when t <= its new position; an additive mask made once
-        # here rather than converted from booleans in every layer.
-        hidden_columns_B_T = self._positions_T[None, :attended] > positions_B[:, None]
-        mask_B_1_1_T = torch.zeros(hidden_columns_B_T.shape, dtype=s.dtype, device=s.device).masked_fill(
-            hidden_columns_B_T, float("-inf")
-        )[:, None, None, :]
-        hidden_B_E = self._inner.embed_tokens(token_ids_B)
+        hidden_B_E, cos_B_1_D, sin_B_1_D, mask_B_1_1_T = self._decode_inputs(token_ids_B, positions_B, attended)
         for index, layer in enumerate(self._layers):
-            attention = layer.self_attn
-            x = _rms_norm(hidden_B_E, layer.input_layernorm)
-            q_B_H_D = _linear(x, attention.q_proj).view(rows, s.num_heads, s.head_dim)
-            k_B_K_D = _linear(x, attention.k_proj).view(rows, s.num_kv_heads, s.head_dim)
-            rotated_B_HK_D = _apply_rotary(torch.cat((q_B_H_D, k_B_K_D), dim=1), cos_B_1_D, sin_B_1_D)
-            q_B_H_D, k_B_K_D = rotated_B_HK_D[:, : s.num_heads], rotated_B_HK_D[:, s.num_heads :]
-            v_B_K_D = _linear(x, attention.v_proj).view(rows, s.num_kv_heads, s.head_dim)
+            q_B_H_D, k_B_K_D, v_B_K_D = self._decode_qkv(layer, hidden_B_E, cos_B_1_D, sin_B_1_D)
             keys_S_K_T_D = self.cache.keys_L_S_K_T_D[index]
             values_S_K_T_D = self.cache.values_L_S_K_T_D[index]
             keys_S_K_T_D[slots_B, :, positions_B] = k_B_K_D
             values_S_K_T_D[slots_B, :, positions_B] = v_B_K_D
-            # Grouped-query attention without copying keys: the G query heads that share a kv
-            # head become G query positions against that head's keys.
-            q_B_K_G_D = q_B_H_D.view(rows, s.num_kv_heads, s.group_size, s.head_dim)
-            attended_B_K_G_D = F.scaled_dot_product_attention(
-                q_B_K_G_D,
-                keys_S_K_T_D[:rows, :, :attended],
-                values_S_K_T_D[:rows, :, :attended],
-                attn_mask=mask_B_1_1_T,
-                scale=self._scaling,
+            attended_B_HD = self._decode_attention(
+                q_B_H_D, keys_S_K_T_D[:rows, :, :attended], values_S_K_T_D[:rows, :, :attended], mask_B_1_1_T
             )
-            attended_B_HD = attended_B_K_G_D.reshape(rows, s.num_heads * s.head_dim)
-            hidden_B_E = hidden_B_E + _linear(attended_B_HD, attention.o_proj)
-            hidden_B_E = hidden_B_E + self._mlp(layer, _rms_norm(hidden_B_E, layer.post_attention_layernorm))
+            hidden_B_E = self._finish_layer(layer, hidden_B_E, attended_B_HD)
         return self._logits(hidden_B_E)
