@@ -26,7 +26,7 @@ from slime_meta.serving.paged_cache import SCRATCH_PAGE, PagedKVCache, PagePool,
 from slime_meta.serving.paged_model import PagedDecoder
 from slime_meta.serving.protocol import GenerationSpec
 from slime_meta.serving.rows import GenerationJob, RowState, shared_prompts
-from slime_meta.serving.sampling import RowSampling
+from slime_meta.serving.slot_batch import SlotBatch
 from slime_meta.serving.static_model import model_shape, unsupported_reason
 
 logger = logging.getLogger("slime_meta.worker")
@@ -34,7 +34,7 @@ logger = logging.getLogger("slime_meta.worker")
 DEFAULT_PAGE_SIZE = 16
 
 
-class PagedBatch:
+class PagedBatch(SlotBatch):
     def __init__(
         self,
         decoder: PagedDecoder,
@@ -43,33 +43,17 @@ class PagedBatch:
         pad_token_id: int,
         chunk_tokens: int | None = None,
     ):
+        super().__init__(decoder.num_rows, graphs, pad_token_id, decoder.shape.device, chunk_tokens)
         self._decoder = decoder
-        self._graphs = graphs
         self.pool = pool
-        self._pad_token_id = pad_token_id
-        self._chunk_tokens = chunk_tokens
-        self._device = decoder.shape.device
         self._page_size = decoder.page_size
-        num_rows = decoder.num_rows
-        self._row_by_slot: list[RowState | None] = [None] * num_rows
-        self._length_by_slot = [0] * num_rows
-        self._pages_by_slot: list[list[int]] = [[] for _ in range(num_rows)]
-        self._budget_by_slot = [0] * num_rows  # pages reserved for the row and not yet taken
-        self._rows: list[RowState] | None = None
-        self._occupied_index: torch.Tensor | None = None
-        self.sampling: RowSampling | None = None
+        self._pages_by_slot: list[list[int]] = [[] for _ in range(decoder.num_rows)]
+        self._budget_by_slot = [0] * decoder.num_rows  # pages reserved for the row and not yet taken
 
     @property
     def capacity(self) -> int:
         """Tokens one row may hold: the page table's width, and never more than the pool."""
         return min(self._decoder.capacity, self.pool.usable_pages * self._page_size)
-
-    @property
-    def uses_graphs(self) -> bool:
-        return self._graphs.use_graphs
-
-    def __len__(self) -> int:
-        return len(self.rows)
 
     def describe(self) -> dict:
         pool = self.pool
@@ -85,15 +69,6 @@ class PagedBatch:
             "graphs": self._graphs.num_graphs,
             "graph_capture_s": round(self._graphs.capture_s, 3),
         }
-
-    @property
-    def rows(self) -> list[RowState]:
-        if self._rows is None:
-            self._rows = [row for row in self._row_by_slot if row is not None]
-        return self._rows
-
-    def free_slots(self) -> int:
-        return sum(row is None for row in self._row_by_slot)
 
     def can_serve(self, spec: GenerationSpec) -> bool:
         """Prompt scoring stays on the generic path; the rest when the empty pool could hold the row."""
@@ -111,11 +86,6 @@ class PagedBatch:
 
     def admission_gate(self) -> _AdmissionGate:
         return _AdmissionGate(self)
-
-    def _membership_changed(self) -> None:
-        self._rows = None
-        self._occupied_index = None
-        self.sampling = None
 
     # ----- admission -------------------------------------------------------------------------
 
@@ -185,7 +155,7 @@ class PagedBatch:
 
     def decode(self) -> torch.Tensor:
         """One token for every running row; returns logits (len(rows), V) in `rows` order."""
-        top = max(slot for slot, row in enumerate(self._row_by_slot) if row is not None) + 1
+        top = self._top_slot()
         token_ids, positions, write_pages = [], [], []
         for slot in range(top):
             row = self._row_by_slot[slot]
@@ -201,36 +171,15 @@ class PagedBatch:
             token_ids.append(row.output_ids[-1])
             positions.append(position)
             write_pages.append(pages[position // self._page_size])
-        logits_B_V = self._graphs.step(token_ids, positions, write_pages)
-        for slot in range(top):
-            if self._row_by_slot[slot] is not None:
-                self._length_by_slot[slot] += 1
-        if len(self.rows) == top:
-            return logits_B_V[:top]
-        if self._occupied_index is None:
-            occupied = [slot for slot in range(top) if self._row_by_slot[slot] is not None]
-            self._occupied_index = torch.tensor(occupied, dtype=torch.int64).to(self._device)
-        return logits_B_V.index_select(0, self._occupied_index)
+        return self._stepped(self._graphs.step(token_ids, positions, write_pages), top)
 
-    def release(self, rows: Sequence[RowState]) -> None:
-        """Free the rows and pages of `rows` (finished, aborted or failed) and their reservations."""
-        leaving = {id(row) for row in rows}
-        if not leaving:
-            return
-        for slot, row in enumerate(self._row_by_slot):
-            if row is not None and id(row) in leaving:
-                self.pool.release(self._pages_by_slot[slot])
-                self.pool.unreserve(self._budget_by_slot[slot])
-                self._row_by_slot[slot] = None
-                self._length_by_slot[slot] = 0
-                self._pages_by_slot[slot] = []
-                self._budget_by_slot[slot] = 0
-        self._membership_changed()
-
-    def release_all(self) -> list[RowState]:
-        rows = list(self.rows)
-        self.release(rows)
-        return rows
+    def _free_slot(self, slot: int) -> None:
+        """The slot and its row's pages and reservation (finished, aborted or failed)."""
+        self.pool.release(self._pages_by_slot[slot])
+        self.pool.unreserve(self._budget_by_slot[slot])
+        self._pages_by_slot[slot] = []
+        self._budget_by_slot[slot] = 0
+        super()._free_slot(slot)
 
 
 class _AdmissionGate:

@@ -23,40 +23,23 @@ from slime_meta.serving.cuda_graphs import DecodeGraphs
 from slime_meta.serving.paged_batch import DEFAULT_PAGE_SIZE, PagedBatch, build_paged_batch
 from slime_meta.serving.protocol import GenerationSpec
 from slime_meta.serving.rows import GenerationJob, RowState, shared_prompts
-from slime_meta.serving.sampling import RowSampling
+from slime_meta.serving.slot_batch import SlotBatch
 from slime_meta.serving.static_cache import StaticKVCache, bytes_per_token, fit_capacity
 from slime_meta.serving.static_model import StaticDecoder, model_shape, unsupported_reason
 
 logger = logging.getLogger("slime_meta.worker")
 
 
-class StaticBatch:
+class StaticBatch(SlotBatch):
     def __init__(
         self, decoder: StaticDecoder, graphs: DecodeGraphs, pad_token_id: int, chunk_tokens: int | None = None
     ):
+        super().__init__(decoder.cache.num_slots, graphs, pad_token_id, decoder.shape.device, chunk_tokens)
         self._decoder = decoder
-        self._chunk_tokens = chunk_tokens  # chunked prefill: tokens per prefill forward; None: whole prompts
-        self._graphs = graphs
-        self._pad_token_id = pad_token_id
-        self._device = decoder.shape.device
-        num_slots = decoder.cache.num_slots
-        self._row_by_slot: list[RowState | None] = [None] * num_slots
-        self._length_by_slot = [0] * num_slots
-        # Derived from membership; reset whenever a row joins or leaves.
-        self._rows: list[RowState] | None = None
-        self._occupied_index: torch.Tensor | None = None
-        self.sampling: RowSampling | None = None  # the engine's settings for `rows`, in order
 
     @property
     def capacity(self) -> int:
         return self._decoder.cache.capacity
-
-    @property
-    def uses_graphs(self) -> bool:
-        return self._graphs.use_graphs
-
-    def __len__(self) -> int:
-        return len(self.rows)
 
     def describe(self) -> dict:
         graphs = self._graphs
@@ -68,16 +51,6 @@ class StaticBatch:
             "graph_capture_s": round(graphs.capture_s, 3),
         }
 
-    @property
-    def rows(self) -> list[RowState]:
-        """Running rows in slot order (the order of `decode`'s logits)."""
-        if self._rows is None:
-            self._rows = [row for row in self._row_by_slot if row is not None]
-        return self._rows
-
-    def free_slots(self) -> int:
-        return sum(row is None for row in self._row_by_slot)
-
     def can_serve(self, spec: GenerationSpec) -> bool:
         """Prompt scoring stays on the generic path; every position a row will write must fit."""
         return not spec.wants_input_logprobs and len(spec.input_ids) + spec.sampling.max_new_tokens <= self.capacity
@@ -85,11 +58,6 @@ class StaticBatch:
     def admission_gate(self) -> None:
         """No gate: requests beyond the free slots go to the DynamicCache path (see PagedBatch)."""
         return None
-
-    def _membership_changed(self) -> None:
-        self._rows = None
-        self._occupied_index = None
-        self.sampling = None
 
     def prefill(self, jobs: Sequence[GenerationJob]) -> tuple[list[RowState], torch.Tensor, int]:
         """Place `jobs` in free slots and run their prompts: (rows, first-token logits, prompts run).
@@ -132,38 +100,13 @@ class StaticBatch:
 
     def decode(self) -> torch.Tensor:
         """One token for every running row; returns logits (len(rows), V) in `rows` order."""
-        top = max(slot for slot, row in enumerate(self._row_by_slot) if row is not None) + 1
+        top = self._top_slot()
         token_ids, positions = [], []
         for slot in range(top):
             row = self._row_by_slot[slot]
             token_ids.append(row.output_ids[-1] if row is not None else self._pad_token_id)
             positions.append(self._length_by_slot[slot] if row is not None else 0)
-        logits_B_V = self._graphs.step(token_ids, positions)
-        for slot in range(top):
-            if self._row_by_slot[slot] is not None:
-                self._length_by_slot[slot] += 1
-        if len(self.rows) == top:
-            return logits_B_V[:top]
-        if self._occupied_index is None:
-            occupied = [slot for slot in range(top) if self._row_by_slot[slot] is not None]
-            self._occupied_index = torch.tensor(occupied, dtype=torch.int64).to(self._device)
-        return logits_B_V.index_select(0, self._occupied_index)
-
-    def release(self, rows: Sequence[RowState]) -> None:
-        """Free the slots of `rows` (finished, aborted or failed)."""
-        leaving = {id(row) for row in rows}
-        if not leaving:
-            return
-        for slot, row in enumerate(self._row_by_slot):
-            if row is not None and id(row) in leaving:
-                self._row_by_slot[slot] = None
-                self._length_by_slot[slot] = 0
-        self._membership_changed()
-
-    def release_all(self) -> list[RowState]:
-        rows = list(self.rows)
-        self.release(rows)
-        return rows
+        return self._stepped(self._graphs.step(token_ids, positions), top)
 
 
 def default_pool_tokens(model: torch.nn.Module, requested: int) -> int:
