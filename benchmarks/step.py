@@ -262,7 +262,7 @@ def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, resu
             "meta_learning/inner_loop_time", "pool/teacher_prompt_tokens", "pool/teacher_completion_tokens",
             "pool/student_prompt_tokens", "pool/student_completion_tokens", "pool/teacher_requests",
             "pool/student_requests", "train/step_time", "train/num_sequences", "train/response_tokens")  # fmt: skip
-    keys += tuple(sorted({key for r in measured for key in r if key.startswith("perf/")} - set(keys)))
+    keys += tuple(sorted({key for r in measured for key in r if key.startswith(("perf/", "worker/"))} - set(keys)))
     per = result["per_step"] = {key: fmean(r.get(key, 0.0) for r in measured) for key in keys if any(key in r for r in measured)}
     result["trainer_plan"] = trainer_plan(run_dir, work / "train.log")
     per["train/tokens"] = fmean(r["train/tokens_per_s"] * r["train/step_time"] for r in measured)
@@ -417,6 +417,11 @@ def print_phases(report: dict) -> None:
               f"prefill {f['prefill_s']:.2f} + decode {f['decode_s']:.3f} ({f['decode_steps']} steps) at "
               f"{f['peak_tflops']:g} TFLOP/s, {f['bandwidth_tbs']:g} TB/s; step / floor {f['step_vs_floor']:.1f}; "
               f"trainer: {r.get('trainer_plan', {}).get('line') or r.get('trainer_plan')}")  # fmt: skip
+        per = r["per_step"]
+        for pool in sorted({k.split("/")[1].rsplit("_busy_share")[0] for k in per if k.endswith("_busy_share")}):
+            seconds = {kind: per.get(f"worker/{pool}_{kind}_time", 0.0) for kind in ("prefill", "fast_decode", "dynamic_decode", "idle")}
+            print(f"{r['shape']}: {pool} worker per step: " + ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items())
+                  + f" (busy {per[f'worker/{pool}_busy_share']:.0%})")  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -179,6 +179,11 @@ def test_step_quick_runs_the_loop_and_reports_its_parts(tmp_path):
     assert per["perf/step_time"] == pytest.approx(parts, rel=1e-6)
     assert per["generated_tokens"] == per["pool/teacher_completion_tokens"] + per["pool/student_completion_tokens"] > 0
     assert per["train/tokens"] > per["train/num_sequences"] > 0
+    # The worker's time per step (its engine's counters): it prefilled and decoded, and was not always busy.
+    assert per["worker/teacher_prefill_time"] > 0 and per["worker/teacher_idle_time"] > 0
+    assert per["worker/teacher_fast_decode_time"] + per["worker/teacher_dynamic_decode_time"] > 0
+    assert 0 < per["worker/teacher_busy_share"] < 1
+    assert "teacher worker per step: prefill" in result.stdout
     prefix = shape["prefix"]
     # Each traced request once; the pool counts a prompt once per returned row, and the control too.
     assert 0 < prefix["prefilled_tokens"] <= per["prompt_tokens_per_row"]

@@ -474,3 +474,22 @@ def test_a_client_that_goes_away_frees_its_rows(worker_url: str, tokenizer) -> N
     # Ended early, not run to the last token for nobody.
     assert info["engine"]["tokens_generated"] - tokens_before < rows * max_new_tokens
     assert len(greedy(worker_url, body["input_ids"][0], 3)) == 3  # still serving
+
+
+def test_engine_time_counters_split_a_step_into_prefill_decode_and_idle(worker_url: str) -> None:
+    from slime_meta.backends.local.worker_time import WorkerTimeMeter
+
+    meter = WorkerTimeMeter({"teacher": [worker_url]})
+    time.sleep(0.3)
+    quiet = meter.metrics()
+    assert quiet["worker/teacher_idle_time"] >= 0.2  # nothing to do: the thread waited
+    assert quiet["worker/teacher_prefill_time"] == 0.0 and quiet["worker/teacher_busy_share"] < 0.05
+
+    greedy(worker_url, list(range(3, 40)), max_new_tokens=24)
+    busy = meter.metrics()
+    assert busy["worker/teacher_prefill_time"] > 0.0
+    # 24 tokens: one from the prefill's logits, 23 from decode steps on one of the two paths.
+    assert busy["worker/teacher_fast_decode_time"] + busy["worker/teacher_dynamic_decode_time"] > 0.0
+    assert 0.0 < busy["worker/teacher_busy_share"] <= 1.0
+    # A worker that does not answer is left out, not counted as idle.
+    assert WorkerTimeMeter({"teacher": ["http://127.0.0.1:9"]}).metrics() == {}

@@ -107,6 +107,11 @@ class GenerationEngine(_Prefill):
         # Prompts run through a prefill, and rows that got a prompt's cache without running it (`n`).
         self.counters.update(prefill_prompts=0, shared_prefill_rows=0)
         self.counters.update(static_requests=0, static_decode_steps=0)  # the fast path's share
+        # Where the generation thread's time goes (seconds since start). Every section ends with the
+        # sampled tokens read back to the host, so host time is GPU time here: a busy share near 1
+        # means the engine bounds the rollout; a low one, that the clients do not keep it fed.
+        self.counters.update(prefill_s=0.0, fast_decode_s=0.0, dynamic_decode_s=0.0, idle_s=0.0)
+        self._waiting_since: float | None = None  # when the thread began waiting for work, if it is
         self._can_join = self._probe_cache_is_joinable()
 
     # ----- thread-safe API -------------------------------------------------------------------
@@ -155,6 +160,14 @@ class GenerationEngine(_Prefill):
             finish_reason = {"type": "abort", "message": message}
             job.settle(RowState(job).result(finish_reason, self._decode, self.weight_version))
 
+    def counters_now(self) -> dict[str, float | int]:
+        """The counters, with a wait for work still going on counted as idle up to now."""
+        counters = dict(self.counters)
+        waiting_since = self._waiting_since
+        if waiting_since is not None:
+            counters["idle_s"] += time.perf_counter() - waiting_since
+        return counters
+
     def queue_depth(self) -> int:
         return len(self._waiting)
 
@@ -176,9 +189,13 @@ class GenerationEngine(_Prefill):
 
     def _run(self) -> None:
         running: _RunningBatch | None = None
+        counters = self.counters
         while True:
             rows_in_batch = (len(running.rows) if running else 0) + self._static_row_count()
+            self._waiting_since = time.perf_counter()
             jobs, control_op, abort_message = self._take_work(rows_in_batch)
+            waited_s, self._waiting_since = time.perf_counter() - self._waiting_since, None
+            counters["idle_s"] += waited_s
             if self._stopping:
                 break
             if abort_message is not None:
@@ -191,12 +208,18 @@ class GenerationEngine(_Prefill):
                 continue
             try:
                 with torch.inference_mode():
+                    began = time.perf_counter()
                     if jobs:
                         running = self._admit(running, jobs)
+                        counters["prefill_s"] += time.perf_counter() - began
+                    began = time.perf_counter()
                     if self._static_row_count():
                         self._static_decode_step()
+                        counters["fast_decode_s"] += time.perf_counter() - began
+                    began = time.perf_counter()
                     if running is not None:
                         running = self._decode_step(running)
+                        counters["dynamic_decode_s"] += time.perf_counter() - began
             except Exception as error:  # keep serving: fail only the requests in this batch
                 logger.exception("generation step failed")
                 batch_jobs = [row.job for row in running.rows] if running is not None else []

@@ -153,7 +153,7 @@ async def handle_server_info(request: web.Request) -> web.Response:
             "engine": {
                 "decode_path": context.engine.decode_path,
                 "fast_path": context.engine.fast_path_info,
-                **context.engine.counters,
+                **context.engine.counters_now(),
             },
         }
     )

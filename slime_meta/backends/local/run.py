@@ -16,6 +16,7 @@ from slime_meta.arguments import MetaConfig
 from slime_meta.backends.local import components as C
 from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.backends.local.pipeline import RolloutPipeline
+from slime_meta.backends.local.worker_time import WorkerTimeMeter
 from slime_meta.inner_loop import describe_batch
 from slime_meta.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from slime_meta.tracking import Tracker, format_eval_line, format_step_line
@@ -66,6 +67,8 @@ async def _run(cfg: MetaConfig) -> Path:
             trainer.load_state_dict(resume.trainer_state)
             set_rng_state(resume.trainer_state["rng"])
         tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict(), start_step=start_step)
+        # Each step: the local workers' seconds in prefill, decode and idle (worker/*).
+        worker_time = WorkerTimeMeter({name: list(processes.pool(name).worker_urls) for name in processes.pool_names()})
         baseline = await C.baseline_eval(cfg, rollout, data.sampler.problems) if start_step == 0 else {}
         # Fixed eval sets: before training (merged into step 0's record), every --eval-interval steps, at the end.
         evaluation = await C.evaluate(cfg, rollout, data.eval_sets, 0) if start_step == 0 and data.eval_sets else {}
@@ -110,6 +113,7 @@ async def _run(cfg: MetaConfig) -> Path:
                 metrics = {**result.metrics, **solver_metrics, **train_metrics, **timings}
                 metrics.update(C.counter_metrics(teacher_pool, student_pool, rollout.grader))
                 metrics.update(await asyncio.to_thread(C.process_metrics, processes))
+                metrics.update(await asyncio.to_thread(worker_time.metrics))
                 metrics.update(C.staleness_metrics(result.samples, rollout_id, start_step))
                 metrics.update(baseline if rollout_id == start_step else {})
                 metrics.update(evaluation)

@@ -1,0 +1,65 @@
+"""Where each local pool's workers spent the step: prefill, decode, idle (from their engines).
+
+A rollout slower than its generation could be the engine's work (prefills, a slow decode path)
+or the clients not keeping the engine fed (dependent phases, grading, HTTP). The engines count
+seconds per kind of work (`engine` in `/get_server_info`); this reads them once per step and logs
+the difference, summed over a pool's workers:
+- `worker/{pool}_{prefill,fast_decode,dynamic_decode,idle}_time`: seconds in each since the last
+  read (fast decode: the static or paged cache with CUDA graphs; dynamic: the generic path);
+- `worker/{pool}_busy_share`: busy / (busy + idle).
+A worker that restarted starts its counters from zero: its first read counts from there.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+
+from slime_meta.backends.local.processes import _OPENER
+
+_KINDS = ("prefill_s", "fast_decode_s", "dynamic_decode_s", "idle_s")
+
+
+def read_engine_seconds(worker_url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """The engine's seconds per kind of work so far, or None when the worker does not answer."""
+    try:
+        with _OPENER.open(worker_url.rstrip("/") + "/get_server_info", timeout=timeout_s) as response:
+            engine = json.loads(response.read()).get("engine", {})
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    if not all(isinstance(engine.get(kind), (int, float)) for kind in _KINDS):
+        return None  # a server without these counters (an external SGLang worker)
+    return {kind: float(engine[kind]) for kind in _KINDS}
+
+
+class WorkerTimeMeter:
+    """Per-step differences of the engines' time counters, per pool."""
+
+    def __init__(self, pool_urls: dict[str, list[str]]):
+        self._pool_urls = pool_urls
+        self._last: dict[str, dict[str, float]] = {}
+        self.metrics()  # start counting from now: the start-up's warm-up is not a step's
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for pool, urls in self._pool_urls.items():
+            totals = dict.fromkeys(_KINDS, 0.0)
+            answered = 0
+            for url in urls:
+                now = read_engine_seconds(url)
+                if now is None:
+                    continue
+                answered += 1
+                before = self._last.get(url, dict.fromkeys(_KINDS, 0.0))
+                restarted = any(now[kind] < before[kind] for kind in _KINDS)
+                for kind in _KINDS:
+                    totals[kind] += now[kind] if restarted else now[kind] - before[kind]
+                self._last[url] = now
+            if not answered:
+                continue
+            for kind in _KINDS:
+                out[f"worker/{pool}_{kind.removesuffix('_s')}_time"] = totals[kind]
+            busy = totals["prefill_s"] + totals["fast_decode_s"] + totals["dynamic_decode_s"]
+            if busy + totals["idle_s"] > 0:
+                out[f"worker/{pool}_busy_share"] = busy / (busy + totals["idle_s"])
+        return out
