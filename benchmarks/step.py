@@ -421,7 +421,10 @@ def print_phases(report: dict) -> None:
         for pool in sorted({k.split("/")[1].rsplit("_busy_share")[0] for k in per if k.endswith("_busy_share")}):
             seconds = {kind: per.get(f"worker/{pool}_{kind}_time", 0.0) for kind in ("prefill", "fast_decode", "dynamic_decode", "idle")}
             print(f"{r['shape']}: {pool} worker per step: " + ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items())
-                  + f" (busy {per[f'worker/{pool}_busy_share']:.0%})")  # fmt: skip
+                  + f" (busy {per[f'worker/{pool}_busy_share']:.0%} of the step; the rollout waited"
+                  f" {per['perf/rollout_wait_time']:.2f}s); {per.get(f'worker/{pool}_decode_steps', 0):.0f} decode"
+                  f" steps of {per.get(f'worker/{pool}_tokens_generated', 0) / max(per.get(f'worker/{pool}_decode_steps', 0), 1):.1f}"
+                  f" rows, {per.get(f'worker/{pool}_prefill_batches', 0):.0f} prefills")  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -491,5 +491,7 @@ def test_engine_time_counters_split_a_step_into_prefill_decode_and_idle(worker_u
     # 24 tokens: one from the prefill's logits, 23 from decode steps on one of the two paths.
     assert busy["worker/teacher_fast_decode_time"] + busy["worker/teacher_dynamic_decode_time"] > 0.0
     assert 0.0 < busy["worker/teacher_busy_share"] <= 1.0
+    assert busy["worker/teacher_tokens_generated"] == 24 and busy["worker/teacher_decode_steps"] == 23
+    assert busy["worker/teacher_prefill_batches"] == 1
     # A worker that does not answer is left out, not counted as idle.
     assert WorkerTimeMeter({"teacher": ["http://127.0.0.1:9"]}).metrics() == {}

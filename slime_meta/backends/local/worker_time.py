@@ -6,7 +6,9 @@ seconds per kind of work (`engine` in `/get_server_info`); this reads them once 
 the difference, summed over a pool's workers:
 - `worker/{pool}_{prefill,fast_decode,dynamic_decode,idle}_time`: seconds in each since the last
   read (fast decode: the static or paged cache with CUDA graphs; dynamic: the generic path);
-- `worker/{pool}_busy_share`: busy / (busy + idle).
+- `worker/{pool}_busy_share`: busy / (busy + idle);
+- `worker/{pool}_{decode_steps,prefill_batches,tokens_generated}`: how many, so that the time of
+  one decode step and the rows it carried (tokens / steps) follow.
 A worker that restarted starts its counters from zero: its first read counts from there.
 """
 
@@ -18,6 +20,7 @@ import urllib.error
 from slime_meta.backends.local.processes import _OPENER
 
 _KINDS = ("prefill_s", "fast_decode_s", "dynamic_decode_s", "idle_s")
+_COUNTS = ("decode_steps", "prefill_batches", "tokens_generated")
 
 
 def read_engine_seconds(worker_url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
@@ -27,9 +30,9 @@ def read_engine_seconds(worker_url: str, timeout_s: float = 5.0) -> dict[str, fl
             engine = json.loads(response.read()).get("engine", {})
     except (urllib.error.URLError, OSError, ValueError):
         return None
-    if not all(isinstance(engine.get(kind), (int, float)) for kind in _KINDS):
+    if not all(isinstance(engine.get(kind), (int, float)) for kind in _KINDS + _COUNTS):
         return None  # a server without these counters (an external SGLang worker)
-    return {kind: float(engine[kind]) for kind in _KINDS}
+    return {kind: float(engine[kind]) for kind in _KINDS + _COUNTS}
 
 
 class WorkerTimeMeter:
@@ -43,22 +46,24 @@ class WorkerTimeMeter:
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for pool, urls in self._pool_urls.items():
-            totals = dict.fromkeys(_KINDS, 0.0)
+            totals = dict.fromkeys(_KINDS + _COUNTS, 0.0)
             answered = 0
             for url in urls:
                 now = read_engine_seconds(url)
                 if now is None:
                     continue
                 answered += 1
-                before = self._last.get(url, dict.fromkeys(_KINDS, 0.0))
-                restarted = any(now[kind] < before[kind] for kind in _KINDS)
-                for kind in _KINDS:
+                before = self._last.get(url, dict.fromkeys(_KINDS + _COUNTS, 0.0))
+                restarted = any(now[kind] < before[kind] for kind in _KINDS + _COUNTS)
+                for kind in _KINDS + _COUNTS:
                     totals[kind] += now[kind] if restarted else now[kind] - before[kind]
                 self._last[url] = now
             if not answered:
                 continue
             for kind in _KINDS:
                 out[f"worker/{pool}_{kind.removesuffix('_s')}_time"] = totals[kind]
+            for kind in _COUNTS:
+                out[f"worker/{pool}_{kind}"] = totals[kind]
             busy = totals["prefill_s"] + totals["fast_decode_s"] + totals["dynamic_decode_s"]
             if busy + totals["idle_s"] > 0:
                 out[f"worker/{pool}_busy_share"] = busy / (busy + totals["idle_s"])
