@@ -188,6 +188,22 @@ class LlamaFamilyForward:
         v_N_K_C_D = _linear(x, attention.v_proj).view(num_rows, columns, s.num_kv_heads, s.head_dim).transpose(1, 2)
         return _apply_rotary(q_N_H_C_D, cos_C_D, sin_C_D), _apply_rotary(k_N_K_C_D, cos_C_D, sin_C_D), v_N_K_C_D
 
+    def _prefill_mask(self, start: int, end: int, lengths_N: torch.Tensor) -> torch.Tensor | None:
+        """The attention mask of prefill columns start..end-1 of right-padded prompts, or None when
+        plain causal attention computes the same (the first window).
+
+        Why the first window needs no mask: prompts are right-padded from position 0, so a real
+        query at position p < length sees keys 0..p, all real; only padding queries see padding
+        keys, and their outputs are never read. Without a mask the fused causal kernel runs (and
+        the step reads nothing back from the device). A later window's queries are the last C of
+        its T keys, which top-left causal alignment gets wrong: it keeps the explicit mask.
+        """
+        if start == 0:
+            return None
+        causal_C_T = self._positions_T[start:end, None] >= self._positions_T[None, :end]
+        real_keys_N_T = self._positions_T[None, :end] < lengths_N[:, None]
+        return (causal_C_T[None] & real_keys_N_T[:, None, :])[:, None]
+
     # ----- one decode step, whatever holds the keys ---------------------------------------------
 
     def _decode_inputs(self, token_ids_B: torch.Tensor, positions_B: torch.Tensor, attended: int):
@@ -290,11 +306,7 @@ class StaticDecoder(LlamaFamilyForward):
         num_rows, columns = input_ids_N_C.shape
         end = start + columns
         cos_C_D, sin_C_D = self.cos_P_D[start:end], self.signed_sin_P_D[start:end]
-        mask_N_1_C_T = None
-        if start > 0 or not bool((lengths_N >= end).all()):
-            causal_C_T = self._positions_T[start:end, None] >= self._positions_T[None, :end]
-            real_keys_N_T = self._positions_T[None, :end] < lengths_N[:, None]
-            mask_N_1_C_T = (causal_C_T[None] & real_keys_N_T[:, None, :])[:, None]
+        mask_N_1_C_T = self._prefill_mask(start, end, lengths_N)
         hidden_N_C_E = self._inner.embed_tokens(input_ids_N_C)
         for index, layer in enumerate(self._layers):
             attention = layer.self_attn
