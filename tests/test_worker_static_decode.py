@@ -189,6 +189,31 @@ def test_buckets_and_capacity() -> None:
     assert fit_capacity(4096, None, column_bytes=10**9, free_bytes=10**9) == 0
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_fused_projections_are_views_of_the_model_weights(kind: str) -> None:
+    """q/k/v and gate/up run as one product each; the model's own parameters become views of the
+    fused tensors, so an in-place weight update reaches both and the state dict is unchanged."""
+    model = tiny_model(kind)
+    names_before = list(model.state_dict())
+    build_static_batch(model, num_slots=2, requested_capacity=64, pad_token_id=0, use_graphs=False)
+    attention, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    qkv_weight, qkv_bias = attention.__dict__["_fused_qkv"]
+    assert attention.q_proj.weight.data_ptr() == qkv_weight.data_ptr()
+    assert (qkv_bias is None) == (attention.q_proj.bias is None)
+    if qkv_bias is not None:
+        assert attention.v_proj.bias.data_ptr() == qkv_bias.data_ptr() + qkv_bias.element_size() * (
+            attention.q_proj.bias.numel() + attention.k_proj.bias.numel()
+        )
+    gate_up_weight, _ = mlp.__dict__["_fused_gate_up"]
+    assert list(model.state_dict()) == names_before
+    update = {name: torch.full_like(t, 0.5) for name, t in model.state_dict().items() if name.endswith("up_proj.weight")}
+    copy_into_model(model, update)
+    assert bool((gate_up_weight[mlp.gate_proj.weight.shape[0] :] == 0.5).all())
+    # A second fast path over the same model reuses the fused tensors instead of copying again.
+    build_static_batch(model, num_slots=2, requested_capacity=64, pad_token_id=0, use_graphs=False)
+    assert attention.__dict__["_fused_qkv"][0] is qkv_weight
+
+
 # ----- the generation loop on the fast path (eager on CPU) --------------------------------------
 
 

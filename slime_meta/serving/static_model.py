@@ -25,6 +25,7 @@ Anything else uses the generic DynamicCache path; `unsupported_reason` says why.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -118,6 +119,51 @@ def model_shape(model: torch.nn.Module) -> ModelShape:
     )
 
 
+def _fused_rows(owner: torch.nn.Module, attribute: str, modules: Sequence[torch.nn.Linear], name: str):
+    """One tensor holding the `name` tensors (weight or bias) of `modules` stacked by rows, each
+    module's own tensor made a view into it; None when they have none. Kept on `owner` as a plain
+    attribute (not a parameter: the state dict does not change).
+
+    Why views: every weight update copies into the modules' parameters in place (weights.py), so
+    it lands in the fused tensor too, and one matrix product replaces several. A second forward
+    over the same model finds the views in place and reuses the tensor.
+    """
+    tensors = [getattr(module, name) for module in modules]
+    if any(tensor is None for tensor in tensors):
+        return None
+    fused = owner.__dict__.get(attribute)
+    if fused is not None and _are_consecutive_views(fused, tensors):
+        return fused
+    with torch.no_grad():
+        fused = torch.cat([tensor.detach() for tensor in tensors])
+    start = 0
+    for module, tensor in zip(modules, tensors):
+        rows = tensor.shape[0]
+        setattr(module, name, torch.nn.Parameter(fused[start : start + rows], requires_grad=tensor.requires_grad))
+        start += rows
+    owner.__dict__[attribute] = fused
+    return fused
+
+
+def _fuse_linear(owner: torch.nn.Module, attribute: str, modules: Sequence[torch.nn.Linear]) -> None:
+    """Put (weight, bias) of `modules` fused on `owner.<attribute>`; left out (each module used on
+    its own) when some have a bias and others not."""
+    if len({module.bias is None for module in modules}) > 1:
+        owner.__dict__.pop(attribute, None)
+        return
+    weight = _fused_rows(owner, attribute + "_weight", modules, "weight")
+    owner.__dict__[attribute] = (weight, _fused_rows(owner, attribute + "_bias", modules, "bias"))
+
+
+def _are_consecutive_views(fused: torch.Tensor, tensors: Sequence[torch.Tensor]) -> bool:
+    address = fused.data_ptr()
+    for tensor in tensors:
+        if tensor.data_ptr() != address or not tensor.is_contiguous():
+            return False
+        address += tensor.numel() * tensor.element_size()
+    return address == fused.data_ptr() + fused.numel() * fused.element_size()
+
+
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     """HF's RMSNorm: normalise in float32, cast back, then scale (the cast comes before the weight).
 
@@ -153,6 +199,10 @@ class LlamaFamilyForward:
         self._inner = model.model
         self._layers = list(model.model.layers)
         self._scaling = self._layers[0].self_attn.scaling
+        for layer in self._layers:  # q/k/v in one product, gate/up in one (views: see _fused_rows)
+            attention, mlp = layer.self_attn, layer.mlp
+            _fuse_linear(attention, "_fused_qkv", (attention.q_proj, attention.k_proj, attention.v_proj))
+            _fuse_linear(mlp, "_fused_gate_up", (mlp.gate_proj, mlp.up_proj))
         self.cos_P_D, self.signed_sin_P_D = self._rotary_tables(max_positions)
         self._positions_T = torch.arange(max_positions, device=self.shape.device)
 
@@ -172,7 +222,20 @@ class LlamaFamilyForward:
 
     def _mlp(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         mlp = layer.mlp
-        return _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
+        fused = mlp.__dict__.get("_fused_gate_up")
+        if fused is None:
+            return _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
+        gate, up = F.linear(x, *fused).chunk(2, dim=-1)
+        return _linear(F.silu(gate) * up, mlp.down_proj)
+
+    def _qkv(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The q, k and v projections of `x` (..., E) side by side: (..., (H + 2K) x D)."""
+        attention = layer.self_attn
+        fused = attention.__dict__.get("_fused_qkv")
+        if fused is None:
+            projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+            return torch.cat([_linear(x, projection) for projection in projections], dim=-1)
+        return F.linear(x, *fused)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return _linear(_rms_norm(hidden, self._inner.norm), self.model.lm_head)
@@ -181,11 +244,12 @@ class LlamaFamilyForward:
         """Queries (N, H, C, D) and keys/values (N, K, C, D) of C columns, rotated as HF rotates them."""
         s = self.shape
         num_rows, columns = hidden_N_C_E.shape[:2]
-        attention = layer.self_attn
-        x = _rms_norm(hidden_N_C_E, layer.input_layernorm)
-        q_N_H_C_D = _linear(x, attention.q_proj).view(num_rows, columns, s.num_heads, s.head_dim).transpose(1, 2)
-        k_N_K_C_D = _linear(x, attention.k_proj).view(num_rows, columns, s.num_kv_heads, s.head_dim).transpose(1, 2)
-        v_N_K_C_D = _linear(x, attention.v_proj).view(num_rows, columns, s.num_kv_heads, s.head_dim).transpose(1, 2)
+        qkv_N_C_X_D = self._qkv(layer, _rms_norm(hidden_N_C_E, layer.input_layernorm)).view(
+            num_rows, columns, s.num_heads + 2 * s.num_kv_heads, s.head_dim
+        )
+        q_N_H_C_D, k_N_K_C_D, v_N_K_C_D = qkv_N_C_X_D.transpose(1, 2).split(
+            (s.num_heads, s.num_kv_heads, s.num_kv_heads), dim=1
+        )
         return _apply_rotary(q_N_H_C_D, cos_C_D, sin_C_D), _apply_rotary(k_N_K_C_D, cos_C_D, sin_C_D), v_N_K_C_D
 
     def _prefill_mask(self, start: int, end: int, lengths_N: torch.Tensor) -> torch.Tensor | None:
@@ -223,12 +287,12 @@ class LlamaFamilyForward:
         """The new token's query (B, H, D), key and value (B, K, D), rotated as HF rotates them."""
         s = self.shape
         rows = hidden_B_E.shape[0]
-        attention = layer.self_attn
-        x = _rms_norm(hidden_B_E, layer.input_layernorm)
-        q_B_H_D = _linear(x, attention.q_proj).view(rows, s.num_heads, s.head_dim)
-        k_B_K_D = _linear(x, attention.k_proj).view(rows, s.num_kv_heads, s.head_dim)
-        rotated_B_HK_D = _apply_rotary(torch.cat((q_B_H_D, k_B_K_D), dim=1), cos_B_1_D, sin_B_1_D)
-        v_B_K_D = _linear(x, attention.v_proj).view(rows, s.num_kv_heads, s.head_dim)
+        qkv_B_X_D = self._qkv(layer, _rms_norm(hidden_B_E, layer.input_layernorm)).view(
+            rows, s.num_heads + 2 * s.num_kv_heads, s.head_dim
+        )
+        # Queries and keys sit side by side: one rotation for both, no copy to put them together.
+        rotated_B_HK_D = _apply_rotary(qkv_B_X_D[:, : s.num_heads + s.num_kv_heads], cos_B_1_D, sin_B_1_D)
+        v_B_K_D = qkv_B_X_D[:, s.num_heads + s.num_kv_heads :]
         return rotated_B_HK_D[:, : s.num_heads], rotated_B_HK_D[:, s.num_heads :], v_B_K_D
 
     def _decode_attention(self, q_B_H_D: torch.Tensor, keys_B_K_T_D: torch.Tensor, values_B_K_T_D: torch.Tensor,
@@ -309,13 +373,7 @@ class StaticDecoder(LlamaFamilyForward):
         mask_N_1_C_T = self._prefill_mask(start, end, lengths_N)
         hidden_N_C_E = self._inner.embed_tokens(input_ids_N_C)
         for index, layer in enumerate(self._layers):
-            attention = layer.self_attn
-            x = _rms_norm(hidden_N_C_E, layer.input_layernorm)
-            q_N_H_C_D = _linear(x, attention.q_proj).view(num_rows, columns, s.num_heads, s.head_dim).transpose(1, 2)
-            k_N_K_C_D = _linear(x, attention.k_proj).view(num_rows, columns, s.num_kv_heads, s.head_dim).transpose(1, 2)
-            v_N_K_C_D = _linear(x, attention.v_proj).view(num_rows, columns, s.num_kv_heads, s.head_dim).transpose(1, 2)
-            q_N_H_C_D = _apply_rotary(q_N_H_C_D, cos_C_D, sin_C_D)
-            k_N_K_C_D = _apply_rotary(k_N_K_C_D, cos_C_D, sin_C_D)
+            q_N_H_C_D, k_N_K_C_D, v_N_K_C_D = self._project_qkv(layer, hidden_N_C_E, cos_C_D, sin_C_D)
             keys_S_K_T_D, values_S_K_T_D = self.cache.keys_L_S_K_T_D[index], self.cache.values_L_S_K_T_D[index]
             keys_S_K_T_D[slots_N, :, start:end] = k_N_K_C_D
             values_S_K_T_D[slots_N, :, start:end] = v_N_K_C_D
@@ -333,8 +391,7 @@ class StaticDecoder(LlamaFamilyForward):
                 scale=self._scaling,
             )
             attended_N_C_HD = attended_N_H_C_D.transpose(1, 2).reshape(num_rows, columns, s.num_heads * s.head_dim)
-            hidden_N_C_E = hidden_N_C_E + _linear(attended_N_C_HD, attention.o_proj)
-            hidden_N_C_E = hidden_N_C_E + self._mlp(layer, _rms_norm(hidden_N_C_E, layer.post_attention_layernorm))
+            hidden_N_C_E = self._finish_layer(layer, hidden_N_C_E, attended_N_C_HD)
         return hidden_N_C_E
 
     # ----- decode ----------------------------------------------------------------------------
