@@ -1,13 +1,20 @@
 """The Llama/Qwen2 forward of static_model.py over a paged KV cache (paged_cache.py).
 
-The layers compute exactly what the static forward computes (same kernels in the same dtypes);
-only where keys and values live differs. A row's tokens are found through its page table row, a
-persistent (rows, max pages) tensor on the device: decode writes the new token's key/value at its
-page and offset, then gathers the row's first `attended // page_size` pages into a contiguous
-(rows, attended, kv_heads, head_dim) block and attends to it under a mask of the row's length.
-The gather is one indexed copy per layer for keys and one for values; it keeps every shape fixed
-for a (rows, attended) pair and reads the page numbers from device memory, so a decode step can
-still be captured in a CUDA graph (cuda_graphs.py) and replayed whatever pages the rows hold.
+The layers compute what the static forward computes (same projections, norms and MLP in the same
+dtypes); only where keys and values live differs. A row's tokens are found through its page table
+row, a persistent (rows, max pages) tensor on the device. Decode writes the new token's key/value
+at its page and offset, then attends in one of two ways (`attention`):
+- "kernel" (paged_attention.py): a Triton kernel follows each row's page table in place and stops
+  at the row's own length (position + 1); nothing is copied. The default wherever it can run (CUDA
+  with triton installed, or Triton's CPU interpreter under TRITON_INTERPRET=1).
+- "gather": gather each row's first `attended // page_size` pages into a contiguous
+  (rows, attended, kv_heads, head_dim) block, one indexed copy per layer for keys and one for
+  values, and attend to it with SDPA under a mask of the row's length, as the static forward does.
+  Every row pays for the bucket's length and the copies; the fallback everywhere else (the CPU).
+Both keep every shape fixed for a (rows, attended) pair and read the page numbers and lengths from
+device memory, so a decode step can still be captured in a CUDA graph (cuda_graphs.py) and
+replayed whatever pages the rows hold. Prefill attends with SDPA either way, over the prompts'
+own keys (in windows, with the earlier windows' keys gathered by slot).
 """
 
 from __future__ import annotations
@@ -16,17 +23,35 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
+from slime_meta.serving.paged_attention import paged_attention_unavailable_reason, paged_decode_attention
 from slime_meta.serving.paged_cache import SCRATCH_PAGE, PagedKVCache
 from slime_meta.serving.static_model import _ATTENTION_BACKENDS, LlamaFamilyForward
 
 
+ATTENTION_CHOICES = ("auto", "kernel", "gather")
+
+
 class PagedDecoder(LlamaFamilyForward):
-    """Prefill and single-token decode over a `PagedKVCache`, for up to `num_rows` rows at once."""
+    """Prefill and single-token decode over a `PagedKVCache`, for up to `num_rows` rows at once.
+
+    `attention`: how decode reads the cache, "kernel", "gather" or "auto" (the kernel where it can
+    run, else the gather); `self.attention` says which one is used.
+    """
 
     # Decode inputs per row that DecodeGraphs keeps in persistent buffers: token, position, page.
     step_inputs = 3
 
-    def __init__(self, model: torch.nn.Module, cache: PagedKVCache, *, num_rows: int, max_row_tokens: int):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        cache: PagedKVCache,
+        *,
+        num_rows: int,
+        max_row_tokens: int,
+        attention: str = "auto",
+    ):
+        if attention not in ATTENTION_CHOICES:
+            raise ValueError(f"paged decode attention {attention!r}: give one of {', '.join(ATTENTION_CHOICES)}")
         page_size = cache.page_size
         max_pages_per_row = -(-max_row_tokens // page_size)
         super().__init__(model, max_pages_per_row * page_size)
@@ -39,6 +64,11 @@ class PagedDecoder(LlamaFamilyForward):
             (num_rows, max_pages_per_row), SCRATCH_PAGE, dtype=torch.int64, device=self.shape.device
         )
         self._rows_R = torch.arange(num_rows, device=self.shape.device)
+        s = self.shape
+        reason = paged_attention_unavailable_reason(s.device, s.dtype, s.head_dim)
+        if attention == "kernel" and reason is not None:
+            raise ValueError(f"the paged attention kernel cannot run: {reason}")
+        self.attention = "kernel" if reason is None and attention != "gather" else "gather"
 
     # ----- prefill ---------------------------------------------------------------------------
 
@@ -139,6 +169,7 @@ class PagedDecoder(LlamaFamilyForward):
         self.page_table_R_M[self._rows_R[:rows], positions_B // page_size] = write_pages_B
         write_slots_B = write_pages_B * page_size + positions_B % page_size
         pages_B_A = self.page_table_R_M[:rows, : attended // page_size]
+        lengths_B = positions_B + 1  # the new token is attended to as well
         hidden_B_E, cos_B_1_D, sin_B_1_D, mask_B_1_1_T = self._decode_inputs(token_ids_B, positions_B, attended)
         for index, layer in enumerate(self._layers):
             q_B_H_D, k_B_K_D, v_B_K_D = self._decode_qkv(layer, hidden_B_E, cos_B_1_D, sin_B_1_D)
@@ -146,11 +177,22 @@ class PagedDecoder(LlamaFamilyForward):
             values_P_S_K_D = self.cache.values_L_P_S_K_D[index]
             keys_P_S_K_D.view(-1, s.num_kv_heads, s.head_dim)[write_slots_B] = k_B_K_D
             values_P_S_K_D.view(-1, s.num_kv_heads, s.head_dim)[write_slots_B] = v_B_K_D
-            # Each row's pages in order make its keys 0..attended-1 (one gather per tensor).
-            keys_B_T_K_D = keys_P_S_K_D[pages_B_A].view(rows, attended, s.num_kv_heads, s.head_dim)
-            values_B_T_K_D = values_P_S_K_D[pages_B_A].view(rows, attended, s.num_kv_heads, s.head_dim)
-            attended_B_HD = self._decode_attention(
-                q_B_H_D, keys_B_T_K_D.transpose(1, 2), values_B_T_K_D.transpose(1, 2), mask_B_1_1_T
-            )
+            if self.attention == "kernel":
+                attended_B_HD = paged_decode_attention(
+                    q_B_H_D,
+                    keys_P_S_K_D,
+                    values_P_S_K_D,
+                    self.page_table_R_M,
+                    lengths_B,
+                    self._scaling,
+                    max_length=attended,
+                )
+            else:
+                # Each row's pages in order make its keys 0..attended-1 (one gather per tensor).
+                keys_B_T_K_D = keys_P_S_K_D[pages_B_A].view(rows, attended, s.num_kv_heads, s.head_dim)
+                values_B_T_K_D = values_P_S_K_D[pages_B_A].view(rows, attended, s.num_kv_heads, s.head_dim)
+                attended_B_HD = self._decode_attention(
+                    q_B_H_D, keys_B_T_K_D.transpose(1, 2), values_B_T_K_D.transpose(1, 2), mask_B_1_1_T
+                )
             hidden_B_E = self._finish_layer(layer, hidden_B_E, attended_B_HD)
         return self._logits(hidden_B_E)
