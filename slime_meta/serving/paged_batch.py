@@ -241,7 +241,9 @@ def build_paged_batch(
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None) or pool_tokens
     max_row_tokens = min(max_positions, (num_pages - 1) * page_size)
     decoder = PagedDecoder(model, cache, num_rows=num_rows, max_row_tokens=max_row_tokens)
-    max_graph_tokens = max(2 * (num_pages - 1) * page_size, num_rows * 128)
+    # The gather path copies rows x attended tokens' keys per layer into memory the graph pool would
+    # keep, so it captures only pairs near the pool's size; the kernel copies nothing.
+    max_graph_tokens = None if decoder.attention == "kernel" else max(2 * (num_pages - 1) * page_size, num_rows * 128)
     graphs = DecodeGraphs(decoder, use_graphs=use_graphs, max_graph_tokens=max_graph_tokens)
     logger.info(
         "paged KV cache: %d pages of %d tokens (%.2f GB), rows up to %d tokens, %d running rows",

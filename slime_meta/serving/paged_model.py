@@ -115,11 +115,7 @@ class PagedDecoder(LlamaFamilyForward):
         num_rows, columns = input_ids_N_C.shape
         end = start + columns
         cos_C_D, sin_C_D = self.cos_P_D[start:end], self.signed_sin_P_D[start:end]
-        mask_N_1_C_T = None
-        if start > 0 or not bool((lengths_N >= end).all()):
-            causal_C_T = self._positions_T[start:end, None] >= self._positions_T[None, :end]
-            real_keys_N_T = self._positions_T[None, :end] < lengths_N[:, None]
-            mask_N_1_C_T = (causal_C_T[None] & real_keys_N_T[:, None, :])[:, None]
+        mask_N_1_C_T = self._prefill_mask(start, end, lengths_N)
         hidden_N_C_E = self._inner.embed_tokens(input_ids_N_C)
         for index, layer in enumerate(self._layers):
             q_N_H_C_D, k_N_K_C_D, v_N_K_C_D = self._project_qkv(layer, hidden_N_C_E, cos_C_D, sin_C_D)
