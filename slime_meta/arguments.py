@@ -118,6 +118,7 @@ class PoolConfig:
     sglang_chunked_prefill_size: int | None = None
     sglang_context_length: int | None = None
     sglang_page_size: int | None = None
+    local_kv_cache: str = "paged"
 
 
 @dataclass(frozen=True)
@@ -348,20 +349,22 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         help="Tokens per prefill forward in the inference workers (SGLang's --chunked-prefill-size; -1: off). "
              "Default: not set (local workers prefill whole prompts).")
     add("--sglang-context-length", type=positive_int, default=None,
-        help="Local backend: the longest request (prompt + new tokens) each embedded worker serves from its "
-             "static KV cache and CUDA graphs (the worker's --static-cache-len); longer requests take the slower "
-             "generic path. Default: not set (4096). Its slots are sized within the workers' memory share. On "
+        help="Local backend (the worker's --static-cache-len): with the paged cache, the page pool holds this "
+             "many tokens per running row, and rows of any length share them; with --local-kv-cache static, the "
+             "longest request (prompt + new tokens) a slot serves on the CUDA-graph path, longer ones taking the "
+             "slower generic path. Default: not set (4096). Sized within the workers' memory share. On "
              "--backend slime this is SGLang's own --context-length.")
     add("--sglang-page-size", type=page_size, default=None,
-        help="Tokens per page of the KV cache (SGLang's --page-size). Local backend on CUDA: the embedded workers "
-             "keep one pool of pages for all running requests (the worker's --kv-cache paged), so no request leaves "
-             "the CUDA-graph path for its length and memory follows the tokens in flight; not set: a static slot of "
-             "--sglang-context-length tokens per request (faster where prompts fit it; with prompts over 4,096 "
-             "tokens paged is faster, docs/performance.md section 8). The pool holds what the static cache would "
-             "(the worker's --max-total-tokens). The CPU decodes without either cache. On --backend slime this is "
-             "SGLang's own flag.")
-
-    add = groups.group("training (slime-compatible)")
+        help="Tokens per page of the KV cache (SGLang's --page-size). Local backend: the page size of the embedded "
+             "workers' paged cache (--local-kv-cache paged); not set: 16. On --backend slime this is SGLang's own "
+             "flag (SGLang's default when not set).")
+    add("--local-kv-cache", choices=("paged", "static"), default="paged",
+        help="Local backend on CUDA: the embedded workers' KV cache. paged (default): one pool of pages for all "
+             "running requests, as many tokens as --sglang-context-length x the running rows; a row takes pages as "
+             "its tokens arrive, so any request the pool holds decodes on the CUDA-graph path and attention reads "
+             "only the row's own tokens. static: a slot of --sglang-context-length tokens per running request; "
+             "longer requests take the slower generic path (docs/performance.md section 8). The CPU decodes "
+             "without either.")
     add("--lr", type=float, default=1e-5)
     add("--weight-decay", type=float, default=0.0)
     add("--adam-beta1", type=float, default=0.9)

@@ -115,19 +115,24 @@ def test_run_flags_are_checked_and_become_the_workers_flags(tiny_checkpoint: Pat
     args = worker_memory_args(0.35, 2048)
     worker = parse_worker_args(["--model-path", str(tiny_checkpoint), *args])
     assert worker.mem_fraction_static == 0.35 and worker.chunked_prefill_size == 2048
-    assert worker_memory_args(None, None) == []
+    assert worker_memory_args(None, None) == ["--kv-cache", "paged"]
     cfg = parse_config([*BASE, "--sglang-context-length", "8192"])
     args = worker_memory_args(None, None, cfg.pools.sglang_context_length)
     assert parse_worker_args(["--model-path", str(tiny_checkpoint), *args]).static_cache_len == 8192
     with pytest.raises(SystemExit):
         parse_config([*BASE, "--sglang-context-length", "0"])
-    # A page size puts the workers on the paged KV cache; none keeps the static slots.
-    cfg = parse_config([*BASE, "--sglang-page-size", "32"])
-    p = cfg.pools
-    args = worker_memory_args(None, None, None, p.sglang_page_size)
-    worker = parse_worker_args(["--model-path", str(tiny_checkpoint), *args])
-    assert (worker.kv_cache, worker.page_size) == ("paged", 32)
-    assert parse_worker_args(["--model-path", str(tiny_checkpoint)]).kv_cache == "static"
+    # The workers' paged KV cache by default (16-token pages), its page size from --sglang-page-size;
+    # --local-kv-cache static gives the static slots.
+    for flags, expected in (([], ("paged", 16)), (["--sglang-page-size", "32"], ("paged", 32)),
+                            (["--local-kv-cache", "static"], ("static", 16))):  # fmt: skip
+        p = parse_config([*BASE, *flags]).pools
+        args = worker_memory_args(None, None, None, p.sglang_page_size, p.local_kv_cache)
+        worker = parse_worker_args(["--model-path", str(tiny_checkpoint), *args])
+        assert (worker.kv_cache, worker.page_size) == expected, flags
+    assert parse_worker_args(["--model-path", str(tiny_checkpoint)]).kv_cache == "paged"
+    with pytest.raises(SystemExit) as error:
+        parse_config([*BASE, "--local-kv-cache", "dense"])
+    assert error.value.code == 2
     for bad in ("24", "256", "0"):
         with pytest.raises(SystemExit) as error:
             parse_config([*BASE, "--sglang-page-size", bad])

@@ -253,11 +253,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--kv-cache",
         choices=("static", "paged"),
-        default="static",
-        help="the fast path's KV cache: static (a slot of --static-cache-len tokens per running request) or paged "
-        "(one pool of pages shared by all requests, as many tokens as the static cache, within --mem-fraction-static "
-        "when given; any "
-        "request the pool holds stays on the fast path, n samples share their prompt's pages)",
+        default="paged",
+        help="the fast path's KV cache: paged (default: one pool of pages shared by all requests, as many tokens as "
+        "the static cache would hold, within --mem-fraction-static when given; any request the pool holds stays on "
+        "the fast path, attention reads each row's own tokens, n samples share their prompt's pages) or static (a "
+        "slot of --static-cache-len tokens per running request)",
     )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per page of the paged KV cache (2^k <= 128)")
     parser.add_argument(

@@ -226,7 +226,7 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
     # exit 2 before anything starts when they cannot fit; without the flag, the workers' share of the trainer's GPU
     worker_fraction = check_shared_gpu(cfg, teacher_model, layouts)
     worker_args = worker_memory_args(
-        worker_fraction, p.sglang_chunked_prefill_size, p.sglang_context_length, p.sglang_page_size
+        worker_fraction, p.sglang_chunked_prefill_size, p.sglang_context_length, p.sglang_page_size, p.local_kv_cache
     )
     teacher = _start_pool(
         processes, "teacher", teacher_model, teacher_layout, cfg, logs, worker_args,

@@ -114,12 +114,13 @@ def default_worker_fraction(*, total_bytes: int, trainer: TrainerEstimate, num_w
 
 def worker_memory_args(
     mem_fraction_static: float | None, chunked_prefill_size: int | None, context_length: int | None = None,
-    page_size: int | None = None,
+    page_size: int | None = None, kv_cache: str = "paged",
 ) -> list[str]:  # fmt: skip
     """The run-level flags as the worker's own (`python -m slime_meta.serving`)."""
     args = ["--static-cache-len", str(context_length)] if context_length is not None else []
+    args += ["--kv-cache", kv_cache]
     if page_size is not None:
-        args += ["--kv-cache", "paged", "--page-size", str(page_size)]
+        args += ["--page-size", str(page_size)]
     if mem_fraction_static is not None:
         args += ["--mem-fraction-static", repr(mem_fraction_static)]
     if chunked_prefill_size is not None:
