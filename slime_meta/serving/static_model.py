@@ -12,7 +12,10 @@ where the module has them, grouped-query attention), in fewer kernels, since a r
 about one launch latency per kernel: the rotation is a roll against a sign-folded sine table
 (bit-identical to HF's), queries and keys rotate in one pass, the attention mask is built once per
 step, and RMSNorm's float32 part is torch's fused `rms_norm` (on CUDA its float32 sum may round
-differently from HF's, far below bf16 resolution).
+differently from HF's, far below bf16 resolution). On CUDA with triton, the norms, the rotation
+and SiLU-and-multiply are one Triton kernel each, and each residual add joins the norm after it,
+the MLP's that of the next layer (fused_ops.py, which says how they round: as torch does, but
+for RMSNorm's float32 sum); `SLIME_META_FUSED_OPS=0` or `fused_kernels=False` keeps torch's.
 
 It reads every weight from the loaded HF modules at call time, so an in-place weight update
 (`/update_weights_from_disk` copies into the existing parameters) reaches this path, and the
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from slime_meta.serving import fused_ops
 from slime_meta.serving.static_cache import StaticKVCache
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2"})
@@ -164,38 +168,50 @@ def _are_consecutive_views(fused: torch.Tensor, tensors: Sequence[torch.Tensor])
     return address == fused.data_ptr() + fused.numel() * fused.element_size()
 
 
-def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, norm: torch.nn.Module, use_kernel: bool) -> torch.Tensor:
     """HF's RMSNorm: normalise in float32, cast back, then scale (the cast comes before the weight).
 
-    torch's `rms_norm` does the float32 part in one kernel on CUDA instead of five.
+    torch's `rms_norm` does the float32 part in one kernel on CUDA instead of five; `use_kernel`:
+    all of it in one Triton kernel (fused_ops.rms_norm).
     """
-    normalised = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
-    return norm.weight * normalised.to(x.dtype)
+    return fused_ops.rms_norm(x, norm.weight, norm.variance_epsilon, use_kernel=use_kernel)
 
 
 def _linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
     return F.linear(x, layer.weight, layer.bias)
 
 
-def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, use_kernel: bool) -> torch.Tensor:
     """HF's `x * cos + rotate_half(x) * sin`, where rotate_half(x) = (-x2, x1).
 
     (x2, x1) is a roll by half the head, and the minus sign lives in `signed_sin` = (-sin1, sin2):
-    negating a factor is exact, so every element is the same product and sum as HF's.
+    negating a factor is exact, so every element is the same product and sum as HF's. `use_kernel`:
+    in one Triton kernel, rounded as torch rounds (fused_ops.rotary).
     """
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+    return fused_ops.rotary(x, cos, signed_sin, use_kernel=use_kernel)
 
 
 class LlamaFamilyForward:
     """What every cache layout's forward shares: the weights, rotary tables and MLP/head of a
-    loaded HF Llama/Qwen2 model, for positions 0..`max_positions`-1."""
+    loaded HF Llama/Qwen2 model, for positions 0..`max_positions`-1.
 
-    def __init__(self, model: torch.nn.Module, max_positions: int):
+    `fused_kernels`: whether the norms, rotation and gated activation run as Triton kernels
+    (fused_ops.py); None: where they can on CUDA, unless SLIME_META_FUSED_OPS=0 (read here, once).
+    """
+
+    def __init__(self, model: torch.nn.Module, max_positions: int, *, fused_kernels: bool | None = None):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"static decoding is not supported: {reason}")
         self.model = model
         self.shape = model_shape(model)
+        if fused_kernels is None:
+            fused_kernels = fused_ops.kernels_by_default(self.shape.device, self.shape.dtype)
+        elif fused_kernels:
+            reason = fused_ops.kernels_unavailable_reason(self.shape.device, self.shape.dtype)
+            if reason is not None:
+                raise ValueError(f"the fused kernels cannot run: {reason}")
+        self.fused_kernels = fused_kernels
         self._inner = model.model
         self._layers = list(model.model.layers)
         self._scaling = self._layers[0].self_attn.scaling
@@ -205,6 +221,10 @@ class LlamaFamilyForward:
             _fuse_linear(mlp, "_fused_gate_up", (mlp.gate_proj, mlp.up_proj))
         self.cos_P_D, self.signed_sin_P_D = self._rotary_tables(max_positions)
         self._positions_T = torch.arange(max_positions, device=self.shape.device)
+        self._next_layer = dict(zip(self._layers, self._layers[1:]))
+        # (hidden, layer, that layer's input norm of hidden): made by `_finish_layer` together with
+        # the residual add, taken by the next `_input_norm` (see there).
+        self._normed_ahead: tuple[torch.Tensor, torch.nn.Module, torch.Tensor] | None = None
 
     def _rotary_tables(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin (see `_apply_rotary`) for every position the cache can hold, computed
@@ -225,8 +245,8 @@ class LlamaFamilyForward:
         fused = mlp.__dict__.get("_fused_gate_up")
         if fused is None:
             return _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
-        gate, up = F.linear(x, *fused).chunk(2, dim=-1)
-        return _linear(F.silu(gate) * up, mlp.down_proj)
+        activated = fused_ops.silu_mul(F.linear(x, *fused), use_kernel=self.fused_kernels)
+        return _linear(activated, mlp.down_proj)
 
     def _qkv(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The q, k and v projections of `x` (..., E) side by side: (..., (H + 2K) x D)."""
@@ -238,19 +258,30 @@ class LlamaFamilyForward:
         return F.linear(x, *fused)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return _linear(_rms_norm(hidden, self._inner.norm), self.model.lm_head)
+        self._normed_ahead = None
+        return _linear(_rms_norm(hidden, self._inner.norm, self.fused_kernels), self.model.lm_head)
+
+    def _input_norm(self, layer: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """The layer's input RMSNorm of `hidden`, taken from `_normed_ahead` when the previous
+        layer made it for this very tensor (the forwards call `_finish_layer` then the next layer's
+        projections with its result); otherwise computed."""
+        ahead, self._normed_ahead = self._normed_ahead, None
+        if ahead is not None and ahead[0] is hidden and ahead[1] is layer:
+            return ahead[2]
+        return _rms_norm(hidden, layer.input_layernorm, self.fused_kernels)
 
     def _project_qkv(self, layer: torch.nn.Module, hidden_N_C_E: torch.Tensor, cos_C_D, sin_C_D):
         """Queries (N, H, C, D) and keys/values (N, K, C, D) of C columns, rotated as HF rotates them."""
         s = self.shape
         num_rows, columns = hidden_N_C_E.shape[:2]
-        qkv_N_C_X_D = self._qkv(layer, _rms_norm(hidden_N_C_E, layer.input_layernorm)).view(
+        qkv_N_C_X_D = self._qkv(layer, self._input_norm(layer, hidden_N_C_E)).view(
             num_rows, columns, s.num_heads + 2 * s.num_kv_heads, s.head_dim
         )
         q_N_H_C_D, k_N_K_C_D, v_N_K_C_D = qkv_N_C_X_D.transpose(1, 2).split(
             (s.num_heads, s.num_kv_heads, s.num_kv_heads), dim=1
         )
-        return _apply_rotary(q_N_H_C_D, cos_C_D, sin_C_D), _apply_rotary(k_N_K_C_D, cos_C_D, sin_C_D), v_N_K_C_D
+        q_N_H_C_D = _apply_rotary(q_N_H_C_D, cos_C_D, sin_C_D, self.fused_kernels)
+        return q_N_H_C_D, _apply_rotary(k_N_K_C_D, cos_C_D, sin_C_D, self.fused_kernels), v_N_K_C_D
 
     def _prefill_mask(self, start: int, end: int, lengths_N: torch.Tensor) -> torch.Tensor | None:
         """The attention mask of prefill columns start..end-1 of right-padded prompts, or None when
@@ -287,11 +318,13 @@ class LlamaFamilyForward:
         """The new token's query (B, H, D), key and value (B, K, D), rotated as HF rotates them."""
         s = self.shape
         rows = hidden_B_E.shape[0]
-        qkv_B_X_D = self._qkv(layer, _rms_norm(hidden_B_E, layer.input_layernorm)).view(
+        qkv_B_X_D = self._qkv(layer, self._input_norm(layer, hidden_B_E)).view(
             rows, s.num_heads + 2 * s.num_kv_heads, s.head_dim
         )
         # Queries and keys sit side by side: one rotation for both, no copy to put them together.
-        rotated_B_HK_D = _apply_rotary(qkv_B_X_D[:, : s.num_heads + s.num_kv_heads], cos_B_1_D, sin_B_1_D)
+        rotated_B_HK_D = _apply_rotary(
+            qkv_B_X_D[:, : s.num_heads + s.num_kv_heads], cos_B_1_D, sin_B_1_D, self.fused_kernels
+        )
         v_B_K_D = qkv_B_X_D[:, s.num_heads + s.num_kv_heads :]
         return rotated_B_HK_D[:, : s.num_heads], rotated_B_HK_D[:, s.num_heads :], v_B_K_D
 
@@ -308,9 +341,29 @@ class LlamaFamilyForward:
         return attended_B_K_G_D.reshape(rows, s.num_heads * s.head_dim)
 
     def _finish_layer(self, layer: torch.nn.Module, hidden: torch.Tensor, attended_HD: torch.Tensor) -> torch.Tensor:
-        """Output projection, residual, MLP and residual after attention (`attended_HD`: heads flattened)."""
-        hidden = hidden + _linear(attended_HD, layer.self_attn.o_proj)
-        return hidden + self._mlp(layer, _rms_norm(hidden, layer.post_attention_layernorm))
+        """Output projection, residual, MLP and residual after attention (`attended_HD`: heads flattened).
+
+        Each residual add comes with the norm that reads its sum (one kernel with `fused_kernels`):
+        the attention's with this layer's post-attention norm, the MLP's with the next layer's input
+        norm, left in `_normed_ahead` for `_input_norm`. The sums are rounded to the model dtype
+        before the norms read them, as in the unfused forward.
+        """
+        use_kernel = self.fused_kernels
+        norm = layer.post_attention_layernorm
+        attention_out = _linear(attended_HD, layer.self_attn.o_proj)
+        hidden, normed = fused_ops.add_rms_norm(
+            hidden, attention_out, norm.weight, norm.variance_epsilon, use_kernel=use_kernel
+        )
+        mlp_out = self._mlp(layer, normed)
+        next_layer = self._next_layer.get(layer)
+        if next_layer is None:  # the last layer: the final norm reads only the rows `_logits` gets
+            return hidden + mlp_out
+        norm = next_layer.input_layernorm
+        hidden, normed = fused_ops.add_rms_norm(
+            hidden, mlp_out, norm.weight, norm.variance_epsilon, use_kernel=use_kernel
+        )
+        self._normed_ahead = (hidden, next_layer, normed)
+        return hidden
 
 
 class StaticDecoder(LlamaFamilyForward):
@@ -318,8 +371,8 @@ class StaticDecoder(LlamaFamilyForward):
 
     step_inputs = 2  # decode inputs per row that DecodeGraphs keeps in persistent buffers: token, position
 
-    def __init__(self, model: torch.nn.Module, cache: StaticKVCache):
-        super().__init__(model, cache.capacity)
+    def __init__(self, model: torch.nn.Module, cache: StaticKVCache, *, fused_kernels: bool | None = None):
+        super().__init__(model, cache.capacity, fused_kernels=fused_kernels)
         self.cache = cache
         self.num_rows = cache.num_slots
         self.capacity = cache.capacity
