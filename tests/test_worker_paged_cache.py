@@ -359,7 +359,8 @@ def test_kv_cache_flags_are_parsed_and_checked(tiny_checkpoint) -> None:
     base = ["--model-path", str(tiny_checkpoint)]
     args = parse_args(base + ["--kv-cache", "paged", "--page-size", "32"])
     assert (args.kv_cache, args.page_size) == ("paged", 32)
-    assert parse_args(base).kv_cache == "static"
+    assert parse_args(base).kv_cache == "paged"  # the default
+    assert parse_args(base + ["--kv-cache", "static"]).kv_cache == "static"
     for bad in (["--kv-cache", "ring"], ["--page-size", "12"], ["--page-size", "256"]):
         with pytest.raises(SystemExit) as error:
             parse_args(base + bad)
