@@ -247,7 +247,10 @@ def count_norm_calls(monkeypatch, decoder, step) -> dict[str, int]:
 def interpreted_results() -> dict:
     """What `_interpreted_main` prints, run in a child with TRITON_INTERPRET=1; cached per session."""
     if not hasattr(interpreted_results, "cache"):
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        # The child runs this file as a script: the repository root must be on its path.
+        root = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
         child = subprocess.run(
             [sys.executable, str(Path(__file__))], env=env, capture_output=True, text=True, timeout=600
         )
