@@ -71,3 +71,29 @@ def test_entropy_bonus_and_compile_setting_on_cpu(tiny_checkpoint):
     assert metrics["train/entropy"] > 0 and metrics["train/grad_norm"] == metrics["train/grad_norm"]
     same, _, _ = step(tiny_checkpoint, dataclasses.replace(base, compile_layers=False))
     assert all(torch.equal(a, b) for a, b in zip(params, same))
+
+
+def test_right_padded_rows_run_without_a_padding_mask(tiny_checkpoint):
+    """The split call drops the mask of right-padded rows (causal attention alone then gives every
+    real position what the masked forward gives) and keeps any other mask."""
+    from transformers import AutoModelForCausalLM
+
+    from slime_meta.backends.local.model_call import is_right_padded
+
+    right = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    assert is_right_padded(right) and is_right_padded(torch.ones(2, 3, dtype=torch.long))
+    assert not is_right_padded(torch.tensor([[0, 1, 1], [1, 1, 1]])) and not is_right_padded(torch.tensor([[1, 0, 1]]))
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint)).eval()
+    call = SplitModelCall(model, autocast=False, split_head=True)
+    tokens = torch.tensor([[5, 9, 12, 7], [8, 3, 0, 0]])
+    with torch.no_grad():
+        ours = call.hidden_states(tokens, right)
+        masked = call.decoder(input_ids=tokens, attention_mask=right, use_cache=False).last_hidden_state
+        left = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+        left_tokens = torch.tensor([[5, 9, 12, 7], [0, 0, 8, 3]])
+        kept = call.hidden_states(left_tokens, left)
+        expected_left = call.decoder(input_ids=left_tokens, attention_mask=left, use_cache=False).last_hidden_state
+    real = right.bool()
+    torch.testing.assert_close(ours[real], masked[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kept, expected_left)  # left padding: the mask is passed as given

@@ -35,7 +35,12 @@ class SplitModelCall:
         # and its per-layer state would make a compiled layer recompile once per layer.
         with self._autocast():
             if self.split:
-                out = self.decoder(input_ids=tokens_B_T, attention_mask=attention_B_T, use_cache=False)
+                # Right-padded rows (as the micro-batches are built) need no padding mask: under causal
+                # attention a real token sees only earlier positions, all real, and the padding rows'
+                # outputs are never read. Without one, attention runs its fused causal kernel and no
+                # (B, 1, T, T) mask is built. Position ids count from 0 either way.
+                mask_B_T = None if is_right_padded(attention_B_T) else attention_B_T
+                out = self.decoder(input_ids=tokens_B_T, attention_mask=mask_B_T, use_cache=False)
                 return out.last_hidden_state
             return self.model(input_ids=tokens_B_T, attention_mask=attention_B_T, use_cache=False).logits
 
@@ -56,6 +61,11 @@ class SplitModelCall:
             return token_logps(logits_N_V, targets_N, temperature_N, chunk_size=chunk_size, with_entropy=with_entropy)
         chunk_size = chunk_size or max(len(targets_N), 1)
         return linear_token_logps(hidden_N_H, self.head.weight, targets_N, temperature_N, chunk_size, with_entropy)
+
+
+def is_right_padded(attention_B_T: torch.Tensor) -> bool:
+    """Every row's ones come first, then only zeros (a row with no padding counts)."""
+    return bool((attention_B_T[:, 0] == 1).all() and (attention_B_T[:, 1:] <= attention_B_T[:, :-1]).all())
 
 
 def compile_decoder_layers(model: torch.nn.Module, backend: str = "inductor") -> int:
