@@ -232,3 +232,21 @@ def quiet_transformers() -> None:
 
     transformers_logging.disable_progress_bar()
     transformers_logging.set_verbosity_error()
+
+
+def median_replay_ms(graph, reps: int, warmup: int = 3) -> float:
+    """Median time of one replay of a captured CUDA graph, each timed with its own CUDA events."""
+    import statistics
+
+    import torch
+
+    for _ in range(warmup):
+        graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in zip(starts, ends))

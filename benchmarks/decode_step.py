@@ -73,19 +73,6 @@ def build_batch(model, fused: bool, rows: int, attended: int, use_graphs: bool):
     return batch
 
 
-def median_replay_ms(graph: torch.cuda.CUDAGraph, reps: int) -> float:
-    for _ in range(10):
-        graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in zip(starts, ends))
-
-
 def median_eager_ms(step, reps: int) -> float:
     step()
     times = []
@@ -129,7 +116,7 @@ def run_setting(model, fused: bool, args, device: torch.device) -> list[dict]:
             bucket = logits.shape[0]
             graph = graphs._graphs.get((bucket, args.attended)) if graphs.use_graphs else None
             if graph is not None:
-                step_ms = median_replay_ms(graph, args.reps)
+                step_ms = C.median_replay_ms(graph, args.reps, warmup=10)
             else:
                 step_ms = median_eager_ms(lambda: graphs.step(tokens, positions), args.reps)
             inputs_I_B = graphs._inputs_I_S[:, :bucket]

@@ -144,18 +144,9 @@ def median_step_ms(step, reps: int, device: torch.device) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    for _ in range(3):
-        graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    times = [start.elapsed_time(end) for start, end in zip(starts, ends)]
+    replay_ms = C.median_replay_ms(graph, reps)
     del graph
-    return statistics.median(times)
+    return replay_ms
 
 
 def run_case(shape: AttentionShape, rows: int, case: str, args, device, dtype) -> list[dict]:

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers_interpreter import run_interpreted
 import torch
 
 from slime_meta.serving import fused_ops
@@ -247,15 +248,7 @@ def count_norm_calls(monkeypatch, decoder, step) -> dict[str, int]:
 def interpreted_results() -> dict:
     """What `_interpreted_main` prints, run in a child with TRITON_INTERPRET=1; cached per session."""
     if not hasattr(interpreted_results, "cache"):
-        # The child runs this file as a script: the repository root must be on its path.
-        root = str(Path(__file__).resolve().parents[1])
-        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-        child = subprocess.run(
-            [sys.executable, str(Path(__file__))], env=env, capture_output=True, text=True, timeout=600
-        )
-        assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
-        interpreted_results.cache = json.loads(child.stdout.strip().splitlines()[-1])
+        interpreted_results.cache = run_interpreted(__file__)
     return interpreted_results.cache
 
 

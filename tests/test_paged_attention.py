@@ -19,12 +19,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import pytest
+from helpers_interpreter import run_interpreted
 import torch
 
 from slime_meta.serving.paged_attention import (
@@ -224,15 +222,7 @@ def decode_both_ways(
 def interpreted_results() -> dict:
     """What `_interpreted_main` prints, run in a child with TRITON_INTERPRET=1; cached per session."""
     if not hasattr(interpreted_results, "cache"):
-        # The child runs this file as a script: the repository root must be on its path.
-        root = str(Path(__file__).resolve().parents[1])
-        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-        child = subprocess.run(
-            [sys.executable, str(Path(__file__))], env=env, capture_output=True, text=True, timeout=600
-        )
-        assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
-        interpreted_results.cache = json.loads(child.stdout.strip().splitlines()[-1])
+        interpreted_results.cache = run_interpreted(__file__)
     return interpreted_results.cache
 
 
