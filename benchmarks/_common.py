@@ -250,3 +250,16 @@ def median_replay_ms(graph, reps: int, warmup: int = 3) -> float:
         end.record()
     torch.cuda.synchronize()
     return statistics.median(start.elapsed_time(end) for start, end in zip(starts, ends))
+
+
+def median_eager_ms(step, reps: int) -> float:
+    """Median host-clock time of one call of `step` after one warm-up call (the CPU runs)."""
+    import statistics
+
+    step()
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - started) * 1e3)
+    return statistics.median(times)

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from collections import Counter
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
@@ -73,16 +71,6 @@ def build_batch(model, fused: bool, rows: int, attended: int, use_graphs: bool):
     return batch
 
 
-def median_eager_ms(step, reps: int) -> float:
-    step()
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(times)
-
-
 def kernels_per_step(step) -> Counter | None:
     """The device kernels (and copies/fills) one eager call of `step` launches, by name; None
     where the profiler cannot see the device."""
@@ -118,7 +106,7 @@ def run_setting(model, fused: bool, args, device: torch.device) -> list[dict]:
             if graph is not None:
                 step_ms = C.median_replay_ms(graph, args.reps, warmup=10)
             else:
-                step_ms = median_eager_ms(lambda: graphs.step(tokens, positions), args.reps)
+                step_ms = C.median_eager_ms(lambda: graphs.step(tokens, positions), args.reps)
             inputs_I_B = graphs._inputs_I_S[:, :bucket]
             names = kernels_per_step(lambda: decoder.decode(*inputs_I_B, args.attended))
             kernels = sum(names.values()) if names else None

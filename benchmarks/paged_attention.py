@@ -24,9 +24,7 @@ interpreter, `--quick`) the same runs eagerly in float32 with a host clock: a sm
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
@@ -129,13 +127,7 @@ def median_step_ms(step, reps: int, device: torch.device) -> float:
     """Median time of one call of `step` (all layers): CUDA graph replays timed with events on CUDA,
     eager calls with a host clock elsewhere."""
     if device.type != "cuda":
-        step()
-        times = []
-        for _ in range(reps):
-            started = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - started) * 1e3)
-        return statistics.median(times)
+        return C.median_eager_ms(step, reps)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

@@ -6,6 +6,7 @@ executes the test file as a script; its last stdout line is a JSON object of res
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -15,8 +16,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_interpreted(test_file: str | Path, timeout_s: float = 600) -> dict:
-    """Run `test_file` as a script with TRITON_INTERPRET=1; return the JSON of its last line."""
+@functools.cache
+def run_interpreted(test_file: str, timeout_s: float = 600) -> dict:
+    """Run `test_file` as a script with TRITON_INTERPRET=1; return the JSON of its last line (once
+    per file and session: later calls get the same results)."""
     # The child runs the file as a script: the repository root must be on its path.
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}

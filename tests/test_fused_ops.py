@@ -246,10 +246,8 @@ def count_norm_calls(monkeypatch, decoder, step) -> dict[str, int]:
 
 
 def interpreted_results() -> dict:
-    """What `_interpreted_main` prints, run in a child with TRITON_INTERPRET=1; cached per session."""
-    if not hasattr(interpreted_results, "cache"):
-        interpreted_results.cache = run_interpreted(__file__)
-    return interpreted_results.cache
+    """What `_interpreted_main` prints, run in a child with TRITON_INTERPRET=1 (once a session)."""
+    return run_interpreted(__file__)
 
 
 def _interpreted_main() -> None:
