@@ -133,6 +133,7 @@ class TrainConfig:
     micro_batch_size: int
     std_normalize: bool
     compile_layers: bool | None = None  # None: chosen at start (local backend on CUDA), else off
+    share_prompt_forward: bool = True
     max_skipped_steps: int = 3
     use_dynamic_batch_size: bool = False
     max_tokens_per_gpu: int | None = None  # None: chosen at start on CUDA, 8192 elsewhere
@@ -379,6 +380,12 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         help="Local backend on CUDA: torch.compile each decoder layer (H100, 0.5B model: MFU 0.31 -> 0.49; "
              "about 8 s of compile in the first step and once more for new sequence lengths). Default: on for "
              "runs of 4 steps or more, off otherwise (the start line says which).")
+    add("--share-prompt-forward", action=argparse.BooleanOptionalAction, default=True,
+        help="Local backend: the sequences of one prompt (a GRPO group's samples) are one row in the trainer's "
+             "forward and backward, the prompt computed once and each response attending to it and to its own "
+             "tokens: the same loss and gradient up to float rounding, for about G times fewer prompt tokens. "
+             "Runs where the model's attention is SDPA (transformers' default); --no-share-prompt-forward: one "
+             "row per sequence.")
     add("--use-dynamic-batch-size", action=argparse.BooleanOptionalAction, default=True,
         help="Local backend: micro-batches by token count (slime's meaning): sequences packed, shortest first, while "
              "rows x longest row stays within --max-tokens-per-gpu; a longer sequence is a micro-batch of its own; "

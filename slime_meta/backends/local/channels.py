@@ -32,16 +32,8 @@ from typing import Protocol, Sequence
 
 import torch
 
-from slime_meta.backends.local.batching import (
-    MicroBatch,
-    PolicySequence,
-    budget_chunks,
-    collate,
-    make_micro_batches,
-    pad_sequences,
-    response_columns,
-    sequence_groups,
-)
+from slime_meta.backends.local.batching import PolicySequence, budget_chunks, pad_sequences, response_columns
+from slime_meta.backends.local.packing import PackedBatch, pack_micro_batches
 from slime_meta.losses import (
     context_distillation_advantages,
     dpo_loss,
@@ -60,8 +52,14 @@ from slime_meta.types import PreferencePair, SolverSample
 class ModelCall(Protocol):
     """The policy (or reference) model, split at its output projection."""
 
+    shares_prompts: bool  # whether `packed_hidden_states` takes rows of one prompt and several responses
+
     def hidden_states(self, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor) -> torch.Tensor:
         """`[B, T, H]` inputs of the output projection (or `[B, T, V]` logits, with `logits` the identity)."""
+        ...
+
+    def packed_hidden_states(self, batch: PackedBatch) -> torch.Tensor:
+        """`hidden_states` of a `packing.PackedBatch` (rows that may hold several responses after one prompt)."""
         ...
 
     def logits(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
@@ -119,16 +117,28 @@ def _row_logits(
     return model.logits(_row_hidden(model, tokens_B_T, attention_B_T, rows_B_T))
 
 
-def _place(values_N: torch.Tensor, rows_B_T: torch.Tensor) -> torch.Tensor:
-    """Per-row values back at their `[B, T-1]` positions, 0 elsewhere (differentiable)."""
-    return torch.zeros(rows_B_T.shape, dtype=values_N.dtype, device=values_N.device).masked_scatter(rows_B_T, values_N)
-
-
 def _response_rows(prompt_lengths: Sequence[int], response_lengths: Sequence[int], width: int) -> torch.Tensor:
     rows_B_T = torch.zeros(len(prompt_lengths), width, dtype=torch.bool)
     for row, (p, r) in enumerate(zip(prompt_lengths, response_lengths)):
         rows_B_T[row, response_columns(p, r)] = True
     return rows_B_T
+
+
+def _packed_batches(
+    forward: ModelCall, sequences: Sequence[PolicySequence], micro_batch_size: int, pad_id: int, max_tokens: int | None
+) -> list[PackedBatch]:
+    """The micro-batches of a pass: sequences that share a prompt share its forward where the call allows it."""
+    share = bool(getattr(forward, "shares_prompts", False))
+    return pack_micro_batches(sequences, share, micro_batch_size, pad_id, max_tokens)
+
+
+def _loss_hidden(forward: ModelCall, b: PackedBatch) -> torch.Tensor:
+    """Hidden states `[N, H]` predicting the batch's loss tokens, in the batch's token order."""
+    if hasattr(forward, "packed_hidden_states"):
+        hidden_B_T_H = forward.packed_hidden_states(b)
+    else:
+        hidden_B_T_H = forward.hidden_states(b.tokens_B_T, b.attention_B_T)
+    return hidden_B_T_H.flatten(0, 1)[b.source_N]
 
 
 def policy_gradient_pass(
@@ -143,30 +153,29 @@ def policy_gradient_pass(
     """
     total_tokens = sum(len(x.response_ids) for x in sequences)
     sums = dict.fromkeys(("loss", "pg_loss", "clipfrac", "approx_kl", "entropy", "logprob_abs_diff", "kl_ref"), 0.0)
+    sums["forward_tokens"] = 0.0
     correct_off_policy = s.use_tis or s.aipo_delta is not None
     kl_on = bool(s.kl_loss_coef) and (reference_is_policy or all(x.reference_logprobs is not None for x in sequences))
-    for batch in make_micro_batches(sequences, micro_batch_size, pad_id, max_tokens):
-        b: MicroBatch = batch.to(device)
-        mask = b.loss_mask_B_T
-        rows_B_T = mask > 0
-        share = mask.sum().item() / total_tokens
-        targets_N = b.tokens_B_T[:, 1:][rows_B_T]
+    for batch in _packed_batches(forward, sequences, micro_batch_size, pad_id, max_tokens):
+        b = batch.to(device)
+        mask_N = torch.ones_like(b.targets_N, dtype=torch.bool)
+        share = len(b.targets_N) / total_tokens
         # The distribution each sequence was sampled from: logits / its temperature.
-        temperature_N = b.temperature_B.clamp_min(1e-6)[:, None].expand(rows_B_T.shape)[rows_B_T]
-        hidden_N_H = _row_hidden(forward, b.tokens_B_T, b.attention_mask_B_T, rows_B_T)
+        temperature_N = b.temperature_N.clamp_min(1e-6)
+        hidden_N_H = _loss_hidden(forward, b)
         logits_N_V = forward.logits(hidden_N_H) if s.entropy_coef else None  # the bonus needs the logits' gradient
         if logits_N_V is None:
-            stats = forward.token_logps(hidden_N_H, targets_N, temperature_N, s.jsd_chunk_size, with_entropy=True)
+            stats = forward.token_logps(hidden_N_H, b.targets_N, temperature_N, s.jsd_chunk_size, with_entropy=True)
         else:
-            stats = token_logps(logits_N_V, targets_N, temperature_N, chunk_size=s.jsd_chunk_size, with_entropy=False)
-        logp_B_T = _place(stats.logp_N, rows_B_T)
+            stats = token_logps(logits_N_V, b.targets_N, temperature_N, chunk_size=s.jsd_chunk_size, with_entropy=False)
+        logp_N = stats.logp_N
         # With TIS/AIPO the trainer's own (pre-update) log-probs are the PPO anchor and the engine's
         # are the behaviour policy that the importance weight corrects for; without them the
         # engine's log-probs are the anchor and the PPO clip bounds the mismatch.
-        old_logp = logp_B_T.detach() if correct_off_policy else b.rollout_logp_B_T
+        old_logp_N = logp_N.detach() if correct_off_policy else b.rollout_logp_N
         out = policy_loss(
-            logp_B_T, old_logp, b.advantages_B_T, mask, eps_clip=s.eps_clip, eps_clip_high=s.eps_clip_high,
-            eps_clip_c=s.eps_clip_c, rollout_logp=b.rollout_logp_B_T if correct_off_policy else None,
+            logp_N, old_logp_N, b.advantages_N, mask_N, eps_clip=s.eps_clip, eps_clip_high=s.eps_clip_high,
+            eps_clip_c=s.eps_clip_c, rollout_logp=b.rollout_logp_N if correct_off_policy else None,
             tis_clip=s.tis_clip if s.use_tis else None, tis_clip_low=s.tis_clip_low, aipo_delta=s.aipo_delta,
         )  # fmt: skip
         loss = out.loss
@@ -178,8 +187,8 @@ def policy_gradient_pass(
         else:  # logged only: computed with the log-probs, no graph
             entropy = stats.entropy_N.sum() / max(stats.entropy_N.numel(), 1)
         if kl_on:
-            reference_logp_B_T = logp_B_T.detach() if reference_is_policy else b.reference_logp_B_T
-            kl = kl_penalty(logp_B_T, reference_logp_B_T, mask, kind=s.kl_loss_type).kl
+            reference_logp_N = logp_N.detach() if reference_is_policy else b.reference_logp_N
+            kl = kl_penalty(logp_N, reference_logp_N, mask_N, kind=s.kl_loss_type).kl
             loss = loss + s.kl_loss_coef * kl
             sums["kl_ref"] += kl.item() * share
         del logits_N_V, stats, hidden_N_H
@@ -189,7 +198,8 @@ def policy_gradient_pass(
         sums["entropy"] += entropy.item() * share
         sums["clipfrac"] += float(out.metrics.get("clipfrac", 0.0)) * share
         sums["approx_kl"] += float(out.metrics.get("approx_kl", 0.0)) * share
-        sums["logprob_abs_diff"] += ((logp_B_T.detach() - b.rollout_logp_B_T).abs() * mask).sum().item() / total_tokens
+        sums["logprob_abs_diff"] += (logp_N.detach() - b.rollout_logp_N).abs().sum().item() / total_tokens
+        sums["forward_tokens"] += float(batch.attention_B_T.sum())
         if "tis_weight_mean" in out.metrics:
             sums["tis_weight_mean"] = sums.get("tis_weight_mean", 0.0) + float(out.metrics["tis_weight_mean"]) * share
     return sums
@@ -203,16 +213,14 @@ def reference_token_logps(
     temperature, micro-batched as the policy pass will be; in sequence order."""
     out: list[tuple[float, ...]] = [()] * len(sequences)
     with torch.no_grad():
-        for group in sequence_groups(sequences, micro_batch_size, max_tokens):
-            b = collate([sequences[i] for i in group], pad_id).to(device)
-            rows_B_T = b.loss_mask_B_T > 0
-            temperature_N = b.temperature_B.clamp_min(1e-6)[:, None].expand(rows_B_T.shape)[rows_B_T]
-            hidden_N_H = _row_hidden(reference, b.tokens_B_T, b.attention_mask_B_T, rows_B_T)
-            targets_N = b.tokens_B_T[:, 1:][rows_B_T]
-            logp_N = reference.token_logps(hidden_N_H, targets_N, temperature_N, chunk_size, with_entropy=False).logp_N
+        for batch in _packed_batches(reference, sequences, micro_batch_size, pad_id, max_tokens):
+            b = batch.to(device)
+            hidden_N_H = _loss_hidden(reference, b)
+            temperature_N = b.temperature_N.clamp_min(1e-6)
+            logp_N = reference.token_logps(hidden_N_H, b.targets_N, temperature_N, chunk_size, with_entropy=False).logp_N
             values = logp_N.float().tolist()
             offset = 0
-            for i in group:  # rows_B_T is row-major: each sequence's response tokens in turn
+            for i in b.members:  # the batch's tokens are its sequences' response tokens in turn
                 n = len(sequences[i].response_ids)
                 out[i] = tuple(values[offset : offset + n])
                 offset += n

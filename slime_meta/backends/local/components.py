@@ -299,7 +299,7 @@ def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
         temperature=cfg.sampling.teacher_temperature,  # log-probs under the distribution sampled from
         loss=loss, distill=DistillSettings(o.solver_adv_tau, o.teacher_tau, o.student_tau), max_skipped_steps=t.max_skipped_steps,
         max_tokens_per_gpu=(t.max_tokens_per_gpu or DEFAULT_TOKENS_PER_GPU) if t.use_dynamic_batch_size else None,
-        recompute_layers=t.recompute_granularity == "full",
+        recompute_layers=t.recompute_granularity == "full", share_prompt_forward=t.share_prompt_forward,
     )  # fmt: skip
     pad_token_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
     # The reference (KL anchor, replay DPO) is the run's starting checkpoint, also after a resume.

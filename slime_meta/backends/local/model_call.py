@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from slime_meta.backends.local.packing import PackedBatch, shared_prompt_mask
 from slime_meta.losses import linear_token_logps, token_logps
 from slime_meta.losses.token_stats import TokenLogpsOutput
 
@@ -20,10 +21,13 @@ class SplitModelCall:
     logits and `logits` is the identity, so the channels work unchanged.
     """
 
-    def __init__(self, model: torch.nn.Module, autocast: bool, split_head: bool):
+    def __init__(self, model: torch.nn.Module, autocast: bool, split_head: bool, share_prompts: bool = True):
         self.model = model
         self.autocast = autocast
         self.split = split_head and getattr(model.config, "model_type", None) in SPLIT_HEAD_MODEL_TYPES
+        # A row of one prompt and several responses needs a mask that is neither causal nor padding;
+        # SDPA takes any boolean mask (eager attention adds its mask, flash attention takes none).
+        self.shares_prompts = share_prompts and getattr(model.config, "_attn_implementation", None) == "sdpa"
         self.decoder = getattr(model, model.base_model_prefix) if self.split else None
         self.head = model.get_output_embeddings() if self.split else None
 
@@ -43,6 +47,18 @@ class SplitModelCall:
                 out = self.decoder(input_ids=tokens_B_T, attention_mask=mask_B_T, use_cache=False)
                 return out.last_hidden_state
             return self.model(input_ids=tokens_B_T, attention_mask=attention_B_T, use_cache=False).logits
+
+    def packed_hidden_states(self, batch: PackedBatch) -> torch.Tensor:
+        """`hidden_states` of a `packing.PackedBatch`, whose rows may hold several responses after one prompt."""
+        if not batch.shares_prompts:
+            return self.hidden_states(batch.tokens_B_T, batch.attention_B_T)
+        mask_B_1_T_T = shared_prompt_mask(batch.branch_B_T)
+        with self._autocast():
+            model = self.decoder if self.split else self.model
+            out = model(
+                input_ids=batch.tokens_B_T, attention_mask=mask_B_1_T_T, position_ids=batch.positions_B_T, use_cache=False
+            )  # fmt: skip
+            return out.last_hidden_state if self.split else out.logits
 
     def logits(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
         if not self.split:

@@ -127,6 +127,9 @@ class TrainerSettings:
     # New sequence lengths recompile once into a dynamic-shape graph. Ignored on CPU. Off unless
     # asked (--compile-layers): the compile is a cost a short or small-model run does not earn back.
     compile_layers: bool = False
+    # Sequences with the same prompt (a GRPO group) as one row: the prompt once, each response after
+    # it (`packing.py`). Same loss and gradient up to float rounding, the prompt computed once.
+    share_prompt_forward: bool = True
     # Steps in a row with a non-finite loss or gradient norm (each skipped) before the run stops.
     max_skipped_steps: int = 3
     # Dynamic batch size: micro-batches packed by padded tokens (rows x longest row) up to this
@@ -232,7 +235,8 @@ class LocalTrainer:
         return self.start_weights.resident_model if self.start_weights is not None else None
 
     def _forward(self, model) -> ModelCall:
-        return SplitModelCall(model, autocast=self.device.type == "cuda", split_head=self.settings.split_head)
+        s = self.settings
+        return SplitModelCall(model, self.device.type == "cuda", s.split_head, share_prompts=s.share_prompt_forward)
 
     @contextlib.contextmanager
     def _reference_call(self) -> Iterator[ModelCall]:

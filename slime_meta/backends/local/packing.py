@@ -1,0 +1,191 @@
+"""Micro-batches in which the sequences that share a prompt share its forward and backward.
+
+A GRPO group is one prompt and G sampled responses. The teacher's prompts run to thousands of
+tokens and its responses to tens, so with one row per sequence a step computes each prompt G
+times (at the 0.5B benchmark shape: 190k tokens forwarded for 5k trained). Here a row holds the
+prompt once, then each response after it. A response token attends to the prompt and to its own
+response's earlier tokens only, and its position continues from the prompt's end: it sees
+exactly the context it would see in a row of its own. The prompt's activations receive the sum
+of the gradients the G copies would have received, so the loss and the gradient are the same
+function as with one row per sequence, up to float rounding.
+
+Such a row needs a mask that is neither causal nor padding (`shared_prompt_mask`, `[B, 1, T, T]`),
+so it runs where the model's attention takes one (`SplitModelCall.shares_prompts`). Elsewhere,
+and with `share_prompts=False`, every sequence is a row of its own, right-padded, as before.
+
+Each row's layout is one integer per column, its branch: 0 for the prompt (the whole sequence
+when the row holds one), k for the row's k-th response, -1 for padding. The loss rows are
+gathered from the flattened hidden states by `source_N`: the column whose hidden state predicts
+each response token (the prompt's last column for every response's first token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from slime_meta.backends.local.batching import PolicySequence
+
+PADDING = -1
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a micro-batch: a prompt and the indices of the sequences whose responses follow it."""
+
+    prompt_ids: tuple[int, ...]
+    members: tuple[int, ...]
+
+    def length(self, sequences: Sequence[PolicySequence]) -> int:
+        return len(self.prompt_ids) + sum(len(sequences[i].response_ids) for i in self.members)
+
+
+@dataclass
+class PackedBatch:
+    """One micro-batch: `B` rows of `T` columns, and `N` loss tokens in sequence order."""
+
+    tokens_B_T: torch.Tensor
+    positions_B_T: torch.Tensor
+    branch_B_T: torch.Tensor  # 0 prompt (or the whole sequence), k > 0 the k-th response, -1 padding
+    source_N: torch.Tensor  # index into the flattened [B * T] hidden states predicting each target
+    targets_N: torch.Tensor
+    rollout_logp_N: torch.Tensor
+    advantages_N: torch.Tensor
+    reference_logp_N: torch.Tensor  # 0 where a sequence carries none
+    temperature_N: torch.Tensor
+    members: tuple[int, ...]  # the sequences whose tokens these are, in the order of the N tokens
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Some row holds more than one response after its prompt."""
+        return bool((self.branch_B_T > 0).any())
+
+    @property
+    def attention_B_T(self) -> torch.Tensor:
+        return (self.branch_B_T != PADDING).long()
+
+    def to(self, device: torch.device) -> "PackedBatch":
+        fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+        return PackedBatch(**fields)
+
+
+def shared_prompt_mask(branch_B_T: torch.Tensor) -> torch.Tensor:
+    """`[B, 1, T, T]` bool, True where a query column (dim 2) may attend to a key column (dim 3):
+    an earlier or the same column, in the prompt or in the query's own response. A padding column
+    sees the padding before it and itself (never an empty row, whose softmax would be NaN), and no
+    real column sees a padding one."""
+    width = branch_B_T.shape[1]
+    causal_T_T = torch.ones(width, width, dtype=torch.bool, device=branch_B_T.device).tril()
+    key_B_1_T = branch_B_T[:, None, :]
+    query_B_T_1 = branch_B_T[:, :, None]
+    visible_B_T_T = (key_B_1_T == 0) | (key_B_1_T == query_B_T_1)
+    return (causal_T_T & visible_B_T_T)[:, None]
+
+
+def make_rows(
+    sequences: Sequence[PolicySequence], share_prompts: bool, micro_batch_size: int, max_tokens: int | None
+) -> list[Row]:
+    """The rows: one per sequence, or with `share_prompts` one per prompt, split where a row would
+    exceed `max_tokens` tokens (or, without a token budget, `micro_batch_size` responses)."""
+    if not share_prompts:
+        return [Row(s.prompt_ids, (i,)) for i, s in enumerate(sequences)]
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(sequences):
+        by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
+    rows = []
+    for prompt_ids, members in by_prompt.items():
+        current: list[int] = []
+        length = len(prompt_ids)
+        for i in members:
+            extra = len(sequences[i].response_ids)
+            full = length + extra > max_tokens if max_tokens is not None else len(current) >= micro_batch_size
+            if current and full:
+                rows.append(Row(prompt_ids, tuple(current)))
+                current, length = [], len(prompt_ids)
+            current.append(i)
+            length += extra
+        rows.append(Row(prompt_ids, tuple(current)))
+    return rows
+
+
+def group_rows(
+    rows: Sequence[Row], sequences: Sequence[PolicySequence], micro_batch_size: int, max_tokens: int | None
+) -> list[list[Row]]:
+    """Rows into micro-batches, shortest first (similar lengths waste less padding): while rows x
+    longest row stays within `max_tokens` (a longer row alone), or without a token budget while
+    the micro-batch holds at most `micro_batch_size` sequences. With one sequence per row this is
+    `batching.micro_batch_groups`."""
+    lengths = [row.length(sequences) for row in rows]
+    groups: list[list[int]] = []
+    held = 0
+    for i in sorted(range(len(rows)), key=lambda i: lengths[i]):  # ascending: the newcomer is the longest
+        if max_tokens is not None:
+            fits = bool(groups) and (len(groups[-1]) + 1) * lengths[i] <= max_tokens
+        else:
+            fits = bool(groups) and held + len(rows[i].members) <= micro_batch_size
+        if fits:
+            groups[-1].append(i)
+            held += len(rows[i].members)
+        else:
+            groups.append([i])
+            held = len(rows[i].members)
+    return [[rows[i] for i in group] for group in groups]
+
+
+def collate_rows(rows: Sequence[Row], sequences: Sequence[PolicySequence], pad_id: int) -> PackedBatch:
+    width = max(row.length(sequences) for row in rows)
+    shape = (len(rows), width)
+    tokens = torch.full(shape, pad_id, dtype=torch.long)
+    positions = torch.zeros(shape, dtype=torch.long)
+    branch = torch.full(shape, PADDING, dtype=torch.long)
+    source: list[int] = []
+    targets: list[int] = []
+    rollout_logp: list[float] = []
+    advantages: list[float] = []
+    reference_logp: list[float] = []
+    temperature: list[float] = []
+    members: list[int] = []
+    for r, row in enumerate(rows):
+        prompt_length = len(row.prompt_ids)
+        tokens[r, :prompt_length] = torch.tensor(row.prompt_ids, dtype=torch.long)
+        positions[r, :prompt_length] = torch.arange(prompt_length)
+        branch[r, :prompt_length] = 0
+        column = prompt_length
+        one_sequence = len(row.members) == 1
+        for k, i in enumerate(row.members, start=1):
+            s = sequences[i]
+            n = len(s.response_ids)
+            tokens[r, column : column + n] = torch.tensor(s.response_ids, dtype=torch.long)
+            positions[r, column : column + n] = torch.arange(prompt_length, prompt_length + n)
+            branch[r, column : column + n] = 0 if one_sequence else k
+            # Token t of the response is predicted at the column before it: the prompt's last for t = 0.
+            predictors = [r * width + prompt_length - 1] + [r * width + column + t for t in range(n - 1)]
+            source.extend(predictors[:n])
+            targets.extend(s.response_ids)
+            rollout_logp.extend(s.rollout_logprobs)
+            advantages.extend(s.advantages)
+            reference_logp.extend(s.reference_logprobs if s.reference_logprobs is not None else (0.0,) * n)
+            temperature.extend((s.temperature,) * n)
+            members.append(i)
+            column += n
+    as_float = lambda values: torch.tensor(values, dtype=torch.float32)  # noqa: E731
+    return PackedBatch(
+        tokens, positions, branch, torch.tensor(source, dtype=torch.long), torch.tensor(targets, dtype=torch.long),
+        as_float(rollout_logp), as_float(advantages), as_float(reference_logp), as_float(temperature), tuple(members),
+    )  # fmt: skip
+
+
+def pack_micro_batches(
+    sequences: Sequence[PolicySequence], share_prompts: bool, micro_batch_size: int, pad_id: int,
+    max_tokens: int | None = None,
+) -> list[PackedBatch]:  # fmt: skip
+    """The step's micro-batches (sequences without response tokens are left out: nothing to train)."""
+    kept = [i for i, s in enumerate(sequences) if s.response_ids]
+    chosen = [sequences[i] for i in kept]
+    rows = make_rows(chosen, share_prompts, micro_batch_size, max_tokens)
+    batches = [collate_rows(group, chosen, pad_id) for group in group_rows(rows, chosen, micro_batch_size, max_tokens)]
+    for b in batches:  # members as indices into `sequences`
+        b.members = tuple(kept[i] for i in b.members)
+    return batches

@@ -1,0 +1,182 @@
+"""Rows that hold one prompt and several responses (`packing.py`): the layout, the mask, and the
+loss, gradient and reference log-probs against one row per sequence, on the tiny model and on
+the shipped real model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from slime_meta.backends.local.batching import PolicySequence
+from slime_meta.backends.local.channels import LossSettings, reference_token_logps
+from slime_meta.backends.local.packing import (
+    collate_rows,
+    group_rows,
+    make_rows,
+    pack_micro_batches,
+    shared_prompt_mask,
+)
+from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+from slime_meta.types import TeacherSample
+
+
+def sequence(prompt: tuple[int, ...], response: tuple[int, ...], advantage: float = 1.0) -> PolicySequence:
+    n = len(response)
+    return PolicySequence(prompt, response, (-1.0,) * n, (advantage,) * n, 1.0)
+
+
+def test_rows_hold_one_prompt_each_and_split_at_the_budget():
+    a, b = (1, 2, 3, 4), (5, 6)
+    seqs = [sequence(a, (7, 8)), sequence(b, (9,)), sequence(a, (10, 11, 12)), sequence(a, (13,))]
+    assert [r.members for r in make_rows(seqs, False, 8, None)] == [(0,), (1,), (2,), (3,)]
+    shared = make_rows(seqs, True, 8, None)
+    assert [(r.prompt_ids, r.members) for r in shared] == [(a, (0, 2, 3)), (b, (1,))]
+    assert shared[0].length(seqs) == 4 + 2 + 3 + 1
+    # 4 prompt tokens + 2 + 3 would be 9 > 8: the third sequence starts a row of its own (with the prompt again).
+    assert [r.members for r in make_rows(seqs, True, 8, 8)] == [(0,), (2, 3), (1,)]
+    assert [r.members for r in make_rows(seqs, True, 2, None)] == [(0, 2), (3,), (1,)]
+    # Without a token budget a micro-batch holds at most micro_batch_size sequences.
+    groups = group_rows(make_rows(seqs, True, 2, None), seqs, 2, None)
+    assert [[r.members for r in g] for g in groups] == [[(1,), (3,)], [(0, 2)]]
+    # With one: rows x longest row within it.
+    for group in group_rows(make_rows(seqs, True, 8, 12), seqs, 8, 12):
+        assert len(group) * max(r.length(seqs) for r in group) <= 12 or len(group) == 1
+
+
+def test_the_mask_shows_a_response_its_prompt_and_itself_only():
+    #            prompt     response 1  response 2  padding
+    branch = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, -1, -1]])
+    mask = shared_prompt_mask(branch)[0, 0]
+    expected = torch.zeros(10, 10, dtype=torch.bool)
+    for q in range(10):
+        for k in range(q + 1):
+            bq, bk = int(branch[0, q]), int(branch[0, k])
+            expected[q, k] = bk == 0 or bk == bq
+    assert torch.equal(mask, expected)
+    assert not mask[5:8, 3:5].any()  # response 2 never sees response 1
+    assert not mask[:8, 8:].any()  # no real column sees padding
+    assert mask.any(dim=1).all()  # no empty row (a NaN softmax)
+
+
+def test_each_loss_token_is_read_from_the_column_that_predicts_it():
+    a = (1, 2, 3)
+    seqs = [sequence(a, (7, 8)), sequence((4, 5), (9, 10, 11)), sequence(a, (12, 13, 14))]
+    for share in (False, True):
+        (batch,) = pack_micro_batches(seqs, share, 8, 0)
+        flat_tokens = batch.tokens_B_T.flatten()
+        flat_positions = batch.positions_B_T.flatten()
+        flat_branch = batch.branch_B_T.flatten()
+        offset = 0
+        for i in batch.members:
+            s = seqs[i]
+            for t, token in enumerate(s.response_ids):
+                source = int(batch.source_N[offset + t])
+                assert int(batch.targets_N[offset + t]) == token
+                # The predicting column sits one position before the token, in the prompt or the same response.
+                assert int(flat_positions[source]) == len(s.prompt_ids) + t - 1
+                expected = s.prompt_ids[-1] if t == 0 else s.response_ids[t - 1]
+                assert int(flat_tokens[source]) == expected
+                if t > 0 and share:
+                    assert int(flat_branch[source]) == int(flat_branch[source + 1])
+            offset += len(s.response_ids)
+        assert offset == len(batch.targets_N)
+    shared = pack_micro_batches(seqs, True, 8, 0)[0]
+    separate = pack_micro_batches(seqs, False, 8, 0)[0]
+    assert int(shared.attention_B_T.sum()) == 3 + 2 + 3 + 2 + 3 and shared.shares_prompts
+    assert int(separate.attention_B_T.sum()) == 5 + 6 + 5 and not separate.shares_prompts
+
+
+def group_samples(prompt_length: int, vocab: int, seed: int) -> list[TeacherSample]:
+    """Two GRPO groups (4 and 2 samples) with different prompts and response lengths."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for group, (size, prompt_len) in enumerate([(4, prompt_length), (2, prompt_length // 2)]):
+        prompt = tuple(torch.randint(4, vocab, (prompt_len,), generator=g).tolist())
+        for i in range(size):
+            n = 3 + 2 * i
+            out.append(TeacherSample(
+                prompt, tuple(torch.randint(4, vocab, (n,), generator=g).tolist()),
+                tuple((-torch.rand(n, generator=g) * 3).tolist()), reward=float(i), advantage=(-1.0) ** i * (1 + i),
+                group_index=group, sample_index=i, inner_iteration=0,
+            ))  # fmt: skip
+    return out
+
+
+def compare_shared_and_separate(checkpoint, batch, settings: TrainerSettings, pad_id: int, rtol: float, atol: float):
+    results = []
+    for share in (True, False):
+        trainer = LocalTrainer(str(checkpoint), dataclasses.replace(settings, share_prompt_forward=share), pad_token_id=pad_id)
+        assert trainer._forward(trainer.model).shares_prompts == share
+        metrics = trainer.compute_gradients(batch)
+        results.append(([p.grad.detach().clone() for p in trainer.model.parameters()], metrics))
+    (shared_grads, shared), (separate_grads, separate) = results
+    for key in ("train/loss", "train/pg_loss", "train/kl_ref", "train/entropy", "train/logprob_abs_diff"):
+        assert shared[key] == pytest.approx(separate[key], rel=rtol, abs=atol), key
+    # Every group's prompt once instead of once per sample.
+    assert shared["train/forward_tokens"] < separate["train/forward_tokens"]
+    assert separate["train/forward_tokens"] == sum(len(x.prompt_ids) + len(x.response_ids) for x in batch)
+    assert sum(g.abs().sum() for g in separate_grads) > 0
+    for got, expected in zip(shared_grads, separate_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
+
+
+def test_shared_prompt_rows_give_the_loss_and_gradient_of_one_row_per_sequence(tiny_checkpoint):
+    settings = TrainerSettings(lr=1e-3, device="cpu", micro_batch_size=8, temperature=1.0,
+                               loss=LossSettings(kl_loss_coef=0.1, entropy_coef=1e-3))  # fmt: skip
+    batch = group_samples(24, 60, seed=0)
+    compare_shared_and_separate(tiny_checkpoint, batch, settings, 0, rtol=1e-5, atol=1e-6)
+    # Split by a token budget (each row of the 4-sample group over 24 + 24 tokens is cut in two).
+    compare_shared_and_separate(tiny_checkpoint, batch, dataclasses.replace(settings, max_tokens_per_gpu=40), 0, 1e-5, 1e-6)
+
+
+def test_shared_prompt_rows_on_the_real_model(real_checkpoint):
+    """SmolLM2-135M (grouped-query attention, tied embeddings, rotary positions): the shared rows
+    score each response as a row of its own does, and give the same gradient."""
+    tokenizer = AutoTokenizer.from_pretrained(real_checkpoint)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write one hint for: how many positive divisors does 360 have?"}],
+        add_generation_prompt=True, tokenize=False,
+    )  # fmt: skip
+    prompt = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+    hints = ["Factor 360 into primes first.", "Write 360 = 2^3 * 3^2 * 5 and add one to each exponent.", "Multiply."]
+    batch = []
+    for i, hint in enumerate(hints):
+        ids = tuple(tokenizer(hint, add_special_tokens=False)["input_ids"])
+        batch.append(TeacherSample(prompt, ids, (-2.0,) * len(ids), reward=float(i), advantage=float(i - 1),
+                                   group_index=0, sample_index=i, inner_iteration=0))  # fmt: skip
+    settings = TrainerSettings(lr=1e-4, device="cpu", temperature=1.0, loss=LossSettings(kl_loss_coef=0.1))
+    pad = tokenizer.pad_token_id
+    compare_shared_and_separate(real_checkpoint, batch, settings, pad, rtol=2e-4, atol=2e-6)
+    trainer = LocalTrainer(str(real_checkpoint), settings, pad_token_id=pad)
+    sequences = [PolicySequence(x.prompt_ids, x.response_ids, x.rollout_logprobs, (0.0,) * len(x.response_ids), 1.0)
+                 for x in batch]  # fmt: skip
+    call = trainer._forward(trainer.model)
+    shared = reference_token_logps(call, sequences, 64, 8, pad, trainer.device)
+    call.shares_prompts = False
+    separate = reference_token_logps(call, sequences, 64, 8, pad, trainer.device)
+    for got, expected in zip(shared, separate, strict=True):
+        assert len(got) == len(expected) and got == pytest.approx(expected, abs=1e-4)
+    assert len(collate_rows(make_rows(sequences, True, 8, None), sequences, pad).targets_N) == sum(map(len, shared))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_shared_prompt_rows_on_cuda_with_compiled_layers(tiny_checkpoint):
+    """bf16 autocast, the fused loss kernels and compiled decoder layers, where the shared rows
+    take SDPA's masked kernel and rows of one sequence its causal one."""
+    settings = TrainerSettings(lr=1e-3, device="cuda", compile_layers=True, max_tokens_per_gpu=256,
+                               loss=LossSettings(kl_loss_coef=0.1))  # fmt: skip
+    batch = group_samples(48, 60, seed=1)
+    results = []
+    for share in (True, False):
+        trainer = LocalTrainer(str(tiny_checkpoint), dataclasses.replace(settings, share_prompt_forward=share))
+        metrics = trainer.compute_gradients(batch)
+        flat = torch.cat([p.grad.detach().float().flatten() for p in trainer.model.parameters()])
+        results.append((flat, metrics))
+    (shared, shared_metrics), (separate, separate_metrics) = results
+    assert shared_metrics["train/forward_tokens"] < separate_metrics["train/forward_tokens"]
+    assert shared_metrics["train/loss"] == pytest.approx(separate_metrics["train/loss"], abs=2e-3)
+    cosine = torch.nn.functional.cosine_similarity(shared, separate, dim=0).item()
+    assert cosine > 0.999 and (shared.norm() / separate.norm()).item() == pytest.approx(1.0, abs=1e-2)
