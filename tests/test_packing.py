@@ -28,12 +28,12 @@ def sequence(prompt: tuple[int, ...], response: tuple[int, ...], advantage: floa
     return PolicySequence(prompt, response, (-1.0,) * n, (advantage,) * n, 1.0)
 
 
-def test_rows_hold_one_prompt_each_and_split_at_the_budget():
+def test_rows_share_a_common_prefix_and_split_at_the_budget():
     a, b = (1, 2, 3, 4), (5, 6)
     seqs = [sequence(a, (7, 8)), sequence(b, (9,)), sequence(a, (10, 11, 12)), sequence(a, (13,))]
     assert [r.members for r in make_rows(seqs, False, 8, None)] == [(0,), (1,), (2,), (3,)]
     shared = make_rows(seqs, True, 8, None)
-    assert [(r.prompt_ids, r.members) for r in shared] == [(a, (0, 2, 3)), (b, (1,))]
+    assert [(r.prefix_ids, r.members) for r in shared] == [(a, (0, 2, 3)), (b, (1,))]
     assert shared[0].length(seqs) == 4 + 2 + 3 + 1
     # 4 prompt tokens + 2 + 3 would be 9 > 8: the third sequence starts a row of its own (with the prompt again).
     assert [r.members for r in make_rows(seqs, True, 8, 8)] == [(0,), (2, 3), (1,)]
@@ -41,6 +41,13 @@ def test_rows_hold_one_prompt_each_and_split_at_the_budget():
     # Without a token budget a micro-batch holds at most micro_batch_size sequences.
     groups = group_rows(make_rows(seqs, True, 2, None), seqs, 2, None)
     assert [[r.members for r in g] for g in groups] == [[(1,), (3,)], [(0, 2)]]
+    # Prompts that begin alike share their common beginning; a short common beginning is not worth
+    # the longer branches of the row's other members.
+    c, d = (1, 2, 3, 9, 9, 9), (1, 7, 7, 7, 7)
+    more = [sequence(a, (7, 8)), sequence(a, (10,)), sequence(c, (11,)), sequence(d, (12,))]
+    rows = make_rows(more, True, 8, None)
+    assert [(r.prefix_ids, r.members) for r in rows] == [((1, 2, 3), (0, 1, 2)), (d, (3,))]
+    assert rows[0].length(more) == 3 + (1 + 2) + (1 + 1) + (3 + 1)
     # With one: rows x longest row within it.
     for group in group_rows(make_rows(seqs, True, 8, 12), seqs, 8, 12):
         assert len(group) * max(r.length(seqs) for r in group) <= 12 or len(group) == 1
@@ -63,7 +70,7 @@ def test_the_mask_shows_a_response_its_prompt_and_itself_only():
 
 def test_each_loss_token_is_read_from_the_column_that_predicts_it():
     a = (1, 2, 3)
-    seqs = [sequence(a, (7, 8)), sequence((4, 5), (9, 10, 11)), sequence(a, (12, 13, 14))]
+    seqs = [sequence(a, (7, 8)), sequence((4, 5), (9, 10, 11)), sequence(a, (12, 13, 14)), sequence(a + (6, 6), (15,))]
     for share in (False, True):
         (batch,) = pack_micro_batches(seqs, share, 8, 0)
         flat_tokens = batch.tokens_B_T.flatten()
@@ -85,17 +92,20 @@ def test_each_loss_token_is_read_from_the_column_that_predicts_it():
         assert offset == len(batch.targets_N)
     shared = pack_micro_batches(seqs, True, 8, 0)[0]
     separate = pack_micro_batches(seqs, False, 8, 0)[0]
-    assert int(shared.attention_B_T.sum()) == 3 + 2 + 3 + 2 + 3 and shared.shares_prompts
-    assert int(separate.attention_B_T.sum()) == 5 + 6 + 5 and not separate.shares_prompts
+    assert int(shared.attention_B_T.sum()) == 3 + 2 + 3 + (2 + 1) + 2 + 3 and shared.shares_prompts
+    assert int(separate.attention_B_T.sum()) == 5 + 6 + 5 + 6 and not separate.shares_prompts
 
 
 def group_samples(prompt_length: int, vocab: int, seed: int) -> list[TeacherSample]:
-    """Two GRPO groups (4 and 2 samples) with different prompts and response lengths."""
+    """Two GRPO groups (4 and 2 samples) with different prompts and response lengths; in the first,
+    two samples' prompts go on past the group's common beginning (as a chain's own attempts do)."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for group, (size, prompt_len) in enumerate([(4, prompt_length), (2, prompt_length // 2)]):
-        prompt = tuple(torch.randint(4, vocab, (prompt_len,), generator=g).tolist())
+        common = tuple(torch.randint(4, vocab, (prompt_len,), generator=g).tolist())
         for i in range(size):
+            tail = tuple(torch.randint(4, vocab, (i + 2,), generator=g).tolist()) if group == 0 and i >= 2 else ()
+            prompt = common + tail
             n = 3 + 2 * i
             out.append(TeacherSample(
                 prompt, tuple(torch.randint(4, vocab, (n,), generator=g).tolist()),
@@ -136,14 +146,15 @@ def test_shared_prompt_rows_on_the_real_model(real_checkpoint):
     """SmolLM2-135M (grouped-query attention, tied embeddings, rotary positions): the shared rows
     score each response as a row of its own does, and give the same gradient."""
     tokenizer = AutoTokenizer.from_pretrained(real_checkpoint)
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Write one hint for: how many positive divisors does 360 have?"}],
-        add_generation_prompt=True, tokenize=False,
-    )  # fmt: skip
-    prompt = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
-    hints = ["Factor 360 into primes first.", "Write 360 = 2^3 * 3^2 * 5 and add one to each exponent.", "Multiply."]
+    question = "Write one hint for: how many positive divisors does 360 have?"
+    attempts = ["", "", "\nA student answered 12 (grade 0).", "\nA student answered 24 (grade 1)."]
+    hints = ["Factor 360 into primes first.", "Write 360 = 2^3 * 3^2 * 5 and add one to each exponent.", "Multiply.",
+             "Count the divisors."]  # fmt: skip
     batch = []
-    for i, hint in enumerate(hints):
+    for i, (attempt, hint) in enumerate(zip(attempts, hints)):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": question + attempt}],
+                                             add_generation_prompt=True, tokenize=False)  # fmt: skip
+        prompt = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
         ids = tuple(tokenizer(hint, add_special_tokens=False)["input_ids"])
         batch.append(TeacherSample(prompt, ids, (-2.0,) * len(ids), reward=float(i), advantage=float(i - 1),
                                    group_index=0, sample_index=i, inner_iteration=0))  # fmt: skip
@@ -180,3 +191,23 @@ def test_shared_prompt_rows_on_cuda_with_compiled_layers(tiny_checkpoint):
     assert shared_metrics["train/loss"] == pytest.approx(separate_metrics["train/loss"], abs=2e-3)
     cosine = torch.nn.functional.cosine_similarity(shared, separate, dim=0).item()
     assert cosine > 0.999 and (shared.norm() / separate.norm()).item() == pytest.approx(1.0, abs=1e-2)
+
+
+def test_the_additive_mask_gives_what_the_boolean_one_gives(tiny_checkpoint):
+    """The form the GPU path hands SDPA (0 / -inf, rows 8-aligned so no layer copies it) masks as the boolean does."""
+    from transformers import AutoModelForCausalLM
+
+    from slime_meta.backends.local.model_call import additive_mask
+
+    seqs = [sequence((5, 9, 12, 7, 3), (8, 3, 4)), sequence((5, 9, 12, 7, 3, 6), (10, 11)), sequence((4,), (13,))]
+    (batch,) = pack_micro_batches(seqs, True, 8, 0)
+    visible = shared_prompt_mask(batch.branch_B_T)
+    additive = additive_mask(visible, torch.float32)
+    assert additive.shape == visible.shape and additive.stride(-2) % 8 == 0
+    assert torch.equal(additive == 0, visible) and bool(torch.isneginf(additive[~visible]).all())
+    decoder = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint)).eval().model
+    with torch.no_grad():
+        got = decoder(input_ids=batch.tokens_B_T, attention_mask=additive, position_ids=batch.positions_B_T).last_hidden_state
+        expected = decoder(input_ids=batch.tokens_B_T, attention_mask=visible, position_ids=batch.positions_B_T).last_hidden_state
+    real = batch.branch_B_T >= 0
+    torch.testing.assert_close(got[real], expected[real])

@@ -53,6 +53,8 @@ class SplitModelCall:
         if not batch.shares_prompts:
             return self.hidden_states(batch.tokens_B_T, batch.attention_B_T)
         mask_B_1_T_T = shared_prompt_mask(batch.branch_B_T)
+        if self.autocast:
+            mask_B_1_T_T = additive_mask(mask_B_1_T_T, torch.bfloat16)
         with self._autocast():
             model = self.decoder if self.split else self.model
             out = model(
@@ -77,6 +79,16 @@ class SplitModelCall:
             return token_logps(logits_N_V, targets_N, temperature_N, chunk_size=chunk_size, with_entropy=with_entropy)
         chunk_size = chunk_size or max(len(targets_N), 1)
         return linear_token_logps(hidden_N_H, self.head.weight, targets_N, temperature_N, chunk_size, with_entropy)
+
+
+def additive_mask(visible_B_1_T_T: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The boolean mask as SDPA's memory-efficient kernel reads it: 0 where visible, -inf elsewhere,
+    in the queries' dtype, its rows 8-element aligned (a view into a slightly wider tensor).
+    Given a boolean mask, or an unaligned one, SDPA makes that tensor itself in every layer's call."""
+    batch, _, width, _ = visible_B_1_T_T.shape
+    padded = -(-width // 8) * 8
+    out = torch.full((batch, 1, width, padded), float("-inf"), dtype=dtype, device=visible_B_1_T_T.device)
+    return out[..., :width].masked_fill_(visible_B_1_T_T, 0.0)
 
 
 def is_right_padded(attention_B_T: torch.Tensor) -> bool:

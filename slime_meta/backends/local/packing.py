@@ -1,22 +1,25 @@
 """Micro-batches in which the sequences that share a prompt share its forward and backward.
 
-A GRPO group is one prompt and G sampled responses. The teacher's prompts run to thousands of
-tokens and its responses to tens, so with one row per sequence a step computes each prompt G
-times (at the 0.5B benchmark shape: 190k tokens forwarded for 5k trained). Here a row holds the
-prompt once, then each response after it. A response token attends to the prompt and to its own
-response's earlier tokens only, and its position continues from the prompt's end: it sees
-exactly the context it would see in a row of its own. The prompt's activations receive the sum
-of the gradients the G copies would have received, so the loss and the gradient are the same
-function as with one row per sequence, up to float rounding.
+A GRPO group is one prompt and G sampled responses, and the teacher's prompts of one problem set
+share a long beginning (the template and the problems) before each chain's own attempts and
+grades. The prompts run to thousands of tokens and the responses to tens, so with one row per
+sequence a step computes that beginning again for every sequence (at the 0.5B benchmark shape:
+190k tokens forwarded for 5k trained). Here a row holds the common prefix once, then each
+sequence's branch: the rest of its prompt, then its response. A branch token attends to the
+prefix and to its own branch's earlier tokens only, and its position continues from the prefix's
+end: it sees exactly the context it would see in a row of its own. The prefix's activations
+receive the sum of the gradients the copies would have received, so the loss and the gradient
+are the same function as with one row per sequence, up to float rounding.
 
 Such a row needs a mask that is neither causal nor padding (`shared_prompt_mask`, `[B, 1, T, T]`),
 so it runs where the model's attention takes one (`SplitModelCall.shares_prompts`). Elsewhere,
 and with `share_prompts=False`, every sequence is a row of its own, right-padded, as before.
 
-Each row's layout is one integer per column, its branch: 0 for the prompt (the whole sequence
-when the row holds one), k for the row's k-th response, -1 for padding. The loss rows are
-gathered from the flattened hidden states by `source_N`: the column whose hidden state predicts
-each response token (the prompt's last column for every response's first token).
+Each row's layout is one integer per column, its branch: 0 for the shared prefix (the whole
+sequence when the row holds one), k for the row's k-th member's branch, -1 for padding. The loss
+rows are gathered from the flattened hidden states by `source_N`: the column whose hidden state
+predicts each response token (for a response's first token, its prompt's last column, which is
+the prefix's last when the whole prompt is shared).
 """
 
 from __future__ import annotations
@@ -33,13 +36,24 @@ PADDING = -1
 
 @dataclass(frozen=True)
 class Row:
-    """One row of a micro-batch: a prompt and the indices of the sequences whose responses follow it."""
+    """One row of a micro-batch: a prefix its members' prompts share, then each member's branch
+    (the rest of its prompt, then its response). A row of one sequence is all prefix."""
 
-    prompt_ids: tuple[int, ...]
+    prefix_ids: tuple[int, ...]
     members: tuple[int, ...]
 
     def length(self, sequences: Sequence[PolicySequence]) -> int:
-        return len(self.prompt_ids) + sum(len(sequences[i].response_ids) for i in self.members)
+        shared = len(self.prefix_ids)
+        return shared + sum(len(sequences[i].prompt_ids) + len(sequences[i].response_ids) - shared for i in self.members)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return tuple(a[:n])
 
 
 @dataclass
@@ -48,7 +62,7 @@ class PackedBatch:
 
     tokens_B_T: torch.Tensor
     positions_B_T: torch.Tensor
-    branch_B_T: torch.Tensor  # 0 prompt (or the whole sequence), k > 0 the k-th response, -1 padding
+    branch_B_T: torch.Tensor  # 0 shared prefix (or the whole sequence), k > 0 the k-th member's branch, -1 padding
     source_N: torch.Tensor  # index into the flattened [B * T] hidden states predicting each target
     targets_N: torch.Tensor
     rollout_logp_N: torch.Tensor
@@ -59,7 +73,7 @@ class PackedBatch:
 
     @property
     def shares_prompts(self) -> bool:
-        """Some row holds more than one response after its prompt."""
+        """Some row holds more than one sequence."""
         return bool((self.branch_B_T > 0).any())
 
     @property
@@ -73,7 +87,7 @@ class PackedBatch:
 
 def shared_prompt_mask(branch_B_T: torch.Tensor) -> torch.Tensor:
     """`[B, 1, T, T]` bool, True where a query column (dim 2) may attend to a key column (dim 3):
-    an earlier or the same column, in the prompt or in the query's own response. A padding column
+    an earlier or the same column, in the shared prefix or in the query's own branch. A padding column
     sees the padding before it and itself (never an empty row, whose softmax would be NaN), and no
     real column sees a padding one."""
     width = branch_B_T.shape[1]
@@ -87,26 +101,25 @@ def shared_prompt_mask(branch_B_T: torch.Tensor) -> torch.Tensor:
 def make_rows(
     sequences: Sequence[PolicySequence], share_prompts: bool, micro_batch_size: int, max_tokens: int | None
 ) -> list[Row]:
-    """The rows: one per sequence, or with `share_prompts` one per prompt, split where a row would
-    exceed `max_tokens` tokens (or, without a token budget, `micro_batch_size` responses)."""
+    """The rows: one per sequence, or with `share_prompts` sequences whose prompts begin alike in
+    one row. In prompt order (so prompts with a long common beginning are neighbours), a sequence
+    joins the row before it when the row with it is shorter than the two apart (the common prefix
+    outweighs what the row's members lose when the prefix gets shorter) and stays within
+    `max_tokens` tokens (without a token budget: `micro_batch_size` sequences)."""
     if not share_prompts:
-        return [Row(s.prompt_ids, (i,)) for i, s in enumerate(sequences)]
-    by_prompt: dict[tuple[int, ...], list[int]] = {}
-    for i, s in enumerate(sequences):
-        by_prompt.setdefault(tuple(s.prompt_ids), []).append(i)
-    rows = []
-    for prompt_ids, members in by_prompt.items():
-        current: list[int] = []
-        length = len(prompt_ids)
-        for i in members:
-            extra = len(sequences[i].response_ids)
-            full = length + extra > max_tokens if max_tokens is not None else len(current) >= micro_batch_size
-            if current and full:
-                rows.append(Row(prompt_ids, tuple(current)))
-                current, length = [], len(prompt_ids)
-            current.append(i)
-            length += extra
-        rows.append(Row(prompt_ids, tuple(current)))
+        return [Row(tuple(s.prompt_ids), (i,)) for i, s in enumerate(sequences)]
+    rows: list[Row] = []
+    for i in sorted(range(len(sequences)), key=lambda i: tuple(sequences[i].prompt_ids)):
+        alone = Row(tuple(sequences[i].prompt_ids), (i,))
+        if rows:
+            last = rows[-1]
+            joined = Row(common_prefix(last.prefix_ids, alone.prefix_ids), last.members + (i,))
+            length = joined.length(sequences)
+            fits = length <= max_tokens if max_tokens is not None else len(joined.members) <= micro_batch_size
+            if joined.prefix_ids and fits and length < last.length(sequences) + alone.length(sequences):
+                rows[-1] = joined
+                continue
+        rows.append(alone)
     return rows
 
 
@@ -148,28 +161,32 @@ def collate_rows(rows: Sequence[Row], sequences: Sequence[PolicySequence], pad_i
     temperature: list[float] = []
     members: list[int] = []
     for r, row in enumerate(rows):
-        prompt_length = len(row.prompt_ids)
-        tokens[r, :prompt_length] = torch.tensor(row.prompt_ids, dtype=torch.long)
-        positions[r, :prompt_length] = torch.arange(prompt_length)
-        branch[r, :prompt_length] = 0
-        column = prompt_length
-        one_sequence = len(row.members) == 1
+        shared = len(row.prefix_ids)
+        tokens[r, :shared] = torch.tensor(row.prefix_ids, dtype=torch.long)
+        positions[r, :shared] = torch.arange(shared)
+        branch[r, :shared] = 0
+        start = shared  # the column where the next member's branch begins
         for k, i in enumerate(row.members, start=1):
             s = sequences[i]
+            own = (tuple(s.prompt_ids) + tuple(s.response_ids))[shared:]
+            end = start + len(own)
+            tokens[r, start:end] = torch.tensor(own, dtype=torch.long)
+            positions[r, start:end] = torch.arange(shared, shared + len(own))
+            branch[r, start:end] = 0 if len(row.members) == 1 else k
+
+            def column(position: int) -> int:  # of the sequence's token at `position`, in this row
+                return r * width + (position if position < shared else start + position - shared)
+
+            # Response token t is predicted at the sequence's position before it (the prompt's last for t = 0).
             n = len(s.response_ids)
-            tokens[r, column : column + n] = torch.tensor(s.response_ids, dtype=torch.long)
-            positions[r, column : column + n] = torch.arange(prompt_length, prompt_length + n)
-            branch[r, column : column + n] = 0 if one_sequence else k
-            # Token t of the response is predicted at the column before it: the prompt's last for t = 0.
-            predictors = [r * width + prompt_length - 1] + [r * width + column + t for t in range(n - 1)]
-            source.extend(predictors[:n])
+            source.extend(column(len(s.prompt_ids) - 1 + t) for t in range(n))
             targets.extend(s.response_ids)
             rollout_logp.extend(s.rollout_logprobs)
             advantages.extend(s.advantages)
             reference_logp.extend(s.reference_logprobs if s.reference_logprobs is not None else (0.0,) * n)
             temperature.extend((s.temperature,) * n)
             members.append(i)
-            column += n
+            start = end
     as_float = lambda values: torch.tensor(values, dtype=torch.float32)  # noqa: E731
     return PackedBatch(
         tokens, positions, branch, torch.tensor(source, dtype=torch.long), torch.tensor(targets, dtype=torch.long),
