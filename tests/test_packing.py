@@ -211,3 +211,63 @@ def test_the_additive_mask_gives_what_the_boolean_one_gives(tiny_checkpoint):
         expected = decoder(input_ids=batch.tokens_B_T, attention_mask=visible, position_ids=batch.positions_B_T).last_hidden_state
     real = batch.branch_B_T >= 0
     torch.testing.assert_close(got[real], expected[real])
+
+
+def reference_varlen(q_N_H_D, k_K_H_D, v_K_H_D, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1), scale=None):
+    """Variable-length attention one sequence at a time, causal with the diagonal at the bottom right
+    (what flash attention computes for `window_size=(-1, 0)`), for the CPU."""
+    assert tuple(window_size) == (-1, 0)
+    out = []
+    for s in range(len(cu_seq_q) - 1):
+        q = q_N_H_D[cu_seq_q[s] : cu_seq_q[s + 1]].transpose(0, 1)
+        k = k_K_H_D[cu_seq_k[s] : cu_seq_k[s + 1]].transpose(0, 1)
+        v = v_K_H_D[cu_seq_k[s] : cu_seq_k[s + 1]].transpose(0, 1)
+        n_q, n_k = q.shape[1], k.shape[1]
+        assert n_q <= max_q and n_k <= max_k
+        visible = torch.ones(n_q, n_k, dtype=torch.bool).tril(diagonal=n_k - n_q)
+        out.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale).transpose(0, 1))
+    return torch.cat(out)
+
+
+def test_varlen_layout_runs_the_prefix_each_branch_and_the_padding_as_sequences():
+    from slime_meta.backends.local.varlen_attention import varlen_layout
+
+    #                        prefix  b1    b2       pad   | a row of one sequence, padded
+    branch = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, -1], [0, 0, 0, 0, 0, -1, -1, -1, -1]])
+    layout = varlen_layout(branch)
+    assert layout.cu_seq_q.tolist() == [0, 3, 5, 8, 9, 14, 18]
+    keys = [[0, 1, 2], [0, 1, 2, 3, 4], [0, 1, 2, 5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15, 16, 17]]
+    assert layout.key_index.tolist() == [k for run in keys for k in run]
+    assert layout.cu_seq_k.diff().tolist() == [len(run) for run in keys]
+    assert (layout.max_q, layout.max_k) == (5, 6)
+
+
+def test_varlen_attention_through_the_model_gives_the_dense_mask_s_values_and_gradients(tiny_checkpoint, monkeypatch):
+    """The whole path the GPU takes (the registered attention, the layout through the model's
+    keyword arguments, activation checkpointing's recompute), with flash attention's kernel
+    replaced by a per-sequence reference: the same hidden states and gradients as the dense mask."""
+    from transformers import AutoModelForCausalLM
+
+    from slime_meta.backends.local import varlen_attention
+    from slime_meta.backends.local.model_call import SplitModelCall
+
+    monkeypatch.setattr(varlen_attention, "varlen_kernel", lambda: reference_varlen)
+    seqs = [sequence((5, 9, 12, 7, 3), (8, 3, 4)), sequence((5, 9, 12, 7, 3, 6, 2), (10, 11)),
+            sequence((5, 9, 12, 8), (13, 14)), sequence((4, 6), (13,))]  # fmt: skip
+    (batch,) = pack_micro_batches(seqs, True, 8, 0)
+    assert batch.shares_prompts
+    results = []
+    for varlen in (True, False):
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32).train()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        call = SplitModelCall(model, autocast=False, split_head=True)
+        if varlen:
+            assert varlen_attention.install(model)
+            call.varlen = True
+        hidden = call.packed_hidden_states(batch).flatten(0, 1)[batch.source_N]
+        (hidden * torch.linspace(-1, 1, hidden.numel()).view_as(hidden)).sum().backward()
+        results.append((hidden.detach(), [p.grad.clone() for p in model.parameters()]))
+    (got, got_grads), (expected, expected_grads) = results
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for g, e in zip(got_grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-3, atol=1e-5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from slime_meta.backends.local import varlen_attention
 from slime_meta.backends.local.packing import PackedBatch, shared_prompt_mask
 from slime_meta.losses import linear_token_logps, token_logps
 from slime_meta.losses.token_stats import TokenLogpsOutput
@@ -27,7 +28,12 @@ class SplitModelCall:
         self.split = split_head and getattr(model.config, "model_type", None) in SPLIT_HEAD_MODEL_TYPES
         # A row of one prompt and several responses needs a mask that is neither causal nor padding;
         # SDPA takes any boolean mask (eager attention adds its mask, flash attention takes none).
-        self.shares_prompts = share_prompts and getattr(model.config, "_attn_implementation", None) == "sdpa"
+        implementation = getattr(model.config, "_attn_implementation", None)
+        self.shares_prompts = share_prompts and implementation in ("sdpa", varlen_attention.ATTENTION_NAME)
+        # On CUDA, shared rows run as variable-length flash attention instead of a dense mask.
+        on_cuda = any(p.is_cuda for p in model.parameters())
+        self.varlen = self.shares_prompts and on_cuda and varlen_attention.varlen_kernel() is not None
+        self.varlen = self.varlen and varlen_attention.install(model)
         self.decoder = getattr(model, model.base_model_prefix) if self.split else None
         self.head = model.get_output_embeddings() if self.split else None
 
@@ -52,11 +58,18 @@ class SplitModelCall:
         """`hidden_states` of a `packing.PackedBatch`, whose rows may hold several responses after one prompt."""
         if not batch.shares_prompts:
             return self.hidden_states(batch.tokens_B_T, batch.attention_B_T)
+        model = self.decoder if self.split else self.model
+        if self.varlen:
+            host = batch.host_branch_B_T if batch.host_branch_B_T is not None else batch.branch_B_T
+            layout = varlen_attention.varlen_layout(host.cpu()).to(batch.tokens_B_T.device)
+            with self._autocast():
+                out = model(input_ids=batch.tokens_B_T, position_ids=batch.positions_B_T, use_cache=False,
+                            shared_prefix_layout=layout)  # fmt: skip
+                return out.last_hidden_state if self.split else out.logits
         mask_B_1_T_T = shared_prompt_mask(batch.branch_B_T)
         if self.autocast:
             mask_B_1_T_T = additive_mask(mask_B_1_T_T, torch.bfloat16)
         with self._autocast():
-            model = self.decoder if self.split else self.model
             out = model(
                 input_ids=batch.tokens_B_T, attention_mask=mask_B_1_T_T, position_ids=batch.positions_B_T, use_cache=False
             )  # fmt: skip

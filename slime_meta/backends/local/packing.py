@@ -70,11 +70,13 @@ class PackedBatch:
     reference_logp_N: torch.Tensor  # 0 where a sequence carries none
     temperature_N: torch.Tensor
     members: tuple[int, ...]  # the sequences whose tokens these are, in the order of the N tokens
+    host_branch_B_T: torch.Tensor | None = None  # `branch_B_T` in host memory (`to` leaves it there)
 
     @property
     def shares_prompts(self) -> bool:
         """Some row holds more than one sequence."""
-        return bool((self.branch_B_T > 0).any())
+        branch_B_T = self.branch_B_T if self.host_branch_B_T is None else self.host_branch_B_T
+        return bool((branch_B_T > 0).any())
 
     @property
     def attention_B_T(self) -> torch.Tensor:
@@ -82,6 +84,7 @@ class PackedBatch:
 
     def to(self, device: torch.device) -> "PackedBatch":
         fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+        fields["host_branch_B_T"] = self.branch_B_T if self.host_branch_B_T is None else self.host_branch_B_T
         return PackedBatch(**fields)
 
 
