@@ -115,8 +115,12 @@ def _varlen_attention(query, key, value, layout: VarlenLayout, scaling: float | 
     if kv_heads != heads:  # grouped-query attention: each key head serves heads / kv_heads query heads
         k_K_H_D = k_K_H_D.repeat_interleave(heads // kv_heads, dim=1)
         v_K_H_D = v_K_H_D.repeat_interleave(heads // kv_heads, dim=1)
+    # SDPA casts to autocast's dtype itself; this kernel is not on autocast's list (and takes half types only).
+    device_type = query.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else query.dtype
+    q_N_H_D, k_K_H_D, v_K_H_D = (x.to(dtype) for x in (q_N_H_D, k_K_H_D, v_K_H_D))
     out_N_H_D = kernel(
-        q_N_H_D, k_K_H_D.to(q_N_H_D.dtype), v_K_H_D.to(q_N_H_D.dtype), layout.cu_seq_q, layout.cu_seq_k,
+        q_N_H_D, k_K_H_D, v_K_H_D, layout.cu_seq_q, layout.cu_seq_k,
         layout.max_q, layout.max_k, **_keywords(kernel, scaling, head_dim),
     )  # fmt: skip
     return out_N_H_D.reshape(batch, width, heads, head_dim)
