@@ -48,9 +48,14 @@ def test_rows_share_a_common_prefix_and_split_at_the_budget():
     rows = make_rows(more, True, 8, None)
     assert [(r.prefix_ids, r.members) for r in rows] == [((1, 2, 3), (0, 1, 2)), (d, (3,))]
     assert rows[0].length(more) == 3 + (1 + 2) + (1 + 1) + (3 + 1)
-    # With one: rows x longest row within it.
+    # With one: rows x longest row within it, and the loss tokens within its 16th.
     for group in group_rows(make_rows(seqs, True, 8, 12), seqs, 8, 12):
         assert len(group) * max(r.length(seqs) for r in group) <= 12 or len(group) == 1
+    many = [sequence((i,), (1, 2, 3, 4)) for i in range(10)]  # rows of 5 tokens, 4 of them loss tokens
+    groups = group_rows(make_rows(many, True, 8, 64), many, 8, 64)
+    assert [len(g) for g in groups] == [1] * 10  # 2 rows would be 10 <= 64 tokens, but 8 > 64 / 16 loss tokens
+    groups = group_rows(make_rows(many, True, 8, 160), many, 8, 160)
+    assert [len(g) for g in groups] == [2] * 5
 
 
 def test_the_mask_shows_a_response_its_prompt_and_itself_only():

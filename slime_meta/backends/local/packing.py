@@ -126,27 +126,39 @@ def make_rows(
     return rows
 
 
+# Loss tokens per micro-batch at most this share of its token budget: each holds a row of logits
+# over the vocabulary (151,936 wide for Qwen2.5: 0.3 MB in bf16, several times that with the
+# float32 passes of the loss), about 16 tokens' worth of recomputed decoder activations at 0.5B.
+# Shared rows hold a whole group's responses, so without it a micro-batch's loss rows grew G-fold.
+LOSS_TOKEN_SHARE = 16
+
+
 def group_rows(
     rows: Sequence[Row], sequences: Sequence[PolicySequence], micro_batch_size: int, max_tokens: int | None
 ) -> list[list[Row]]:
     """Rows into micro-batches, shortest first (similar lengths waste less padding): while rows x
-    longest row stays within `max_tokens` (a longer row alone), or without a token budget while
-    the micro-batch holds at most `micro_batch_size` sequences. With one sequence per row this is
-    `batching.micro_batch_groups`."""
+    longest row stays within `max_tokens` and the loss tokens within `max_tokens / LOSS_TOKEN_SHARE`
+    (a row over either alone), or without a token budget while the micro-batch holds at most
+    `micro_batch_size` sequences."""
     lengths = [row.length(sequences) for row in rows]
+    losses = [sum(len(sequences[i].response_ids) for i in row.members) for row in rows]
     groups: list[list[int]] = []
-    held = 0
+    held = loss_held = 0
     for i in sorted(range(len(rows)), key=lambda i: lengths[i]):  # ascending: the newcomer is the longest
         if max_tokens is not None:
-            fits = bool(groups) and (len(groups[-1]) + 1) * lengths[i] <= max_tokens
+            fits = (
+                bool(groups) and (len(groups[-1]) + 1) * lengths[i] <= max_tokens
+                and loss_held + losses[i] <= max_tokens // LOSS_TOKEN_SHARE
+            )  # fmt: skip
         else:
             fits = bool(groups) and held + len(rows[i].members) <= micro_batch_size
         if fits:
             groups[-1].append(i)
             held += len(rows[i].members)
+            loss_held += losses[i]
         else:
             groups.append([i])
-            held = len(rows[i].members)
+            held, loss_held = len(rows[i].members), losses[i]
     return [[rows[i] for i in group] for group in groups]
 
 
