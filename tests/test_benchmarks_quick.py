@@ -160,6 +160,22 @@ def test_trainer_memory_tiny_on_cpu(tmp_path):
     assert result.stdout.strip().splitlines()[-1].split()[:2] == ["tiny", "dynamic_tokens_recompute"]  # table last
 
 
+def test_shared_prompts_tiny_on_cpu(tmp_path):
+    """benchmarks/shared_prompts.py --tiny: both row layouts train the same batch to the same loss,
+    the shared rows forwarding fewer tokens."""
+    out = tmp_path / "shared_prompts.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "shared_prompts.py"), "--tiny", "--device", "cpu", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    separate, shared = report["configs"]
+    assert not separate["share_prompt_forward"] and shared["share_prompt_forward"]
+    assert shared["forward_tokens_per_step"] < separate["forward_tokens_per_step"] == report["tokens_per_step"][-1]
+    assert report["first_loss_max_rel_diff"] < 1e-5 and separate["step_s"] > 0 and shared["step_s"] > 0
+
+
 def test_step_quick_runs_the_loop_and_reports_its_parts(tmp_path):
     """benchmarks/step.py --quick: train.py's real loop on CPU, then the replay on a fresh worker."""
     out = tmp_path / "step.json"

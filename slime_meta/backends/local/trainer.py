@@ -13,7 +13,9 @@ no other term that could move the weights, `no_signal.py`) runs no forward at al
 (`train/skipped_no_signal`). fp32 on CPU;
 on a GPU fp32 master weights with bf16 autocast, AdamW's fused kernel, and the decoder layers
 compiled (`compile_layers`). The model is called in two parts (`SplitModelCall`):
-the decoder's last hidden states, then the output projection on the loss rows only.
+the decoder's last hidden states, then the output projection on the loss rows only. Sequences
+whose prompts begin alike share one row, their common prefix computed once (`packing.py`,
+`share_prompt_forward`).
 
 The start weights (KL anchor, replay-DPO reference, `reference.py`) are read once per step,
 before the policy's passes: the reference log-probs of every sequence first, then the passes
