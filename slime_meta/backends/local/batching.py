@@ -1,4 +1,4 @@
-"""Padded micro-batches of (prompt ids + response ids) with per-token training fields.
+"""Sequences to train, padding, and micro-batch grouping by length (the policy passes pack rows in `packing.py`).
 
 Positions are the targets' (shifted by one): logits at position t predict token t+1, so a
 response token at sequence index i lives at batch column i - 1.
@@ -23,20 +23,6 @@ class PolicySequence:
     temperature: float
     # Log-probs of the response tokens under the start weights (the KL anchor), when the step needs them.
     reference_logprobs: tuple[float, ...] | None = None
-
-
-@dataclass
-class MicroBatch:
-    tokens_B_T: torch.Tensor
-    attention_mask_B_T: torch.Tensor
-    loss_mask_B_T: torch.Tensor  # [B, T-1], 1 where the target token is a response token
-    rollout_logp_B_T: torch.Tensor  # [B, T-1]
-    advantages_B_T: torch.Tensor  # [B, T-1]
-    temperature_B: torch.Tensor
-    reference_logp_B_T: torch.Tensor  # [B, T-1], 0 where a sequence carries none
-
-    def to(self, device: torch.device) -> "MicroBatch":
-        return MicroBatch(*(t.to(device) for t in vars(self).values()))
 
 
 def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,37 +59,6 @@ def micro_batch_groups(lengths: Sequence[int], micro_batch_size: int, max_tokens
         else:
             groups.append([i])
     return groups
-
-
-def collate(chunk: Sequence[PolicySequence], pad_id: int) -> MicroBatch:
-    """One micro-batch of `chunk`, rows in the given order."""
-    tokens, attention = pad_sequences([s.prompt_ids + s.response_ids for s in chunk], pad_id)
-    shape = (len(chunk), tokens.shape[1] - 1)
-    loss_mask, rollout_logp, advantages, reference_logp = (torch.zeros(shape) for _ in range(4))
-    for row, seq in enumerate(chunk):
-        cols = response_columns(len(seq.prompt_ids), len(seq.response_ids))
-        loss_mask[row, cols] = 1.0
-        rollout_logp[row, cols] = torch.tensor(seq.rollout_logprobs, dtype=torch.float32)
-        advantages[row, cols] = torch.tensor(seq.advantages, dtype=torch.float32)
-        if seq.reference_logprobs is not None:
-            reference_logp[row, cols] = torch.tensor(seq.reference_logprobs, dtype=torch.float32)
-    temperature = torch.tensor([s.temperature for s in chunk], dtype=torch.float32)
-    return MicroBatch(tokens, attention, loss_mask, rollout_logp, advantages, temperature, reference_logp)
-
-
-def sequence_groups(
-    sequences: Sequence[PolicySequence], micro_batch_size: int, max_tokens: int | None = None
-) -> list[list[int]]:
-    """`micro_batch_groups` of the sequences' full lengths (prompt + response)."""
-    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in sequences]
-    return micro_batch_groups(lengths, micro_batch_size, max_tokens)
-
-
-def make_micro_batches(
-    sequences: Sequence[PolicySequence], micro_batch_size: int, pad_id: int, max_tokens: int | None = None,
-) -> list[MicroBatch]:  # fmt: skip
-    groups = sequence_groups(sequences, micro_batch_size, max_tokens)
-    return [collate([sequences[i] for i in group], pad_id) for group in groups]
 
 
 def chunks(items: Sequence, size: int) -> list[Sequence]:

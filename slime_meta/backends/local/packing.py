@@ -11,9 +11,10 @@ end: it sees exactly the context it would see in a row of its own. The prefix's 
 receive the sum of the gradients the copies would have received, so the loss and the gradient
 are the same function as with one row per sequence, up to float rounding.
 
-Such a row needs a mask that is neither causal nor padding (`shared_prompt_mask`, `[B, 1, T, T]`),
-so it runs where the model's attention takes one (`SplitModelCall.shares_prompts`). Elsewhere,
-and with `share_prompts=False`, every sequence is a row of its own, right-padded, as before.
+Such a row needs a mask that is neither causal nor padding (`shared_prompt_mask`, `[B, 1, T, T]`,
+what the CPU runs), so it runs where the model's attention takes one (`SplitModelCall.shares_prompts`);
+on CUDA the same attention runs as variable-length flash attention (`varlen_attention.py`).
+Elsewhere, and with `share_prompts=False`, every sequence is a row of its own, right-padded.
 
 Each row's layout is one integer per column, its branch: 0 for the shared prefix (the whole
 sequence when the row holds one), k for the row's k-th member's branch, -1 for padding. The loss
