@@ -276,3 +276,14 @@ def test_varlen_attention_through_the_model_gives_the_dense_mask_s_values_and_gr
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     for g, e in zip(got_grads, expected_grads, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-3, atol=1e-5)
+
+
+def test_rows_are_shared_only_where_every_layer_attends_to_all_earlier_tokens():
+    """A sliding window would be dropped by the shared rows' own masks: such models keep one row per sequence."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    from slime_meta.backends.local.model_call import full_causal
+
+    assert full_causal(LlamaConfig()) and full_causal(Qwen2Config(use_sliding_window=False, sliding_window=4096))
+    assert not full_causal(Qwen2Config(use_sliding_window=True, sliding_window=4096))
+    assert not full_causal(MistralConfig(sliding_window=4096)) and full_causal(MistralConfig(sliding_window=None))

@@ -29,7 +29,9 @@ class SplitModelCall:
         # A row of one prompt and several responses needs a mask that is neither causal nor padding;
         # SDPA takes any boolean mask (eager attention adds its mask, flash attention takes none).
         implementation = getattr(model.config, "_attn_implementation", None)
-        self.shares_prompts = share_prompts and implementation in ("sdpa", varlen_attention.ATTENTION_NAME)
+        self.shares_prompts = (
+            share_prompts and implementation in ("sdpa", varlen_attention.ATTENTION_NAME) and full_causal(model.config)
+        )  # fmt: skip
         # On CUDA, shared rows run as variable-length flash attention instead of a dense mask.
         on_cuda = any(p.is_cuda for p in model.parameters())
         self.varlen = self.shares_prompts and on_cuda and varlen_attention.varlen_kernel() is not None
@@ -92,6 +94,14 @@ class SplitModelCall:
             return token_logps(logits_N_V, targets_N, temperature_N, chunk_size=chunk_size, with_entropy=with_entropy)
         chunk_size = chunk_size or max(len(targets_N), 1)
         return linear_token_logps(hidden_N_H, self.head.weight, targets_N, temperature_N, chunk_size, with_entropy)
+
+
+def full_causal(config) -> bool:
+    """A Llama-family model whose every layer attends causally to all earlier tokens: the shared
+    rows' masks replace transformers' own, which would otherwise add a sliding window."""
+    window = getattr(config, "sliding_window", None)
+    windowed = bool(window) and getattr(config, "use_sliding_window", True)
+    return getattr(config, "model_type", None) in SPLIT_HEAD_MODEL_TYPES and not windowed
 
 
 def additive_mask(visible_B_1_T_T: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
