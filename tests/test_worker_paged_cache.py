@@ -223,6 +223,43 @@ def test_cancel_and_abort_return_every_page() -> None:
         engine.stop()
 
 
+def test_the_synthetic_tasks_model_shape_samples_with_exact_log_probs_under_load() -> None:
+    """The shape of the synthetic tasks' models (head size 24: the gather path, 4 layers, RoPE base
+    100, tied head) with 16-token pages: 106 sampled requests of 8-69-token prompts, groups of 1, 2
+    and 4 samples sharing their prompt's pages, rows ending at EOS and new ones joining, 8 rows at
+    a time. Every sampled token's log-prob is that of a full forward of its own sequence."""
+    from slime_meta.models.tiny import MODEL_SHAPE
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(**MODEL_SHAPE, vocab_size=100, initializer_range=0.2, pad_token_id=0, eos_token_id=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
+    paged = build_paged_batch(model, num_rows=8, pool_tokens=4096, pad_token_id=0, use_graphs=False, page_size=16)
+    assert paged._decoder.attention == "gather" and paged._decoder.shape.head_dim == 24
+    engine = GenerationEngine(model, decode=lambda ids, skip: "", device=model.device, eos_token_ids=frozenset({2}),
+                              pad_token_id=0, max_batch_size=8, static_batch=paged)  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    specs = []
+    for i in range(48):
+        prompt = tuple(torch.randint(3, 100, (int(torch.randint(8, 70, (1,), generator=generator)),), generator=generator).tolist())
+        samples = (1, 2, 4)[i % 3]
+        sampling = SamplingParams(max_new_tokens=5 + (7 * i) % 35, temperature=1.0)
+        specs += [GenerationSpec(f"r{i}_{j}", prompt, sampling, True, shared_prefill=f"g{i}" if samples > 1 else None)
+                  for j in range(samples)]  # fmt: skip
+    engine.start()
+    try:
+        results = submit_all(engine, specs)
+    finally:
+        engine.stop()
+    assert engine.counters["static_requests"] == len(specs) and engine.counters["shared_prefill_rows"] > 0
+    assert any(r.output_ids and r.output_ids[-1] == 2 for r in results)  # some rows stopped at EOS
+    for spec, result in zip(specs, results):
+        expected = full_logprobs(model, list(spec.input_ids) + list(result.output_ids))
+        for step, (token, logprob) in enumerate(zip(result.output_ids, result.output_logprobs)):
+            assert logprob == pytest.approx(float(expected[len(spec.input_ids) - 1 + step, token]), abs=1e-4)
+    assert_pool_empty(paged)
+
+
 @pytest.mark.parametrize("chunk", [None, 5])
 def test_paged_prefill_whole_or_in_windows_equals_hf(chunk) -> None:
     model = tiny_model("llama")
