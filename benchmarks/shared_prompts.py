@@ -55,6 +55,13 @@ def make_batch(groups: int, group_size: int, prompt_len: int, tail_len: int, res
     return out
 
 
+CONFIGS = ("separate-eager", "shared-eager", "separate-compiled", "shared-compiled")
+
+
+def config_name(share: bool, compiled: bool) -> str:
+    return f"{'shared' if share else 'separate'}-{'compiled' if compiled else 'eager'}"
+
+
 def compiled_graphs() -> int:
     try:
         from torch._dynamo.utils import counters
@@ -79,7 +86,7 @@ def run(args: argparse.Namespace) -> dict:
         loss=LossSettings(kl_loss_coef=0.1, kl_loss_type="k3"),
     )  # fmt: skip
     configs = [(share, compiled) for compiled in ((False, True) if device.type == "cuda" else (False,))
-               for share in (False, True)]  # fmt: skip
+               for share in (False, True) if config_name(share, compiled) in args.configs]  # fmt: skip
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = T.build_model_dir(shape, Path(tmp) / "model", device)
@@ -142,6 +149,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="profile one more step of the shared rows")
+    p.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS),
+                   help="which configurations to run (the compiled ones on CUDA only)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.tiny:
