@@ -147,3 +147,27 @@ def test_real_model_anchor_log_probs_and_a_step_without_signal(real_model_dir):
     idle = [dataclasses.replace(x, advantage=0.0, reward=0.0) for x in batch]
     assert trainer_at_start.train_step(idle)["train/skipped_no_signal"] == 1.0 and forwards == []
     assert trainer.train_step(idle)["train/skipped_no_signal"] == 0.0  # moved: the k3 KL pulls it back
+
+
+def test_a_bf16_checkpoint_s_resident_reference_stays_bf16_and_scores_as_float32_under_autocast(tiny_checkpoint, tmp_path):
+    """Half the memory, the same numbers: under bf16 autocast (the trainer's on CUDA) the bf16
+    copy computes what float32 copies of the same bf16 values compute, bit for bit."""
+    from slime_meta.backends.local.reference import StartWeights, half_dtype_of
+
+    bf16_dir = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16).save_pretrained(bf16_dir)
+    assert half_dtype_of(bf16_dir) == torch.bfloat16 and half_dtype_of(Path(tiny_checkpoint)) is None
+    policy = AutoModelForCausalLM.from_pretrained(bf16_dir, dtype=torch.float32)
+    cpu = torch.device("cpu")
+    half = StartWeights(str(bf16_dir), policy, cpu, resident=True, keep_half=True)
+    full = StartWeights(str(bf16_dir), policy, cpu, resident=True, keep_half=False)
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in full.model.parameters()} == {torch.float32}
+    # On the CPU, left to itself, it stays float32 (no autocast there).
+    assert {p.dtype for p in StartWeights(str(bf16_dir), policy, cpu, resident=True).model.parameters()} == {torch.float32}
+    ids = torch.randint(4, 60, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = half.model(ids).logits
+        expected = full.model(ids).logits
+        policy_logits = policy(ids).logits
+    assert torch.equal(got, expected) and torch.equal(got, policy_logits)
