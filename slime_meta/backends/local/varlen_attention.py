@@ -10,7 +10,8 @@ branch's queries against the prefix's keys followed by the branch's own, causal 
 diagonal at the bottom right (a query sees every key up to its own position); the padding as
 its own sequence. The keys of each branch are gathered from the row (a copy of the prefix's
 keys and values per branch; their gradients add back in the gather's backward). Exactly the
-dense mask's attention, in FLOPs that are the sum of the sequences' own.
+dense mask's attention, in FLOPs that are the sum of the sequences' own. In the loop at the 0.5B
+shape (one H200) the train part of a step fell from 6.0 s (one row per sequence) to 2.35 s.
 
 The layout reaches the attention through the model's keyword arguments (transformers passes
 them from the decoder's call to every attention call, and activation checkpointing keeps them for
