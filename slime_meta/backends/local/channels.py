@@ -134,11 +134,7 @@ def _packed_batches(
 
 def _loss_hidden(forward: ModelCall, b: PackedBatch) -> torch.Tensor:
     """Hidden states `[N, H]` predicting the batch's loss tokens, in the batch's token order."""
-    if hasattr(forward, "packed_hidden_states"):
-        hidden_B_T_H = forward.packed_hidden_states(b)
-    else:
-        hidden_B_T_H = forward.hidden_states(b.tokens_B_T, b.attention_B_T)
-    return hidden_B_T_H.flatten(0, 1)[b.source_N]
+    return forward.packed_hidden_states(b).flatten(0, 1)[b.source_N]
 
 
 def policy_gradient_pass(

@@ -33,7 +33,7 @@ class SplitModelCall:
             share_prompts and implementation in ("sdpa", varlen_attention.ATTENTION_NAME) and full_causal(model.config)
         )  # fmt: skip
         # On CUDA, shared rows run as variable-length flash attention instead of a dense mask.
-        on_cuda = any(p.is_cuda for p in model.parameters())
+        on_cuda = next(model.parameters()).is_cuda
         self.varlen = self.shares_prompts and on_cuda and varlen_attention.varlen_kernel() is not None
         self.varlen = self.varlen and varlen_attention.install(model)
         self.decoder = getattr(model, model.base_model_prefix) if self.split else None
