@@ -30,6 +30,7 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
 
 from slime_meta.serving import fused_ops
+from slime_meta.serving.paged_batch import DEFAULT_PAGE_SIZE, build_paged_batch
 from slime_meta.serving.static_batch import build_static_batch
 
 QWEN_0_5B = dict(
@@ -52,14 +53,23 @@ def build_model(shape: dict, device: torch.device, dtype: torch.dtype):
     return model
 
 
-def build_batch(model, fused: bool, rows: int, attended: int, use_graphs: bool):
-    """The static batch with the kernels on or off, as the engine builds it (the switch is read here)."""
+def build_batch(model, fused: bool, rows: int, attended: int, use_graphs: bool, kv_cache: str):
+    """The static or paged batch with the kernels on or off, as the engine builds it (the switch is
+    read here). The paged batch's rows get distinct pages for `attended` tokens each."""
     previous = os.environ.get(fused_ops.SWITCH_ENV)
     os.environ[fused_ops.SWITCH_ENV] = "1" if fused else "0"
     try:
-        batch = build_static_batch(
-            model, num_slots=rows, requested_capacity=attended, pad_token_id=0, use_graphs=use_graphs
-        )
+        if kv_cache == "static":
+            batch = build_static_batch(
+                model, num_slots=rows, requested_capacity=attended, pad_token_id=0, use_graphs=use_graphs
+            )
+        else:
+            batch = build_paged_batch(
+                model, num_rows=rows, pool_tokens=rows * attended, pad_token_id=0, use_graphs=use_graphs
+            )
+            pages_per_row = attended // DEFAULT_PAGE_SIZE
+            pages_R_A = 1 + torch.arange(rows * pages_per_row, device=model.device).view(rows, pages_per_row)
+            batch._decoder.page_table_R_M[:, :pages_per_row] = pages_R_A  # page 0 is the scratch page
     finally:
         if previous is None:
             os.environ.pop(fused_ops.SWITCH_ENV)
@@ -71,9 +81,10 @@ def build_batch(model, fused: bool, rows: int, attended: int, use_graphs: bool):
     return batch
 
 
-def kernels_per_step(step) -> Counter | None:
-    """The device kernels (and copies/fills) one eager call of `step` launches, by name; None
-    where the profiler cannot see the device."""
+def kernels_per_step(step, calls: int = 1) -> tuple[Counter, Counter] | None:
+    """The device kernels (and copies/fills) one call of `step` launches, by name, and their device
+    microseconds per call, summed by name (the mean over `calls` calls); None where the profiler
+    cannot see the device."""
     if not torch.cuda.is_available():
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -81,15 +92,20 @@ def kernels_per_step(step) -> Counter | None:
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
+        for _ in range(calls):
+            step()
         torch.cuda.synchronize()
-    names = Counter(event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA)
-    return names or None
+    counts, device_us = Counter(), Counter()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            counts[event.name] += 1 / calls
+            device_us[event.name] += event.device_time / calls
+    return (counts, device_us) if counts else None
 
 
 def run_setting(model, fused: bool, args, device: torch.device) -> list[dict]:
     largest = max(args.rows)
-    batch = build_batch(model, fused, largest, args.attended, use_graphs=device.type == "cuda")
+    batch = build_batch(model, fused, largest, args.attended, use_graphs=device.type == "cuda", kv_cache=args.kv_cache)
     decoder, graphs = batch._decoder, batch._graphs
     layers = decoder.shape.num_layers
     generator = torch.Generator().manual_seed(1)
@@ -99,17 +115,23 @@ def run_setting(model, fused: bool, args, device: torch.device) -> list[dict]:
             tokens = torch.randint(3, decoder.shape.vocab_size, (rows,), generator=generator).tolist()
             # Every row holds attended - 1 tokens, so the step attends to all `attended` columns.
             positions = [args.attended - 1] * rows
-            logits = graphs.step(tokens, positions)  # writes the inputs, compiles, checks the shapes
+            more = [] if args.kv_cache == "static" else [decoder.page_table_R_M[:rows, -1 + args.attended // DEFAULT_PAGE_SIZE].tolist()]
+            logits = graphs.step(tokens, positions, *more)  # writes the inputs, compiles, checks the shapes
             assert logits.shape[0] >= rows and bool(torch.isfinite(logits[:rows].float()).all())
             bucket = logits.shape[0]
             graph = graphs._graphs.get((bucket, args.attended)) if graphs.use_graphs else None
             if graph is not None:
                 step_ms = C.median_replay_ms(graph, args.reps, warmup=10)
             else:
-                step_ms = C.median_eager_ms(lambda: graphs.step(tokens, positions), args.reps)
+                step_ms = C.median_eager_ms(lambda: graphs.step(tokens, positions, *more), args.reps)
             inputs_I_B = graphs._inputs_I_S[:, :bucket]
-            names = kernels_per_step(lambda: decoder.decode(*inputs_I_B, args.attended))
-            kernels = sum(names.values()) if names else None
+            eager = kernels_per_step(lambda: decoder.decode(*inputs_I_B, args.attended))
+            names, eager_us = eager if eager else (None, None)
+            kernels = round(sum(names.values())) if names else None
+            # Kernel time inside the replayed graph against the replay's wall time: the difference
+            # is the time the GPU spends between kernels (launch gaps), not in them.
+            replayed = kernels_per_step(graph.replay, calls=20) if graph is not None else None
+            replay_kernel_us = sum(replayed[1].values()) if replayed else None
             results.append(
                 {
                     "fused": fused,
@@ -122,9 +144,16 @@ def run_setting(model, fused: bool, args, device: torch.device) -> list[dict]:
                     "kernels_per_step": kernels,
                     "kernels_per_layer": kernels / layers if kernels else None,
                     "kernel_names": dict(names.most_common()) if names else None,
+                    "kernel_us_eager_by_name": {k: round(v, 2) for k, v in eager_us.most_common()} if eager_us else None,
+                    "kernel_us_in_replay": replay_kernel_us,
+                    "kernel_share_of_replay": replay_kernel_us / (step_ms * 1e3) if replay_kernel_us else None,
+                    "kernel_us_in_replay_by_name": (
+                        {k: round(v, 2) for k, v in replayed[1].most_common()} if replayed else None
+                    ),
                 }
             )
-            print(f"fused {fused} rows {rows}: {step_ms * 1e3:.1f} us, {kernels} kernels", file=sys.stderr, flush=True)
+            busy = f", kernels busy {replay_kernel_us:.0f} us" if replay_kernel_us else ""
+            print(f"fused {fused} rows {rows}: {step_ms * 1e3:.1f} us, {kernels} kernels{busy}", file=sys.stderr, flush=True)
     del batch, decoder, graphs
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -144,8 +173,8 @@ def main(argv: list[str] | None = None) -> dict:
     report["machine"]["triton"] = None if fused_ops.triton_unavailable_reason() else _triton_version()
     model = build_model(shape, device, dtype)
     unavailable = fused_ops.kernels_unavailable_reason(device, dtype)
-    results = run_setting(model, False, args, device)
-    if unavailable is None:
+    results = run_setting(model, False, args, device) if args.fused != "on" else []
+    if unavailable is None and args.fused != "off":
         results += run_setting(model, True, args, device)
     else:
         report["fused_skipped"] = unavailable
@@ -157,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
     report["results"] = results
     path = C.write_json(report, args.out or C.default_out("decode_step"))
     columns = ["fused", "rows", "bucket_rows", "attended", "step_us", "speedup"]
-    columns += ["kernels_per_step", "kernels_per_layer"]
+    columns += ["kernels_per_step", "kernels_per_layer", "kernel_share_of_replay"]
     print(C.table([[row.get(column) for column in columns] for row in results], columns))
     print(f"json: {path}")
     return report
@@ -175,6 +204,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--attended", type=int, default=256, help="key columns every row attends to")
     p.add_argument("--reps", type=int, default=500, help="timed replays per figure (median)")
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's, 24)")
+    p.add_argument("--kv-cache", choices=("static", "paged"), default="paged", help="the engine's cache (default paged, the workers')")
+    p.add_argument("--fused", choices=("both", "on", "off"), default="both", help="which kernel settings to run")
     p.add_argument("--quick", action="store_true", help="smoke run on CPU: tiny model, eager, 3 reps")
     p.add_argument("--out", default=None, help="JSON path (default: $OUT or runs/benchmarks/decode_step.json)")
     args = p.parse_args(argv)

@@ -223,19 +223,25 @@ def test_cancel_and_abort_return_every_page() -> None:
         engine.stop()
 
 
-def test_the_synthetic_tasks_model_shape_samples_with_exact_log_probs_under_load() -> None:
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")])]
+)
+def test_the_synthetic_tasks_model_shape_samples_with_exact_log_probs_under_load(device: str) -> None:
     """The shape of the synthetic tasks' models (head size 24: the gather path, 4 layers, RoPE base
     100, tied head) with 16-token pages: 106 sampled requests of 8-69-token prompts, groups of 1, 2
     and 4 samples sharing their prompt's pages, rows ending at EOS and new ones joining, 8 rows at
-    a time. Every sampled token's log-prob is that of a full forward of its own sequence."""
+    a time. Every sampled token's log-prob is that of a full forward of its own sequence. On CUDA
+    (float32) the decode steps replay captured graphs, as the efficacy benchmark's workers do."""
     from slime_meta.models.tiny import MODEL_SHAPE
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(**MODEL_SHAPE, vocab_size=100, initializer_range=0.2, pad_token_id=0, eos_token_id=2)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
-    paged = build_paged_batch(model, num_rows=8, pool_tokens=4096, pad_token_id=0, use_graphs=False, page_size=16)
+    model = AutoModelForCausalLM.from_config(config).to(device).eval().requires_grad_(False)
+    graphs = device == "cuda"
+    paged = build_paged_batch(model, num_rows=8, pool_tokens=4096, pad_token_id=0, use_graphs=graphs, page_size=16)
     assert paged._decoder.attention == "gather" and paged._decoder.shape.head_dim == 24
+    assert paged.describe()["graphs"] > 0 if graphs else True
     engine = GenerationEngine(model, decode=lambda ids, skip: "", device=model.device, eos_token_ids=frozenset({2}),
                               pad_token_id=0, max_batch_size=8, static_batch=paged)  # fmt: skip
     generator = torch.Generator().manual_seed(0)
