@@ -44,7 +44,7 @@ HEAD_DIMS = (64, 128)
 FFN_WIDTHS = (4864, 8960, 1000)
 ROWS = (1, 3, 64)
 EPS = 1e-6
-FAMILIES = ("rotary", "residual_add", "rms_norm", "rms_norm_weight", "silu_mul")
+FAMILIES = ("rotary", "rotate_into_cache", "residual_add", "rms_norm", "rms_norm_weight", "silu_mul")
 BITS_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
 
@@ -119,6 +119,19 @@ def op_results(device: str, dtypes: tuple[torch.dtype, ...]) -> dict[str, dict[s
                         fused_ops.rotary(x, cos_B_1_D, sin_B_1_D, use_kernel=True),
                         fused_ops.rotary(x, cos_B_1_D, sin_B_1_D, use_kernel=False),
                     )
+                    # decode over a paged layer: the rotation and both cache writes, at scattered slots
+                    keys_X_K_D = torch.randn(80, kv_heads, head_dim, generator=generator).to(device=device, dtype=dtype)
+                    values_X_K_D = torch.randn(80, kv_heads, head_dim, generator=generator).to(device=device, dtype=dtype)
+                    slots_B = torch.randperm(80, generator=generator)[:rows].to(device)
+                    cached = {}
+                    for use_kernel in (True, False):
+                        keys, values = keys_X_K_D.clone(), values_X_K_D.clone()
+                        q = fused_ops.rotate_into_cache(
+                            qkv, cos_B_1_D, sin_B_1_D, keys, values, slots_B, heads, use_kernel=use_kernel
+                        )
+                        cached[use_kernel] = (q.new_empty(q.shape).copy_(q), keys, values)  # strides aside
+                    for part, kernel, reference in zip(("q", "keys", "values"), cached[True], cached[False]):
+                        results["rotate_into_cache"][f"{case}-{part}"] = compare(kernel, reference)
                     if rows > 3:
                         continue
                     # prefill: (rows, cols, H + 2K, D) seen as (rows, heads, cols, D), cos/sin per column
@@ -150,7 +163,7 @@ def failures(results: dict[str, dict], family: str, compiled: bool) -> list[str]
     bad = []
     for case, result in results[family].items():
         half = not case.startswith("float32")
-        exact = family in ("rotary", "residual_add", "rms_norm_weight") or (family == "silu_mul" and compiled)
+        exact = family in ("rotary", "rotate_into_cache", "residual_add", "rms_norm_weight") or (family == "silu_mul" and compiled)
         if exact:
             ok = result["mismatches"] == 0
         elif half:  # one ulp before the weight (two after it), in rare elements
@@ -228,6 +241,40 @@ def greedy_both_ways(model, prompt_lengths: list[int], steps: int, graphs: bool,
     return tokens[True], tokens[False], difference
 
 
+def paged_greedy_both_ways(model, prompt_lengths: list[int], steps: int) -> tuple[list, list]:
+    """The same over a paged cache of 4-token pages (eager): greedy tokens with the kernels and without."""
+    from slime_meta.serving.paged_cache import PagedKVCache
+    from slime_meta.serving.paged_model import PagedDecoder
+    from slime_meta.serving.static_model import model_shape
+
+    shape, rows, page_size, row_tokens = model_shape(model), len(prompt_lengths), 4, 64
+    pages_per_row = row_tokens // page_size
+    generator = torch.Generator().manual_seed(5)
+    prompts_N_L = torch.randint(3, 300, (rows, max(prompt_lengths)), generator=generator).to(shape.device)
+    lengths_N = torch.tensor(prompt_lengths, device=shape.device)
+    tokens = {}
+    for fused in (True, False):
+        cache = PagedKVCache.allocate(
+            num_layers=shape.num_layers, num_pages=1 + rows * pages_per_row, page_size=page_size,
+            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=shape.dtype, device=shape.device,
+        )  # fmt: skip
+        decoder = PagedDecoder(model, cache, num_rows=rows, max_row_tokens=row_tokens, fused_kernels=fused)
+        # Row r's pages, in an order that is not the rows': page 0 is the scratch page.
+        pages = 1 + torch.randperm(rows * pages_per_row, generator=generator).view(rows, pages_per_row)
+        decoder.page_table_R_M[:, :pages_per_row] = pages.to(shape.device)
+        with torch.inference_mode():
+            logits_B_V = decoder.prefill(prompts_N_L, lengths_N, torch.arange(rows, device=shape.device))
+            positions_B, picked = lengths_N.clone(), []
+            for _ in range(steps):
+                picked.append(logits_B_V.float().argmax(-1).tolist())
+                write_pages_B = decoder.page_table_R_M[torch.arange(rows), positions_B // page_size]
+                token_ids_B = torch.tensor(picked[-1], device=shape.device)
+                logits_B_V = decoder.decode(token_ids_B, positions_B, write_pages_B, row_tokens)
+                positions_B = positions_B + 1
+        tokens[fused] = picked
+    return tokens[True], tokens[False]
+
+
 def count_norm_calls(monkeypatch, decoder, step) -> dict[str, int]:
     calls = {"rms_norm": 0, "add_rms_norm": 0}
     for name in calls:
@@ -259,6 +306,8 @@ def _interpreted_main() -> None:
             qwen2_model(kind, torch.float32, "cpu", layers=2), [3, 9, 6], 5, graphs=False, chunk_tokens=12
         )
         decoding[kind] = {"with": with_kernels, "without": without, "difference": difference}
+        with_kernels, without = paged_greedy_both_ways(qwen2_model(kind, torch.float32, "cpu", layers=2), [3, 9, 6], 5)
+        decoding[f"paged-{kind}"] = {"with": with_kernels, "without": without}
     results = op_results("cpu", (torch.bfloat16, torch.float32))
     print(json.dumps({"ops": results, "decoding": decoding}))
 
@@ -290,6 +339,21 @@ def test_decoder_with_kernels_gives_the_same_tokens_interpreted(kind: str) -> No
     result = interpreted_results()["decoding"][kind]
     assert result["with"] == result["without"]
     assert result["difference"] < 1e-5
+
+
+@needs_triton
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_paged_decoder_with_kernels_gives_the_same_tokens_interpreted(kind: str) -> None:
+    result = interpreted_results()["decoding"][f"paged-{kind}"]
+    assert result["with"] == result["without"] and len(result["with"]) == 5
+
+
+@pytest.mark.gpu
+@needs_cuda_and_triton
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_paged_decoder_with_kernels_gives_the_same_tokens_on_cuda(kind: str, no_cudnn_attention) -> None:
+    with_kernels, without = paged_greedy_both_ways(qwen2_model(kind, torch.bfloat16, "cuda"), [3, 16, 40, 5, 1, 9], 20)
+    assert with_kernels == without
 
 
 @pytest.mark.gpu

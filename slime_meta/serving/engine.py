@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import random
 import threading
 import time
 from collections import deque
@@ -46,6 +47,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
+from slime_meta.serving import fused_ops
 from slime_meta.serving.caches import supports_row_surgery, trim_unused_columns
 from slime_meta.serving.prefill import _Prefill, _RunningBatch
 from slime_meta.serving.protocol import FinishedGeneration
@@ -80,6 +82,7 @@ class GenerationEngine(_Prefill):
         weight_version: str = "default",
         static_batch: StaticBatch | None = None,
         chunked_prefill_size: int | None = None,
+        sampling_kernel_on: bool | None = None,
     ):
         self._model = model
         self._static = static_batch
@@ -93,6 +96,11 @@ class GenerationEngine(_Prefill):
         self._batch_wait_s = batch_wait_s
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         self._generator = torch.Generator(device=device).manual_seed(seed)
+        # Where the fused kernels run, a batch without top-p/top-k cuts picks its tokens in one kernel,
+        # seeded from this host stream (sampling.py); elsewhere torch's ops draw from the generator.
+        dtype = next(model.parameters()).dtype
+        use_kernel = sampling_kernel_on if sampling_kernel_on is not None else fused_ops.kernels_by_default(device, dtype)
+        self._kernel_seeds = random.Random(seed) if use_kernel else None
         self._condition = threading.Condition()
         self._waiting: deque[GenerationJob] = deque()
         self._control_ops: deque[_ControlOp] = deque()
@@ -356,7 +364,8 @@ class GenerationEngine(_Prefill):
         self, rows: list[RowState], logits: torch.Tensor, sampling: RowSampling, from_prefill: bool
     ) -> list[int]:
         """Append one chosen token to every row and settle finished rows; returns the rows kept."""
-        choice = choose_next_tokens(logits, sampling, self._generator)
+        kernel_seed = self._kernel_seeds.getrandbits(31) if self._kernel_seeds is not None else None
+        choice = choose_next_tokens(logits, sampling, self._generator, kernel_seed)
         token_ids = choice.token_ids.tolist()
         logprobs = choice.logprobs.tolist()
         top_values = choice.top_logprobs.tolist() if choice.top_logprobs is not None else None

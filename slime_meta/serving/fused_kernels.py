@@ -116,3 +116,60 @@ def silu_mul(gate_up_ptr, out_ptr, width, stride_in, stride_out, BLOCK: tl.const
         exp = tl.exp(-gate)
     silu = round_to(tl.math.div_rn(gate, 1.0 + exp), model_dtype).to(tl.float32)
     tl.store(out_ptr + row * stride_out + columns, round_to(silu * up, model_dtype), mask=inside)
+
+
+@triton.jit
+def rotate_into_cache(
+    qkv_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_ptr,
+    keys_ptr,
+    values_ptr,
+    slots_ptr,
+    s_qkv_row,
+    s_qkv_head,
+    s_cos_row,
+    s_sin_row,
+    s_q_row,
+    s_q_head,
+    s_cache_slot,
+    s_cache_head,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEADS_BLOCK: tl.constexpr,
+    KV_BLOCK: tl.constexpr,
+    DIM_BLOCK: tl.constexpr,
+):
+    """One decode row: rotate its queries into q and its keys into the cache slot, copy its values
+    there. The rotation rounds as `rotary` does."""
+    row = tl.program_id(0).to(tl.int64)
+    dim = tl.arange(0, DIM_BLOCK)[None, :]
+    in_dim = dim < HEAD_DIM
+    partner = (dim + HEAD_DIM // 2) % HEAD_DIM
+    model_dtype = q_ptr.dtype.element_ty
+    cos = tl.load(cos_ptr + row * s_cos_row + dim, mask=in_dim, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + row * s_sin_row + dim, mask=in_dim, other=0.0).to(tl.float32)
+    qkv_row = qkv_ptr + row * s_qkv_row
+
+    head = tl.arange(0, HEADS_BLOCK)[:, None]
+    inside = (head < NUM_HEADS) & in_dim
+    x = tl.load(qkv_row + head * s_qkv_head + dim, mask=inside, other=0.0).to(tl.float32)
+    rolled = tl.load(qkv_row + head * s_qkv_head + partner, mask=inside, other=0.0).to(tl.float32)
+    straight = round_to(x * cos, model_dtype).to(tl.float32)
+    turned = round_to(rolled * sin, model_dtype).to(tl.float32)
+    tl.store(q_ptr + row * s_q_row + head * s_q_head + dim, round_to(straight + turned, model_dtype), mask=inside)
+
+    kv_head = tl.arange(0, KV_BLOCK)[:, None]
+    kv_inside = (kv_head < NUM_KV_HEADS) & in_dim
+    key_row = qkv_row + (NUM_HEADS + kv_head) * s_qkv_head
+    x = tl.load(key_row + dim, mask=kv_inside, other=0.0).to(tl.float32)
+    rolled = tl.load(key_row + partner, mask=kv_inside, other=0.0).to(tl.float32)
+    straight = round_to(x * cos, model_dtype).to(tl.float32)
+    turned = round_to(rolled * sin, model_dtype).to(tl.float32)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    cache_at = slot * s_cache_slot + kv_head * s_cache_head + dim
+    tl.store(keys_ptr + cache_at, round_to(straight + turned, model_dtype), mask=kv_inside)
+    value = tl.load(qkv_row + (NUM_HEADS + NUM_KV_HEADS + kv_head) * s_qkv_head + dim, mask=kv_inside, other=0.0)
+    tl.store(values_ptr + cache_at, value, mask=kv_inside)

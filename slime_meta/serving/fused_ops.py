@@ -12,12 +12,14 @@ expression, which is also the reference the kernels are held to:
 - `add_rms_norm`:  `hidden = hidden + delta`, then `rms_norm(hidden)`; returns both
 - `rotary`:        `x * cos + x.roll(D // 2, dims=-1) * signed_sin` (static_model._apply_rotary)
 - `silu_mul`:      `F.silu(gate) * up` with `gate, up = gate_up.chunk(2, dim=-1)`
+- `rotate_into_cache`: a decode step's `rotary` of queries and keys from the q/k/v product, the
+  keys and values stored at each row's cache slot (a paged layer: three kernels become one)
 
 Numerics: torch computes an element-wise op on half-precision tensors in float32 and rounds the
 result to the tensor's dtype, op by op; the kernels do the same and round at the same places
 (round to nearest even; for bf16 written out in integer operations, because Triton's CPU
 interpreter truncates in its bf16 cast, so the interpreter rounds as the GPU does). Hence:
-- `rotary` and the add of `add_rms_norm`: bit for bit in every dtype (products and sums of
+- `rotary`, `rotate_into_cache` and the add of `add_rms_norm`: bit for bit in every dtype (products and sums of
   values rounded as torch rounds them; fp contraction into FMAs is switched off).
 - `silu_mul`: on CUDA exp is libdevice's expf and the division IEEE-rounded, as in torch's CUDA
   kernel: bit for bit there, float32 included (tests/test_fused_ops.py checks). The interpreter's
@@ -112,6 +114,66 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, *, use_
     if not use_kernel or x.dim() not in (3, 4) or x.shape[-1] % 2 or cos.dtype != x.dtype:
         return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
     return _launch_rotary(x, cos, signed_sin)
+
+
+def rotate_into_cache(
+    qkv_B_X_D: torch.Tensor,
+    cos_B_1_D: torch.Tensor,
+    sin_B_1_D: torch.Tensor,
+    keys_X_K_D: torch.Tensor,
+    values_X_K_D: torch.Tensor,
+    slots_B: torch.Tensor,
+    num_heads: int,
+    *,
+    use_kernel: bool,
+) -> torch.Tensor:
+    """One decode step's queries and keys rotated, its keys and values stored in the cache.
+
+    `qkv_B_X_D`: the q/k/v product (rows, H + 2K, D), queries first, then keys, then values;
+    `keys_X_K_D`/`values_X_K_D`: a layer's cache as (token slots, K, D); `slots_B`: each row's slot
+    for its new token. Returns the rotated queries (rows, H, D).
+    """
+    num_kv_heads, head_dim = keys_X_K_D.shape[1], keys_X_K_D.shape[2]
+    fits = (
+        qkv_B_X_D.stride(-1) == 1 and cos_B_1_D.stride(-1) == 1 and sin_B_1_D.stride(-1) == 1
+        and keys_X_K_D.stride(-1) == 1 and values_X_K_D.stride() == keys_X_K_D.stride()
+        and cos_B_1_D.dtype == qkv_B_X_D.dtype and head_dim % 2 == 0
+    )  # fmt: skip
+    if not use_kernel or not fits:
+        rotated_B_HK_D = rotary(qkv_B_X_D[:, : num_heads + num_kv_heads], cos_B_1_D, sin_B_1_D, use_kernel=use_kernel)
+        keys_X_K_D[slots_B] = rotated_B_HK_D[:, num_heads:]
+        values_X_K_D[slots_B] = qkv_B_X_D[:, num_heads + num_kv_heads :]
+        return rotated_B_HK_D[:, :num_heads]
+    rows = qkv_B_X_D.shape[0]
+    q_B_H_D = torch.empty(rows, num_heads, head_dim, dtype=qkv_B_X_D.dtype, device=qkv_B_X_D.device)
+    if rows:
+        heads_block, dim_block = _next_power_of_two(num_heads), _next_power_of_two(head_dim)
+        _kernels().rotate_into_cache[(rows,)](
+            qkv_B_X_D,
+            cos_B_1_D,
+            sin_B_1_D,
+            q_B_H_D,
+            keys_X_K_D,
+            values_X_K_D,
+            slots_B,
+            qkv_B_X_D.stride(0),
+            qkv_B_X_D.stride(1),
+            cos_B_1_D.stride(0),
+            sin_B_1_D.stride(0),
+            q_B_H_D.stride(0),
+            q_B_H_D.stride(1),
+            keys_X_K_D.stride(0),
+            keys_X_K_D.stride(1),
+            NUM_HEADS=num_heads,
+            NUM_KV_HEADS=num_kv_heads,
+            HEAD_DIM=head_dim,
+            HEADS_BLOCK=heads_block,
+            KV_BLOCK=_next_power_of_two(num_kv_heads),
+            DIM_BLOCK=dim_block,
+            num_warps=_warps_for(heads_block * dim_block),
+            enable_fp_fusion=False,
+        )
+    return q_B_H_D
 
 
 def silu_mul(gate_up: torch.Tensor, *, use_kernel: bool) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
+from slime_meta.serving import fused_ops
 from slime_meta.serving.paged_attention import paged_attention_unavailable_reason, paged_decode_attention
 from slime_meta.serving.paged_cache import SCRATCH_PAGE, PagedKVCache
 from slime_meta.serving.static_model import _ATTENTION_BACKENDS, LlamaFamilyForward
@@ -49,12 +50,13 @@ class PagedDecoder(LlamaFamilyForward):
         num_rows: int,
         max_row_tokens: int,
         attention: str = "auto",
+        fused_kernels: bool | None = None,
     ):
         if attention not in ATTENTION_CHOICES:
             raise ValueError(f"paged decode attention {attention!r}: give one of {', '.join(ATTENTION_CHOICES)}")
         page_size = cache.page_size
         max_pages_per_row = -(-max_row_tokens // page_size)
-        super().__init__(model, max_pages_per_row * page_size)
+        super().__init__(model, max_pages_per_row * page_size, fused_kernels=fused_kernels)
         self.cache = cache
         self.page_size = page_size
         self.num_rows = num_rows
@@ -168,11 +170,19 @@ class PagedDecoder(LlamaFamilyForward):
         lengths_B = positions_B + 1  # the new token is attended to as well
         hidden_B_E, cos_B_1_D, sin_B_1_D, mask_B_1_1_T = self._decode_inputs(token_ids_B, positions_B, attended)
         for index, layer in enumerate(self._layers):
-            q_B_H_D, k_B_K_D, v_B_K_D = self._decode_qkv(layer, hidden_B_E, cos_B_1_D, sin_B_1_D)
             keys_P_S_K_D = self.cache.keys_L_P_S_K_D[index]
             values_P_S_K_D = self.cache.values_L_P_S_K_D[index]
-            keys_P_S_K_D.view(-1, s.num_kv_heads, s.head_dim)[write_slots_B] = k_B_K_D
-            values_P_S_K_D.view(-1, s.num_kv_heads, s.head_dim)[write_slots_B] = v_B_K_D
+            # The rotation and both cache writes: one kernel with the fused kernels, three without.
+            q_B_H_D = fused_ops.rotate_into_cache(
+                self._decode_qkv_product(layer, hidden_B_E),
+                cos_B_1_D,
+                sin_B_1_D,
+                keys_P_S_K_D.view(-1, s.num_kv_heads, s.head_dim),
+                values_P_S_K_D.view(-1, s.num_kv_heads, s.head_dim),
+                write_slots_B,
+                s.num_heads,
+                use_kernel=self.fused_kernels,
+            )
             if self.attention == "kernel":
                 attended_B_HD = paged_decode_attention(
                     q_B_H_D,

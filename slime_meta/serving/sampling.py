@@ -4,6 +4,13 @@ The log-prob conventions here are a contract with the trainer, which recomputes 
 to form the PPO ratio: a sampled token's log-prob is `log_softmax(logits / temperature)` at that
 token, taken before any top-p/top-k cut, with temperature 1 for greedy rows. Input (prompt)
 log-probs always use temperature 1. Everything is computed in float32 whatever the model dtype.
+
+Where the batch needs no top-p/top-k cut and no top log-probs (the rollouts' case), the choice can
+run as one Triton kernel (`kernel_seed`, sampling_kernel.py) instead of about ten torch kernels and
+a float32 copy of the logits: per row, log_softmax(logits / T) and a token by the Gumbel-max trick
+(argmax of logits / T plus Gumbel noise from Triton's Philox stream under `kernel_seed`), the same
+distribution as `torch.multinomial` over the softmax; greedy rows take the first largest logit, as
+`argmax` does. The log-prob differs from torch's in the float32 summation order only.
 """
 
 from __future__ import annotations
@@ -78,8 +85,44 @@ def _sample_truncated(logprobs: torch.Tensor, top_ps: torch.Tensor, top_ks: torc
     return sorted_ids.gather(1, picks).squeeze(1)
 
 
-def choose_next_tokens(logits: torch.Tensor, sampling: RowSampling, generator: torch.Generator) -> TokenChoice:
-    """Pick one token per row from last-position `logits` (B, V) and report its log-prob."""
+def kernel_can_choose(logits: torch.Tensor, sampling: RowSampling) -> bool:
+    """Whether the one-kernel choice serves this batch: no cuts, no top log-probs, and Triton
+    where the logits are (CUDA, or the CPU under TRITON_INTERPRET=1)."""
+    from slime_meta.serving import fused_ops
+
+    return (
+        not sampling.needs_truncation
+        and sampling.max_top_logprobs == 0
+        and logits.dim() == 2
+        and logits.stride(-1) == 1
+        and fused_ops.kernels_unavailable_reason(logits.device, logits.dtype) is None
+    )
+
+
+def _choose_with_kernel(logits_B_V: torch.Tensor, sampling: RowSampling, seed: int) -> TokenChoice:
+    from slime_meta.serving import sampling_kernel
+
+    rows, vocab = logits_B_V.shape
+    token_ids_B = torch.empty(rows, dtype=torch.int64, device=logits_B_V.device)
+    logprobs_B = torch.empty(rows, dtype=torch.float32, device=logits_B_V.device)
+    if rows:
+        sampling_kernel.choose_tokens[(rows,)](
+            logits_B_V, logits_B_V.stride(0), sampling.temperatures, sampling.greedy, seed,
+            token_ids_B, logprobs_B, VOCAB=vocab, BLOCK=4096, num_warps=8,
+        )  # fmt: skip
+    return TokenChoice(token_ids_B, logprobs_B, None, None)
+
+
+def choose_next_tokens(
+    logits: torch.Tensor, sampling: RowSampling, generator: torch.Generator, kernel_seed: int | None = None
+) -> TokenChoice:
+    """Pick one token per row from last-position `logits` (B, V) and report its log-prob.
+
+    `kernel_seed` (a 31-bit integer, a new one each call): choose in one kernel where
+    `kernel_can_choose`; otherwise, and without it, torch's ops draw from `generator`.
+    """
+    if kernel_seed is not None and kernel_can_choose(logits, sampling):
+        return _choose_with_kernel(logits, sampling, kernel_seed)
     logits = logits.float()
     logprobs = torch.log_softmax(logits / sampling.temperatures.unsqueeze(1), dim=-1)
     token_ids = logits.argmax(dim=-1)  # greedy rows; argmax is the same with or without temperature

@@ -314,13 +314,18 @@ class LlamaFamilyForward:
         )[:, None, None, :]
         return self._inner.embed_tokens(token_ids_B), cos_B_1_D, sin_B_1_D, mask_B_1_1_T
 
+    def _decode_qkv_product(self, layer: torch.nn.Module, hidden_B_E: torch.Tensor) -> torch.Tensor:
+        """The new token's q/k/v product before the rotation, (B, H + 2K, D): queries, keys, values."""
+        s = self.shape
+        rows = hidden_B_E.shape[0]
+        return self._qkv(layer, self._input_norm(layer, hidden_B_E)).view(
+            rows, s.num_heads + 2 * s.num_kv_heads, s.head_dim
+        )
+
     def _decode_qkv(self, layer: torch.nn.Module, hidden_B_E: torch.Tensor, cos_B_1_D, sin_B_1_D):
         """The new token's query (B, H, D), key and value (B, K, D), rotated as HF rotates them."""
         s = self.shape
-        rows = hidden_B_E.shape[0]
-        qkv_B_X_D = self._qkv(layer, self._input_norm(layer, hidden_B_E)).view(
-            rows, s.num_heads + 2 * s.num_kv_heads, s.head_dim
-        )
+        qkv_B_X_D = self._decode_qkv_product(layer, hidden_B_E)
         # Queries and keys sit side by side: one rotation for both, no copy to put them together.
         rotated_B_HK_D = _apply_rotary(
             qkv_B_X_D[:, : s.num_heads + s.num_kv_heads], cos_B_1_D, sin_B_1_D, self.fused_kernels
