@@ -13,8 +13,9 @@ Reported per row count:
 - `engine_step_us`: the engine's fast-path decode seconds over its decode steps (its own counters),
   and the tokens/s that gives;
 - `replay_us`: the median replay of the captured graph those steps used (CUDA events);
-- `sampling_us`: the median of one token choice over (rows, vocab) logits, host clock with the
-  device synchronised;
+- `sampling_us`: the median of one token choice over (rows, vocab) logits as the engine makes it
+  (the Triton kernels where the fused kernels run), host clock with the device synchronised, and
+  `sampling_torch_ops_us` the same through torch's ops;
 - `host_us`: the rest (building the step's inputs, reading the tokens back, each row's bookkeeping);
 - `host_profile`: the engine thread's own functions by self time over the decode steps (cProfile,
   a separate run because the profiler slows the host).
@@ -35,6 +36,7 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
 from decode_step import QWEN_0_5B, TINY, build_model
 
+from slime_meta.serving import fused_ops
 from slime_meta.serving.engine import GenerationEngine
 from slime_meta.serving.paged_batch import build_paged_batch
 from slime_meta.serving.protocol import GenerationSpec, SamplingParams
@@ -97,15 +99,16 @@ def run_engine(model, rows: int, args, profile: bool) -> tuple[dict, pstats.Stat
     return dict(engine.counters), stats, paged
 
 
-def sampling_us(rows: int, vocab: int, device: torch.device, dtype: torch.dtype, reps: int) -> float:
-    """One token choice over (rows, vocab) logits at temperature 1, the device synchronised."""
+def sampling_us(rows: int, vocab: int, device: torch.device, dtype: torch.dtype, reps: int, kernel: bool) -> float:
+    """One token choice over (rows, vocab) logits at temperature 1, the device synchronised; with
+    `kernel`, as the engine chooses where the fused kernels run (sampling.py)."""
     logits_B_V = torch.randn(rows, vocab, device=device, dtype=dtype)
     params = [SamplingParams(max_new_tokens=1, temperature=1.0)] * rows
     row_sampling = RowSampling.from_params(params, [0] * rows, vocab, device)
     generator = torch.Generator(device=device).manual_seed(0)
 
     def choose() -> None:
-        choice = choose_next_tokens(logits_B_V, row_sampling, generator)
+        choice = choose_next_tokens(logits_B_V, row_sampling, generator, kernel_seed=1 if kernel else None)
         choice.token_ids.tolist()
         choice.logprobs.tolist()
 
@@ -149,7 +152,9 @@ def main(argv: list[str] | None = None) -> dict:
         # The steps' mean context: prompt + half the new tokens; the graph is the bucket that covers it.
         replay = replay_us(paged, rows, args.prompt_len + args.new_tokens // 2, args.reps)
         del paged
-        sample = sampling_us(rows, shape["vocab_size"], device, dtype, args.reps)
+        kernel = fused_ops.kernels_by_default(device, dtype)  # what the engine does
+        sample = sampling_us(rows, shape["vocab_size"], device, dtype, args.reps, kernel=kernel)
+        torch_sample = sampling_us(rows, shape["vocab_size"], device, dtype, args.reps, kernel=False)
         _, stats, _ = run_engine(model, rows, args, profile=True)
         row = {
             "rows": rows,
@@ -159,6 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
             "wall_s_with_prefill_and_start": wall_s,
             "replay_us": replay,
             "sampling_us": sample,
+            "sampling_kernel": kernel,
+            "sampling_torch_ops_us": torch_sample,
             "host_us": step_us - (replay or 0.0) - sample,
             "host_profile": top_functions(stats, steps),
         }
@@ -167,7 +174,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{row['host_us']:.0f}; {row['engine_tokens_per_s']:,.0f} tokens/s", file=sys.stderr, flush=True)  # fmt: skip
     report["results"] = results
     path = C.write_json(report, args.out or C.default_out("decode_loop"))
-    columns = ["rows", "engine_step_us", "replay_us", "sampling_us", "host_us", "engine_tokens_per_s"]
+    columns = ["rows", "engine_step_us", "replay_us", "sampling_us", "sampling_torch_ops_us", "host_us"]
+    columns += ["engine_tokens_per_s"]
     print(C.table([[row[column] for column in columns] for row in results], columns))
     for row in results:
         print(f"rows {row['rows']}: host functions by self time, us per step")

@@ -6,8 +6,8 @@ token, taken before any top-p/top-k cut, with temperature 1 for greedy rows. Inp
 log-probs always use temperature 1. Everything is computed in float32 whatever the model dtype.
 
 Where the batch needs no top-p/top-k cut and no top log-probs (the rollouts' case), the choice can
-run as one Triton kernel (`kernel_seed`, sampling_kernel.py) instead of about ten torch kernels and
-a float32 copy of the logits: per row, log_softmax(logits / T) and a token by the Gumbel-max trick
+run as two Triton kernels (`kernel_seed`, sampling_kernel.py: chunks of the vocabulary, then each
+row's chunks merged) instead of about ten torch kernels and a float32 copy of the logits: per row, log_softmax(logits / T) and a token by the Gumbel-max trick
 (argmax of logits / T plus Gumbel noise from Triton's Philox stream under `kernel_seed`), the same
 distribution as `torch.multinomial` over the softmax; greedy rows take the first largest logit, as
 `argmax` does. The log-prob differs from torch's in the float32 summation order only.
@@ -99,16 +99,30 @@ def kernel_can_choose(logits: torch.Tensor, sampling: RowSampling) -> bool:
     )
 
 
+# Columns per program of the token choice: a 150k vocabulary is 37 programs a row.
+KERNEL_CHUNK = 4096
+
+
 def _choose_with_kernel(logits_B_V: torch.Tensor, sampling: RowSampling, seed: int) -> TokenChoice:
     from slime_meta.serving import sampling_kernel
 
     rows, vocab = logits_B_V.shape
-    token_ids_B = torch.empty(rows, dtype=torch.int64, device=logits_B_V.device)
-    logprobs_B = torch.empty(rows, dtype=torch.float32, device=logits_B_V.device)
+    device = logits_B_V.device
+    chunk = min(KERNEL_CHUNK, 1 << max(0, vocab - 1).bit_length())
+    chunks = -(-vocab // chunk)
+    token_ids_B = torch.empty(rows, dtype=torch.int64, device=device)
+    logprobs_B = torch.empty(rows, dtype=torch.float32, device=device)
     if rows:
-        sampling_kernel.choose_tokens[(rows,)](
+        largest_B_C, total_B_C, best_score_B_C = torch.empty(3, rows, chunks, dtype=torch.float32, device=device)
+        best_index_B_C = torch.empty(rows, chunks, dtype=torch.int32, device=device)
+        sampling_kernel.chunk_choice[(rows, chunks)](
             logits_B_V, logits_B_V.stride(0), sampling.temperatures, sampling.greedy, seed,
-            token_ids_B, logprobs_B, VOCAB=vocab, BLOCK=4096, num_warps=8,
+            largest_B_C, total_B_C, best_score_B_C, best_index_B_C,
+            VOCAB=vocab, CHUNK=chunk, CHUNKS=chunks, BLOCK=min(chunk, 1024), num_warps=4,
+        )  # fmt: skip
+        sampling_kernel.combine_chunks[(rows,)](
+            logits_B_V, logits_B_V.stride(0), sampling.temperatures, largest_B_C, total_B_C, best_score_B_C,
+            best_index_B_C, token_ids_B, logprobs_B, CHUNKS=chunks, CHUNKS_BLOCK=1 << max(0, chunks - 1).bit_length(),
         )  # fmt: skip
     return TokenChoice(token_ids_B, logprobs_B, None, None)
 
