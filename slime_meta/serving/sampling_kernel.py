@@ -28,7 +28,9 @@ def _gumbel_scores(scaled, index, row, VOCAB: tl.constexpr, seed, greedy):
     return tl.where(greedy, scaled, scaled - tl.log(-tl.log(uniform)))
 
 
-@triton.jit
+# A new seed every call: specialising on its value (Triton does so for integers divisible by 16, or
+# equal to 1) would compile new variants in the middle of serving.
+@triton.jit(do_not_specialize=["seed"])
 def chunk_choice(
     logits_ptr,
     stride_row,
