@@ -1,22 +1,26 @@
-"""One graph-replayed decode step of the static fast path, with the fused Triton kernels and without.
+"""One graph-replayed decode step of the engine's fast path, with the fused Triton kernels and without.
 
     python benchmarks/decode_step.py --out benchmarks/results/decode_step_h200.json     # CUDA
-    python benchmarks/decode_step.py --rows 32 --reps 2000                              # one row count
+    python benchmarks/decode_step.py --rows 32 --reps 2000 --fused on                   # one setting
+    python benchmarks/decode_step.py --kv-cache static                                  # the slots
     python benchmarks/decode_step.py --quick --out /tmp/decode_step.json                # CPU smoke
 
 The model: random-init Qwen2 with Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 query heads over
-2 kv heads of 64, FFN 4864, vocab 151,936, tied embeddings), bf16, behind the engine's static batch
-(`build_static_batch`, graphs captured for every row bucket). A step at a few dozen rows is bound by
-kernel launches; fused_ops.py makes each RMSNorm, rotation and SiLU-and-multiply one kernel and
-joins the residual adds to the norms after them. `SLIME_META_FUSED_OPS=0` (read when the decoder is
-built) turns them off; each setting builds its own batch.
+2 kv heads of 64, FFN 4864, vocab 151,936, tied embeddings), bf16, behind the engine's paged batch
+(`build_paged_batch`, each row given distinct pages; `--kv-cache static`: `build_static_batch`),
+graphs captured for every row bucket. fused_ops.py makes each RMSNorm, rotation and SiLU-and-
+multiply one kernel, joins the residual adds to the norms after them, and on the paged cache the
+rotation and the two cache writes. `SLIME_META_FUSED_OPS=0` (read when the decoder is built) turns
+them off; each setting builds its own batch.
 
 Per setting and rows (1, 8, 32, 64 by default, every row attending `--attended` = 256 key columns):
-the median of `--reps` replays of the captured step, each timed with CUDA events, and the kernels
-one step launches (counted with torch.profiler over an eager step, which launches what the graph
-replays), total and per layer. `--quick` (and any run without CUDA): a 2-layer model of hidden 64,
-eager steps timed with a host clock; the kernels run only under TRITON_INTERPRET=1 there. A smoke
-test only.
+the median of `--reps` replays of the captured step, each timed with CUDA events; the kernels one
+step launches (torch.profiler over an eager step, which launches what the graph replays), total and
+per layer, with their device time by name; and the device time of the kernels inside 20 replays
+against the replays' wall time (`kernel_share_of_replay`: near 1, the kernels themselves are the
+step; well under 1, the gaps between launches are). `--quick` (and any run without CUDA): a
+2-layer model of hidden 64, eager steps timed with a host clock; the kernels run only under
+TRITON_INTERPRET=1 there. A smoke test only.
 """
 
 from __future__ import annotations

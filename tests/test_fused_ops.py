@@ -450,5 +450,23 @@ def test_decode_step_benchmark_quick(tmp_path) -> None:
     assert "CUDA" in report["fused_skipped"]
 
 
+
+def test_decode_loop_benchmark_quick(tmp_path) -> None:
+    """benchmarks/decode_loop.py --quick serves every request its tokens on the CPU, splits a step
+    and profiles the host (no timing checked beyond the split adding up)."""
+    out = tmp_path / "decode_loop.json"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "decode_loop.py"
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    child = subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], env=env,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [row["rows"] for row in report["results"]] == [1, 3]
+    for row in report["results"]:
+        assert row["decode_steps"] >= 7 and row["replay_us"] is None  # 8 tokens: the first from the prefill
+        assert row["engine_step_us"] == pytest.approx(row["sampling_us"] + row["host_us"])
+        assert row["sampling_kernel"] is False and row["host_profile"]
+
+
 if __name__ == "__main__":
     _interpreted_main()
