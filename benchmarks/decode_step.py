@@ -119,7 +119,9 @@ def run_setting(model, fused: bool, args, device: torch.device) -> list[dict]:
             tokens = torch.randint(3, decoder.shape.vocab_size, (rows,), generator=generator).tolist()
             # Every row holds attended - 1 tokens, so the step attends to all `attended` columns.
             positions = [args.attended - 1] * rows
-            more = [] if args.kv_cache == "static" else [decoder.page_table_R_M[:rows, -1 + args.attended // DEFAULT_PAGE_SIZE].tolist()]
+            # The paged step's third input: each row's page for its new token (the last it holds).
+            last_page = args.attended // DEFAULT_PAGE_SIZE - 1
+            more = [] if args.kv_cache == "static" else [decoder.page_table_R_M[:rows, last_page].tolist()]
             logits = graphs.step(tokens, positions, *more)  # writes the inputs, compiles, checks the shapes
             assert logits.shape[0] >= rows and bool(torch.isfinite(logits[:rows].float()).all())
             bucket = logits.shape[0]
@@ -208,7 +210,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--attended", type=int, default=256, help="key columns every row attends to")
     p.add_argument("--reps", type=int, default=500, help="timed replays per figure (median)")
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's, 24)")
-    p.add_argument("--kv-cache", choices=("static", "paged"), default="paged", help="the engine's cache (default paged, the workers')")
+    p.add_argument(
+        "--kv-cache", choices=("static", "paged"), default="paged", help="the engine's cache (default paged, the workers')"
+    )
     p.add_argument("--fused", choices=("both", "on", "off"), default="both", help="which kernel settings to run")
     p.add_argument("--quick", action="store_true", help="smoke run on CPU: tiny model, eager, 3 reps")
     p.add_argument("--out", default=None, help="JSON path (default: $OUT or runs/benchmarks/decode_step.json)")

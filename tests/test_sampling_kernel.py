@@ -1,4 +1,4 @@
-"""sampling.py's one-kernel token choice against torch's: the same greedy tokens, the same log-probs,
+"""sampling.py's token choice in Triton kernels against torch's: the same greedy tokens, the same log-probs,
 and samples drawn from the same distribution.
 
 Checks (each on the CPU under Triton's interpreter, in a child process, and compiled on CUDA):

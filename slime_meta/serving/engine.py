@@ -96,10 +96,10 @@ class GenerationEngine(_Prefill):
         self._batch_wait_s = batch_wait_s
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         self._generator = torch.Generator(device=device).manual_seed(seed)
-        # Where the fused kernels run, a batch without top-p/top-k cuts picks its tokens in one kernel,
-        # seeded from this host stream (sampling.py); elsewhere torch's ops draw from the generator.
+        # Where the fused kernels run, a batch without top-p/top-k cuts picks its tokens with Triton
+        # kernels seeded from this host stream (sampling.py); elsewhere torch's ops draw from the generator.
         dtype = next(model.parameters()).dtype
-        use_kernel = sampling_kernel_on if sampling_kernel_on is not None else fused_ops.kernels_by_default(device, dtype)
+        use_kernel = fused_ops.kernels_by_default(device, dtype) if sampling_kernel_on is None else sampling_kernel_on
         self._kernel_seeds = random.Random(seed) if use_kernel else None
         self._condition = threading.Condition()
         self._waiting: deque[GenerationJob] = deque()

@@ -7,10 +7,11 @@ log-probs always use temperature 1. Everything is computed in float32 whatever t
 
 Where the batch needs no top-p/top-k cut and no top log-probs (the rollouts' case), the choice can
 run as two Triton kernels (`kernel_seed`, sampling_kernel.py: chunks of the vocabulary, then each
-row's chunks merged) instead of about ten torch kernels and a float32 copy of the logits: per row, log_softmax(logits / T) and a token by the Gumbel-max trick
-(argmax of logits / T plus Gumbel noise from Triton's Philox stream under `kernel_seed`), the same
-distribution as `torch.multinomial` over the softmax; greedy rows take the first largest logit, as
-`argmax` does. The log-prob differs from torch's in the float32 summation order only.
+row's chunks merged) instead of about ten torch kernels over a float32 copy of the logits. Per
+row: log_softmax(logits / T), and a token by the Gumbel-max trick (argmax of logits / T plus
+Gumbel noise from Triton's Philox stream under `kernel_seed`), the same distribution as
+`torch.multinomial` over the softmax; greedy rows take the first largest logit, as `argmax` does.
+The log-prob differs from torch's in the float32 summation order only.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def _sample_truncated(logprobs: torch.Tensor, top_ps: torch.Tensor, top_ks: torc
 
 
 def kernel_can_choose(logits: torch.Tensor, sampling: RowSampling) -> bool:
-    """Whether the one-kernel choice serves this batch: no cuts, no top log-probs, and Triton
+    """Whether the kernels' choice serves this batch: no cuts, no top log-probs, and Triton
     where the logits are (CUDA, or the CPU under TRITON_INTERPRET=1)."""
     from slime_meta.serving import fused_ops
 
@@ -132,7 +133,7 @@ def choose_next_tokens(
 ) -> TokenChoice:
     """Pick one token per row from last-position `logits` (B, V) and report its log-prob.
 
-    `kernel_seed` (a 31-bit integer, a new one each call): choose in one kernel where
+    `kernel_seed` (a 31-bit integer, a new one each call): choose with the kernels where
     `kernel_can_choose`; otherwise, and without it, torch's ops draw from `generator`.
     """
     if kernel_seed is not None and kernel_can_choose(logits, sampling):
