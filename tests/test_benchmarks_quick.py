@@ -18,18 +18,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_quick(script: str, tmp_path: Path) -> tuple[dict, list[str]]:
+def run_benchmark(
+    script: str, tmp_path: Path, *args: str, timeout: float = 180
+) -> tuple[dict, subprocess.CompletedProcess]:
+    """benchmarks/<script>.py with `args` and `--out` in tmp_path: it must exit 0; its JSON report."""
     out = tmp_path / f"{script}.json"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
+        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--out", str(out), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text()), result
+
+
+def run_quick(script: str, tmp_path: Path) -> tuple[dict, list[str]]:
+    report, result = run_benchmark(script, tmp_path, "--quick")
     for key in ("date", "command", "machine", "settings"):
         assert report[key], key
     lines = result.stdout.strip().splitlines()
-    assert lines[-1] == f"json: {out}"
+    assert lines[-1] == f"json: {tmp_path / f'{script}.json'}"
     return report, lines
 
 
@@ -144,13 +151,7 @@ def test_async_pipeline_quick(tmp_path):
 
 
 def test_trainer_memory_tiny_on_cpu(tmp_path):
-    out = tmp_path / "trainer_memory.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "trainer_memory.py"), "--tiny", "--device", "cpu", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report, result = run_benchmark("trainer_memory", tmp_path, "--tiny", "--device", "cpu")
     assert report["date"] and report["command"].startswith("benchmarks/trainer_memory.py")
     rows = {r["setting"]: r for r in report["rows"]}
     assert set(rows) == {"micro_batch_all", "dynamic_tokens", "dynamic_tokens_recompute"}
@@ -163,13 +164,7 @@ def test_trainer_memory_tiny_on_cpu(tmp_path):
 def test_shared_prompts_tiny_on_cpu(tmp_path):
     """benchmarks/shared_prompts.py --tiny: both row layouts train the same batch to the same loss,
     the shared rows forwarding fewer tokens."""
-    out = tmp_path / "shared_prompts.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "shared_prompts.py"), "--tiny", "--device", "cpu", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report, result = run_benchmark("shared_prompts", tmp_path, "--tiny", "--device", "cpu")
     separate, shared = report["configs"]
     assert not separate["share_prompt_forward"] and shared["share_prompt_forward"]
     assert shared["forward_tokens_per_step"] < separate["forward_tokens_per_step"] == report["tokens_per_step"][-1]
@@ -178,13 +173,7 @@ def test_shared_prompts_tiny_on_cpu(tmp_path):
 
 def test_step_quick_runs_the_loop_and_reports_its_parts(tmp_path):
     """benchmarks/step.py --quick: train.py's real loop on CPU, then the replay on a fresh worker."""
-    out = tmp_path / "step.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "step.py"), "--quick", "--out", str(out), "--", "--seed", "3"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report, result = run_benchmark("step", tmp_path, "--quick", "--", "--seed", "3", timeout=600)
     for key in ("date", "command", "machine", "settings"):
         assert report[key], key
     (shape,) = report["shapes"]
@@ -230,7 +219,7 @@ def test_step_quick_runs_the_loop_and_reports_its_parts(tmp_path):
     assert phases["idle"] >= 0 and phases["overlapped"] < 1e-3
     lines = result.stdout.strip().splitlines()
     assert any(line.startswith("tiny: floor") for line in lines)
-    assert lines[-1] == f"json: {out}" and lines[-2].startswith("tiny: per process peak GiB")
+    assert lines[-1] == f"json: {tmp_path / 'step.json'}" and lines[-2].startswith("tiny: per process peak GiB")
 
 
 def test_step_floor_counts_the_parameters_of_the_real_shapes():
