@@ -18,7 +18,11 @@ Reported per row count:
   `sampling_torch_ops_us` the same through torch's ops;
 - `host_us`: the rest (building the step's inputs, reading the tokens back, each row's bookkeeping);
 - `host_profile`: the engine thread's own functions by self time over the decode steps (cProfile,
-  a separate run because the profiler slows the host).
+  a separate run because the profiler slows the host);
+- `engine_prefill_ms`: the engine's prefill seconds per prefill (all `rows` prompts in one, with
+  their first tokens chosen), and `prefill_ms` one prefill of the paged batch alone, the device
+  synchronised, with (on CUDA) its kernels' count, device time and the largest by name, and
+  `prefill_host_profile` its host functions by self time (cProfile).
 `--quick`: a 2-layer model of hidden 64 on the CPU, eager; a smoke test of the script only.
 """
 
@@ -34,7 +38,7 @@ import time
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
-from decode_step import QWEN_0_5B, TINY, build_model
+from decode_step import QWEN_0_5B, TINY, build_model, kernels_per_step
 
 from slime_meta.serving import fused_ops
 from slime_meta.serving.engine import GenerationEngine
@@ -42,6 +46,17 @@ from slime_meta.serving.paged_batch import build_paged_batch
 from slime_meta.serving.protocol import GenerationSpec, SamplingParams
 from slime_meta.serving.rows import GenerationJob
 from slime_meta.serving.sampling import RowSampling, choose_next_tokens
+
+
+def request_specs(rows: int, vocab: int, args) -> list[GenerationSpec]:
+    """`rows` requests of `--prompt-len` random ids, each sampling `--new-tokens` tokens with log-probs."""
+    generator = torch.Generator().manual_seed(0)
+    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, ignore_eos=True)
+    return [
+        GenerationSpec(f"r{i}", tuple(torch.randint(3, vocab, (args.prompt_len,), generator=generator).tolist()),
+                       sampling, return_logprob=True)
+        for i in range(rows)
+    ]  # fmt: skip
 
 
 def run_engine(model, rows: int, args, profile: bool) -> tuple[dict, pstats.Stats | None, object]:
@@ -70,14 +85,7 @@ def run_engine(model, rows: int, args, profile: bool) -> tuple[dict, pstats.Stat
                 profiler.disable()
 
         engine._static_decode_step = profiled_step
-    generator = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
-    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, ignore_eos=True)
-    specs = [
-        GenerationSpec(f"r{i}", tuple(torch.randint(3, vocab, (args.prompt_len,), generator=generator).tolist()),
-                       sampling, return_logprob=True)
-        for i in range(rows)
-    ]  # fmt: skip
+    specs = request_specs(rows, model.config.vocab_size, args)
     done = threading.Semaphore(0)
     outcomes = []
 
@@ -115,6 +123,40 @@ def sampling_us(rows: int, vocab: int, device: torch.device, dtype: torch.dtype,
     return 1e3 * C.median_eager_ms(choose, reps)
 
 
+def prefill_figures(model, rows: int, args) -> dict:
+    """One prefill of `rows` prompts as the paged batch runs it for the engine (pages taken, prompts
+    run, first-token logits; the pages released after), host clock with the device synchronised;
+    on CUDA also its kernels: how many, their device time, the largest by name."""
+    paged = build_paged_batch(
+        model, num_rows=rows, pool_tokens=2 * rows * (args.prompt_len + args.new_tokens), pad_token_id=0,
+        use_graphs=False,
+    )  # twice the tokens: every row's pages fit whatever the page rounding
+    jobs = [GenerationJob(spec, on_done=lambda _: None) for spec in request_specs(rows, model.config.vocab_size, args)]
+
+    def prefill() -> None:
+        admitted, logits_N_V, _ = paged.prefill(jobs)
+        logits_N_V.sum().item()  # waits for the device
+        paged.release(admitted)
+
+    figures = {"prefill_ms": C.median_eager_ms(prefill, max(3, args.reps // 20))}
+    figures["prefill_tokens_per_s"] = rows * args.prompt_len / (figures["prefill_ms"] * 1e-3)
+    profiler, calls = cProfile.Profile(), 3
+    profiler.enable()
+    for _ in range(calls):
+        prefill()
+    profiler.disable()
+    figures["prefill_host_profile"] = top_functions(pstats.Stats(profiler), calls, count=12)
+    kernels = kernels_per_step(prefill, calls=3)
+    if kernels is not None:
+        counts, device_us = kernels
+        figures["prefill_kernels"] = sum(counts.values())
+        figures["prefill_kernel_device_ms"] = sum(device_us.values()) * 1e-3
+        figures["prefill_top_kernels"] = [
+            {"kernel": name[:120], "calls": counts[name], "device_us": us} for name, us in device_us.most_common(8)
+        ]
+    return figures
+
+
 def replay_us(paged, rows: int, attended: int, reps: int) -> float | None:
     graphs = paged._graphs
     if not graphs.use_graphs:
@@ -126,7 +168,7 @@ def replay_us(paged, rows: int, attended: int, reps: int) -> float | None:
 
 
 def top_functions(stats: pstats.Stats, steps: int, count: int = 15) -> list[dict]:
-    """The profiled functions by self time, microseconds per decode step."""
+    """The profiled functions by self time, microseconds per step (decode step or prefill)."""
     rows = []
     for (filename, line, name), (_, calls, self_s, cumulative_s, _) in stats.stats.items():
         rows.append({"function": f"{filename.split('/')[-1]}:{line}:{name}", "calls_per_step": calls / steps,
@@ -158,6 +200,8 @@ def main(argv: list[str] | None = None) -> dict:
         _, stats, _ = run_engine(model, rows, args, profile=True)
         row = {
             "rows": rows,
+            "engine_prefill_ms": 1e3 * counters["prefill_s"] / counters["prefill_batches"],
+            **prefill_figures(model, rows, args),
             "decode_steps": steps,
             "engine_step_us": step_us,
             "engine_tokens_per_s": rows / (step_us * 1e-6),
@@ -171,11 +215,13 @@ def main(argv: list[str] | None = None) -> dict:
         }
         results.append(row)
         print(f"rows {rows}: step {step_us:.0f} us = replay {replay or 0:.0f} + sampling {sample:.0f} + host "
-              f"{row['host_us']:.0f}; {row['engine_tokens_per_s']:,.0f} tokens/s", file=sys.stderr, flush=True)  # fmt: skip
+              f"{row['host_us']:.0f}; {row['engine_tokens_per_s']:,.0f} tokens/s; prefill of {rows} prompts "
+              f"{row['engine_prefill_ms']:.1f} ms in the engine, {row['prefill_ms']:.1f} ms alone "
+              f"({row.get('prefill_kernel_device_ms', 0):.1f} ms of kernels)", file=sys.stderr, flush=True)  # fmt: skip
     report["results"] = results
     path = C.write_json(report, args.out or C.default_out("decode_loop"))
     columns = ["rows", "engine_step_us", "replay_us", "sampling_us", "sampling_torch_ops_us", "host_us"]
-    columns += ["engine_tokens_per_s"]
+    columns += ["engine_tokens_per_s", "engine_prefill_ms", "prefill_ms"]
     print(C.table([[row[column] for column in columns] for row in results], columns))
     for row in results:
         print(f"rows {row['rows']}: host functions by self time, us per step")

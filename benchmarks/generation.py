@@ -221,9 +221,34 @@ async def timed_batch(pool, prompts_: list[list[int]], sampling: dict) -> tuple[
     return time.perf_counter() - t0, [len(r.output_ids) for r in results]
 
 
+ENGINE_TIME_KEYS = ("prefill_s", "fast_decode_s", "dynamic_decode_s", "idle_s", "prefill_batches", "decode_steps")
+
+
+def engine_totals(worker_urls: Sequence[str]) -> dict[str, float]:
+    """The workers' engine counters summed (seconds by phase, prefill batches, decode steps)."""
+    engines = worker_engines(worker_urls)
+    return {key: sum(float(engine.get(key, 0)) for engine in engines) for key in ENGINE_TIME_KEYS}
+
+
+def engine_split(before: dict[str, float], after: dict[str, float], wall_s: float, workers: int) -> dict[str, float]:
+    """Where a timed phase's wall time went inside the workers' engines: each counter's change,
+    and the share of the workers' wall time each phase took (idle: waiting for requests)."""
+    delta = {key: after[key] - before[key] for key in ENGINE_TIME_KEYS}
+    for key in ("prefill_s", "fast_decode_s", "dynamic_decode_s", "idle_s"):
+        delta[key.removesuffix("_s") + "_share"] = delta[key] / (wall_s * workers)
+    if delta["prefill_batches"]:
+        delta["prefill_ms_per_batch"] = 1e3 * delta["prefill_s"] / delta["prefill_batches"]
+    if delta["decode_steps"]:
+        delta["decode_us_per_step"] = 1e6 * (delta["fast_decode_s"] + delta["dynamic_decode_s"]) / delta["decode_steps"]
+    return delta
+
+
 async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_reference: list[list[int]],
-                 check: list[list[int]]) -> dict:
+                 check: list[list[int]], worker_urls: Sequence[str]) -> dict:
     from slime_meta.pools import SGLangPool
+
+    def counters_now() -> dict[str, float]:  # the HTTP call blocks briefly; nothing is in flight then
+        return engine_totals(worker_urls)
 
     more = {}
     for in_flight in args.also_concurrency:
@@ -231,10 +256,13 @@ async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_r
         batch = prompts(in_flight * 3, args.prompt_len, vocab, seed=2)
         sampling = {"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
         await timed_batch(more_pool, batch[:in_flight], dict(sampling, max_new_tokens=4))  # warm-up
+        before = counters_now()
         wall, lengths = await timed_batch(more_pool, batch, sampling)
+        split = engine_split(before, counters_now(), wall, len(worker_urls))
         await more_pool.close()
         more[str(in_flight)] = {"tokens_per_s": sum(lengths) / wall, "wall_s": wall, "requests": len(batch),
-                                "in_flight": in_flight, "all_lengths_right": all(n == args.new_tokens for n in lengths)}  # fmt: skip
+                                "in_flight": in_flight, "all_lengths_right": all(n == args.new_tokens for n in lengths),
+                                "engine_split": split}  # fmt: skip
     pool = SGLangPool(name="bench", base_url=router_url, concurrency=args.concurrency, timeout_s=600)
     sampling = {"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
     batch = prompts(max(args.requests, args.concurrency), args.prompt_len, vocab, seed=1)
@@ -245,9 +273,11 @@ async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_r
     # behaviour log-probs, checked later against a full forward
     sampled = [await pool.generate(input_ids=p, sampling_params=sampling, return_logprob=True) for p in check]
     await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=dict(sampling, max_new_tokens=4)) for p in batch[:8]])
+    before = counters_now()
     t0 = time.perf_counter()
     results = await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=sampling) for p in batch[: args.requests]])
     wall = time.perf_counter() - t0
+    split = engine_split(before, counters_now(), wall, len(worker_urls))
     lengths = [len(r.output_ids) for r in results]
     singles = []
     for p in batch[: args.one_at_a_time]:
@@ -258,7 +288,7 @@ async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_r
     await pool.close()
     return {
         "concurrent": {"tokens_per_s": sum(lengths[: args.requests]) / wall, "wall_s": wall, "requests": args.requests,
-                       "in_flight": args.concurrency},  # fmt: skip
+                       "in_flight": args.concurrency, "engine_split": split},  # fmt: skip
         "one_at_a_time": {"tokens_per_s": args.new_tokens / statistics.median(singles), "request_s": singles},
         "more_in_flight": more,
         "all_lengths_right": all(n == args.new_tokens for n in lengths) and all(m["all_lengths_right"] for m in more.values()),
@@ -398,7 +428,8 @@ def run(args: argparse.Namespace) -> dict:
             )  # fmt: skip
             report["pool_start_s"] = time.perf_counter() - t0
             report["served"] = asyncio.run(
-                served(endpoints.router_url, args, vocab, report["in_process"]["greedy_reference"], check))
+                served(endpoints.router_url, args, vocab, report["in_process"]["greedy_reference"], check,
+                       endpoints.worker_urls))
             report["served"]["worker_engines"] = worker_engines(endpoints.worker_urls)
         print(f"  served: {report['served']['concurrent']['tokens_per_s']:.0f} tok/s at {args.concurrency} in flight",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -461,6 +492,14 @@ def print_table(report: dict) -> None:
     for in_flight, figure in report.get("roofline", {}).get("by_in_flight", {}).items():
         print(f"decode roofline at {in_flight} in flight: {figure['roofline_tokens_per_s']:.0f} tokens/s; served "
               f"{figure['served_tokens_per_s']:.0f} = {figure['share']:.1%} of it")
+    timed = {st["concurrency"]: sv["concurrent"], **{int(k): v for k, v in sv["more_in_flight"].items()}}
+    for in_flight, phase in timed.items():
+        split = phase["engine_split"]
+        print(f"{in_flight} in flight, the workers' time: prefill {split['prefill_share']:.0%} "
+              f"({split.get('prefill_ms_per_batch', 0):.1f} ms x {split['prefill_batches']:.0f} batches), decode "
+              f"{split['fast_decode_share'] + split['dynamic_decode_share']:.0%} "
+              f"({split.get('decode_us_per_step', 0):.0f} us x {split['decode_steps']:.0f} steps), waiting for requests "
+              f"{split['idle_share']:.0%}")  # fmt: skip
     print(f"served vs in-process one at a time: {report['ratios']['served_vs_inprocess_one_at_a_time']:.2f}x; meets: "
           + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in report["meets"].items()))
 

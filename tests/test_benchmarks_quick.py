@@ -73,6 +73,15 @@ def test_generation_quick(tmp_path):
     assert report["ratios"]["served_vs_inprocess_batched"] > 0
     assert "cpu_vs_inprocess_batched" in report["meets"]
     assert any("tokens/s" in line for line in lines[-10:])
+    # The workers' own counters over the timed phase: every request decoded its tokens there, and
+    # prefill, decode and waiting account for about the phase's wall time.
+    split = served["concurrent"]["engine_split"]
+    waves = report["settings"]["requests"] / report["settings"]["concurrency"]
+    assert split["decode_steps"] >= waves * (report["settings"]["new_tokens"] - 1)
+    assert split["prefill_batches"] >= waves
+    shares = split["prefill_share"] + split["fast_decode_share"] + split["dynamic_decode_share"] + split["idle_share"]
+    assert 0.8 < shares < 1.2, split
+    assert any("the workers' time: prefill" in line for line in lines[-6:])
 
 
 def _run_train_benchmark(script: str, tmp_path: Path, *extra: str) -> tuple[dict, list[str]]:

@@ -452,8 +452,8 @@ def test_decode_step_benchmark_quick(tmp_path) -> None:
 
 
 def test_decode_loop_benchmark_quick(tmp_path) -> None:
-    """benchmarks/decode_loop.py --quick serves every request its tokens on the CPU, splits a step
-    and profiles the host (no timing checked beyond the split adding up)."""
+    """benchmarks/decode_loop.py --quick serves every request its tokens on the CPU, splits a step,
+    profiles the host and times a prefill (no timing checked beyond the split adding up)."""
     out = tmp_path / "decode_loop.json"
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "decode_loop.py"
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
@@ -466,6 +466,10 @@ def test_decode_loop_benchmark_quick(tmp_path) -> None:
         assert row["decode_steps"] >= 7 and row["replay_us"] is None  # 8 tokens: the first from the prefill
         assert row["engine_step_us"] == pytest.approx(row["sampling_us"] + row["host_us"])
         assert row["sampling_kernel"] is False and row["host_profile"]
+        # The prefill figures: one prefill of the row count's prompts, timed and host-profiled.
+        assert row["engine_prefill_ms"] > 0 and row["prefill_ms"] > 0
+        assert row["prefill_tokens_per_s"] == pytest.approx(row["rows"] * 16 / (row["prefill_ms"] * 1e-3))
+        assert any("prefill" in entry["function"] for entry in row["prefill_host_profile"])
 
 
 if __name__ == "__main__":
