@@ -9,6 +9,8 @@ Checks (each on the CPU under Triton's interpreter, in a child process, and comp
 - the frequencies of 5,120 samples (2,560 interpreted) of one row (vocabulary of 5,000 over two
   blocks, most mass on tokens in both) against softmax(logits / T): each strong token within 4.5 standard errors, and
   the total variation over the strong tokens and the rest under 0.03 (x sqrt 2 interpreted);
+- a dominant token (p about 0.98) sampled at its probability within 4.5 standard errors: the rare
+  rest keeps its mass;
 - a seed gives the same tokens again; another seed other tokens;
 - the engine with the kernel on: every sampled token's log-prob is a full forward's, within 1e-4.
 """
@@ -105,6 +107,22 @@ def check_cases(device: str) -> dict:
             ),  # fmt: skip
         }
 
+    # A dominant token, as a trained model's next token often is (p about 0.98): the rest must keep
+    # its mass. A sampler that thinned the tail would score answers above the policy's own rate
+    # while reporting the policy's log-probs, a bias no importance ratio sees.
+    logits_V = torch.randn(VOCAB, generator=generator)
+    logits_V[4321] = 13.0
+    copies, samples = 256, SAMPLES[device]
+    batch = row_sampling([SamplingParams(max_new_tokens=1, temperature=1.0)] * copies, device)
+    hits = 0
+    for seed in range(samples // copies):
+        picked = choose_next_tokens(logits_V.to(device).expand(copies, VOCAB), batch, None, kernel_seed=3000 + seed)
+        hits += int((picked.token_ids == 4321).sum())
+    probability = float(torch.softmax(logits_V.double(), dim=-1)[4321])
+    frequency = hits / samples
+    out["dominant_token"] = {"samples": samples, "probability": probability, "frequency": frequency,
+                             "standard_errors": (frequency - probability) / math.sqrt(probability * (1 - probability) / samples)}  # fmt: skip
+
     # Seeds.
     logits_B_V = torch.randn(64, VOCAB, generator=generator).to(device)
     batch = row_sampling([SamplingParams(max_new_tokens=1, temperature=1.0)] * 64, device)
@@ -170,6 +188,8 @@ def assert_cases(out: dict) -> None:
         assert figures["strong_tokens"] >= 4, figures
         assert figures["max_standard_errors"] < 4.5, figures
         assert figures["total_variation"] < 0.03 * math.sqrt(5120 / figures["samples"]), figures
+    dominant = out["dominant_token"]
+    assert 0.95 < dominant["probability"] < 0.995 and abs(dominant["standard_errors"]) < 4.5, dominant
     assert out["same_seed_same_tokens"] and out["other_seed_rows_differing"] > 32
     engine = out["engine"]
     assert engine["tokens"] == 45 and engine["kernel_calls"] >= 9 and engine["max_error"] < 1e-4, engine
