@@ -20,7 +20,9 @@ Generated tokens / wall time. On a GPU the workers decode through their CUDA-gra
 (`--cuda-graphs auto`; `off` measures the DynamicCache path) over the KV cache `--kv-cache`
 names (static slots or a paged pool; default: the worker's); the report names the path and cache
 each worker ran (`served.worker_engines`). `--also-concurrency 128` times more batches in the same
-pool at those numbers in flight. On a GPU every served figure is also given as a share of the
+pool at those numbers in flight. Each timed phase also says where the workers' time went
+(`engine_split`, from their counters before and after: prefill, decode, waiting for requests, the
+prefill batches and decode steps). On a GPU every served figure is also given as a share of the
 decode roofline: rows x HBM bandwidth (a device copy measured in the same run) / the bytes one
 decode step must read (all weights once, plus each row's keys and values at the mean context). Correctness first, and part of `meets.correct`:
 - greedy decoding of `--check-prompts` prompts through the served path must give the tokens of
@@ -225,7 +227,8 @@ ENGINE_TIME_KEYS = ("prefill_s", "fast_decode_s", "dynamic_decode_s", "idle_s", 
 
 
 def engine_totals(worker_urls: Sequence[str]) -> dict[str, float]:
-    """The workers' engine counters summed (seconds by phase, prefill batches, decode steps)."""
+    """The workers' engine counters summed (seconds by phase, prefill batches, decode steps). A
+    blocking HTTP call: made only between timed phases, with nothing in flight."""
     engines = worker_engines(worker_urls)
     return {key: sum(float(engine.get(key, 0)) for engine in engines) for key in ENGINE_TIME_KEYS}
 
@@ -247,18 +250,15 @@ async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_r
                  check: list[list[int]], worker_urls: Sequence[str]) -> dict:
     from slime_meta.pools import SGLangPool
 
-    def counters_now() -> dict[str, float]:  # the HTTP call blocks briefly; nothing is in flight then
-        return engine_totals(worker_urls)
-
     more = {}
     for in_flight in args.also_concurrency:
         more_pool = SGLangPool(name="bench", base_url=router_url, concurrency=in_flight, timeout_s=600)
         batch = prompts(in_flight * 3, args.prompt_len, vocab, seed=2)
         sampling = {"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
         await timed_batch(more_pool, batch[:in_flight], dict(sampling, max_new_tokens=4))  # warm-up
-        before = counters_now()
+        before = engine_totals(worker_urls)
         wall, lengths = await timed_batch(more_pool, batch, sampling)
-        split = engine_split(before, counters_now(), wall, len(worker_urls))
+        split = engine_split(before, engine_totals(worker_urls), wall, len(worker_urls))
         await more_pool.close()
         more[str(in_flight)] = {"tokens_per_s": sum(lengths) / wall, "wall_s": wall, "requests": len(batch),
                                 "in_flight": in_flight, "all_lengths_right": all(n == args.new_tokens for n in lengths),
@@ -273,11 +273,11 @@ async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_r
     # behaviour log-probs, checked later against a full forward
     sampled = [await pool.generate(input_ids=p, sampling_params=sampling, return_logprob=True) for p in check]
     await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=dict(sampling, max_new_tokens=4)) for p in batch[:8]])
-    before = counters_now()
+    before = engine_totals(worker_urls)
     t0 = time.perf_counter()
     results = await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=sampling) for p in batch[: args.requests]])
     wall = time.perf_counter() - t0
-    split = engine_split(before, counters_now(), wall, len(worker_urls))
+    split = engine_split(before, engine_totals(worker_urls), wall, len(worker_urls))
     lengths = [len(r.output_ids) for r in results]
     singles = []
     for p in batch[: args.one_at_a_time]:

@@ -120,8 +120,9 @@ def check_cases(device: str) -> dict:
         hits += int((picked.token_ids == 4321).sum())
     probability = float(torch.softmax(logits_V.double(), dim=-1)[4321])
     frequency = hits / samples
+    standard_error = math.sqrt(probability * (1 - probability) / samples)
     out["dominant_token"] = {"samples": samples, "probability": probability, "frequency": frequency,
-                             "standard_errors": (frequency - probability) / math.sqrt(probability * (1 - probability) / samples)}  # fmt: skip
+                             "standard_errors": (frequency - probability) / standard_error}  # fmt: skip
 
     # Seeds.
     logits_B_V = torch.randn(64, VOCAB, generator=generator).to(device)
