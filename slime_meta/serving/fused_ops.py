@@ -147,7 +147,7 @@ def rotate_into_cache(
     rows = qkv_B_X_D.shape[0]
     q_B_H_D = torch.empty(rows, num_heads, head_dim, dtype=qkv_B_X_D.dtype, device=qkv_B_X_D.device)
     if rows:
-        heads_block, dim_block = _next_power_of_two(num_heads), _next_power_of_two(head_dim)
+        heads_block, dim_block = next_power_of_two(num_heads), next_power_of_two(head_dim)
         _kernels().rotate_into_cache[(rows,)](
             qkv_B_X_D,
             cos_B_1_D,
@@ -168,7 +168,7 @@ def rotate_into_cache(
             NUM_KV_HEADS=num_kv_heads,
             HEAD_DIM=head_dim,
             HEADS_BLOCK=heads_block,
-            KV_BLOCK=_next_power_of_two(num_kv_heads),
+            KV_BLOCK=next_power_of_two(num_kv_heads),
             DIM_BLOCK=dim_block,
             num_warps=_warps_for(heads_block * dim_block),
             enable_fp_fusion=False,
@@ -187,7 +187,7 @@ def silu_mul(gate_up: torch.Tensor, *, use_kernel: bool) -> torch.Tensor:
 # ----- launches ----------------------------------------------------------------------------------
 
 
-def _next_power_of_two(value: int) -> int:
+def next_power_of_two(value: int) -> int:
     return 1 << max(0, value - 1).bit_length()
 
 
@@ -212,7 +212,7 @@ def _launch_rms_norm(x, delta, weight, eps):
     weight_E = weight if weight.stride(-1) == 1 else weight.contiguous()
     rows = x_R_E.shape[0]
     if rows:
-        block = _next_power_of_two(width)
+        block = next_power_of_two(width)
         _kernels().rms_norm[(rows,)](
             x_R_E,
             delta_R_E,
@@ -254,8 +254,8 @@ def _launch_rotary(x, cos, signed_sin):
         cos4, sin4 = cos4.unsqueeze(2), sin4.unsqueeze(2)
     rows, heads, columns, head_dim = x4.shape
     if rows and heads and columns:
-        heads_block = _next_power_of_two(heads)
-        dim_block = _next_power_of_two(head_dim)
+        heads_block = next_power_of_two(heads)
+        dim_block = next_power_of_two(head_dim)
         _kernels().rotary[(rows, columns)](
             x4,
             cos4,
@@ -281,7 +281,7 @@ def _launch_silu_mul(gate_up):
     rows = gate_up_R_2F.shape[0]
     out_R_F = torch.empty(rows, width, dtype=gate_up.dtype, device=gate_up.device)
     if rows and width:
-        block = min(1024, _next_power_of_two(width))
+        block = min(1024, next_power_of_two(width))
         _kernels().silu_mul[(rows, -(-width // block))](
             gate_up_R_2F,
             out_R_F,

@@ -32,6 +32,8 @@ import os
 
 import torch
 
+from slime_meta.serving.fused_ops import next_power_of_two
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_GROUP_TILE = 16  # tl.dot needs 16 rows at least; smaller groups are padded with masked heads
 MAX_SPLITS = 64
@@ -142,7 +144,7 @@ def paged_decode_attention(
         page_size,
         num_splits,
         GROUP=group,
-        GROUP_TILE=max(MIN_GROUP_TILE, _next_power_of_two(group)),
+        GROUP_TILE=max(MIN_GROUP_TILE, next_power_of_two(group)),
         HEAD_DIM=head_dim,
         BLOCK_N=block_tokens(head_dim),
         FINAL=final,
@@ -158,14 +160,10 @@ def paged_decode_attention(
             num_splits,
             num_heads,
             HEAD_DIM=head_dim,
-            SPLITS_TILE=_next_power_of_two(num_splits),
+            SPLITS_TILE=next_power_of_two(num_splits),
             num_warps=1 if head_dim <= 64 else 2,
         )
     return out_B_HD
-
-
-def _next_power_of_two(value: int) -> int:
-    return 1 << max(0, value - 1).bit_length()
 
 
 @functools.lru_cache(maxsize=None)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from slime_meta.serving.fused_ops import kernels_unavailable_reason, next_power_of_two
 from slime_meta.serving.protocol import SamplingParams
 
 
@@ -89,14 +90,12 @@ def _sample_truncated(logprobs: torch.Tensor, top_ps: torch.Tensor, top_ks: torc
 def kernel_can_choose(logits: torch.Tensor, sampling: RowSampling) -> bool:
     """Whether the kernels' choice serves this batch: no cuts, no top log-probs, and Triton
     where the logits are (CUDA, or the CPU under TRITON_INTERPRET=1)."""
-    from slime_meta.serving import fused_ops
-
     return (
         not sampling.needs_truncation
         and sampling.max_top_logprobs == 0
         and logits.dim() == 2
         and logits.stride(-1) == 1
-        and fused_ops.kernels_unavailable_reason(logits.device, logits.dtype) is None
+        and kernels_unavailable_reason(logits.device, logits.dtype) is None
     )
 
 
@@ -109,7 +108,7 @@ def _choose_with_kernel(logits_B_V: torch.Tensor, sampling: RowSampling, seed: i
 
     rows, vocab = logits_B_V.shape
     device = logits_B_V.device
-    chunk = min(KERNEL_CHUNK, 1 << max(0, vocab - 1).bit_length())
+    chunk = min(KERNEL_CHUNK, next_power_of_two(vocab))
     chunks = -(-vocab // chunk)
     token_ids_B = torch.empty(rows, dtype=torch.int64, device=device)
     logprobs_B = torch.empty(rows, dtype=torch.float32, device=device)
@@ -123,7 +122,7 @@ def _choose_with_kernel(logits_B_V: torch.Tensor, sampling: RowSampling, seed: i
         )  # fmt: skip
         sampling_kernel.combine_chunks[(rows,)](
             logits_B_V, logits_B_V.stride(0), sampling.temperatures, largest_B_C, total_B_C, best_score_B_C,
-            best_index_B_C, token_ids_B, logprobs_B, CHUNKS=chunks, CHUNKS_BLOCK=1 << max(0, chunks - 1).bit_length(),
+            best_index_B_C, token_ids_B, logprobs_B, CHUNKS=chunks, CHUNKS_BLOCK=next_power_of_two(chunks),
         )  # fmt: skip
     return TokenChoice(token_ids_B, logprobs_B, None, None)
 
