@@ -22,7 +22,7 @@ from statistics import fmean, median
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # slime_meta from this checkout
 
-from slime_meta.tracking import read_metrics  # noqa: E402
+from slime_meta.artifacts.tracking import read_metrics  # noqa: E402
 
 
 def arm(level: int, args: argparse.Namespace, out: Path) -> dict:

@@ -40,12 +40,12 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
 from decode_step import QWEN_0_5B, TINY, build_model, kernels_per_step
 
-from slime_meta.serving import fused_ops
-from slime_meta.serving.engine import GenerationEngine
-from slime_meta.serving.paged_batch import build_paged_batch
-from slime_meta.serving.protocol import GenerationSpec, SamplingParams
-from slime_meta.serving.rows import GenerationJob
-from slime_meta.serving.sampling import RowSampling, choose_next_tokens
+from slime_meta_engine import fused_ops
+from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.paged_batch import build_paged_batch
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams
+from slime_meta_engine.rows import GenerationJob
+from slime_meta_engine.sampling import RowSampling, choose_next_tokens
 
 
 def request_specs(rows: int, vocab: int, args) -> list[GenerationSpec]:

@@ -33,9 +33,9 @@ from collections import Counter
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
 
-from slime_meta.serving import fused_ops
-from slime_meta.serving.paged_batch import DEFAULT_PAGE_SIZE, build_paged_batch
-from slime_meta.serving.static_batch import build_static_batch
+from slime_meta_engine import fused_ops
+from slime_meta_engine.paged_batch import DEFAULT_PAGE_SIZE, build_paged_batch
+from slime_meta_engine.static_batch import build_static_batch
 
 QWEN_0_5B = dict(
     vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,

@@ -42,10 +42,10 @@ from pathlib import Path
 from statistics import fmean
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # slime_meta.plot from this checkout
+sys.path.insert(0, str(ROOT))  # slime_meta.artifacts.plot from this checkout
 
-from slime_meta.plot import plot_run  # noqa: E402
-from slime_meta.tracking import read_metrics  # noqa: E402
+from slime_meta.artifacts.plot import plot_run  # noqa: E402
+from slime_meta.artifacts.tracking import read_metrics  # noqa: E402
 
 SYNTHETIC_TASKS = ("synthetic_suffix", "bracket")  # tiny models built by the project (scripts/run_synthetic.sh)
 REAL_TASKS = ("easy_word_problems", "champ")  # SmolLM2-135M-Instruct on real language (scripts/run_real.sh)

@@ -248,7 +248,7 @@ def engine_split(before: dict[str, float], after: dict[str, float], wall_s: floa
 
 async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_reference: list[list[int]],
                  check: list[list[int]], worker_urls: Sequence[str]) -> dict:
-    from slime_meta.pools import SGLangPool
+    from slime_meta.rollout.pools import SGLangPool
 
     more = {}
     for in_flight in args.also_concurrency:
@@ -389,7 +389,7 @@ def verify(model_dir: Path, device: torch.device, dtype: torch.dtype, args: argp
 def resolve_model(args: argparse.Namespace, kind: str, tmp: Path, dtype: torch.dtype) -> Path:
     """The real checkpoint of --model-path (a .gguf converted once, cached), or a random-init one built in tmp."""
     if args.model_path:
-        from slime_meta.checkpoints import resolve_checkpoint
+        from slime_meta.artifacts.model_files import resolve_checkpoint
 
         to_stderr = lambda line: print(line, file=sys.stderr)  # noqa: E731 (stdout ends with the table)
         model_dir = Path(resolve_checkpoint(args.model_path, "--model-path", log=to_stderr))

@@ -31,7 +31,7 @@ What it reports, per scenario (ample capacity: latency bound; little capacity: c
 - client CPU per request: this process's CPU time over the step / requests sent. The routers'
   and fake workers' CPU is reported beside it (they share this machine's cores). A second table
   gives it per call, with the grader's request also sent through the openai SDK: the client the
-  grader used before `slime_meta/chat_api.py`, kept here as the baseline that shows why.
+  grader used before `slime_meta/rollout/chat_api.py`, kept here as the baseline that shows why.
 Each design runs `--repeats` times with the same latency seeds (the workers restart their
 random streams before each run); medians are reported.
 """
@@ -52,11 +52,11 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 from inner_loop_baselines import Roles, sequential, stage_synchronous  # noqa: E402
 from inner_loop_recording import ROLES, InstrumentedRollout, Ledger, RecordingGrader, RecordingPool  # noqa: E402
 
-from slime_meta.grading import OpenAIGrader
-from slime_meta.inner_loop import InnerLoopSettings
-from slime_meta.pools import SGLangPool
+from slime_meta.grading.graders import OpenAIGrader
+from slime_meta.rollout.meta_rollout import InnerLoopSettings
+from slime_meta.rollout.pools import SGLangPool
 from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate
-from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole
+from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole
 from slime_meta.types import Episode, GradedAttempt, Problem
 
 TARGETS = {"latency_bound_ratio": 0.9, "capacity_bound_ratio": 0.85, "client_cpu_ms_per_request": 0.5}
@@ -156,7 +156,7 @@ class SdkChatGrader(OpenAIGrader):
     """The project's grader with its request sent through the openai SDK's default client.
 
     Only for the client-cost table: the grader sent its requests this way before
-    `slime_meta/chat_api.py`; the retry policy is left out (the stand-in workers never fail).
+    `slime_meta/rollout/chat_api.py`; the retry policy is left out (the stand-in workers never fail).
     """
 
     def _resources(self):

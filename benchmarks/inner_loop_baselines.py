@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from inner_loop_recording import RecordingGrader
 
-from slime_meta.inner_loop import InnerLoopSettings
-from slime_meta.roles import StudentRole, TeacherRole
+from slime_meta.rollout.meta_rollout import InnerLoopSettings
+from slime_meta.rollout.roles import StudentRole, TeacherRole
 from slime_meta.types import Episode, GradedAttempt, Problem
 
 async def _solve(student: StudentRole, problem: Problem, info: str) -> str:

@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_meta.grading import OpenAIGrader
-from slime_meta.inner_loop import MetaLearningRollout
-from slime_meta.pools import SGLangPool
+from slime_meta.grading.graders import OpenAIGrader
+from slime_meta.rollout.meta_rollout import MetaLearningRollout
+from slime_meta.rollout.pools import SGLangPool
 from slime_meta.types import Problem
 
 ROLES = ("student", "teacher", "grader")

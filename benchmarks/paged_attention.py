@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from slime_meta.serving.paged_attention import choose_num_splits, paged_decode_attention
-from slime_meta.serving.static_model import _ATTENTION_BACKENDS
+from slime_meta_engine.paged_attention import choose_num_splits, paged_decode_attention
+from slime_meta_engine.static_model import _ATTENTION_BACKENDS
 
 
 @dataclass(frozen=True)

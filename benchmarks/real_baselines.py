@@ -15,7 +15,7 @@ project's `VerifierGrader` against the label. The hints are dataset columns (`--
 is the empty hint), the ones `--eval-baseline --context-key` reads in a training run.
 
 The verifier changes over time; the report names the versions of the files that graded (git
-blob hashes of answer_check.py, grading.py and slime_meta/verifier/, and whether they differ from the last commit), and
+blob hashes of slime_meta/grading/graders.py and slime_meta/grading/verifier/, and whether they differ from the last commit), and
 every completion is saved, so `--regrade` grades them again with the verifier of the day
 without the model. Writes `<out>.json` (settings, machine, grades per family) and
 `<out>_completions.jsonl`.
@@ -36,8 +36,8 @@ from statistics import fmean
 
 from _common import REPO_ROOT, default_out, quiet_transformers, report_header, table, write_json
 
-from slime_meta.data import load_problems
-from slime_meta.grading import VerifierGrader
+from slime_meta.data.problems import load_problems
+from slime_meta.grading.graders import VerifierGrader
 from slime_meta.prompt_templates import GeneratorPromptTemplate
 from slime_meta.models.real import ensure_real_gguf
 from slime_meta.types import Problem
@@ -47,7 +47,7 @@ DEFAULT_DATA = "data/easy_word_problems.jsonl"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The code that decides a grade: the verifier package, its old entry point and the grader around it.
 VERIFIER_FILES = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "slime_meta" / "verifier").glob("*.py"))
-GRADING_FILES = ("slime_meta/answer_check.py", "slime_meta/grading.py", *VERIFIER_FILES)
+GRADING_FILES = ("slime_meta/grading/graders.py", *VERIFIER_FILES)
 
 
 def smollm2_gguf() -> Path:
@@ -153,7 +153,7 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     quiet_transformers()
     import torch
 
-    from slime_meta.roles import PromptRenderer
+    from slime_meta.rollout.roles import PromptRenderer
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -58,8 +58,8 @@ META_FLAGS = [
     "--use-meta-learning", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--heldout-ipb", "2",
     "--num-inner-iterations", "1", "--n-samples-per-inner-prompt", "2",
     "--teacher-max-tokens", "6", "--rollout-max-response-len", "6",
-    "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
-    "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+    "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+    "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
     "--grader", "verifier", "--verifier-metric", "char",
     "--teacher-temperature", "1", "--rollout-temperature", "1",  # replay DPO scores at temperature 1
     "--sdpo-alpha", "0.5", "--sdpo-topk", "8",

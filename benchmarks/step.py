@@ -59,7 +59,7 @@ from typing import Any, Sequence
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 
-from slime_meta.tracking import jsonl_lines  # noqa: E402
+from slime_meta.artifacts.tracking import jsonl_lines  # noqa: E402
 from step_floor import DEFAULT_PEAK_TFLOPS, default_bandwidth_tbs, phase_breakdown, physical_floor  # noqa: E402
 from step_requests import prefix_sharing, replay, step_requests  # noqa: E402
 

@@ -51,7 +51,7 @@ async def replay(router_url: str, requests: list[dict], vocab: int, args: argpar
     ids (EOS ignored) through the project's pool client: generation.py's served measurement."""
     import torch
 
-    from slime_meta.pools import SGLangPool
+    from slime_meta.rollout.pools import SGLangPool
 
     prompt_len, new_tokens, in_flight, count = args.served
     pool = SGLangPool(name="replay", base_url=router_url, concurrency=max(len(requests), in_flight), timeout_s=600)

@@ -92,7 +92,7 @@ def default_step_samples(cfg, vocab: int, teacher_prompt: tuple[int, int], teach
     half the advantages positive, half negative (a step with signal)."""
     import torch
 
-    from slime_meta.batch_split import plan_batch
+    from slime_meta.data.batch_split import plan_batch
     from slime_meta.types import SolverSample, TeacherSample
 
     m = cfg.meta
@@ -151,7 +151,7 @@ def real_model_step(args: argparse.Namespace, name: str, flags: str) -> dict:
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from slime_meta.arguments import parse_config
+    from slime_meta.config.arguments import parse_config
     from slime_meta.backends.local.components import make_trainer
 
     base = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", args.model_path]

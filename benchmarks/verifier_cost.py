@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from slime_meta.grading import VerifierGrader  # noqa: E402
+from slime_meta.grading.graders import VerifierGrader  # noqa: E402
 from slime_meta.types import Problem  # noqa: E402
 
 

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
     from slime_meta.backends.local.weight_sync import WeightSync, make_weight_sync
     from slime_meta.errors import UserInputError
-    from slime_meta.pools import post_json_sync
+    from slime_meta.rollout.pools import post_json_sync
 
     modes = args.modes.split(",") if args.modes else ["disk", "shared-memory"] + (["cuda-ipc"] if args.device == "cuda" else [])
     shape = SHAPES[args.shape]

@@ -3,7 +3,7 @@
     python benchmarks/worker_memory.py --out benchmarks/results/worker_memory_h100.json   # CUDA only
     python benchmarks/worker_memory.py --quick --out /tmp/worker_memory.json            # CPU: tiny shape, smoke
 
-The worker is built exactly as `python -m slime_meta.serving` builds it (`server.build_context`
+The worker is built exactly as `python -m slime_meta_engine` builds it (`server.build_context`
 with the worker's own flags, so the budget's start-up line and sizing are the real ones), from a
 random-init Qwen2.5-0.5B-shape checkpoint in bf16. Each setting serves `--prompts` prompts of
 `--prompt-len` random ids, all submitted at once, `--new-tokens` greedy tokens each with
@@ -34,9 +34,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generation import build_model_dir, prompts  # noqa: E402
 
-from slime_meta.serving.protocol import GenerationSpec, SamplingParams  # noqa: E402
-from slime_meta.serving.rows import GenerationJob  # noqa: E402
-from slime_meta.serving.server import build_context, parse_args  # noqa: E402
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams  # noqa: E402
+from slime_meta_engine.rows import GenerationJob  # noqa: E402
+from slime_meta_engine.server import build_context, parse_args  # noqa: E402
 
 GIB = 2**30
 

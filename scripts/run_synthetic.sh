@@ -4,13 +4,13 @@
 #
 # The task (data/synthetic_suffix.jsonl): each family of words hides a two-letter suffix; the
 # student appends the suffix the teacher's hint names. A good hint is worth everything here, so
-# the holdout grade shows what the teacher learned. slime_meta/tasks/synthetic.py has the details.
+# the holdout grade shows what the teacher learned. slime_meta/data/tasks/synthetic.py has the details.
 #
 #   bash scripts/run_synthetic.sh                        # 20 outer steps
 #   NUM_ROLLOUT=40 bash scripts/run_synthetic.sh         # longer
 #   MODEL_DIR=/path/to/ckpt bash scripts/run_synthetic.sh --lr 3e-4   # any extra train.py flags
 #   FROZEN_STUDENT=1 bash scripts/run_synthetic.sh       # the student a frozen copy of the start model
-#   TASK=bracket bash scripts/run_synthetic.sh           # the bracket task (slime_meta/tasks/bracket.py):
+#   TASK=bracket bash scripts/run_synthetic.sh           # the bracket task (slime_meta/data/tasks/bracket.py):
 #                                                        # its teacher never saw the key in pretraining
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +20,8 @@ NUM_ROLLOUT=${NUM_ROLLOUT:-20}
 # The task picks the data, the templates and the small model's build (docs/tasks.md).
 TASK=${TASK:-synthetic_suffix}
 case "$TASK" in
-  synthetic_suffix) TASK_MODULE=slime_meta.tasks.synthetic; TEMPLATE_PREFIX=Synthetic ;;
-  bracket) TASK_MODULE=slime_meta.tasks.bracket; TEMPLATE_PREFIX=Bracket ;;
+  synthetic_suffix) TASK_MODULE=slime_meta.data.tasks.synthetic; TEMPLATE_PREFIX=Synthetic ;;
+  bracket) TASK_MODULE=slime_meta.data.tasks.bracket; TEMPLATE_PREFIX=Bracket ;;
   *) echo "TASK=$TASK: unknown task; use synthetic_suffix (the default) or bracket" >&2; exit 2 ;;
 esac
 

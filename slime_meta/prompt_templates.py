@@ -16,7 +16,7 @@ Customise a role for a run in one of four ways (`--generator-template`, `--grade
   - a template text given directly on the command line (anything with a `{slot}`);
   - `package.module.name`, where `name` is a template instance such as `custom_template` above;
   - `package.module.ClassName`, a subclass of the role's class that overrides `build`,
-    `format_info`, `format_attempt`, ... (`slime_meta/tasks/synthetic.py` has two).
+    `format_info`, `format_attempt`, ... (`slime_meta/data/tasks/synthetic.py` has two).
 
 Every slot in a template must be one of its role's (`{typo}` is refused at construction). A
 template a run uses must also have the role's required slots (`required`: the problem for the
@@ -205,7 +205,7 @@ class TeacherPromptTemplate(PromptTemplate):
     def format_attempts(self, problems: Sequence[Problem], attempts_K_M: Sequence[Sequence[GradedAttempt]]) -> str:
         blocks = []
         for index, (problem, attempts) in enumerate(zip(problems, attempts_K_M)):
-            # Attempts can be left out to fit the model's context (slime_meta/context_budget.py).
+            # Attempts can be left out to fit the model's context (slime_meta/rollout/context_budget.py).
             body = "\n\n".join(self.format_attempt(n + 1, a) for n, a in enumerate(attempts)) or ATTEMPTS_LEFT_OUT
             blocks.append(body if len(problems) == 1 else f"On problem {index + 1}:\n{body}")
         return "\n\n".join(blocks)

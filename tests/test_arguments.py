@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from slime_meta.arguments import add_meta_learning_arguments, build_parser, parse_config
+from slime_meta.config.arguments import add_meta_learning_arguments, build_parser, parse_config
 from slime_meta.errors import UserInputError
 
 BASE = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl"]

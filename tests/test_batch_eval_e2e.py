@@ -22,8 +22,8 @@ def base_args(checkpoint: Path, run_dir: Path, *extra: str) -> list[str]:
         "--use-meta-learning", "--hf-checkpoint", str(checkpoint), "--prompt-data", str(SYNTHETIC),
         "--rollout-shuffle", "--n-samples-per-prompt", "2", "--num-inner-iterations", "1",
         "--n-samples-per-inner-prompt", "1",
-        "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
         "--teacher-temperature", "1.0", "--teacher-max-tokens", "4", "--rollout-max-response-len", "8",
         *VERIFIER, "--seed", "5", "--run-dir", str(run_dir), *extra,
     ]  # fmt: skip

@@ -140,8 +140,8 @@ def test_efficacy_quick_bracket_task(tmp_path):
     run_dir = Path(report["run_dir"])
     config = json.loads((run_dir / "config.json").read_text())
     assert config["data"]["prompt_data"] == "data/bracket.jsonl"
-    assert config["meta"]["generator_template"] == "slime_meta.tasks.bracket.BracketGeneratorTemplate"
-    assert config["meta"]["teacher_template"] == "slime_meta.tasks.bracket.BracketTeacherTemplate"
+    assert config["meta"]["generator_template"] == "slime_meta.data.tasks.bracket.BracketGeneratorTemplate"
+    assert config["meta"]["teacher_template"] == "slime_meta.data.tasks.bracket.BracketTeacherTemplate"
     summary = json.loads((Path(config["pools"]["hf_checkpoint"]) / "summary.json").read_text())
     assert summary["settings"]["task"] == "bracket"  # the small model built on this task
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -17,8 +17,8 @@ import pytest
 
 from slime_meta.models import tiny
 from slime_meta.prompt_templates import load_template
-from slime_meta.tasks import bracket
-from slime_meta.tasks.bracket import BracketGeneratorTemplate, BracketTeacherTemplate
+from slime_meta.data.tasks import bracket
+from slime_meta.data.tasks.bracket import BracketGeneratorTemplate, BracketTeacherTemplate
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,8 +79,8 @@ def test_student_prompts_have_fixed_lengths_and_the_hint_in_front():
 
 
 def test_templates_load_by_dotted_name_and_the_teacher_reads_expected_answers():
-    generator = load_template("generator", "slime_meta.tasks.bracket.BracketGeneratorTemplate", "--generator-template")
-    teacher = load_template("teacher", "slime_meta.tasks.bracket.BracketTeacherTemplate", "--teacher-template")
+    generator = load_template("generator", "slime_meta.data.tasks.bracket.BracketGeneratorTemplate", "--generator-template")
+    teacher = load_template("teacher", "slime_meta.data.tasks.bracket.BracketTeacherTemplate", "--teacher-template")
     assert isinstance(generator, BracketGeneratorTemplate) and isinstance(teacher, BracketTeacherTemplate)
     problem = Problem(uid="a", prompt="kqpd", label="dkqpdf")
     attempt = GradedAttempt(problem=problem, solution="akqpdb.", grade=Grade(score=4 / 6))

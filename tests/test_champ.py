@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.data import load_problems
-from slime_meta.tasks import champ
-from slime_meta.pypi_wheels import WheelUnavailable, download_wheel, installed_file, read_wheel_member
+from slime_meta.data.problems import load_problems
+from slime_meta.data.tasks import champ
+from slime_meta.artifacts.pypi_wheels import WheelUnavailable, download_wheel, installed_file, read_wheel_member
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "data" / "champ.jsonl"
@@ -89,7 +89,7 @@ def test_oracle_hint_holds_the_problems_human_hints_or_else_its_concepts(dataset
 def test_shipped_file_is_the_converters_output(rows, tmp_path):
     assert SHIPPED.read_bytes() == champ.jsonl_text(rows).encode("utf-8")
     assert SHIPPED.stat().st_size < 400_000  # small: the 72 MB source is mostly model transcripts
-    done = subprocess.run([sys.executable, "-m", "slime_meta.tasks.champ", "--out", str(tmp_path / "again.jsonl")],
+    done = subprocess.run([sys.executable, "-m", "slime_meta.data.tasks.champ", "--out", str(tmp_path / "again.jsonl")],
                           cwd=REPO, capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "again.jsonl").read_bytes() == SHIPPED.read_bytes()
@@ -121,7 +121,7 @@ def test_an_unreachable_index_is_reported_as_such_and_the_cli_exits_2(tmp_path, 
     with pytest.raises(WheelUnavailable) as raised:
         download_wheel(champ.DISTRIBUTION, champ.VERSION)
     assert raised.value.registry_unreachable
-    done = subprocess.run([sys.executable, "-m", "slime_meta.tasks.champ", "--out", str(tmp_path / "x.jsonl")],
+    done = subprocess.run([sys.executable, "-m", "slime_meta.data.tasks.champ", "--out", str(tmp_path / "x.jsonl")],
                           cwd=REPO, capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2 and done.stderr.startswith("error: pip download --no-deps champ-dataset==1.0.0")
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.jsonl").exists()

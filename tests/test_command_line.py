@@ -1,7 +1,7 @@
 """Flag values rewritten in a command line another parser reads (paths made absolute, GGUF files
 replaced by their converted directories)."""
 
-from slime_meta.command_line import rewrite_flag_values
+from slime_meta.config.command_line import rewrite_flag_values
 
 
 def test_both_forms_are_rewritten_and_nothing_else():

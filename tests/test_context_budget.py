@@ -15,11 +15,11 @@ import pytest
 from helpers_context import CONTEXT_LENGTH, long_rows, make_long_context_checkpoint, pseudo_text, pseudo_words, write_jsonl
 
 import train
-from slime_meta.arguments import parse_config
+from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local import components as C
-from slime_meta.context_budget import ELISION_MARKER, TokenCounter, context_length_of, metrics_of
+from slime_meta.rollout.context_budget import ELISION_MARKER, TokenCounter, context_length_of, metrics_of
 from slime_meta.prompt_templates import TeacherPromptTemplate
-from slime_meta.roles import PromptRenderer, TeacherRole
+from slime_meta.rollout.roles import PromptRenderer, TeacherRole
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 MARKER_RE = re.escape(ELISION_MARKER).replace(re.escape("{count}"), r"\d+")
@@ -208,8 +208,8 @@ def test_the_demo_flags_pass_the_checks(tmp_path, tiny_checkpoint):
         "--use-meta-learning", "--hf-checkpoint", str(tiny_checkpoint), "--prompt-data", str(root / "data/synthetic_suffix.jsonl"),
         "--group-key", "family", "--rollout-batch-size", "28", "--n-samples-per-prompt", "8", "--n-problems-per-prompt", "3",
         "--heldout-ipb", "16", "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
-        "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
         "--teacher-max-tokens", "4", "--rollout-max-response-len", "10", "--run-dir", str(tmp_path / "run"),
     ])  # fmt: skip
     C.check_context_fits(cfg)

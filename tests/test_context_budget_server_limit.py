@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.context_budget import SGLANG_INPUT_MARGIN, longest_prompt, metrics_of, student_new_tokens
-from slime_meta.pools import PoolUnavailable, SGLangPool
+from slime_meta.rollout.context_budget import SGLANG_INPUT_MARGIN, longest_prompt, metrics_of, student_new_tokens
+from slime_meta.rollout.pools import PoolUnavailable, SGLangPool
 from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate
-from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole
-from slime_meta.serving import protocol
+from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole
+from slime_meta_engine import protocol
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ CONTEXT = 256  # the tiny model's max_position_embeddings
 @pytest.fixture(scope="module")
 def worker_url(tiny_checkpoint: Path, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
-    command = [sys.executable, "-m", "slime_meta.serving", "--model-path", str(tiny_checkpoint), "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "slime_meta_engine", "--model-path", str(tiny_checkpoint), "--host", "127.0.0.1",
                "--port", "0", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:

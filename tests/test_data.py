@@ -1,4 +1,4 @@
-"""Tests of loading problems and drawing reproducible episodes (slime_meta.data)."""
+"""Tests of loading problems and drawing reproducible episodes (slime_meta.data.problems)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from slime_meta.data import ProblemSampler, load_problems, plan_batch
+from slime_meta.data.problems import ProblemSampler, load_problems, plan_batch
 from slime_meta.errors import UserInputError
 from slime_meta.types import Problem
 
@@ -322,7 +322,7 @@ def test_group_mode_needs_groups():
 
 
 def test_problem_key_ignores_case_spacing_unicode_forms_and_the_label():
-    from slime_meta.data import problem_key
+    from slime_meta.data.problems import problem_key
 
     same = [
         Problem(uid="0", prompt="What is 2 + 2?", label="4"),
@@ -337,7 +337,7 @@ def test_problem_key_ignores_case_spacing_unicode_forms_and_the_label():
 def test_eval_problems_leave_training_whatever_their_format_and_only_none_left_exits_2(
     tmp_path, tiny_checkpoint, capsys
 ):
-    from slime_meta.arguments import parse_config
+    from slime_meta.config.arguments import parse_config
     from slime_meta.backends.local.run_data import load_data
 
     train_rows = [{"prompt": f"Ana has {i} apples and gets 2 more. How many?", "label": str(i + 2)} for i in range(12)]

@@ -31,7 +31,7 @@ import pytest
 from helpers_interpreter import run_interpreted
 import torch
 
-from slime_meta.serving import fused_ops
+from slime_meta_engine import fused_ops
 
 HAS_CUDA = torch.cuda.is_available()
 TRITON_MISSING = importlib.util.find_spec("triton") is None
@@ -208,9 +208,9 @@ def greedy_both_ways(model, prompt_lengths: list[int], steps: int, graphs: bool,
     """Prefill random prompts and decode `steps` greedy tokens with the kernels and without, each
     path on its own tokens. Returns (tokens with, tokens without, largest logit difference over the
     largest logit while the tokens agree)."""
-    from slime_meta.serving.cuda_graphs import DecodeGraphs
-    from slime_meta.serving.static_cache import StaticKVCache
-    from slime_meta.serving.static_model import StaticDecoder, model_shape
+    from slime_meta_engine.cuda_graphs import DecodeGraphs
+    from slime_meta_engine.static_cache import StaticKVCache
+    from slime_meta_engine.static_model import StaticDecoder, model_shape
 
     shape, rows = model_shape(model), len(prompt_lengths)
     generator = torch.Generator().manual_seed(5)
@@ -243,9 +243,9 @@ def greedy_both_ways(model, prompt_lengths: list[int], steps: int, graphs: bool,
 
 def paged_greedy_both_ways(model, prompt_lengths: list[int], steps: int) -> tuple[list, list]:
     """The same over a paged cache of 4-token pages (eager): greedy tokens with the kernels and without."""
-    from slime_meta.serving.paged_cache import PagedKVCache
-    from slime_meta.serving.paged_model import PagedDecoder
-    from slime_meta.serving.static_model import model_shape
+    from slime_meta_engine.paged_cache import PagedKVCache
+    from slime_meta_engine.paged_model import PagedDecoder
+    from slime_meta_engine.static_model import model_shape
 
     shape, rows, page_size, row_tokens = model_shape(model), len(prompt_lengths), 4, 64
     pages_per_row = row_tokens // page_size
@@ -378,8 +378,8 @@ def test_static_decoder_graphs_give_the_same_tokens_on_cuda(kind: str, no_cudnn_
 
 def test_decode_step_fuses_each_residual_add_with_the_next_norm(monkeypatch) -> None:
     """No triton needed: the forward's structure is the same with the torch expressions."""
-    from slime_meta.serving.static_cache import StaticKVCache
-    from slime_meta.serving.static_model import StaticDecoder
+    from slime_meta_engine.static_cache import StaticKVCache
+    from slime_meta_engine.static_model import StaticDecoder
 
     model = qwen2_model("llama", torch.float32, "cpu", layers=3)
     cache = StaticKVCache.allocate(
@@ -397,8 +397,8 @@ def test_decode_step_fuses_each_residual_add_with_the_next_norm(monkeypatch) -> 
 
 def test_kernel_switch_and_refusals(monkeypatch) -> None:
     """No triton needed: when the decoders use the kernels, and what they refuse."""
-    from slime_meta.serving.static_cache import StaticKVCache
-    from slime_meta.serving.static_model import StaticDecoder
+    from slime_meta_engine.static_cache import StaticKVCache
+    from slime_meta_engine.static_model import StaticDecoder
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert not fused_ops.kernels_by_default(torch.device("cpu"), torch.float32)

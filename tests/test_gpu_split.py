@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_meta.arguments import parse_config
+from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local import components
 from slime_meta.backends.local.gpu_split import (
     check_shared_gpu,
@@ -24,7 +24,7 @@ from slime_meta.backends.local.gpu_split import (
 )
 from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.errors import UserInputError
-from slime_meta.serving.server import parse_args as parse_worker_args
+from slime_meta_engine.server import parse_args as parse_worker_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))

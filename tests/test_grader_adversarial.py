@@ -3,7 +3,7 @@
 Every attack goes through `OpenAIGrader` -> aiohttp -> a real OpenAI-compatible server on loopback
 (tests/openai_server.py) whose scripted grader model answers the way real ones do with such
 solutions: it reasons before its verdict, quotes the solution, restates a grade the solution
-claims, or takes up a scale the solution names. The rules are in slime_meta/grader_reply.py; the
+claims, or takes up a scale the solution names. The rules are in slime_meta/grading/llm_reply.py; the
 attacks and what each one gets are in docs/reliability.md ("The LLM grader").
 """
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from openai_server import grader_persona, run_openai_server
-from slime_meta.arguments import parse_config
+from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local.components import build_role_pieces, grader_metrics
-from slime_meta.grading import GraderUnavailable, OpenAIGrader, parse_grade
-from slime_meta.tracking import format_step_line
+from slime_meta.grading.graders import GraderUnavailable, OpenAIGrader, parse_grade
+from slime_meta.artifacts.tracking import format_step_line
 from slime_meta.types import Problem
 
 REPO = Path(__file__).resolve().parent.parent

@@ -72,8 +72,8 @@ def test_a_run_whose_self_hosted_grader_answers_too_slowly_names_grader_timeout(
 
     synthetic_task = [
         "--prompt-data", str(ROOT / "data" / "synthetic_suffix.jsonl"),  # replaces the helper's rows
-        "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--num-inner-iterations", "1",
         "--n-samples-per-inner-prompt", "1", "--rollout-max-response-len", "8", "--teacher-max-tokens", "4",
         "--num-rollout", "1",

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.data import load_problems
+from slime_meta.data.problems import load_problems
 from slime_meta.errors import UserInputError
-from slime_meta.grading import (
+from slime_meta.grading.graders import (
     GraderUnavailable,
     OpenAIGrader,
     VerifierGrader,
@@ -35,7 +35,7 @@ SECRET = "sk-test-secret-0123456789"
 
 # --------------------------------------------------------------------------- parse_grade
 
-# The rules (slime_meta/grader_reply.py) and the attacks they stop: tests/test_grader_adversarial.py.
+# The rules (slime_meta/grading/llm_reply.py) and the attacks they stop: tests/test_grader_adversarial.py.
 PARSE_CASES = [
     ("GRADE: 1\nEXPLANATION: fine", 1.0),
     ("Grade: 1", 1.0),
@@ -174,7 +174,7 @@ def test_openai_grader_needs_a_key_or_a_server(monkeypatch):
 
 
 def test_package_imports_without_openai():
-    code = "import sys; sys.modules['openai'] = None; import slime_meta.grading, slime_meta.data; print('ok')"
+    code = "import sys; sys.modules['openai'] = None; import slime_meta.grading.graders, slime_meta.data.problems; print('ok')"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
 

@@ -164,8 +164,8 @@ def ctrl_c_run_args(checkpoint: Path, run_dir: Path) -> list[str]:
         "--prompt-data", str(REPO_ROOT / "data/synthetic_suffix.jsonl"), "--group-key", "family",
         "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--n-problems-per-prompt", "2",
         "--heldout-ipb", "4", "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
-        "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
         "--teacher-max-tokens", "4", "--rollout-max-response-len", "8", "--grader", "verifier",
         "--num-rollout", "200", "--run-dir", str(run_dir),
     ]  # fmt: skip

@@ -13,10 +13,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
-from slime_meta.pools import SGLangPool
+from slime_meta.rollout.pools import SGLangPool
 from slime_meta.prompt_templates import GeneratorPromptTemplate
-from slime_meta.roles import PromptRenderer, StudentRole
-from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
+from slime_meta.rollout.roles import PromptRenderer, StudentRole
+from slime_meta.rollout.solver_samples import SolverSampleBuilder, SolverSettings
 from slime_meta.types import Chain, Grade, PreferencePair, Problem, SolverSample, TeacherSample
 
 
@@ -229,7 +229,7 @@ def test_distillation_adds_no_solver_grpo_term_unless_asked(tiny_checkpoint, bat
     reach the gradient (with a shared student it defaults to 1, the term that holds the student role)."""
     from test_arguments import BASE
 
-    from slime_meta.arguments import parse_config
+    from slime_meta.config.arguments import parse_config
 
     _, solver, _ = batch
     distill = ["--teacher-context", "x", "--teacher-tau", "1"]
@@ -250,7 +250,7 @@ def test_adv_tau_alone_is_a_solver_grpo_term_without_a_context(tiny_checkpoint, 
     graded attempts, each token's advantage the attempt's task advantage."""
     from test_arguments import BASE
 
-    from slime_meta.arguments import parse_config
+    from slime_meta.config.arguments import parse_config
     from slime_meta.backends.local.trainer import distillation_sequences
 
     objectives = parse_config(BASE + ["--adv-tau", "1"]).objectives

@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from slime_meta.plot import plot_run, reference_grades  # noqa: E402
+from slime_meta.artifacts.plot import plot_run, reference_grades  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,6 +62,6 @@ def test_no_oracle_line_without_a_reference_context(tmp_path):
 
 def test_the_command_line_writes_the_picture(tmp_path):
     _write_run(tmp_path, with_eval=False)
-    result = subprocess.run([sys.executable, "-m", "slime_meta.plot", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "slime_meta.artifacts.plot", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "holdout.png").stat().st_size > 0

@@ -68,10 +68,10 @@ def test_load_template_from_file_text_and_class(tmp_path):
     path.write_text("File: {problem}\n")
     assert load_template("generator", str(path), "--generator-template").render(problem="p") == "File: p"
     assert load_template("generator", "Text: {problem}", "--generator-template").render(problem="p") == "Text: p"
-    cls = load_template("teacher", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate", "--teacher-template")
+    cls = load_template("teacher", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate", "--teacher-template")
     assert isinstance(cls, TeacherPromptTemplate)
     with pytest.raises(UserInputError, match="--grader-template"):
-        load_template("grader", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate", "--grader-template")
+        load_template("grader", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate", "--grader-template")
     with pytest.raises(UserInputError, match="no such file"):
         load_template("grader", "missing.txt", "--grader-template")
 

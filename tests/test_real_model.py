@@ -83,11 +83,11 @@ def test_the_model_is_the_one_described(real_model, real_tokenizer, hf_greedy) -
 
 @pytest.mark.parametrize("decode_path", ["dynamic_cache", "static_eager"])
 def test_engine_matches_hf_greedy_tokens_and_logprobs(decode_path: str, real_model, real_tokenizer, hf_greedy) -> None:
-    from slime_meta.serving.engine import GenerationEngine
-    from slime_meta.serving.protocol import GenerationSpec, SamplingParams
-    from slime_meta.serving.rows import GenerationJob
-    from slime_meta.serving.server import _eos_token_ids
-    from slime_meta.serving.static_batch import build_static_batch
+    from slime_meta_engine.engine import GenerationEngine
+    from slime_meta_engine.protocol import GenerationSpec, SamplingParams
+    from slime_meta_engine.rows import GenerationJob
+    from slime_meta_engine.server import _eos_token_ids
+    from slime_meta_engine.static_batch import build_static_batch
 
     pad = real_tokenizer.pad_token_id
     static = (build_static_batch(real_model, num_slots=8, requested_capacity=256, pad_token_id=pad, use_graphs=False)
@@ -135,7 +135,7 @@ def test_engine_matches_hf_greedy_tokens_and_logprobs(decode_path: str, real_mod
 def test_worker_serves_chat_completions_as_hf_greedy(real_checkpoint: Path, real_tokenizer, hf_greedy,
                                                      tmp_path) -> None:
     """The worker process renders the chat template itself and stops at the model's EOS."""
-    command = [sys.executable, "-m", "slime_meta.serving", "--model-path", str(real_checkpoint), "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "slime_meta_engine", "--model-path", str(real_checkpoint), "--host", "127.0.0.1",
                "--port", "0", "--device", "cpu", "--dtype", "float32", "--num-threads", "2"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     log_path = tmp_path / "worker.log"
@@ -163,10 +163,10 @@ def test_worker_serves_chat_completions_as_hf_greedy(real_checkpoint: Path, real
 
 
 def test_gguf_flag_is_converted_once_and_every_consumer_sees_the_directory(tmp_path, monkeypatch, capsys) -> None:
-    from slime_meta.arguments import parse_config
+    from slime_meta.config.arguments import parse_config
     from slime_meta.backends.local.components import check_model_dir, load_tokenizer
     from slime_meta.backends.slime.plan import translate
-    from slime_meta.context_budget import context_length_of
+    from slime_meta.rollout.context_budget import context_length_of
 
     gguf = real_gguf_or_skip()
     monkeypatch.setenv("SLIME_META_CACHE", str(tmp_path / "cache"))

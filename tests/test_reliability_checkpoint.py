@@ -28,7 +28,7 @@ SAVER = textwrap.dedent(
     import json, os, random, sys, time
     import numpy as np, torch
     from transformers import AutoTokenizer
-    import slime_meta.checkpoint as ck
+    import slime_meta.artifacts.train_state as ck
     from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
 
     model_dir, save_dir = sys.argv[1], ck.Path(sys.argv[2])
@@ -60,7 +60,7 @@ def test_a_kill_during_save_leaves_the_previous_checkpoint_loadable(tiny_checkpo
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import slime_meta.checkpoint as ck
+    import slime_meta.artifacts.train_state as ck
     from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
 
     killed_dir = tmp_path / "killed"
@@ -129,7 +129,7 @@ def test_load_reads_only_tensors_and_plain_values(tiny_checkpoint, tmp_path):
     import torch
     from transformers import AutoTokenizer
 
-    import slime_meta.checkpoint as ck
+    import slime_meta.artifacts.train_state as ck
     from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
     from slime_meta.errors import UserInputError
 
@@ -156,7 +156,7 @@ def test_checkpoints_of_the_previous_format_still_load_and_resume_the_rng_stream
     import torch
     from transformers import AutoTokenizer
 
-    import slime_meta.checkpoint as ck
+    import slime_meta.artifacts.train_state as ck
     from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
 
     trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu"))

@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 
 from openai_server import run_openai_server
-from slime_meta.pools import MAX_RETRY_AFTER_S, PoolProtocolError, PoolUnavailable, SGLangPool, retry_after_seconds
+from slime_meta.rollout.pools import MAX_RETRY_AFTER_S, PoolProtocolError, PoolUnavailable, SGLangPool, retry_after_seconds
 
 FAULTS = ("rate_limit", "server_error", "unavailable", "slow", "malformed", "bad_request")
 
@@ -186,7 +186,7 @@ def test_retries_are_bounded_and_refusals_are_not_retried():
 
 
 def test_replay_teachers_answer_through_a_fifth_of_failed_calls(tmp_path, monkeypatch):
-    replay = pytest.importorskip("slime_meta.replay")
+    replay = pytest.importorskip("slime_meta.replay.pairs")
     monkeypatch.setenv("REPLAY_TEST_KEY", "sk-replay-test")
     faults = dict(rate_limit=0.05, server_error=0.05, slow=0.05, malformed=0.05, slow_seconds=1.5, seed=5)
     with run_openai_server(reply_fn=lambda messages: "Working.\nAnswer: 42", **faults) as (base_url, server):

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from openai_server import run_openai_server
-from slime_meta.arguments import parse_config
+from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local import components as C
-from slime_meta.inner_loop import describe_batch
+from slime_meta.rollout.meta_rollout import describe_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 NUM_ROLLOUT = 4
@@ -44,8 +44,8 @@ def run_args(checkpoint: Path, run_dir: Path, base_url: str, *extra: str) -> lis
         "--rollout-batch-size", "8", "--n-samples-per-prompt", "2",  # 2 prompts x (2 train + 2 holdout of a family)
         "--n-problems-per-prompt", "2", "--heldout-ipb", "4",
         "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
-        "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
         "--teacher-temperature", "1.0", "--teacher-max-tokens", "4", "--rollout-max-response-len", "8",
         "--grader", "openai", "--grader-base-url", base_url, "--grader-api-key-env", "GRADER_KEY",
         "--grader-model", "judge-1",
@@ -216,7 +216,7 @@ def test_the_wandb_config_holds_no_key(tmp_path, tiny_checkpoint, monkeypatch):
     """What `Tracker` hands to `wandb.init` (a stand-in module records it; wandb is optional)."""
     import types
 
-    from slime_meta.tracking import Tracker
+    from slime_meta.artifacts.tracking import Tracker
 
     for name, value in run_env().items():
         monkeypatch.setenv(name, value)

@@ -79,7 +79,7 @@ def descendants(pid: int) -> dict[int, str]:
                     continue
                 words = [a.decode(errors="replace") for a in argv]
                 role = ("router" if any("sglang" in w and "router" in w for w in words) else  # it renames itself sglang::router
-                        "worker" if any(w == "slime_meta.serving" for w in words) else
+                        "worker" if any(w == "slime_meta_engine" for w in words) else
                         "trainer" if any(w.endswith("train.py") for w in words) else "other")  # fmt: skip
                 port = words[words.index("--port") + 1] if "--port" in words else "?"
                 found[child] = f"{role}:{port}"
@@ -166,7 +166,7 @@ def test_the_trainers_work_runs_on_one_thread_of_its_own(tiny_checkpoint, tmp_pa
     executor (a new thread there under contention kept its own arena: the +24% above)."""
     from test_train_e2e import synthetic_args
 
-    from slime_meta.arguments import parse_config
+    from slime_meta.config.arguments import parse_config
     from slime_meta.backends.local import components, run as local_run
     from slime_meta.backends.local.trainer import LocalTrainer
 

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.arguments import parse_config
+from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local import components as C
 from slime_meta.backends.local.launcher import LocalProcessGroup
-from slime_meta.pools import SGLangPool
+from slime_meta.rollout.pools import SGLangPool
 
 ROOT = Path(__file__).resolve().parent.parent
 POOL = "teacher"
@@ -95,8 +95,8 @@ def synthetic_config(checkpoint: Path, run_dir: Path):
             "--prompt-data", str(ROOT / "data/synthetic_suffix.jsonl"), "--group-key", "family", "--rollout-shuffle",
             "--rollout-batch-size", "16", "--n-samples-per-prompt", "4", "--n-problems-per-prompt", "2",
             "--heldout-ipb", "8", "--num-inner-iterations", "3", "--n-samples-per-inner-prompt", "2",
-            "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
-            "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+            "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+            "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
             "--teacher-temperature", "1.0", "--teacher-max-tokens", "12", "--rollout-max-response-len", "12",
             "--grader", "verifier", "--verifier-metric", "char", "--trace-sample-rate", "0", "--seed", "5",
             "--run-dir", str(run_dir),

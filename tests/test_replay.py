@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import pytest
 
 from slime_meta.errors import UserInputError
-from slime_meta.replay import (
+from slime_meta.replay.pairs import (
     ReplayPairer,
     ReplayRequest,
     ReplayTeacher,

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
-from slime_meta.replay import ReplayPairer, ReplayTeacher
+from slime_meta.replay.pairs import ReplayPairer, ReplayTeacher
 from slime_meta.types import PreferencePair, TeacherSample
 
 

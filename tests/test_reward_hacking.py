@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.grading import OpenAIGrader, VerifierGrader
+from slime_meta.grading.graders import OpenAIGrader, VerifierGrader
 from slime_meta.types import Problem
 
 try:

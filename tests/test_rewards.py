@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from slime_meta.rewards import group_rewards_and_advantages
+from slime_meta.rollout.rewards import group_rewards_and_advantages
 
 
 def test_mean_then_normalize_is_grpo_over_mean_holdout_grades():

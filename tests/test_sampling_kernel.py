@@ -27,8 +27,8 @@ import pytest
 from helpers_interpreter import run_interpreted
 import torch
 
-from slime_meta.serving.protocol import SamplingParams
-from slime_meta.serving.sampling import RowSampling, choose_next_tokens, kernel_can_choose
+from slime_meta_engine.protocol import SamplingParams
+from slime_meta_engine.sampling import RowSampling, choose_next_tokens, kernel_can_choose
 
 HAS_CUDA = torch.cuda.is_available()
 TRITON_MISSING = importlib.util.find_spec("triton") is None
@@ -140,9 +140,9 @@ def engine_check(device: str) -> dict:
     """Sampled requests through the engine with the kernel on: log-probs against a full forward."""
     from test_worker_static_decode import full_logprobs, random_prompts, submit_all, tiny_model
 
-    from slime_meta.serving import sampling
-    from slime_meta.serving.engine import GenerationEngine
-    from slime_meta.serving.protocol import GenerationSpec
+    from slime_meta_engine import sampling
+    from slime_meta_engine.engine import GenerationEngine
+    from slime_meta_engine.protocol import GenerationSpec
 
     used = {"calls": 0}
     original = sampling._choose_with_kernel

@@ -111,8 +111,8 @@ def slime_args(tmp_path: Path, checkpoint: Path, teacher_url: str, extra=(), mod
         "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--heldout-ipb", "2",  # 2 prompts + 2 holdout
         "--num-inner-iterations", "1", "--n-samples-per-inner-prompt", "1",
         "--teacher-max-tokens", "6", "--rollout-max-response-len", "6", "--trace-sample-rate", "1.0",
-        "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
         "--grader", "verifier", "--verifier-metric", "char", *extra,
     ]  # fmt: skip
     ns, _ = meta_parser().parse_known_args(list(translate(argv).slime_argv))
@@ -226,7 +226,7 @@ def test_slimes_argument_groups_take_ours_without_conflicts(slime):
                 parser.add_argument(flag)
             return parser
 
-        from slime_meta.arguments import add_meta_learning_arguments
+        from slime_meta.config.arguments import add_meta_learning_arguments
 
         with pytest.raises(argparse.ArgumentError, match="conflicting option string"):
             get_slime_extra_args_provider(add_meta_learning_arguments)(megatron_parser())

@@ -11,7 +11,7 @@ from test_trainer_memory import moved_reference
 from test_trainer_reference import KL, samples
 
 from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.phase_timeline import PhaseTimeline
+from slime_meta.rollout.phase_timeline import PhaseTimeline
 
 
 def test_a_train_step_reports_its_parts_within_its_time(tiny_checkpoint):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import test_train_e2e as e2e
 
-from slime_meta.arguments import parse_config
+from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local.components import worker_layouts
 from slime_meta.backends.local.launcher import LocalProcessGroup
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from slime_meta.prompt_templates import load_template
-from slime_meta.tasks import synthetic
-from slime_meta.tasks.synthetic import SyntheticGeneratorTemplate, SyntheticTeacherTemplate
+from slime_meta.data.tasks import synthetic
+from slime_meta.data.tasks.synthetic import SyntheticGeneratorTemplate, SyntheticTeacherTemplate
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,8 +72,8 @@ def test_generator_template_renders_the_exact_format():
 
 
 def test_templates_load_by_dotted_name():
-    generator = load_template("generator", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate", "--generator-template")
-    teacher = load_template("teacher", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate", "--teacher-template")
+    generator = load_template("generator", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate", "--generator-template")
+    teacher = load_template("teacher", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate", "--teacher-template")
     assert isinstance(generator, SyntheticGeneratorTemplate)
     assert isinstance(teacher, SyntheticTeacherTemplate)
 

@@ -25,12 +25,12 @@ import pytest
 from helpers_context import CONTEXT_LENGTH, make_long_context_checkpoint, pseudo_text, pseudo_words
 
 from slime_meta.backends.local.components import load_tokenizer
-from slime_meta.context_budget import metrics_of
-from slime_meta.grading import VerifierGrader
-from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
-from slime_meta.pools import SGLangPool
+from slime_meta.rollout.context_budget import metrics_of
+from slime_meta.grading.graders import VerifierGrader
+from slime_meta.rollout.meta_rollout import InnerLoopSettings, MetaLearningRollout
+from slime_meta.rollout.pools import SGLangPool
 from slime_meta.prompt_templates import ATTEMPTS_LEFT_OUT, GeneratorPromptTemplate, TeacherPromptTemplate
-from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole
+from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole
 from slime_meta.types import Episode, Grade, GradedAttempt, Problem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ def renderer(long_checkpoint):
 @pytest.fixture(scope="module")
 def worker_url(long_checkpoint, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
-    command = [sys.executable, "-m", "slime_meta.serving", "--model-path", str(long_checkpoint), "--host", "127.0.0.1",
+    command = [sys.executable, "-m", "slime_meta_engine", "--model-path", str(long_checkpoint), "--host", "127.0.0.1",
                "--port", "0", "--device", "cpu", "--dtype", "float32", "--static-cache-len", "1024"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:

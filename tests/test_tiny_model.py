@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from slime_meta.models import tiny
-from slime_meta.tasks import synthetic
+from slime_meta.data.tasks import synthetic
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 FEW_STEPS = 4

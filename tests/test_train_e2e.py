@@ -38,8 +38,8 @@ def synthetic_args(checkpoint: Path, run_dir: Path, *extra: str, grader: tuple[s
         "--rollout-batch-size", "8", "--n-samples-per-prompt", "3",  # 2 prompts x (2 train + 2 holdout of a family)
         "--n-problems-per-prompt", "2", "--heldout-ipb", "4",
         "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
-        "--generator-template", "slime_meta.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.tasks.synthetic.SyntheticTeacherTemplate",
+        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
         "--teacher-temperature", "1.0", "--teacher-max-tokens", "4", "--rollout-max-response-len", "8",
         *grader,
         "--lr", "1e-3", "--trace-sample-rate", "0.5", "--seed", "3",

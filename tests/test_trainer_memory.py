@@ -138,7 +138,7 @@ def test_dynamic_batching_gradient_equals_micro_batch_one_and_one_big_batch(tiny
 def test_memory_flags_reach_the_trainer(tiny_checkpoint):
     from transformers import AutoTokenizer
 
-    from slime_meta.arguments import parse_config
+    from slime_meta.config.arguments import parse_config
     from slime_meta.backends.local.components import make_trainer
 
     base = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", str(tiny_checkpoint)]

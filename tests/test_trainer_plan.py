@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from slime_meta.arguments import parse_config
+from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local.gpu_split import default_worker_fraction, gpu_split_problem
 from slime_meta.backends.local.trainer_plan import (
     DEFAULT_TOKENS_PER_GPU,

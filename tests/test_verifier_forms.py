@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from slime_meta.grading import VerifierGrader
+from slime_meta.grading.graders import VerifierGrader
 from slime_meta.types import Problem
-from slime_meta.verifier import CheckTimeout, MathPool
+from slime_meta.grading.verifier import CheckTimeout, MathPool
 
 # rule -> [(label, solution)]: each solution states the label once, in a form a careful grader accepts.
 SCORES_ONE = {

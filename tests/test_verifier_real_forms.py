@@ -1,12 +1,12 @@
 """How the built-in verifier reads the answer forms a real instruct model writes (SmolLM2-135M's
 completions included), table-driven: forms that state the label score 1, forms that state no
-answer or several score 0. The rules are in slime_meta/verifier/ and docs/reliability.md."""
+answer or several score 0. The rules are in slime_meta/grading/verifier/ and docs/reliability.md."""
 
 from __future__ import annotations
 
 import pytest
 
-from slime_meta.grading import VerifierGrader
+from slime_meta.grading.graders import VerifierGrader
 from slime_meta.types import Problem
 
 STATES_THE_LABEL = {

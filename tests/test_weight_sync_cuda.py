@@ -22,8 +22,8 @@ from slime_meta.backends.local.components import push_weights
 from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
 from slime_meta.backends.local.weight_sync import WeightSync, make_weight_sync
-from slime_meta.pools import post_json_sync
-from slime_meta.serving.weights import SHARED_MEMORY_DIR
+from slime_meta.rollout.pools import post_json_sync
+from slime_meta_engine.weights import SHARED_MEMORY_DIR
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

@@ -26,8 +26,8 @@ from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
 from slime_meta.backends.local.weight_sync import WeightSync, choose_mode, make_weight_sync
 from slime_meta.errors import UserInputError
-from slime_meta.pools import post_json_sync
-from slime_meta.serving.weights import SHARED_MEMORY_DIR
+from slime_meta.rollout.pools import post_json_sync
+from slime_meta_engine.weights import SHARED_MEMORY_DIR
 from test_train_e2e import run_train, synthetic_args
 from test_weight_sync import score, weight_version
 

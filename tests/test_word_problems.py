@@ -9,10 +9,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from slime_meta.data import load_problems
-from slime_meta.grading import VerifierGrader
-from slime_meta.tasks import word_problems
-from slime_meta.tasks.word_problems import DEFAULT_FAMILIES, FAMILIES, generate_rows
+from slime_meta.data.problems import load_problems
+from slime_meta.grading.graders import VerifierGrader
+from slime_meta.data.tasks import word_problems
+from slime_meta.data.tasks.word_problems import DEFAULT_FAMILIES, FAMILIES, generate_rows
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "data" / "easy_word_problems.jsonl"
@@ -64,7 +64,7 @@ def test_rubrics_and_hints_hold_no_answer():
 
 
 def test_shipped_file_is_the_generators_output(tmp_path):
-    command = [sys.executable, "-m", "slime_meta.tasks.word_problems", "--out", str(tmp_path / "again.jsonl"),
+    command = [sys.executable, "-m", "slime_meta.data.tasks.word_problems", "--out", str(tmp_path / "again.jsonl"),
                "--n", "60", "--seed", "0"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -75,7 +75,7 @@ def test_shipped_file_is_the_generators_output(tmp_path):
 def test_bad_flags_exit_2_with_one_line(tmp_path):
     for flags, named in ((["--families", "add", "nope"], "--families"), (["--top", "1"], "--top"),
                          (["--n", "0"], "--n")):  # fmt: skip
-        command = [sys.executable, "-m", "slime_meta.tasks.word_problems", "--out", str(tmp_path / "x.jsonl"), *flags]
+        command = [sys.executable, "-m", "slime_meta.data.tasks.word_problems", "--out", str(tmp_path / "x.jsonl"), *flags]
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         assert done.returncode == 2 and done.stderr.startswith(f"error: {named}"), done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.jsonl").exists()

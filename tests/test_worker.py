@@ -57,7 +57,7 @@ def weights_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def worker_url(tiny_checkpoint: Path, weights_root: Path, tmp_path_factory: pytest.TempPathFactory):
     log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
     command = [
-        sys.executable, "-m", "slime_meta.serving", "--model-path", str(tiny_checkpoint),
+        sys.executable, "-m", "slime_meta_engine", "--model-path", str(tiny_checkpoint),
         "--host", "127.0.0.1", "--port", "0", "--device", WORKER_DEVICE, "--dtype", "float32",
         "--weights-root", str(weights_root),
     ]  # fmt: skip

@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from slime_meta.serving.engine import GenerationEngine
-from slime_meta.serving.protocol import FinishedGeneration, GenerationSpec, SamplingParams
-from slime_meta.serving.rows import GenerationJob
+from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.protocol import FinishedGeneration, GenerationSpec, SamplingParams
+from slime_meta_engine.rows import GenerationJob
 
 
 def make_engine(model, tokenizer, eos_token_ids: frozenset[int], **options) -> GenerationEngine:
@@ -73,7 +73,7 @@ def test_eos_ends_generation_and_is_kept_in_ids_not_text(reference_model, tokeni
 
 
 def test_eos_ids_come_from_tokenizer_and_generation_config(reference_model, tokenizer) -> None:
-    from slime_meta.serving.server import _eos_token_ids
+    from slime_meta_engine.server import _eos_token_ids
 
     original = reference_model.generation_config.eos_token_id
     reference_model.generation_config.eos_token_id = [tokenizer.eos_token_id, 7]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_meta.serving.memory_budget import MIN_CACHE_LEN, model_bytes, plan_for_device, plan_worker_memory, row_token_bytes
-from slime_meta.serving.server import parse_args
+from slime_meta_engine.memory_budget import MIN_CACHE_LEN, model_bytes, plan_for_device, plan_worker_memory, row_token_bytes
+from slime_meta_engine.server import parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GB = 10**9
@@ -101,7 +101,7 @@ def test_flags_are_parsed_and_checked(tiny_checkpoint: Path) -> None:
 
 def start_worker(checkpoint: Path, device: str, extra: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
     command = [
-        sys.executable, "-m", "slime_meta.serving", "--model-path", str(checkpoint), "--port", "0",
+        sys.executable, "-m", "slime_meta_engine", "--model-path", str(checkpoint), "--port", "0",
         "--device", device, *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}

@@ -17,12 +17,12 @@ import pytest
 import torch
 from test_worker_static_decode import full_logprobs, greedy_spec, hf_greedy, random_prompts, submit_all, tiny_model
 
-from slime_meta.serving.engine import GenerationEngine
-from slime_meta.serving.memory_budget import MIN_CACHE_LEN, plan_paged_worker_memory
-from slime_meta.serving.paged_batch import build_paged_batch
-from slime_meta.serving.paged_cache import PagePool
-from slime_meta.serving.protocol import GenerationSpec, SamplingParams
-from slime_meta.serving.rows import GenerationJob
+from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.memory_budget import MIN_CACHE_LEN, plan_paged_worker_memory
+from slime_meta_engine.paged_batch import build_paged_batch
+from slime_meta_engine.paged_cache import PagePool
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams
+from slime_meta_engine.rows import GenerationJob
 
 HAS_CUDA = torch.cuda.is_available()
 PAGE = 4  # small pages: every row crosses many page boundaries
@@ -397,7 +397,7 @@ def test_cuda_graph_paged_engine_float32_is_exact(kind: str) -> None:
 
 
 def test_kv_cache_flags_are_parsed_and_checked(tiny_checkpoint) -> None:
-    from slime_meta.serving.server import parse_args
+    from slime_meta_engine.server import parse_args
 
     base = ["--model-path", str(tiny_checkpoint)]
     args = parse_args(base + ["--kv-cache", "paged", "--page-size", "32"])

@@ -20,9 +20,9 @@ from helpers_tiny import full_logprobs
 import torch
 
 from slime_meta.backends.local.launcher import LocalProcessGroup
-from slime_meta.serving.engine import GenerationEngine
-from slime_meta.serving.protocol import GenerationSpec, SamplingParams
-from slime_meta.serving.rows import GenerationJob
+from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams
+from slime_meta_engine.rows import GenerationJob
 
 
 def assert_logprobs_match(model, prompt: list[int], output_ids: list[int], logprobs: list[float]) -> None:
@@ -145,9 +145,9 @@ def test_batched_prompts_with_n_come_back_prompt_major(pool, tokenizer) -> None:
 
 
 def test_student_sends_the_m_attempts_of_a_problem_as_one_request(pool, tiny_checkpoint: Path) -> None:
-    from slime_meta.pools import SGLangPool
+    from slime_meta.rollout.pools import SGLangPool
     from slime_meta.prompt_templates import GeneratorPromptTemplate
-    from slime_meta.roles import PromptRenderer, StudentRole
+    from slime_meta.rollout.roles import PromptRenderer, StudentRole
     from slime_meta.types import Problem
     from transformers import AutoTokenizer
 

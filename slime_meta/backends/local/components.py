@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_meta.arguments import MetaConfig
-from slime_meta.arguments_objectives import read_context
+from slime_meta.config.arguments import MetaConfig
+from slime_meta.config.objectives import read_context
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.gpu_split import check_shared_gpu, worker_memory_args, workers_on_first_gpu
 from slime_meta.backends.local.launcher import PortInUse
@@ -19,14 +19,14 @@ from slime_meta.backends.local import local_grader, weight_sync
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
 from slime_meta.backends.local.trainer_plan import DEFAULT_TOKENS_PER_GPU, plan_trainer
 from slime_meta.backends.local.weight_sync import WeightSync
-from slime_meta.solver_samples import SolverSampleBuilder, SolverSettings
-from slime_meta.context_budget import context_length_of
+from slime_meta.rollout.solver_samples import SolverSampleBuilder, SolverSettings
+from slime_meta.rollout.context_budget import context_length_of
 from slime_meta.errors import UserInputError
-from slime_meta.grading import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
-from slime_meta.inner_loop import InnerLoopSettings, MetaLearningRollout
-from slime_meta.pools import SGLangPool, check_reachable, post_json_sync
+from slime_meta.grading.graders import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
+from slime_meta.rollout.meta_rollout import InnerLoopSettings, MetaLearningRollout
+from slime_meta.rollout.pools import SGLangPool, check_reachable, post_json_sync
 from slime_meta.prompt_templates import GeneratorPromptTemplate, GraderPromptTemplate, TeacherPromptTemplate, load_template
-from slime_meta.roles import PromptRenderer, StudentRole, TeacherRole, chat_setting
+from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole, chat_setting
 from slime_meta.types import PreferencePair
 
 # The run's data and its evaluations live in their own modules; the outer loop reaches them here.
@@ -333,7 +333,7 @@ def make_replayer(cfg: MetaConfig, run_dir: Path):
     o = cfg.objectives
     if not o.replay_on:
         return None
-    from slime_meta.replay import ReplayPairer, parse_replay_teachers
+    from slime_meta.replay.pairs import ReplayPairer, parse_replay_teachers
 
     return ReplayPairer(
         parse_replay_teachers(o.replay_teachers), min_agree=o.replay_min_agree, cache_path=run_dir / "replay_pairs.jsonl"
@@ -349,7 +349,7 @@ async def solver_channel_inputs(builder, replayer, chains, tokenizer, trainer=No
     solver_samples, metrics = await builder.build(chains)
     pairs = []
     if replayer is not None:
-        from slime_meta.replay import ReplayRequest
+        from slime_meta.replay.pairs import ReplayRequest
 
         labels = {problem.uid: problem.ground_truth for chain in chains for problem in chain.problems}
         requests = [ReplayRequest.build(x.prompt_text, x.solution_text, x.problem_uid, labels.get(x.problem_uid)) for x in solver_samples]
@@ -483,6 +483,6 @@ def grader_metrics(grader) -> dict[str, float]:
 
 
 def write_plot(run_dir: Path) -> Path | None:
-    from slime_meta.plot import plot_run
+    from slime_meta.artifacts.plot import plot_run
 
     return plot_run(run_dir)

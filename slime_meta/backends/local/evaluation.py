@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from slime_meta.arguments import MetaConfig
-from slime_meta.arguments_objectives import read_context
-from slime_meta.inner_loop import MetaLearningRollout
+from slime_meta.config.arguments import MetaConfig
+from slime_meta.config.objectives import read_context
+from slime_meta.rollout.meta_rollout import MetaLearningRollout
 
 
 def eval_due(cfg: MetaConfig, done: int) -> bool:

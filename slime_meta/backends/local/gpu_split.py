@@ -116,7 +116,7 @@ def worker_memory_args(
     mem_fraction_static: float | None, chunked_prefill_size: int | None, context_length: int | None = None,
     page_size: int | None = None, kv_cache: str = "paged",
 ) -> list[str]:  # fmt: skip
-    """The run-level flags as the worker's own (`python -m slime_meta.serving`)."""
+    """The run-level flags as the worker's own (`python -m slime_meta_engine`)."""
     args = ["--static-cache-len", str(context_length)] if context_length is not None else []
     args += ["--kv-cache", kv_cache]
     if page_size is not None:

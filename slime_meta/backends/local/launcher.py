@@ -1,6 +1,6 @@
 """Start and stop pools of embedded workers behind the real sglang-router, as child processes.
 
-A pool is N `slime_meta.serving` processes on free loopback ports plus one
+A pool is N `slime_meta_engine` processes on free loopback ports plus one
 `sglang_router.launch_router` in front of them; callers talk to the router URL exactly as they
 would to an SGLang deployment.
 
@@ -204,7 +204,7 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         workers = []
         for index, port in enumerate(worker_ports):
             command = [
-                sys.executable, "-m", "slime_meta.serving",
+                sys.executable, "-m", "slime_meta_engine",
                 "--model-path", model_path, "--host", self._host, "--port", str(port), "--device", device,
             ]  # fmt: skip
             command += ["--weights-root", weights_root if weights_root is not None else frozen_root]
@@ -397,7 +397,7 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         finally:
             if locked:
                 self._lock.release()
-            from slime_meta.serving.weights import remove_buffers
+            from slime_meta_engine.weights import remove_buffers
 
             remove_buffers(self.weight_buffer_prefix)
         self._restore_sigterm_handler()

@@ -9,8 +9,8 @@ grading needs nothing outside this machine. The pool stops with the run's other 
 
 from __future__ import annotations
 
-from slime_meta.arguments import MetaConfig
-from slime_meta.grading import OpenAIGrader
+from slime_meta.config.arguments import MetaConfig
+from slime_meta.grading.graders import OpenAIGrader
 from slime_meta.prompt_templates import GraderPromptTemplate
 
 POOL_NAME = "grader"

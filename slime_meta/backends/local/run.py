@@ -12,14 +12,14 @@ import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
-from slime_meta.arguments import MetaConfig
+from slime_meta.config.arguments import MetaConfig
 from slime_meta.backends.local import components as C
 from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.backends.local.pipeline import RolloutPipeline
 from slime_meta.backends.local.worker_time import WorkerTimeMeter
-from slime_meta.inner_loop import describe_batch
-from slime_meta.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
-from slime_meta.tracking import Tracker, format_eval_line, format_step_line
+from slime_meta.rollout.meta_rollout import describe_batch
+from slime_meta.artifacts.train_state import load_checkpoint, save_checkpoint, set_rng_state
+from slime_meta.artifacts.tracking import Tracker, format_eval_line, format_step_line
 
 
 def print_eval(step: int, metrics: dict) -> None:

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 from transformers import AutoTokenizer
 
-from slime_meta.arguments import MetaConfig
-from slime_meta.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit
-from slime_meta.data import BatchPlan, ProblemSampler, load_problems, plan_batch, without_eval_problems
+from slime_meta.config.arguments import MetaConfig
+from slime_meta.rollout.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit
+from slime_meta.data.problems import BatchPlan, ProblemSampler, load_problems, plan_batch, without_eval_problems
 from slime_meta.errors import UserInputError
 from slime_meta.prompt_templates import load_template
-from slime_meta.roles import PromptRenderer, chat_setting
+from slime_meta.rollout.roles import PromptRenderer, chat_setting
 
 
 def load_tokenizer(model_dir: str):

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from slime_meta.errors import UserInputError
-from slime_meta.serving.weights import SHARED_MEMORY_DIR, gpu_uuid
+from slime_meta_engine.weights import SHARED_MEMORY_DIR, gpu_uuid
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ sample is told by its index (`samples.kind_of_index`: info, distill, sdpo).
                     A[i, t] = sdpo_alpha * (teacher_logp[i, t] - rollout_logp[i, t])
 
 teacher_logp: `teacher_log_probs`, the solver's answer scored under its prompt with the context
-(`slime_meta.solver_samples.distillation_prompt_ids`), or with the hint for SDPO; rollout_logp:
+(`slime_meta.rollout.solver_samples.distillation_prompt_ids`), or with the hint for SDPO; rollout_logp:
 the engine's log-probs of the answer, as on the local backend. --adv-tau not given means 0 on
 both backends.
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from slime_meta.command_line import rewrite_flag_values
+from slime_meta.config.command_line import rewrite_flag_values
 
 
 def without_slime_defaults(argv: Sequence[str]) -> list[str]:

@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from slime_meta.data import BatchPlan, load_problems, plan_batch, problem_key
+from slime_meta.data.problems import BatchPlan, load_problems, plan_batch, problem_key
 from slime_meta.errors import EXIT_USER_ERROR, UserInputError
 
 if TYPE_CHECKING:
-    from slime_meta.arguments import MetaConfig
+    from slime_meta.config.arguments import MetaConfig
 
 
 def convert(source: str | Path, target: str | Path, *, input_key: str = "prompt", label_key: str = "label",

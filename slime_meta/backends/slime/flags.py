@@ -26,7 +26,7 @@ import argparse
 import collections
 from typing import Any, Callable, Iterable
 
-from slime_meta.arguments import MetaConfig, add_meta_learning_arguments, build_config
+from slime_meta.config.arguments import MetaConfig, add_meta_learning_arguments, build_config
 
 
 def add_slime_backend_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -26,14 +26,14 @@ from typing import Sequence
 
 import yaml
 
-from slime_meta.arguments import MetaConfig, add_meta_learning_arguments, build_config
+from slime_meta.config.arguments import MetaConfig, add_meta_learning_arguments, build_config
 from slime_meta.backends.slime.argv import absolute_paths, given, without, without_slime_defaults
 from slime_meta.backends.slime.data import batch_plan, check_eval_sets_disjoint
 from slime_meta.backends.slime.flags import add_slime_backend_arguments
 from slime_meta.backends.slime.samples import DEFAULT_SDPO_TOPK
-from slime_meta.checkpoints import resolve_checkpoint_argv
+from slime_meta.artifacts.model_files import resolve_checkpoint_argv
 from slime_meta.errors import UserInputError
-from slime_meta.grading import default_grader_kind
+from slime_meta.grading.graders import default_grader_kind
 
 PLUGINS = {
     "--rollout-function-path": "slime_meta.backends.slime.rollout.generate_rollout",

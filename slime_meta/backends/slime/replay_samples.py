@@ -61,7 +61,7 @@ def replay_samples(pairs: Sequence[PreferencePair], policy_logprobs: Sequence[tu
 async def pairs_by_chain(replayer, chains: Sequence[Chain], solver_by_chain: Sequence[Sequence[SolverSample]], tokenizer,
                          reference: Scorer, reference_id: str, loop_run: Callable[[Awaitable[Any]], Any]):  # fmt: skip
     """The replay pairs of each chain's solver samples, with reference log-probs (cached)."""
-    from slime_meta.replay import ReplayRequest
+    from slime_meta.replay.pairs import ReplayRequest
 
     labels = {problem.uid: problem.ground_truth for chain in chains for problem in chain.problems}
     owners, requests = {}, []

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Awaitable, Sequence, TypeVar
 
-from slime_meta.arguments import MetaConfig
+from slime_meta.config.arguments import MetaConfig
 from slime_meta.backends.slime.flags import config_from_slime_args
 from slime_meta.backends.slime.samples import (
     advantage_of,
@@ -55,9 +55,9 @@ from slime_meta.backends.slime.samples import (
 )
 from slime_meta.backends.slime.data import batch_plan
 from slime_meta.backends.slime.replay_samples import ReplaySample, pairs_by_chain, replay_samples
-from slime_meta.data import ProblemSampler, load_problems
-from slime_meta.inner_loop import MetaLearningRollout, RolloutResult, describe_batch
-from slime_meta.pools import SGLangPool
+from slime_meta.data.problems import ProblemSampler, load_problems
+from slime_meta.rollout.meta_rollout import MetaLearningRollout, RolloutResult, describe_batch
+from slime_meta.rollout.pools import SGLangPool
 from slime_meta.types import Episode, Problem, SolverSample, TeacherSample
 
 T = TypeVar("T")
@@ -128,7 +128,7 @@ _runtimes: dict[int, _Runtime] = {}
 
 def _build_runtime(args: Namespace) -> _Runtime:
     from slime_meta.backends.local import components as C
-    from slime_meta.tracking import Tracker
+    from slime_meta.artifacts.tracking import Tracker
 
     cfg = config_from_slime_args(args)
     tokenizer = C.load_tokenizer(cfg.pools.hf_checkpoint)

@@ -1,0 +1,130 @@
+"""Metrics and traces: `metrics.jsonl` always, wandb when asked, `traces.jsonl` for reading runs.
+
+wandb runs offline unless `--wandb-mode online` and WANDB_API_KEY is in the environment; the key
+is read by wandb itself from the environment and never passes through this program's files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from slime_meta.config.arguments import TrackingConfig
+
+
+def _jsonable(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+class Tracker:
+    def __init__(self, config: TrackingConfig, run_dir: Path, full_config: Mapping[str, Any], *, start_step: int = 0):
+        self.run_dir = run_dir
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.traces_path = run_dir / "traces.jsonl"
+        if start_step > 0:
+            # A resumed run redoes the steps after its checkpoint: their old records give way.
+            _keep_records_before(self.metrics_path, start_step, key="step")
+            _keep_records_before(self.traces_path, start_step, key="rollout_id")
+        self._wandb = None
+        if config.use_wandb and config.wandb_mode != "disabled":
+            import wandb  # optional dependency: pip install -e .[wandb]
+
+            self._wandb = wandb.init(
+                project=config.wandb_project,
+                group=config.wandb_group,
+                mode=config.wandb_mode,
+                dir=str(run_dir),
+                config=dict(full_config),
+            )
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        record = {"step": step, "time": time.time(), **{k: _jsonable(float(v)) for k, v in metrics.items()}}
+        with self.metrics_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+        if self._wandb is not None:
+            self._wandb.log(dict(metrics), step=step)
+
+    def write_traces(self, traces: Iterable[Mapping[str, Any]]) -> None:
+        with self.traces_path.open("a", encoding="utf-8") as f:
+            for trace in traces:
+                f.write(json.dumps(trace, ensure_ascii=False) + "\n")
+
+    def finish(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _keep_records_before(path: Path, step: int, *, key: str) -> None:
+    if not path.exists():
+        return
+    lines = jsonl_lines(path.read_text(encoding="utf-8"))
+    kept = [line for line in lines if json.loads(line).get(key, -1) < step]
+    if len(kept) == len(lines):
+        return
+    backup = path.with_name(path.name + ".before-resume")
+    backup.write_text("\n".join(lines) + "\n", encoding="utf-8")  # nothing is lost
+    tmp = path.with_name("." + path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+    tmp.replace(path)
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """The non-empty records of a JSON-lines text. Split on "\n" only: traces keep model text
+    unescaped (ensure_ascii=False), and str.splitlines() would also split inside a record at the
+    line separators JSON leaves raw (U+2028, U+0085, ...)."""
+    return [line for line in text.split("\n") if line.strip()]
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in jsonl_lines(path.read_text(encoding="utf-8"))]
+
+
+def format_step_line(step: int, metrics: Mapping[str, float]) -> str:
+    """A one-line summary of an outer step for the console."""
+    def get(key: str) -> float:
+        return float(metrics.get(key, float("nan")))
+
+    if metrics.get("train/skipped_no_signal"):  # nothing was trained: no loss to show
+        trained = f"no signal, update skipped ({get('train/skipped_no_signal_total'):.0f} so far) "
+    else:
+        trained = f"loss {get('train/loss'):+.4f} grad_norm {get('train/grad_norm'):.3f} "
+    return (
+        f"step {step}: holdout {get('meta_learning/avg_holdout_grade'):.3f} "
+        f"(no info {get('meta_learning/holdout_grade_no_info'):.3f}) "
+        f"inner {get('meta_learning/avg_inner_grade'):.3f} "
+        f"{trained}"
+        f"rollout {get('meta_learning/inner_loop_time'):.1f}s train {get('train/step_time'):.2f}s "
+        f"step {get('perf/step_time'):.1f}s"
+    ) + grader_parse_note(metrics)
+
+
+def grader_parse_note(metrics: Mapping[str, float]) -> str:
+    """The step line's tail when LLM grader replies had no readable verdict, and a warning line
+    when most did: a systematic cause, not a student's doing, is then likely."""
+    unparseable, replies = metrics.get("grader/unparseable_replies", 0), metrics.get("grader/replies", 0)
+    if not unparseable:
+        return ""
+    scored_zero = metrics.get("grader/parse_failures", 0)
+    note = f" grader unparseable {unparseable:.0f}/{replies:.0f} replies ({scored_zero:.0f} scored 0)"
+    if unparseable * 2 > replies:
+        note += (
+            f"\nwarning: {unparseable:.0f} of {replies:.0f} grader replies this step had no readable verdict; "
+            "check that the grader template asks for `GRADE: <a number between 0 and 1>` alone on a line, then "
+            "`EXPLANATION:`, and that --grader-max-tokens leaves room for the reply to reach its GRADE line"
+        )
+    return note
+
+
+def format_eval_line(step: int, metrics: Mapping[str, float]) -> str:
+    """One line per evaluation: each fixed eval set's holdout grade with and without the teacher's info."""
+    names = sorted({key.split("/")[1] for key in metrics if key.startswith("eval/") and key.endswith("/gain")})
+    parts = [
+        f"{name} holdout {metrics[f'eval/{name}/holdout_grade']:.3f} (no info {metrics[f'eval/{name}/holdout_grade_no_info']:.3f}, "
+        f"gain {metrics[f'eval/{name}/gain']:+.3f})"
+        for name in names
+    ]
+    return f"eval at step {step}: " + "; ".join(parts)

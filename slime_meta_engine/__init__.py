@@ -1,0 +1,20 @@
+"""The embedded inference worker: any local Hugging Face causal LM behind SGLang's HTTP API.
+
+`python -m slime_meta_engine --model-path DIR --port P` starts one worker (see `server.py`).
+The training side never imports this package: it reaches workers over HTTP through the router,
+as it would a real SGLang fleet. One module per concern:
+
+- server.py         aiohttp app, routes, request handling, weight updates, process entry point
+- context.py        what the handlers share; queueing a request's specs on the generation thread
+- openai_routes.py  /v1/completions, /v1/chat/completions, /v1/models
+- protocol.py       request parsing and response shapes of /generate
+- engine.py         the generation thread: continuous batching, prefill, decode, finishing rows
+- rows.py           one request's rows and their per-row decoding state
+- sampling.py       temperature / top-p / top-k / min-p sampling and log-probs
+- caches.py         DynamicCache row surgery (join, trim) for the batched path
+- static_cache.py   the preallocated slot KV cache of the fast path
+- static_model.py   the Llama/Qwen2-family forward over the static cache
+- static_batch.py   the fast path's batch: slots, prefill into slots, graph decode
+- cuda_graphs.py    captured decode graphs and their size buckets
+- weights.py        reading checkpoints and copying them into the live model
+"""

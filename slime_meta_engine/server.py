@@ -1,0 +1,490 @@
+"""Embedded inference worker: an HTTP server speaking a subset of SGLang's native API.
+
+Why it exists: slime-meta drives teachers and students through SGLang's HTTP API behind
+sglang-router. On a laptop, in CI, or for tiny models there is no SGLang; this worker runs any
+local Hugging Face causal LM behind the same endpoints, so the rest of the program (and the real
+router) cannot tell the difference for the calls it makes.
+
+    python -m slime_meta_engine --model-path DIR --host 127.0.0.1 --port P \
+        [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16] [--weights-root DIR] \
+        [--weight-buffer-prefix NAME] \
+        [--max-batch-size 64] [--max-prefill-tokens 16384] [--batch-wait-ms 2] [--seed 0] \
+        [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info] \
+        [--cuda-graphs auto|on|off] [--kv-cache static|paged] [--page-size 16] [--max-total-tokens N] \
+        [--static-cache-len 4096] [--mem-fraction-static F] [--chunked-prefill-size N]
+
+`sampling_params.n = k` returns k completions of the prompt as a list (SGLang's shape); the k
+rows share one prefill of the prompt (see engine.py).
+
+Endpoints: GET /health, /health_generate, /get_model_info (/model_info), /get_server_info
+(/server_info); POST /generate, /update_weights_from_disk, /abort_request; GET|POST /flush_cache;
+POST /v1/completions, /v1/chat/completions, GET /v1/models. Same-host weight transfers of our
+own (POST /update_weights_from_shared_memory, /update_weights_from_cuda_ipc, GET
+/weight_transfer_info): see weight_routes.py.
+
+Log-prob semantics (a contract with the trainer, which recomputes them for the PPO ratio):
+- `output_token_logprobs[i]` = log_softmax(logits / temperature)[token], computed in float32
+  from the distribution the token was sampled from *before* the top-p/top-k cut; greedy requests
+  (temperature < 1e-6) use temperature 1. On-policy, the trainer's ratio is therefore exactly 1.
+- `input_token_logprobs` cover positions `logprob_start_len ..` of the prompt at temperature 1;
+  entry i is log p(ids[i] | ids[:i]) and position 0 is `[null, id, null]`. With the default
+  `logprob_start_len=-1` they are empty (output tokens only).
+- `max_new_tokens=0, logprob_start_len=0, return_logprob=true` is a scoring call: one forward,
+  no sampling, every prompt position's log-prob.
+`output_ids` are exactly the sampled ids (EOS included when it ended the generation); `text` is
+their decoding without the matched stop token or stop string (unless `no_stop_trim`). Where a
+stop token or string comes on the last allowed token, finish_reason is `stop` (SGLang says
+`length`), so a complete answer is never taken for a truncated one. The third element of every
+log-prob triple is null (`return_text_in_logprobs` is accepted but not honoured).
+
+The model runs in a single generation thread (see engine.py); the asyncio event loop
+only parses, queues and answers. On CUDA, for Llama/Qwen2-family models, decoding runs through a
+static KV cache and CUDA graphs (`--cuda-graphs`, static_batch.py); `/get_server_info`
+says which path is active (`engine.decode_path`). The line `worker ready on http://HOST:PORT` goes to stdout once
+the socket is listening; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import torch
+from aiohttp import web
+
+from slime_meta_engine.context import WorkerContext
+from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.memory_budget import plan_for_device
+from slime_meta_engine.openai_routes import OpenAIContext, add_openai_routes
+from slime_meta_engine.protocol import (
+    GenerationSpec,
+    RequestError,
+    RouterHttp2ProbeFilter,
+    SamplingParams,
+    error_body,
+    generate_response,
+    parse_generate_request,
+)
+from slime_meta_engine.static_batch import build_fast_path
+from slime_meta_engine.weight_routes import add_weight_routes
+from slime_meta_engine.weights import release_cuda_ipc_buffers, remove_buffers
+
+logger = logging.getLogger("slime_meta.worker")
+_HEALTH_GENERATE_TIMEOUT_S = 60.0
+_MAX_REQUEST_BYTES = 256 * 1024 * 1024  # batched input_ids can be large; aiohttp's default is 1 MiB
+
+
+CONTEXT_KEY = web.AppKey("worker_context", WorkerContext)
+
+
+async def read_json(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RequestError(f"request body is not valid JSON: {error}") from error
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RequestError as error:
+        return web.json_response(error_body(str(error)), status=400)
+    except web.HTTPException:
+        raise
+    except Exception as error:  # a bug or a failed batch: answer, keep serving
+        logger.exception("error while handling %s %s", request.method, request.path)
+        return web.json_response(error_body(f"{type(error).__name__}: {error}"), status=500)
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def handle_health_generate(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT_KEY]
+    first_token = context.tokenizer.bos_token_id or context.tokenizer.pad_token_id or 0
+    spec = GenerationSpec(
+        rid=f"health-{os.urandom(4).hex()}",
+        input_ids=(first_token,),
+        sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
+    )
+    try:
+        await asyncio.wait_for(context.run_spec(spec), _HEALTH_GENERATE_TIMEOUT_S)
+    except Exception as error:
+        return web.json_response(error_body(f"health generation failed: {error!r}"), status=503)
+    return web.Response(status=200)
+
+
+async def handle_model_info(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT_KEY]
+    return web.json_response(
+        {
+            "model_path": context.model_path,
+            "tokenizer_path": context.tokenizer_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": context.engine.weight_version,
+        }
+    )
+
+
+async def handle_server_info(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT_KEY]
+    return web.json_response(
+        {
+            "model_path": context.model_path,
+            "tokenizer_path": context.tokenizer_path,
+            "max_batch_size": context.max_batch_size,
+            "device": str(context.device),
+            "dtype": str(context.dtype).removeprefix("torch."),
+            "context_length": context.max_positions,
+            "weight_version": context.engine.weight_version,
+            "num_generate_requests": context.generate_requests,
+            "num_weight_updates": context.weight_updates,
+            "queue_depth": context.engine.queue_depth(),
+            "running_requests": context.engine.running_rows,
+            "engine": {
+                "decode_path": context.engine.decode_path,
+                "fast_path": context.engine.fast_path_info,
+                **context.engine.counters_now(),
+            },
+        }
+    )
+
+
+async def handle_generate(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT_KEY]
+    body = await read_json(request)
+    specs, is_batch = parse_generate_request(body, context.encode, context.embedding_rows, context.max_positions)
+    context.generate_requests += 1
+    results = await context.run_specs(specs)
+    responses = [generate_response(result) for result in results]
+    return web.json_response(responses if is_batch else responses[0])
+
+
+async def handle_flush_cache(request: web.Request) -> web.Response:
+    return web.Response(text="Cache flushed.\n")  # no prefix cache to flush
+
+
+async def handle_abort_request(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT_KEY]
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise RequestError("body must be an object with 'rid' or 'abort_all'")
+    if body.get("abort_all"):
+        context.engine.abort_all()
+    elif isinstance(body.get("rid"), str) and body["rid"] in context.in_flight:
+        context.in_flight[body["rid"]].cancelled = True
+    return web.Response(status=200)
+
+
+def build_app(context: WorkerContext) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=_MAX_REQUEST_BYTES)
+    app[CONTEXT_KEY] = context
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/health_generate", handle_health_generate)
+    for path in ("/get_model_info", "/model_info"):
+        app.router.add_get(path, handle_model_info)
+    for path in ("/get_server_info", "/server_info"):
+        app.router.add_get(path, handle_server_info)
+    app.router.add_post("/generate", handle_generate)
+    add_weight_routes(app, CONTEXT_KEY, read_json)
+    app.router.add_route("*", "/flush_cache", handle_flush_cache)
+    app.router.add_post("/abort_request", handle_abort_request)
+    tokenizer = context.tokenizer
+    add_openai_routes(
+        app,
+        OpenAIContext(
+            model_name=context.model_path,
+            max_positions=context.max_positions,
+            encode=context.encode,
+            render_chat=lambda messages: (
+                tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                if getattr(tokenizer, "chat_template", None)
+                else None
+            ),
+            run_spec=context.run_spec,
+        ),
+        read_json,
+    )
+    return app
+
+
+# ----- process entry point ---------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m slime_meta_engine", description="Serve a local Hugging Face causal LM with SGLang's /generate API."
+    )
+    parser.add_argument("--model-path", required=True, help="local directory written by save_pretrained")
+    parser.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000, help="0 picks a free port (printed in the ready line)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto")
+    parser.add_argument("--weights-root", default=None, help="only load weight updates from inside this directory")
+    parser.add_argument(
+        "--weight-buffer-prefix",
+        default=None,
+        help="accept same-host weight transfers (/dev/shm buffers named with this prefix, CUDA IPC); default: refuse them",
+    )
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--max-prefill-tokens", type=int, default=16384, help="padded prompt tokens per prefill")
+    parser.add_argument(
+        "--batch-wait-ms", type=float, default=2.0, help="gather time before an idle worker starts a batch"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
+    parser.add_argument("--weight-version", default="default")
+    parser.add_argument(
+        "--cuda-graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="decode through a static KV cache and CUDA graphs (Llama/Qwen2 family); auto: when on CUDA and supported",
+    )
+    parser.add_argument(
+        "--kv-cache",
+        choices=("static", "paged"),
+        default="paged",
+        help="the fast path's KV cache: paged (default: one pool of pages shared by all requests, as many tokens as "
+        "the static cache would hold, within --mem-fraction-static when given; any request the pool holds stays on "
+        "the fast path, attention reads each row's own tokens, n samples share their prompt's pages) or static (a "
+        "slot of --static-cache-len tokens per running request)",
+    )
+    parser.add_argument("--page-size", type=int, default=16, help="tokens per page of the paged KV cache (2^k <= 128)")
+    parser.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="paged KV cache with --mem-fraction-static: the most tokens its pool holds (SGLang's flag). Default: "
+        "what the static cache would hold, --max-batch-size x --static-cache-len tokens; rows of any length share them",
+    )
+    parser.add_argument(
+        "--static-cache-len",
+        type=int,
+        default=4096,
+        help="tokens (prompt + new) one row may hold on the CUDA-graph path; longer requests take the generic path",
+    )
+    parser.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="CUDA: fraction of the GPU's total memory for model weights plus the static KV cache (SGLang's "
+        "meaning); the cache's rows (running requests; more wait) and length, and the prefill token budget, are "
+        "sized from what the weights leave of it. Default: no budget (up to --max-batch-size rows of "
+        "--static-cache-len tokens, capped at 30%% of the memory free at start). Ignored on CPU.",
+    )
+    parser.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="tokens per prefill forward (SGLang's name): admitted prompts are prefilled in windows of about "
+        "this many tokens over all rows, same outputs, bounded activations. Default (or -1): whole prompts at once",
+    )
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    args = parser.parse_args(argv)
+    if args.max_batch_size < 1 or args.max_prefill_tokens < 1 or args.static_cache_len < 1:
+        parser.error("--max-batch-size, --max-prefill-tokens and --static-cache-len must be >= 1")
+    if args.max_total_tokens is not None and args.max_total_tokens < 1:
+        parser.error(f"--max-total-tokens {args.max_total_tokens}: must be >= 1 (tokens in the page pool)")
+    if args.mem_fraction_static is not None and not 0.0 < args.mem_fraction_static < 1.0:
+        parser.error(f"--mem-fraction-static {args.mem_fraction_static}: give a fraction between 0 and 1, e.g. 0.3")
+    if args.page_size < 1 or args.page_size > 128 or args.page_size & (args.page_size - 1):
+        parser.error(f"--page-size {args.page_size}: give a power of two up to 128")
+    if args.chunked_prefill_size == -1:
+        args.chunked_prefill_size = None
+    if args.chunked_prefill_size is not None and args.chunked_prefill_size < 1:
+        parser.error(f"--chunked-prefill-size {args.chunked_prefill_size}: give a token count >= 1, or -1 for off")
+    if not os.path.isdir(args.model_path):
+        parser.error(f"--model-path {args.model_path} is not a local directory (this worker never downloads models)")
+    return args
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def _eos_token_ids(tokenizer: Any, model: torch.nn.Module) -> frozenset[int]:
+    ids: set[int] = set()
+    candidates = [tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)]
+    for candidate in candidates:
+        if isinstance(candidate, int):
+            ids.add(candidate)
+        elif isinstance(candidate, (list, tuple)):
+            ids.update(i for i in candidate if isinstance(i, int))
+    return frozenset(ids)
+
+
+def build_context(args: argparse.Namespace) -> WorkerContext:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if device.type == "cpu":
+        # Several workers usually share a few cores; one thread each avoids oversubscription.
+        torch.set_num_threads(args.num_threads or 1)
+    else:
+        if args.num_threads:
+            torch.set_num_threads(args.num_threads)
+        # cuDNN's attention backend builds an execution plan for every new shape, and decoding
+        # with a growing KV cache makes every step a new shape: measured on an H100, 60-190 ms
+        # per decode step with it against about 3 ms without (tiny model).
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.manual_seed(args.seed)
+    tokenizer_path = args.tokenizer_path or args.model_path
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=dtype).to(device).eval()
+    model.requires_grad_(False)  # inference only; also lets weight updates copy in place freely
+    pad_token_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
+    text_config = model.config.get_text_config()
+    max_positions = getattr(text_config, "max_position_embeddings", None)
+    plan = plan_for_device(
+        args.mem_fraction_static, model, device, max_rows=args.max_batch_size, cache_len=args.static_cache_len,
+        max_positions=max_positions, max_prefill_tokens=args.max_prefill_tokens, kv_cache=args.kv_cache,
+        max_total_tokens=args.max_total_tokens,
+    )  # fmt: skip
+    max_batch_size, cache_len, max_prefill_tokens = args.max_batch_size, args.static_cache_len, args.max_prefill_tokens
+    if plan is not None:
+        logger.info("%s", plan.describe(args.chunked_prefill_size))
+        max_batch_size, cache_len, max_prefill_tokens = plan.slots, plan.cache_len, plan.max_prefill_tokens
+    engine = GenerationEngine(
+        model,
+        decode=lambda ids, skip_special: tokenizer.decode(list(ids), skip_special_tokens=skip_special),
+        device=device,
+        eos_token_ids=_eos_token_ids(tokenizer, model),
+        pad_token_id=pad_token_id,
+        max_batch_size=max_batch_size,
+        max_prefill_tokens=max_prefill_tokens,
+        batch_wait_s=args.batch_wait_ms / 1000.0,
+        seed=args.seed,
+        weight_version=args.weight_version,
+        static_batch=build_fast_path(
+            args.cuda_graphs, model, device, max_batch_size, cache_len, pad_token_id,
+            chunk_tokens=args.chunked_prefill_size, budgeted=plan is not None, kv_cache=args.kv_cache,
+            pool_tokens=plan.pool_tokens if plan is not None else None, page_size=args.page_size,
+        ),  # fmt: skip
+        chunked_prefill_size=args.chunked_prefill_size,
+    )
+    return WorkerContext(
+        engine=engine,
+        model=model,
+        tokenizer=tokenizer,
+        model_path=args.model_path,
+        tokenizer_path=tokenizer_path,
+        weights_root=args.weights_root,
+        weight_buffer_prefix=args.weight_buffer_prefix,
+        device=device,
+        dtype=dtype,
+        max_batch_size=max_batch_size,
+        max_positions=max_positions,
+        embedding_rows=model.get_input_embeddings().num_embeddings,
+    )
+
+
+async def serve(context: WorkerContext, host: str, port: int, access_log: bool) -> int:
+    """Serve until SIGTERM or SIGINT; return the signal that stopped the server."""
+    stop_requested = asyncio.Event()
+    received: list[int] = []
+    loop = asyncio.get_running_loop()
+
+    def request_stop(signal_number: int) -> None:
+        received.append(signal_number)
+        stop_requested.set()
+
+    for signal_number in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signal_number, request_stop, signal_number)
+    # A short shutdown: requests still in flight belong to a client that is gone or stopping (a
+    # trainer killed mid-step leaves the router's connections open; aiohttp would wait 60 s).
+    # handler_cancellation: aiohttp (>= 3.7) no longer cancels a handler whose client went away.
+    # A router that timed out and retried elsewhere, or a trainer that stopped, leaves such
+    # requests behind; cancelling the handler is what frees their batch rows (run_spec).
+    runner = web.AppRunner(
+        build_app(context), access_log=logger if access_log else None, handle_signals=False, shutdown_timeout=2.0,
+        handler_cancellation=True,
+    )  # fmt: skip
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    context.engine.start()
+    bound_port = runner.addresses[0][1]
+    print(f"worker ready on http://{host}:{bound_port}", flush=True)
+    try:
+        await stop_requested.wait()
+        logger.info("shutting down")
+    finally:
+        context.engine.stop()
+        try:
+            await asyncio.wait_for(runner.cleanup(), timeout=5.0)
+        except asyncio.TimeoutError:
+            logger.warning("connections still open after 5 s; exiting anyway")
+    return received[0]
+
+
+def _launcher_died(parent_pid: int) -> bool:
+    """The process that started this worker is gone or going (not merely one of its threads).
+
+    The parent-death signal comes when the *thread* that started this worker exits; under SIGKILL
+    that can be the main thread while the others still run, so the parent id has not changed yet:
+    a main thread that has exited shows as a zombie.
+    """
+    if os.getppid() != parent_pid:
+        return True
+    try:
+        state = open(f"/proc/{parent_pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s worker:{args.port} %(name)s: %(message)s",
+    )
+    logging.getLogger("aiohttp.server").addFilter(RouterHttp2ProbeFilter())
+    parent_pid = os.getppid()
+    context = build_context(args)
+    path = context.engine.decode_path
+    logger.info("loaded %s on %s (%s), decode path %s", args.model_path, context.device, context.dtype, path)
+    stopped_by = asyncio.run(serve(context, args.host, args.port, access_log=args.log_level == "debug"))
+    release_cuda_ipc_buffers()
+    if args.weight_buffer_prefix and _launcher_died(parent_pid):
+        # The launching process died without cleaning up (SIGKILL): its weight buffers go with it.
+        remove_buffers(args.weight_buffer_prefix)
+    # Everything is closed by now. Tearing down an interpreter with torch loaded takes about a
+    # second, which every stop and restart of a pool would pay; skip it.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # End by the signal that stopped us, as an unhandled one would: the supervisor reads "killed
+    # by SIGINT" as Ctrl-C reaching the whole process group (no restart), where exit code 0
+    # would look like a worker that quit on its own.
+    signal.signal(stopped_by, signal.SIG_DFL)
+    os.kill(os.getpid(), stopped_by)
+    os._exit(128 + stopped_by)  # not reached: the default action of SIGTERM/SIGINT ends the process
+
+
+if __name__ == "__main__":
+    main()

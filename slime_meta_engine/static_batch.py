@@ -1,0 +1,203 @@
+"""The fast path's running batch: rows pinned to slots of a static KV cache.
+
+The generation loop (engine.py) owns token choice, stop rules and answers; this class
+owns where each row's keys and values live and runs the model for those rows:
+- `prefill` puts new rows into the lowest free slots and returns their first-token logits;
+- `decode` advances every row by one token through `DecodeGraphs`, whose graphs cover slots
+  0..B-1 (B a bucket), so keeping rows in the lowest slots keeps B small; free slots below the
+  highest row decode padding that nothing reads;
+- `release` frees the slots of rows that finished. Nothing is copied when rows come and go.
+
+A slot holds every token of its row except the newest output token, which is fed in by the next
+decode step (the same invariant as the DynamicCache path).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from slime_meta_engine.cuda_graphs import DecodeGraphs
+from slime_meta_engine.paged_batch import DEFAULT_PAGE_SIZE, PagedBatch, build_paged_batch
+from slime_meta_engine.protocol import GenerationSpec
+from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
+from slime_meta_engine.slot_batch import SlotBatch
+from slime_meta_engine.static_cache import StaticKVCache, bytes_per_token, fit_capacity
+from slime_meta_engine.static_model import StaticDecoder, model_shape, unsupported_reason
+
+logger = logging.getLogger("slime_meta.worker")
+
+
+class StaticBatch(SlotBatch):
+    def __init__(
+        self, decoder: StaticDecoder, graphs: DecodeGraphs, pad_token_id: int, chunk_tokens: int | None = None
+    ):
+        super().__init__(decoder.cache.num_slots, graphs, pad_token_id, decoder.shape.device, chunk_tokens)
+        self._decoder = decoder
+
+    @property
+    def capacity(self) -> int:
+        return self._decoder.cache.capacity
+
+    def describe(self) -> dict:
+        graphs = self._graphs
+        return {
+            "kv_cache": "static",
+            "slots": self._decoder.cache.num_slots,
+            "capacity": self.capacity,
+            "graphs": graphs.num_graphs,
+            "graph_capture_s": round(graphs.capture_s, 3),
+        }
+
+    def can_serve(self, spec: GenerationSpec) -> bool:
+        """Prompt scoring stays on the generic path; every position a row will write must fit."""
+        return not spec.wants_input_logprobs and len(spec.input_ids) + spec.sampling.max_new_tokens <= self.capacity
+
+    def admission_gate(self) -> None:
+        """No gate: requests beyond the free slots go to the DynamicCache path (see PagedBatch)."""
+        return None
+
+    def prefill(self, jobs: Sequence[GenerationJob]) -> tuple[list[RowState], torch.Tensor, int]:
+        """Place `jobs` in free slots and run their prompts: (rows, first-token logits, prompts run).
+
+        The samples of one `n` request run their common prompt once, in the first sample's slot;
+        its keys and values are then copied into the other samples' slots.
+        """
+        free = [slot for slot, row in enumerate(self._row_by_slot) if row is None]
+        if len(jobs) > len(free):
+            raise RuntimeError(f"{len(jobs)} rows for {len(free)} free cache slots")
+        slots = free[: len(jobs)]
+        prompt_of_row, prompt_jobs = shared_prompts(jobs)
+        first_row_of_prompt = {prompt: row for row, prompt in reversed(list(enumerate(prompt_of_row)))}
+        prompt_slots = [slots[first_row_of_prompt[prompt]] for prompt in range(len(prompt_jobs))]
+        lengths = [len(job.spec.input_ids) for job in prompt_jobs]
+        width = max(lengths)
+        padded = [list(job.spec.input_ids) + [self._pad_token_id] * (width - n) for job, n in zip(prompt_jobs, lengths)]
+        input_ids_P_L = torch.tensor(padded, dtype=torch.int64).to(self._device)
+        lengths_P = torch.tensor(lengths, dtype=torch.int64).to(self._device)
+        slots_P = torch.tensor(prompt_slots, dtype=torch.int64).to(self._device)
+        logits_P_V = self._decoder.prefill(input_ids_P_L, lengths_P, slots_P, self._chunk_tokens)
+        copies = [
+            (prompt_slots[prompt], slots[row])
+            for row, prompt in enumerate(prompt_of_row)
+            if first_row_of_prompt[prompt] != row
+        ]
+        if copies:
+            source_C = torch.tensor([source for source, _ in copies], dtype=torch.int64).to(self._device)
+            target_C = torch.tensor([target for _, target in copies], dtype=torch.int64).to(self._device)
+            cache = self._decoder.cache
+            for tensor_L_S_K_T_D in (cache.keys_L_S_K_T_D, cache.values_L_S_K_T_D):
+                tensor_L_S_K_T_D[:, target_C, :, :width] = tensor_L_S_K_T_D[:, source_C, :, :width]
+        logits_N_V = logits_P_V.index_select(0, torch.tensor(prompt_of_row, dtype=torch.int64).to(self._device))
+        rows = [RowState(job) for job in jobs]
+        for slot, row, prompt in zip(slots, rows, prompt_of_row):
+            self._row_by_slot[slot] = row
+            self._length_by_slot[slot] = lengths[prompt]
+        self._membership_changed()
+        return rows, logits_N_V, len(prompt_jobs)
+
+    def decode(self) -> torch.Tensor:
+        """One token for every running row; returns logits (len(rows), V) in `rows` order."""
+        top = self._top_slot()
+        token_ids, positions = [], []
+        for slot in range(top):
+            row = self._row_by_slot[slot]
+            token_ids.append(row.output_ids[-1] if row is not None else self._pad_token_id)
+            positions.append(self._length_by_slot[slot] if row is not None else 0)
+        return self._stepped(self._graphs.step(token_ids, positions), top)
+
+
+def default_pool_tokens(model: torch.nn.Module, requested: int) -> int:
+    """Without a memory budget: `requested` tokens, capped like the static cache at its share of
+    the device memory free now."""
+    shape = model_shape(model)
+    token_bytes = bytes_per_token(shape.num_layers, 1, shape.num_kv_heads, shape.head_dim, shape.dtype)
+    free_bytes = torch.cuda.mem_get_info(shape.device)[0] if shape.device.type == "cuda" else None
+    return fit_capacity(requested, None, token_bytes, free_bytes)
+
+
+def build_static_batch(
+    model: torch.nn.Module,
+    *,
+    num_slots: int,
+    requested_capacity: int,
+    pad_token_id: int,
+    use_graphs: bool,
+    chunk_tokens: int | None = None,
+    budgeted: bool = False,
+) -> StaticBatch:
+    """Allocate the static cache, build the decoder and (with `use_graphs`) capture the graphs.
+
+    `budgeted`: the slots and capacity come from a memory budget (memory_budget.py) and are
+    allocated as they are; otherwise the capacity is capped to a share of the free memory.
+    Raises ValueError when the model is not supported or the cache does not fit in memory.
+    """
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ValueError(reason)
+    shape = model_shape(model)
+    free_bytes = torch.cuda.mem_get_info(shape.device)[0] if shape.device.type == "cuda" and not budgeted else None
+    max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    column_bytes = bytes_per_token(shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, shape.dtype)
+    capacity = fit_capacity(requested_capacity, max_positions, column_bytes, free_bytes)
+    if capacity <= 0:
+        raise ValueError(f"a static KV cache for {num_slots} rows does not fit in free memory")
+    cache = StaticKVCache.allocate(
+        num_layers=shape.num_layers,
+        num_slots=num_slots,
+        num_kv_heads=shape.num_kv_heads,
+        capacity=capacity,
+        head_dim=shape.head_dim,
+        dtype=shape.dtype,
+        device=shape.device,
+    )
+    decoder = StaticDecoder(model, cache)
+    return StaticBatch(decoder, DecodeGraphs(decoder, use_graphs=use_graphs), pad_token_id, chunk_tokens)
+
+
+def build_fast_path(
+    mode: str,
+    model: torch.nn.Module,
+    device: torch.device,
+    num_slots: int,
+    cache_len: int,
+    pad_token_id: int,
+    *,
+    chunk_tokens: int | None = None,
+    budgeted: bool = False,
+    kv_cache: str = "static",
+    pool_tokens: int | None = None,
+    page_size: int = DEFAULT_PAGE_SIZE,
+) -> StaticBatch | PagedBatch | None:
+    """The fast decode path for `--cuda-graphs`, or None for the DynamicCache path.
+
+    `kv_cache` "static": `num_slots` slots of `cache_len` tokens (`chunk_tokens` and `budgeted`:
+    see `StaticBatch` and `build_static_batch`). "paged": one pool of `pool_tokens` tokens (None:
+    as many as the static cache would hold, `num_slots` x `cache_len`, capped at the same share
+    of free memory) in pages of `page_size`, for `num_slots` running rows.
+    """
+    if mode == "off":
+        return None
+    problem = "it needs a CUDA device" if device.type != "cuda" else None
+    if problem is None:
+        try:
+            if kv_cache == "paged":
+                if pool_tokens is None:
+                    pool_tokens = default_pool_tokens(model, num_slots * cache_len)
+                return build_paged_batch(
+                    model, num_rows=num_slots, pool_tokens=pool_tokens, pad_token_id=pad_token_id, use_graphs=True,
+                    page_size=page_size, chunk_tokens=chunk_tokens,
+                )  # fmt: skip
+            return build_static_batch(
+                model, num_slots=num_slots, requested_capacity=cache_len, pad_token_id=pad_token_id, use_graphs=True,
+                chunk_tokens=chunk_tokens, budgeted=budgeted,
+            )  # fmt: skip
+        except (ValueError, RuntimeError) as error:  # unsupported model, no memory, failed capture
+            problem = str(error)
+            torch.cuda.empty_cache()
+    if mode == "on":
+        raise SystemExit(f"error: --cuda-graphs on, but the fast decode path cannot run: {problem}")
+    logger.info("decoding through the DynamicCache path (CUDA graphs off: %s)", problem)
+    return None
