@@ -13,10 +13,10 @@ import signal
 import sys
 import time
 
-from slime_meta.config.arguments import parse_config
 from slime_meta.backends import get_backend
-from slime_meta.backends.slime.cli import requested_backend
 from slime_meta.backends.local.launcher import LaunchError
+from slime_meta.backends.slime.cli import requested_backend
+from slime_meta.config.arguments import parse_config
 from slime_meta.errors import EXIT_USER_ERROR, NonFiniteTrainingError, UserInputError
 from slime_meta.rollout.pools import PoolUnavailable
 

@@ -168,9 +168,13 @@ class Children:
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), full_env.get("PYTHONPATH")) if p)
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
             preexec_fn=_die_with_parent,  # noqa: PLW1509
-        )  # fmt: skip
+        )
         log.close()
         self.processes.append((name, process))
         return process
@@ -219,11 +223,26 @@ def router_command(
     host: str, port: int, metrics_port: int, worker_urls: Sequence[str], policy: str = "round_robin"
 ) -> list[str]:
     return [
-        sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
-        "--worker-urls", *worker_urls, "--policy", policy,
-        "--prometheus-host", host, "--prometheus-port", str(metrics_port),
-        "--log-level", "warn", "--health-check-interval-secs", "1",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        policy,
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        str(metrics_port),
+        "--log-level",
+        "warn",
+        "--health-check-interval-secs",
+        "1",
+    ]
 
 
 def quiet_transformers() -> None:

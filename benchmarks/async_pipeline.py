@@ -33,8 +33,11 @@ def arm(level: int, args: argparse.Namespace, out: Path) -> dict:
     started = time.perf_counter()
     subprocess.run(
         ["bash", str(ROOT / "scripts/run_synthetic.sh"), "--max-async-level", str(level), "--trace-sample-rate", "0"],
-        cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     wall = time.perf_counter() - started
     records = read_metrics(run_dir)
     steps = [r["perf/step_time"] for r in records[1:]]
@@ -73,8 +76,10 @@ def main() -> None:
     (out / "async_pipeline.json").write_text(json.dumps(result, indent=2))
     print(f"{'async':>5} {'median step s':>13} {'wall s':>7} {'holdout last':>12} {'no info':>7} {'staleness':>9}")
     for a in (sync, overlapped):
-        print(f"{a['max_async_level']:>5} {a['median_step_s']:>13.2f} {a['wall_s']:>7.0f} {a['holdout_last']:>12.3f} "
-              f"{a['holdout_no_info']:>7.3f} {a['max_staleness']:>9.0f}")  # fmt: skip
+        print(
+            f"{a['max_async_level']:>5} {a['median_step_s']:>13.2f} {a['wall_s']:>7.0f} {a['holdout_last']:>12.3f} "
+            f"{a['holdout_no_info']:>7.3f} {a['max_staleness']:>9.0f}"
+        )
     print(f"speedup (median step): {result['speedup_median_step']:.2f}x")
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import statistics
 import sys
 import threading
 import time
@@ -53,10 +52,14 @@ def request_specs(rows: int, vocab: int, args) -> list[GenerationSpec]:
     generator = torch.Generator().manual_seed(0)
     sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, ignore_eos=True)
     return [
-        GenerationSpec(f"r{i}", tuple(torch.randint(3, vocab, (args.prompt_len,), generator=generator).tolist()),
-                       sampling, return_logprob=True)
+        GenerationSpec(
+            f"r{i}",
+            tuple(torch.randint(3, vocab, (args.prompt_len,), generator=generator).tolist()),
+            sampling,
+            return_logprob=True,
+        )
         for i in range(rows)
-    ]  # fmt: skip
+    ]
 
 
 def run_engine(model, rows: int, args, profile: bool) -> tuple[dict, pstats.Stats | None, object]:
@@ -70,9 +73,14 @@ def run_engine(model, rows: int, args, profile: bool) -> tuple[dict, pstats.Stat
         use_graphs=device.type == "cuda",
     )
     engine = GenerationEngine(
-        model, decode=lambda ids, skip: "", device=device, eos_token_ids=frozenset(), pad_token_id=0,
-        max_batch_size=rows, static_batch=paged,
-    )  # fmt: skip
+        model,
+        decode=lambda ids, skip: "",
+        device=device,
+        eos_token_ids=frozenset(),
+        pad_token_id=0,
+        max_batch_size=rows,
+        static_batch=paged,
+    )
     profiler = cProfile.Profile() if profile else None
     if profiler is not None:  # the decode steps run on the engine's thread: profile them there
         step = engine._static_decode_step
@@ -128,7 +136,10 @@ def prefill_figures(model, rows: int, args) -> dict:
     run, first-token logits; the pages released after), host clock with the device synchronised;
     on CUDA also its kernels: how many, their device time, the largest by name."""
     paged = build_paged_batch(
-        model, num_rows=rows, pool_tokens=2 * rows * (args.prompt_len + args.new_tokens), pad_token_id=0,
+        model,
+        num_rows=rows,
+        pool_tokens=2 * rows * (args.prompt_len + args.new_tokens),
+        pad_token_id=0,
         use_graphs=False,
     )  # twice the tokens: every row's pages fit whatever the page rounding
     jobs = [GenerationJob(spec, on_done=lambda _: None) for spec in request_specs(rows, model.config.vocab_size, args)]
@@ -171,8 +182,14 @@ def top_functions(stats: pstats.Stats, steps: int, count: int = 15) -> list[dict
     """The profiled functions by self time, microseconds per step (decode step or prefill)."""
     rows = []
     for (filename, line, name), (_, calls, self_s, cumulative_s, _) in stats.stats.items():
-        rows.append({"function": f"{filename.split('/')[-1]}:{line}:{name}", "calls_per_step": calls / steps,
-                     "self_us_per_step": 1e6 * self_s / steps, "cumulative_us_per_step": 1e6 * cumulative_s / steps})  # fmt: skip
+        rows.append(
+            {
+                "function": f"{filename.split('/')[-1]}:{line}:{name}",
+                "calls_per_step": calls / steps,
+                "self_us_per_step": 1e6 * self_s / steps,
+                "cumulative_us_per_step": 1e6 * cumulative_s / steps,
+            }
+        )
     return sorted(rows, key=lambda row: -row["self_us_per_step"])[:count]
 
 
@@ -214,10 +231,14 @@ def main(argv: list[str] | None = None) -> dict:
             "host_profile": top_functions(stats, steps),
         }
         results.append(row)
-        print(f"rows {rows}: step {step_us:.0f} us = replay {replay or 0:.0f} + sampling {sample:.0f} + host "
-              f"{row['host_us']:.0f}; {row['engine_tokens_per_s']:,.0f} tokens/s; prefill of {rows} prompts "
-              f"{row['engine_prefill_ms']:.1f} ms in the engine, {row['prefill_ms']:.1f} ms alone "
-              f"({row.get('prefill_kernel_device_ms', 0):.1f} ms of kernels)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"rows {rows}: step {step_us:.0f} us = replay {replay or 0:.0f} + sampling {sample:.0f} + host "
+            f"{row['host_us']:.0f}; {row['engine_tokens_per_s']:,.0f} tokens/s; prefill of {rows} prompts "
+            f"{row['engine_prefill_ms']:.1f} ms in the engine, {row['prefill_ms']:.1f} ms alone "
+            f"({row.get('prefill_kernel_device_ms', 0):.1f} ms of kernels)",
+            file=sys.stderr,
+            flush=True,
+        )
     report["results"] = results
     path = C.write_json(report, args.out or C.default_out("decode_loop"))
     columns = ["rows", "engine_step_us", "replay_us", "sampling_us", "sampling_torch_ops_us", "host_us"]

@@ -38,13 +38,25 @@ from slime_meta_engine.paged_batch import DEFAULT_PAGE_SIZE, build_paged_batch
 from slime_meta_engine.static_batch import build_static_batch
 
 QWEN_0_5B = dict(
-    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-    num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True,
-)  # fmt: skip
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,
+)
 TINY = dict(
-    vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
-)  # fmt: skip
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
 
 
 def build_model(shape: dict, device: torch.device, dtype: torch.dtype):
@@ -150,7 +162,9 @@ def run_setting(model, fused: bool, args, device: torch.device) -> list[dict]:
                     "kernels_per_step": kernels,
                     "kernels_per_layer": kernels / layers if kernels else None,
                     "kernel_names": dict(names.most_common()) if names else None,
-                    "kernel_us_eager_by_name": {k: round(v, 2) for k, v in eager_us.most_common()} if eager_us else None,
+                    "kernel_us_eager_by_name": {k: round(v, 2) for k, v in eager_us.most_common()}
+                    if eager_us
+                    else None,
                     "kernel_us_in_replay": replay_kernel_us,
                     "kernel_share_of_replay": replay_kernel_us / (step_ms * 1e3) if replay_kernel_us else None,
                     "kernel_us_in_replay_by_name": (
@@ -159,7 +173,11 @@ def run_setting(model, fused: bool, args, device: torch.device) -> list[dict]:
                 }
             )
             busy = f", kernels busy {replay_kernel_us:.0f} us" if replay_kernel_us else ""
-            print(f"fused {fused} rows {rows}: {step_ms * 1e3:.1f} us, {kernels} kernels{busy}", file=sys.stderr, flush=True)
+            print(
+                f"fused {fused} rows {rows}: {step_ms * 1e3:.1f} us, {kernels} kernels{busy}",
+                file=sys.stderr,
+                flush=True,
+            )
     del batch, decoder, graphs
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -211,7 +229,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=500, help="timed replays per figure (median)")
     p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's, 24)")
     p.add_argument(
-        "--kv-cache", choices=("static", "paged"), default="paged", help="the engine's cache (default paged, the workers')"
+        "--kv-cache",
+        choices=("static", "paged"),
+        default="paged",
+        help="the engine's cache (default paged, the workers')",
     )
     p.add_argument("--fused", choices=("both", "on", "off"), default="both", help="which kernel settings to run")
     p.add_argument("--quick", action="store_true", help="smoke run on CPU: tiny model, eager, 3 reps")

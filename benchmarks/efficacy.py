@@ -58,10 +58,15 @@ def run(args: argparse.Namespace) -> dict:
         command = ["bash", str(ROOT / "scripts/run_real.sh"), "--trace-sample-rate", str(args.trace_rate), *args.extra]
     else:
         command = [
-            "bash", str(ROOT / "scripts/run_synthetic.sh"),
-            "--context-key", "oracle_hint", "--eval-baseline",  # R_oracle and R_no_info before training
-            "--trace-sample-rate", str(args.trace_rate), *args.extra,
-        ]  # fmt: skip
+            "bash",
+            str(ROOT / "scripts/run_synthetic.sh"),
+            "--context-key",
+            "oracle_hint",
+            "--eval-baseline",  # R_oracle and R_no_info before training
+            "--trace-sample-rate",
+            str(args.trace_rate),
+            *args.extra,
+        ]
     # FROZEN_STUDENT from the caller's environment never leaks in: --shared-student decides.
     env = {k: v for k, v in os.environ.items() if k != "FROZEN_STUDENT"}
     env.update(RUN_DIR=str(run_dir), NUM_ROLLOUT=str(args.steps), PYTHON=sys.executable, TASK=args.task, DATA=args.task)
@@ -107,17 +112,24 @@ def run(args: argparse.Namespace) -> dict:
     # Gain and no-info control per consecutive block of --block steps: does the gain hold?
     blocks = [records[i : i + args.block] for i in range(0, len(records), args.block)]
     by_block = [
-        {"first_step": b[0]["step"], "last_step": b[-1]["step"],
-         "holdout": fmean(r["meta_learning/avg_holdout_grade"] for r in b),
-         "no_info": fmean(r["meta_learning/holdout_grade_no_info"] for r in b),
-         "normalised_gain": gain(fmean(r["meta_learning/avg_holdout_grade"] for r in b))}
+        {
+            "first_step": b[0]["step"],
+            "last_step": b[-1]["step"],
+            "holdout": fmean(r["meta_learning/avg_holdout_grade"] for r in b),
+            "no_info": fmean(r["meta_learning/holdout_grade_no_info"] for r in b),
+            "normalised_gain": gain(fmean(r["meta_learning/avg_holdout_grade"] for r in b)),
+        }
         for b in blocks
-    ]  # fmt: skip
+    ]
     curve = [
-        {"step": r["step"], "elapsed_s": round(t, 2), "holdout": r["meta_learning/avg_holdout_grade"],
-         "no_info": r["meta_learning/holdout_grade_no_info"]}
+        {
+            "step": r["step"],
+            "elapsed_s": round(t, 2),
+            "holdout": r["meta_learning/avg_holdout_grade"],
+            "no_info": r["meta_learning/holdout_grade_no_info"],
+        }
         for r, t in zip(records, elapsed)
-    ]  # fmt: skip
+    ]
     result = {
         "benchmark": "efficacy",
         "date": time.strftime("%Y-%m-%d"),
@@ -154,22 +166,45 @@ def run(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--task", default="synthetic_suffix", choices=SYNTHETIC_TASKS + REAL_TASKS,
-                        help="The task (default synthetic_suffix; bracket: a teacher that never saw the key; "
-                             "easy_word_problems or champ: the real model SmolLM2-135M-Instruct, scripts/run_real.sh).")
-    parser.add_argument("--time-limit-s", type=float, default=None,
-                        help="Stop the run after this many seconds (model start included) and report the steps done.")
-    parser.add_argument("--trace-rate", type=float, default=0.0,
-                        help="--trace-sample-rate of the run (traces of the teacher's hints; 0: none).")
+    parser.add_argument(
+        "--task",
+        default="synthetic_suffix",
+        choices=SYNTHETIC_TASKS + REAL_TASKS,
+        help="The task (default synthetic_suffix; bracket: a teacher that never saw the key; "
+        "easy_word_problems or champ: the real model SmolLM2-135M-Instruct, scripts/run_real.sh).",
+    )
+    parser.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=None,
+        help="Stop the run after this many seconds (model start included) and report the steps done.",
+    )
+    parser.add_argument(
+        "--trace-rate",
+        type=float,
+        default=0.0,
+        help="--trace-sample-rate of the run (traces of the teacher's hints; 0: none).",
+    )
     parser.add_argument("--window", type=int, default=10, help="Steps averaged for the first and last grades.")
-    parser.add_argument("--block", type=int, default=50, help="Steps per block of the per-block gain and no-info control.")
+    parser.add_argument(
+        "--block", type=int, default=50, help="Steps per block of the per-block gain and no-info control."
+    )
     parser.add_argument("--out", default="runs/benchmarks")
-    parser.add_argument("--shared-student", action="store_true",
-                        help="The student is the model being trained (the demo's setting, with its solver GRPO and k3 KL terms); "
-                             "default: a frozen copy of the start model.")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="Also report the gain of the last window of steps that ended within this many seconds of training.")
-    parser.add_argument("--model-dir", default=None, help="A built tiny checkpoint (default: build or reuse the cached one).")
+    parser.add_argument(
+        "--shared-student",
+        action="store_true",
+        help="The student is the model being trained (the demo's setting, with its solver GRPO and k3 KL terms); "
+        "default: a frozen copy of the start model.",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="Also report the gain of the last window of steps that ended within this many seconds of training.",
+    )
+    parser.add_argument(
+        "--model-dir", default=None, help="A built tiny checkpoint (default: build or reuse the cached one)."
+    )
     parser.add_argument("--quick", action="store_true", help="3 steps, window 1: checks that it runs.")
     parser.add_argument("extra", nargs="*", help="Extra train.py flags after --, e.g. -- --lr 3e-4")
     args = parser.parse_args()
@@ -178,8 +213,10 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     r = run(args)
     print()
-    print(f"{'steps':>6} {'wall s':>7} {'train s':>7} {'R_no_info':>9} {'R_oracle':>8} {'R first':>7} {'R last':>7} "
-          f"{'gain first':>10} {'gain last':>9} {'gain in budget':>14} {'over start':>10}")  # fmt: skip
+    print(
+        f"{'steps':>6} {'wall s':>7} {'train s':>7} {'R_no_info':>9} {'R_oracle':>8} {'R first':>7} {'R last':>7} "
+        f"{'gain first':>10} {'gain last':>9} {'gain in budget':>14} {'over start':>10}"
+    )
     print(
         f"{r['steps']:>6} {r['wall_s']:>7.0f} {r['training_s']:>7.0f} {r['r_no_info']:>9.3f} {r['r_oracle']:>8.3f} "
         f"{r['r_first_steps']:>7.3f} {r['r_last_steps']:>7.3f} {r['normalised_gain_first_steps']:>10.3f} "

@@ -38,8 +38,11 @@ def draw(reports: list[dict], titles: list[str], out: Path, width: int = 20) -> 
         ax.plot(steps, moving_mean(no_info, width), color="tab:orange", linestyle="--", label="no info (control)")
         ax.axhline(report["r_oracle"], color="black", linestyle=":", label="oracle hint")
         gain = report["normalised_gain_last_steps"]
-        ax.set(title=f"{title}\ngain {report['normalised_gain_first_steps']:.2f} -> {gain:.2f}", xlabel="outer step",
-               ylim=(0.6, 1.0))  # fmt: skip
+        ax.set(
+            title=f"{title}\ngain {report['normalised_gain_first_steps']:.2f} -> {gain:.2f}",
+            xlabel="outer step",
+            ylim=(0.6, 1.0),
+        )
     axes[0][0].set_ylabel("holdout grade (per character)")
     axes[0][0].legend(loc="lower right", fontsize=8)
     fig.tight_layout()
@@ -56,9 +59,11 @@ def main() -> None:
     args = parser.parse_args()
     reports = [json.loads(path.read_text()) for path in args.reports]
     # Older reports name neither: the task was the suffix task, the student as the command chose it.
-    titles = [f"{r.get('task', 'synthetic_suffix')}, "
-              f"{r.get('student') or ('shared' if '--shared-student' in r['command'] else 'frozen')} student"
-              for r in reports]  # fmt: skip
+    titles = [
+        f"{r.get('task', 'synthetic_suffix')}, "
+        f"{r.get('student') or ('shared' if '--shared-student' in r['command'] else 'frozen')} student"
+        for r in reports
+    ]
     print(draw(reports, titles, args.out, args.width))
 
 

@@ -119,7 +119,9 @@ def build_app(worker: VirtualWorker, role: str, per_token_ms: float) -> web.Appl
 
     async def model_info(request: web.Request) -> web.Response:
         # No model_path: the router would try to fetch a tokenizer for it from the hub.
-        return web.json_response({"is_generation": True, "weight_version": "default", "preferred_sampling_params": None})
+        return web.json_response(
+            {"is_generation": True, "weight_version": "default", "preferred_sampling_params": None}
+        )
 
     async def server_info(request: web.Request) -> web.Response:
         return web.json_response({"role": role, "capacity": worker.capacity, "weight_version": "default"})
@@ -214,9 +216,14 @@ async def serve(args: argparse.Namespace) -> None:
     runners = []
     for index, port in enumerate(args.ports):
         worker = VirtualWorker(
-            index=index, port=port, capacity=args.capacity, median_s=args.median_ms / 1000.0,
-            sigma=args.sigma, max_factor=args.max_factor, seed=args.seed,
-        )  # fmt: skip
+            index=index,
+            port=port,
+            capacity=args.capacity,
+            median_s=args.median_ms / 1000.0,
+            sigma=args.sigma,
+            max_factor=args.max_factor,
+            seed=args.seed,
+        )
         runner = web.AppRunner(build_app(worker, args.role, args.per_token_ms), access_log=None, handle_signals=False)
         await runner.setup()
         await web.TCPSite(runner, args.host, port, backlog=4096).start()

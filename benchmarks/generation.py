@@ -79,10 +79,19 @@ LOGPROB_MEAN_ABS_TOLERANCE = 1e-2
 LOGPROB_FLOOR_FACTOR = 2.0  # the floor is measured on other sampled tokens: room for that
 
 QWEN25_05B = dict(
-    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-    tie_word_embeddings=True, hidden_act="silu", use_sliding_window=False,
-)  # fmt: skip
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    use_sliding_window=False,
+)
 
 
 def wordlevel_tokenizer(vocab_size: int):
@@ -96,8 +105,14 @@ def wordlevel_tokenizer(vocab_size: int):
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##")  # joins tokens with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", model_max_length=10**9)  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=10**9,
+    )
 
 
 def build_model_dir(kind: str, out: Path, dtype: torch.dtype) -> Path:
@@ -134,8 +149,14 @@ def check_prompts(args: argparse.Namespace, model_dir: Path, vocab: int) -> list
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     questions = [CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)] for i in range(args.check_prompts)]
-    return [list(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                               return_dict=True)["input_ids"]) for q in questions]  # fmt: skip
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, return_dict=True
+            )["input_ids"]
+        )
+        for q in questions
+    ]
 
 
 # ----------------------------------------------------------------------------- in-process
@@ -146,12 +167,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def hf_generate(model, batch: list[list[int]], new_tokens: int, device: torch.device, greedy: bool = False) -> torch.Tensor:
+def hf_generate(
+    model, batch: list[list[int]], new_tokens: int, device: torch.device, greedy: bool = False
+) -> torch.Tensor:
     ids = torch.tensor(batch, device=device)
     sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, pad_token_id=0, **sampling)  # fmt: skip
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=0,
+            **sampling,
+        )
     return out[:, ids.shape[1] :]
 
 
@@ -159,13 +188,20 @@ def hf_greedy_to_eos(model, prompt: list[int], new_tokens: int, device: torch.de
     """Greedy tokens up to and including the model's EOS (no forced length: EOS may be the argmax)."""
     ids = torch.tensor([prompt], device=device)
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                             do_sample=False)  # fmt: skip
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False
+        )
     return out[0, ids.shape[1] :].tolist()
 
 
-def in_process(model_dir: Path, args: argparse.Namespace, device: torch.device, dtype: torch.dtype, vocab: int,
-               check: list[list[int]]) -> dict:
+def in_process(
+    model_dir: Path,
+    args: argparse.Namespace,
+    device: torch.device,
+    dtype: torch.dtype,
+    vocab: int,
+    check: list[list[int]],
+) -> dict:
     """HF generate, batched and one at a time. On a GPU twice: with torch's default attention
     backends (cuDNN's included, which plans anew for every KV length) and with cuDNN's off (what
     the embedded worker does); the faster is the reference."""
@@ -176,7 +212,7 @@ def in_process(model_dir: Path, args: argparse.Namespace, device: torch.device, 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
     batch = prompts(args.concurrency, args.prompt_len, vocab, seed=1)
     variants = {}
-    for cudnn in ((True, False) if device.type == "cuda" else (None,)):
+    for cudnn in (True, False) if device.type == "cuda" else (None,):
         if cudnn is not None:
             torch.backends.cuda.enable_cudnn_sdp(cudnn)
         hf_generate(model, batch, 8, device)  # warm-up at the timed shapes
@@ -195,11 +231,19 @@ def in_process(model_dir: Path, args: argparse.Namespace, device: torch.device, 
             singles.append(time.perf_counter() - t0)
         name = "default" if cudnn is None else ("cudnn_sdp_on" if cudnn else "cudnn_sdp_off")
         variants[name] = {
-            "batched": {"tokens_per_s": len(batch) * args.new_tokens / batched_s, "wall_s": batched_s, "batch": len(batch)},
+            "batched": {
+                "tokens_per_s": len(batch) * args.new_tokens / batched_s,
+                "wall_s": batched_s,
+                "batch": len(batch),
+            },
             "one_at_a_time": {"tokens_per_s": args.new_tokens / statistics.median(singles), "request_s": singles},
         }
-        print(f"  in-process ({name}): {variants[name]['batched']['tokens_per_s']:.0f} tok/s batched, "
-              f"{variants[name]['one_at_a_time']['tokens_per_s']:.0f} one at a time", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"  in-process ({name}): {variants[name]['batched']['tokens_per_s']:.0f} tok/s batched, "
+            f"{variants[name]['one_at_a_time']['tokens_per_s']:.0f} one at a time",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.model_path:
         greedy = [hf_greedy_to_eos(model, p, args.check_tokens, device) for p in check]
     else:
@@ -210,8 +254,12 @@ def in_process(model_dir: Path, args: argparse.Namespace, device: torch.device, 
     if device.type == "cuda":
         torch.cuda.empty_cache()
     best = lambda key: max(variants.values(), key=lambda v: v[key]["tokens_per_s"])[key]  # noqa: E731
-    return {"batched": best("batched"), "one_at_a_time": best("one_at_a_time"), "variants": variants,
-            "greedy_reference": greedy}  # fmt: skip
+    return {
+        "batched": best("batched"),
+        "one_at_a_time": best("one_at_a_time"),
+        "variants": variants,
+        "greedy_reference": greedy,
+    }
 
 
 # ----------------------------------------------------------------------------- served
@@ -246,23 +294,40 @@ def engine_split(before: dict[str, float], after: dict[str, float], wall_s: floa
     return delta
 
 
-async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_reference: list[list[int]],
-                 check: list[list[int]], worker_urls: Sequence[str]) -> dict:
+async def served(
+    router_url: str,
+    args: argparse.Namespace,
+    vocab: int,
+    greedy_reference: list[list[int]],
+    check: list[list[int]],
+    worker_urls: Sequence[str],
+) -> dict:
     from slime_meta.rollout.pools import SGLangPool
 
     more = {}
     for in_flight in args.also_concurrency:
         more_pool = SGLangPool(name="bench", base_url=router_url, concurrency=in_flight, timeout_s=600)
         batch = prompts(in_flight * 3, args.prompt_len, vocab, seed=2)
-        sampling = {"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
+        sampling = {
+            "max_new_tokens": args.new_tokens,
+            "temperature": 1.0,
+            "top_k": -1,
+            "top_p": 1.0,
+            "ignore_eos": True,
+        }
         await timed_batch(more_pool, batch[:in_flight], dict(sampling, max_new_tokens=4))  # warm-up
         before = engine_totals(worker_urls)
         wall, lengths = await timed_batch(more_pool, batch, sampling)
         split = engine_split(before, engine_totals(worker_urls), wall, len(worker_urls))
         await more_pool.close()
-        more[str(in_flight)] = {"tokens_per_s": sum(lengths) / wall, "wall_s": wall, "requests": len(batch),
-                                "in_flight": in_flight, "all_lengths_right": all(n == args.new_tokens for n in lengths),
-                                "engine_split": split}  # fmt: skip
+        more[str(in_flight)] = {
+            "tokens_per_s": sum(lengths) / wall,
+            "wall_s": wall,
+            "requests": len(batch),
+            "in_flight": in_flight,
+            "all_lengths_right": all(n == args.new_tokens for n in lengths),
+            "engine_split": split,
+        }
     pool = SGLangPool(name="bench", base_url=router_url, concurrency=args.concurrency, timeout_s=600)
     sampling = {"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
     batch = prompts(max(args.requests, args.concurrency), args.prompt_len, vocab, seed=1)
@@ -272,10 +337,14 @@ async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_r
     matches = [sum(a == b for a, b in zip(s, r)) / max(1, len(r)) for s, r in zip(served_greedy, greedy_reference)]
     # behaviour log-probs, checked later against a full forward
     sampled = [await pool.generate(input_ids=p, sampling_params=sampling, return_logprob=True) for p in check]
-    await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=dict(sampling, max_new_tokens=4)) for p in batch[:8]])
+    await asyncio.gather(
+        *[pool.generate(input_ids=p, sampling_params=dict(sampling, max_new_tokens=4)) for p in batch[:8]]
+    )
     before = engine_totals(worker_urls)
     t0 = time.perf_counter()
-    results = await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=sampling) for p in batch[: args.requests]])
+    results = await asyncio.gather(
+        *[pool.generate(input_ids=p, sampling_params=sampling) for p in batch[: args.requests]]
+    )
     wall = time.perf_counter() - t0
     split = engine_split(before, engine_totals(worker_urls), wall, len(worker_urls))
     lengths = [len(r.output_ids) for r in results]
@@ -287,15 +356,23 @@ async def served(router_url: str, args: argparse.Namespace, vocab: int, greedy_r
         lengths.append(len(r.output_ids))
     await pool.close()
     return {
-        "concurrent": {"tokens_per_s": sum(lengths[: args.requests]) / wall, "wall_s": wall, "requests": args.requests,
-                       "in_flight": args.concurrency, "engine_split": split},  # fmt: skip
+        "concurrent": {
+            "tokens_per_s": sum(lengths[: args.requests]) / wall,
+            "wall_s": wall,
+            "requests": args.requests,
+            "in_flight": args.concurrency,
+            "engine_split": split,
+        },
         "one_at_a_time": {"tokens_per_s": args.new_tokens / statistics.median(singles), "request_s": singles},
         "more_in_flight": more,
-        "all_lengths_right": all(n == args.new_tokens for n in lengths) and all(m["all_lengths_right"] for m in more.values()),
+        "all_lengths_right": all(n == args.new_tokens for n in lengths)
+        and all(m["all_lengths_right"] for m in more.values()),
         "greedy_token_match": matches,
         "greedy_served": [list(ids) for ids in served_greedy],
-        "sampled_check": [{"prompt": p, "output_ids": list(c.output_ids), "output_logprobs": list(c.output_logprobs)}
-                          for p, c in zip(check, sampled)],  # fmt: skip
+        "sampled_check": [
+            {"prompt": p, "output_ids": list(c.output_ids), "output_logprobs": list(c.output_logprobs)}
+            for p, c in zip(check, sampled)
+        ],
     }
 
 
@@ -327,19 +404,37 @@ def hf_cached_logprob_diffs(model, checks: list[dict], new_tokens: int, device: 
     for batch in by_length.values():
         ids = torch.tensor(batch, device=device)
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                 min_new_tokens=new_tokens, pad_token_id=0, do_sample=True, temperature=1.0, top_k=0,
-                                 top_p=1.0, output_logits=True, return_dict_in_generate=True)  # fmt: skip
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
         new_ids = out.sequences[:, ids.shape[1] :]
         step_logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)
         cached = step_logprobs.gather(2, new_ids[..., None])[..., 0].cpu()
-        diffs += [(cached[row] - full_forward_logprobs(model, prompt, new_ids[row].tolist(), device)).abs()
-                  for row, prompt in enumerate(batch)]  # fmt: skip
+        diffs += [
+            (cached[row] - full_forward_logprobs(model, prompt, new_ids[row].tolist(), device)).abs()
+            for row, prompt in enumerate(batch)
+        ]
     return torch.cat(diffs)
 
 
-def verify(model_dir: Path, device: torch.device, dtype: torch.dtype, args: argparse.Namespace, report: dict,
-           check_prompts: list[list[int]]) -> dict:
+def verify(
+    model_dir: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    args: argparse.Namespace,
+    report: dict,
+    check_prompts: list[list[int]],
+) -> dict:
     """Served greedy tokens and behaviour log-probs against HF's full forward (see the docstring)."""
     from transformers import AutoModelForCausalLM
 
@@ -360,10 +455,14 @@ def verify(model_dir: Path, device: torch.device, dtype: torch.dtype, args: argp
             logits = model(torch.tensor([prompt + theirs[:step]], device=device)).logits[0, -1].float()
         gaps.append(float((logits[theirs[step]] - logits[ours[step]]) / logits.std()))
     checks = sv["sampled_check"]
-    diff = torch.cat([
-        (torch.tensor(c["output_logprobs"]) - full_forward_logprobs(model, c["prompt"], c["output_ids"], device)).abs()
-        for c in checks
-    ])  # fmt: skip
+    diff = torch.cat(
+        [
+            (
+                torch.tensor(c["output_logprobs"]) - full_forward_logprobs(model, c["prompt"], c["output_ids"], device)
+            ).abs()
+            for c in checks
+        ]
+    )
     hf_diff = hf_cached_logprob_diffs(model, checks, args.new_tokens, device)
     del model
     if device.type == "cuda":
@@ -380,9 +479,11 @@ def verify(model_dir: Path, device: torch.device, dtype: torch.dtype, args: argp
         "hf_generate_logprob_abs_diff_max": float(hf_diff.max()),
     }
     result["logprobs_within_hf_floor"] = (
-        result["logprob_abs_diff_mean"] <= LOGPROB_FLOOR_FACTOR * result["hf_generate_logprob_abs_diff_mean"])
-    result["logprobs_ok"] = (result["logprob_abs_diff_mean"] < LOGPROB_MEAN_ABS_TOLERANCE
-                             or result["logprobs_within_hf_floor"])  # fmt: skip
+        result["logprob_abs_diff_mean"] <= LOGPROB_FLOOR_FACTOR * result["hf_generate_logprob_abs_diff_mean"]
+    )
+    result["logprobs_ok"] = (
+        result["logprob_abs_diff_mean"] < LOGPROB_MEAN_ABS_TOLERANCE or result["logprobs_within_hf_floor"]
+    )
     return result
 
 
@@ -404,7 +505,8 @@ def run(args: argparse.Namespace) -> dict:
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     kind = args.model or ("qwen0.5b" if device.type == "cuda" else "tiny")
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(
-        args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32)
+        args.dtype, torch.bfloat16 if device.type == "cuda" else torch.float32
+    )
     report = C.report_header("generation", {k: v for k, v in vars(args).items() if k != "out"})
     report.update(device=str(device), dtype=str(dtype).removeprefix("torch."))
     from slime_meta.backends.local.launcher import LocalProcessGroup
@@ -421,18 +523,39 @@ def run(args: argparse.Namespace) -> dict:
         with LocalProcessGroup(startup_timeout_s=300) as group:
             t0 = time.perf_counter()
             endpoints = group.start_pool(
-                "gen", str(model_dir), args.workers, device=device.type, weights_root=None, log_dir=str(Path(tmp) / "logs"),
-                worker_args=["--max-batch-size", str(max(64, args.concurrency, *args.also_concurrency)),
-                             "--cuda-graphs", args.cuda_graphs, "--dtype", report["dtype"],
-                             *(["--kv-cache", args.kv_cache] if args.kv_cache else [])],
-            )  # fmt: skip
+                "gen",
+                str(model_dir),
+                args.workers,
+                device=device.type,
+                weights_root=None,
+                log_dir=str(Path(tmp) / "logs"),
+                worker_args=[
+                    "--max-batch-size",
+                    str(max(64, args.concurrency, *args.also_concurrency)),
+                    "--cuda-graphs",
+                    args.cuda_graphs,
+                    "--dtype",
+                    report["dtype"],
+                    *(["--kv-cache", args.kv_cache] if args.kv_cache else []),
+                ],
+            )
             report["pool_start_s"] = time.perf_counter() - t0
             report["served"] = asyncio.run(
-                served(endpoints.router_url, args, vocab, report["in_process"]["greedy_reference"], check,
-                       endpoints.worker_urls))
+                served(
+                    endpoints.router_url,
+                    args,
+                    vocab,
+                    report["in_process"]["greedy_reference"],
+                    check,
+                    endpoints.worker_urls,
+                )
+            )
             report["served"]["worker_engines"] = worker_engines(endpoints.worker_urls)
-        print(f"  served: {report['served']['concurrent']['tokens_per_s']:.0f} tok/s at {args.concurrency} in flight",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"  served: {report['served']['concurrent']['tokens_per_s']:.0f} tok/s at {args.concurrency} in flight",
+            file=sys.stderr,
+            flush=True,
+        )
         report["verification"] = verify(model_dir, device, dtype, args, report, check)
         if device.type == "cuda":
             report["roofline"] = decode_roofline(model_dir, args, report, device)
@@ -449,9 +572,11 @@ def run(args: argparse.Namespace) -> dict:
     report["meets"] = (
         {"cpu_vs_inprocess_batched": r["served_vs_inprocess_batched"] >= TARGETS["cpu_vs_inprocess_batched"]}
         if device.type == "cpu"
-        else {"gpu_vs_inprocess_batched": r["served_vs_inprocess_batched"] >= TARGETS["gpu_vs_inprocess_batched"],
-              "gpu_vs_one_at_a_time": r["served_vs_inprocess_one_at_a_time"] >= TARGETS["gpu_vs_one_at_a_time"]}
-    )  # fmt: skip
+        else {
+            "gpu_vs_inprocess_batched": r["served_vs_inprocess_batched"] >= TARGETS["gpu_vs_inprocess_batched"],
+            "gpu_vs_one_at_a_time": r["served_vs_inprocess_one_at_a_time"] >= TARGETS["gpu_vs_one_at_a_time"],
+        }
+    )
     vf = report["verification"]
     report["meets"]["correct"] = sv["all_lengths_right"] and vf["greedy_ok"] and vf["logprobs_ok"]
     return report
@@ -464,55 +589,83 @@ def print_table(report: dict) -> None:
     for name, v in ip["variants"].items():
         tag = "" if name == "default" else f" ({name.replace('_', ' ')})"
         for label, key in ((f"batch {st['concurrency']}", "batched"), ("one at a time", "one_at_a_time")):
-            rows.append([f"in-process HF generate, {label}{tag}", v[key]["tokens_per_s"], v[key]["tokens_per_s"] / base])
+            rows.append(
+                [f"in-process HF generate, {label}{tag}", v[key]["tokens_per_s"], v[key]["tokens_per_s"] / base]
+            )
     rows += [
-        [f"router + {st['workers']} worker(s), {st['concurrency']} in flight", sv["concurrent"]["tokens_per_s"],
-         sv["concurrent"]["tokens_per_s"] / base],
-        ["router + worker(s), one at a time", sv["one_at_a_time"]["tokens_per_s"], sv["one_at_a_time"]["tokens_per_s"] / base],
-    ]  # fmt: skip
+        [
+            f"router + {st['workers']} worker(s), {st['concurrency']} in flight",
+            sv["concurrent"]["tokens_per_s"],
+            sv["concurrent"]["tokens_per_s"] / base,
+        ],
+        [
+            "router + worker(s), one at a time",
+            sv["one_at_a_time"]["tokens_per_s"],
+            sv["one_at_a_time"]["tokens_per_s"] / base,
+        ],
+    ]
     vf = report["verification"]
     paths = ", ".join(sorted({e["decode_path"] for e in sv["worker_engines"]}))
-    print(f"\ngeneration: {report['model']} ({report['dtype']}) on {report['device']}, "
-          f"{st['prompt_len']}+{st['new_tokens']} tokens, "
-          f"{st['requests']} served requests; worker decode path: {paths}; greedy identical served vs in-process on "
-          f"{round(vf['greedy_agreement'] * len(vf['greedy_first_difference_step']))} of "
-          f"{len(vf['greedy_first_difference_step'])} prompts, "
-          f"token match: "
-          f"{', '.join(f'{m:.2f}' for m in sv['greedy_token_match'])} (first-divergence gaps in logit stds: "
-          f"{', '.join(f'{g:.3f}' for g in vf['greedy_first_divergence_gap_stds'])}); sampled log-probs vs full "
-          f"forward: mean |diff| {vf['logprob_abs_diff_mean']:.2e}, max {vf['logprob_abs_diff_max']:.2e} over "
-          f"{vf['logprob_tokens_checked']} tokens (HF generate's own cached vs full, the {report['dtype']} floor: "
-          f"mean {vf['hf_generate_logprob_abs_diff_mean']:.2e}, "
-          f"max {vf['hf_generate_logprob_abs_diff_max']:.2e}); all lengths right: {sv['all_lengths_right']}")  # fmt: skip
+    print(
+        f"\ngeneration: {report['model']} ({report['dtype']}) on {report['device']}, "
+        f"{st['prompt_len']}+{st['new_tokens']} tokens, "
+        f"{st['requests']} served requests; worker decode path: {paths}; greedy identical served vs in-process on "
+        f"{round(vf['greedy_agreement'] * len(vf['greedy_first_difference_step']))} of "
+        f"{len(vf['greedy_first_difference_step'])} prompts, "
+        f"token match: "
+        f"{', '.join(f'{m:.2f}' for m in sv['greedy_token_match'])} (first-divergence gaps in logit stds: "
+        f"{', '.join(f'{g:.3f}' for g in vf['greedy_first_divergence_gap_stds'])}); sampled log-probs vs full "
+        f"forward: mean |diff| {vf['logprob_abs_diff_mean']:.2e}, max {vf['logprob_abs_diff_max']:.2e} over "
+        f"{vf['logprob_tokens_checked']} tokens (HF generate's own cached vs full, the {report['dtype']} floor: "
+        f"mean {vf['hf_generate_logprob_abs_diff_mean']:.2e}, "
+        f"max {vf['hf_generate_logprob_abs_diff_max']:.2e}); all lengths right: {sv['all_lengths_right']}"
+    )
     for in_flight, more in sv["more_in_flight"].items():
         rows.append([f"router + worker(s), {in_flight} in flight", more["tokens_per_s"], more["tokens_per_s"] / base])
     print(C.table(rows, ["path", "tokens/s", "x best in-process batched"]))
     caches = ", ".join(sorted({str((e.get("fast_path") or {}).get("kv_cache")) for e in sv["worker_engines"]}))
     print(f"worker KV cache: {caches}")
     for in_flight, figure in report.get("roofline", {}).get("by_in_flight", {}).items():
-        print(f"decode roofline at {in_flight} in flight: {figure['roofline_tokens_per_s']:.0f} tokens/s; served "
-              f"{figure['served_tokens_per_s']:.0f} = {figure['share']:.1%} of it")
+        print(
+            f"decode roofline at {in_flight} in flight: {figure['roofline_tokens_per_s']:.0f} tokens/s; served "
+            f"{figure['served_tokens_per_s']:.0f} = {figure['share']:.1%} of it"
+        )
     timed = {st["concurrency"]: sv["concurrent"], **{int(k): v for k, v in sv["more_in_flight"].items()}}
     for in_flight, phase in timed.items():
         split = phase["engine_split"]
-        print(f"{in_flight} in flight, the workers' time: prefill {split['prefill_share']:.0%} "
-              f"({split.get('prefill_ms_per_batch', 0):.1f} ms x {split['prefill_batches']:.0f} batches), decode "
-              f"{split['fast_decode_share'] + split['dynamic_decode_share']:.0%} "
-              f"({split.get('decode_us_per_step', 0):.0f} us x {split['decode_steps']:.0f} steps), waiting for requests "
-              f"{split['idle_share']:.0%}")  # fmt: skip
-    print(f"served vs in-process one at a time: {report['ratios']['served_vs_inprocess_one_at_a_time']:.2f}x; meets: "
-          + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in report["meets"].items()))
+        print(
+            f"{in_flight} in flight, the workers' time: prefill {split['prefill_share']:.0%} "
+            f"({split.get('prefill_ms_per_batch', 0):.1f} ms x {split['prefill_batches']:.0f} batches), decode "
+            f"{split['fast_decode_share'] + split['dynamic_decode_share']:.0%} "
+            f"({split.get('decode_us_per_step', 0):.0f} us x {split['decode_steps']:.0f} steps), waiting for requests "
+            f"{split['idle_share']:.0%}"
+        )
+    print(
+        f"served vs in-process one at a time: {report['ratios']['served_vs_inprocess_one_at_a_time']:.2f}x; meets: "
+        + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in report["meets"].items())
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto")
-    p.add_argument("--model", choices=("tiny", "qwen0.5b"), default=None,
-                   help="a random-init model of this shape; default: qwen0.5b on a GPU, tiny on CPU")
-    p.add_argument("--model-path", default=None,
-                   help="a real checkpoint instead: an HF directory or a .gguf file (converted once, cached)")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                   help="both sides' dtype; auto: bfloat16 on a GPU, float32 on CPU")
+    p.add_argument(
+        "--model",
+        choices=("tiny", "qwen0.5b"),
+        default=None,
+        help="a random-init model of this shape; default: qwen0.5b on a GPU, tiny on CPU",
+    )
+    p.add_argument(
+        "--model-path",
+        default=None,
+        help="a real checkpoint instead: an HF directory or a .gguf file (converted once, cached)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="both sides' dtype; auto: bfloat16 on a GPU, float32 on CPU",
+    )
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=32)
@@ -522,9 +675,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-prompts", type=int, default=4)
     p.add_argument("--check-tokens", type=int, default=32)
     p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto", help="the workers' decode path")
-    p.add_argument("--kv-cache", choices=("static", "paged"), default=None, help="the workers' KV cache (default theirs)")
-    p.add_argument("--also-concurrency", type=int, nargs="*", default=[],
-                   help="also time 3x this many requests at this many in flight, same pool")
+    p.add_argument(
+        "--kv-cache", choices=("static", "paged"), default=None, help="the workers' KV cache (default theirs)"
+    )
+    p.add_argument(
+        "--also-concurrency",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time 3x this many requests at this many in flight, same pool",
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)

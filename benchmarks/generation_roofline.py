@@ -45,7 +45,11 @@ def decode_roofline(model_dir: Path, args: argparse.Namespace, report: dict, dev
     figures = {str(args.concurrency): sv["concurrent"]["tokens_per_s"]}
     figures.update({k: v["tokens_per_s"] for k, v in sv["more_in_flight"].items()})
     return {
-        "hbm_bytes_per_s": bandwidth, "weights_bytes": weights, "kv_bytes_per_token": kv_token,
-        "by_in_flight": {k: {"served_tokens_per_s": v, "roofline_tokens_per_s": bound(int(k)),
-                             "share": v / bound(int(k))} for k, v in figures.items()},
-    }  # fmt: skip
+        "hbm_bytes_per_s": bandwidth,
+        "weights_bytes": weights,
+        "kv_bytes_per_token": kv_token,
+        "by_in_flight": {
+            k: {"served_tokens_per_s": v, "roofline_tokens_per_s": bound(int(k)), "share": v / bound(int(k))}
+            for k, v in figures.items()
+        },
+    }

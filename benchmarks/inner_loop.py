@@ -53,9 +53,9 @@ from inner_loop_baselines import Roles, sequential, stage_synchronous  # noqa: E
 from inner_loop_recording import ROLES, InstrumentedRollout, Ledger, RecordingGrader, RecordingPool  # noqa: E402
 
 from slime_meta.grading.graders import OpenAIGrader
+from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate
 from slime_meta.rollout.meta_rollout import InnerLoopSettings
 from slime_meta.rollout.pools import SGLangPool
-from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate
 from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole
 from slime_meta.types import Episode, GradedAttempt, Problem
 
@@ -104,16 +104,31 @@ def start_pools(children: C.Children, args: argparse.Namespace) -> Pools:
         worker_ports = block[: args.workers]
         children.start(
             f"fake-{role}",
-            [sys.executable, str(Path(__file__).parent / "fake_sglang.py"), "--role", role,
-             "--ports", *map(str, worker_ports), "--capacity", str(args.capacity_latency_bound),
-             "--median-ms", str(args.median_ms), "--sigma", str(args.sigma), "--seed", str(args.seed)],
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(Path(__file__).parent / "fake_sglang.py"),
+                "--role",
+                role,
+                "--ports",
+                *map(str, worker_ports),
+                "--capacity",
+                str(args.capacity_latency_bound),
+                "--median-ms",
+                str(args.median_ms),
+                "--sigma",
+                str(args.sigma),
+                "--seed",
+                str(args.seed),
+            ],
+        )
         workers[role] = [f"http://127.0.0.1:{p}" for p in worker_ports]
         ready += [u + "/health" for u in workers[role]]
     children.wait_ready(ready)
     for i, role in enumerate(ROLES):
         block = ports[i * (args.workers + 2) : (i + 1) * (args.workers + 2)]
-        children.start(f"router-{role}", C.router_command("127.0.0.1", block[-2], block[-1], workers[role], args.router_policy))
+        children.start(
+            f"router-{role}", C.router_command("127.0.0.1", block[-2], block[-1], workers[role], args.router_policy)
+        )
         routers[role] = f"http://127.0.0.1:{block[-2]}"
     children.wait_ready([u + "/readiness" for u in routers.values()], timeout_s=60)
     return Pools(routers=routers, workers=workers)
@@ -164,8 +179,12 @@ class SdkChatGrader(OpenAIGrader):
         if self._loop is not loop:
             import openai
 
-            self._sdk = openai.AsyncOpenAI(api_key=os.environ.get(self.api_key_env) or "EMPTY", base_url=self.base_url,
-                                           timeout=self.request_timeout, max_retries=0)  # fmt: skip
+            self._sdk = openai.AsyncOpenAI(
+                api_key=os.environ.get(self.api_key_env) or "EMPTY",
+                base_url=self.base_url,
+                timeout=self.request_timeout,
+                max_retries=0,
+            )
             self._semaphore = asyncio.Semaphore(self.concurrency)
             self._loop = loop
         return self._sdk, self._semaphore
@@ -187,8 +206,13 @@ GRADER_CLIENTS = {"project": OpenAIGrader, "openai_sdk": SdkChatGrader}
 
 def make_grader(kind: str, url: str, concurrency: int):
     """The project's OpenAIGrader ("project") or the same over the openai SDK ("openai_sdk")."""
-    return GRADER_CLIENTS[kind](model="fake-grader", base_url=url + "/v1", concurrency=concurrency, max_tokens=64,
-                                api_key_env="SLIME_META_BENCH_NO_KEY")  # fmt: skip
+    return GRADER_CLIENTS[kind](
+        model="fake-grader",
+        base_url=url + "/v1",
+        concurrency=concurrency,
+        max_tokens=64,
+        api_key_env="SLIME_META_BENCH_NO_KEY",
+    )
 
 
 async def build_roles(
@@ -204,14 +228,26 @@ async def build_roles(
     grader = RecordingGrader(make_grader(grader_kind, pools.routers["grader"], concurrency))
     grader.ledger = ledger
     settings = InnerLoopSettings(
-        num_inner_iterations=args.iterations, n_samples_per_inner_prompt=args.attempts,
-        n_samples_per_prompt=args.samples, train_all_inner_steps=False, holdout_advantage="mean-then-normalize",
-        std_normalize=True, trace_sample_rate=0.0, show_progress=False,
-    )  # fmt: skip
-    student = StudentRole(pool=student_pool, template=GeneratorPromptTemplate(), renderer=renderer,
-                          info_position="prefix", temperature=1.0, max_new_tokens=256)  # fmt: skip
-    teacher = TeacherRole(pool=teacher_pool, template=TeacherPromptTemplate(), renderer=renderer,
-                          temperature=1.0, max_new_tokens=128)  # fmt: skip
+        num_inner_iterations=args.iterations,
+        n_samples_per_inner_prompt=args.attempts,
+        n_samples_per_prompt=args.samples,
+        train_all_inner_steps=False,
+        holdout_advantage="mean-then-normalize",
+        std_normalize=True,
+        trace_sample_rate=0.0,
+        show_progress=False,
+    )
+    student = StudentRole(
+        pool=student_pool,
+        template=GeneratorPromptTemplate(),
+        renderer=renderer,
+        info_position="prefix",
+        temperature=1.0,
+        max_new_tokens=256,
+    )
+    teacher = TeacherRole(
+        pool=teacher_pool, template=TeacherPromptTemplate(), renderer=renderer, temperature=1.0, max_new_tokens=128
+    )
     return Roles(student, teacher, grader, settings), [student_pool, teacher_pool]
 
 
@@ -246,8 +282,11 @@ async def scenario(
 ) -> dict:
     episode = make_episode(args.prompts, args.per_prompt, args.holdout)
     total_chains = args.prompts * args.samples
-    results: dict[str, Any] = {"capacity_per_worker": capacity, "workers_per_pool": args.workers,
-                               "capacity_per_pool": capacity * args.workers}  # fmt: skip
+    results: dict[str, Any] = {
+        "capacity_per_worker": capacity,
+        "workers_per_pool": args.workers,
+        "capacity_per_pool": capacity * args.workers,
+    }
     runs: dict[str, list[dict]] = {d: [] for d in DESIGNS}
     # One set of clients for the whole scenario, as a training process keeps its pools from one
     # outer step to the next: each run sees warm connections (the warm-up opens them).
@@ -276,17 +315,23 @@ async def scenario(
                 critical_n = max(c.path(shared_reply=True) for c in ledger.chains)
                 work_bounds = {r: ledger.work_s[r] / (capacity * args.workers) for r in ROLES}
                 outcome.update(
-                    critical_path_s=critical, critical_path_n_s=critical_n, work_bound_s=work_bounds,
-                    bound_s=max(critical, *work_bounds.values()), bound_n_s=max(critical_n, *work_bounds.values()),
-                    work_s=dict(ledger.work_s), chains_recorded=len(ledger.chains),
-                )  # fmt: skip
+                    critical_path_s=critical,
+                    critical_path_n_s=critical_n,
+                    work_bound_s=work_bounds,
+                    bound_s=max(critical, *work_bounds.values()),
+                    bound_n_s=max(critical_n, *work_bounds.values()),
+                    work_s=dict(ledger.work_s),
+                    chains_recorded=len(ledger.chains),
+                )
                 outcome["bound_over_achieved"] = outcome["bound_s"] / outcome["wall_s"]
                 outcome["bound_n_over_achieved"] = outcome["bound_n_s"] / outcome["wall_s"]
                 # What this machine allows: every process of the benchmark (client, routers, stand-in
                 # workers) shares its cores, so the step cannot take less than their CPU / cores.
                 cpu_total = outcome["client_cpu_s"] + outcome["router_cpu_s"] + outcome["fake_worker_cpu_s"]
                 outcome["cpu_floor_s"] = cpu_total / (os.cpu_count() or 1)
-                outcome["machine_bound_over_achieved"] = max(outcome["bound_s"], outcome["cpu_floor_s"]) / outcome["wall_s"]
+                outcome["machine_bound_over_achieved"] = (
+                    max(outcome["bound_s"], outcome["cpu_floor_s"]) / outcome["wall_s"]
+                )
                 expected = expected_requests(args)
                 if ledger.requests != expected:
                     raise RuntimeError(f"{design} sent {ledger.requests} requests, expected {expected}")
@@ -297,10 +342,13 @@ async def scenario(
                 scale = sum(expected_requests(args, one_request_per_attempt=True).values()) / outcome["requests"]
                 outcome.update(extrapolated=True, measured_wall_s=outcome["wall_s"], wall_s=outcome["wall_s"] * scale)
             runs[design].append(outcome)
-            print(f"  [{name}] {design:20s} run {repeat}: {outcome['wall_s']:.3f} s"
-                  + (f"  bound {outcome['bound_s']:.3f} s" if "bound_s" in outcome else "")
-                  + f"  client CPU {1000 * outcome['client_cpu_s'] / max(1, outcome['requests']):.2f} ms/req",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  [{name}] {design:20s} run {repeat}: {outcome['wall_s']:.3f} s"
+                + (f"  bound {outcome['bound_s']:.3f} s" if "bound_s" in outcome else "")
+                + f"  client CPU {1000 * outcome['client_cpu_s'] / max(1, outcome['requests']):.2f} ms/req",
+                file=sys.stderr,
+                flush=True,
+            )
     await close_roles(roles, client_pools)
     for design, outcomes in runs.items():
         best = sorted(outcomes, key=lambda o: o["wall_s"])[len(outcomes) // 2]  # the median run
@@ -364,8 +412,12 @@ async def client_costs(pools: Pools, args: argparse.Namespace) -> dict[str, dict
         await asyncio.gather(*[gated(i) for i in range(args.cost_requests)])
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         await close_roles(roles, client_pools)
-        out[label] = {"cpu_ms_per_request": 1000.0 * cpu / args.cost_requests, "wall_s": wall,
-                      "requests": args.cost_requests, "in_flight": args.cost_in_flight}  # fmt: skip
+        out[label] = {
+            "cpu_ms_per_request": 1000.0 * cpu / args.cost_requests,
+            "wall_s": wall,
+            "requests": args.cost_requests,
+            "in_flight": args.cost_in_flight,
+        }
         print(f"  [client cost] {label}: {out[label]['cpu_ms_per_request']:.3f} ms/req", file=sys.stderr, flush=True)
     return out
 
@@ -382,8 +434,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--median-ms", type=float, default=50.0)
     p.add_argument("--sigma", type=float, default=0.6, help="lognormal shape of the latency")
     p.add_argument("--workers", type=int, default=4, help="workers per pool")
-    p.add_argument("--capacity-latency-bound", type=int, default=None,
-                   help="requests at once per worker, latency-bound scenario (default: no queueing at all)")
+    p.add_argument(
+        "--capacity-latency-bound",
+        type=int,
+        default=None,
+        help="requests at once per worker, latency-bound scenario (default: no queueing at all)",
+    )
     p.add_argument("--capacity-bound", type=int, default=8, help="requests at once per worker, capacity-bound scenario")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sequential-chains", type=int, default=4, help="chains the sequential baseline runs (then scaled)")
@@ -422,10 +478,10 @@ async def main_async(args: argparse.Namespace) -> dict:
     report["meets"] = {
         "latency_bound_ratio": lat["ours"]["bound_over_achieved"] >= TARGETS["latency_bound_ratio"],
         "capacity_bound_ratio": cap["ours"]["bound_over_achieved"] >= TARGETS["capacity_bound_ratio"],
-        "faster_than_stage_synchronous": all(
-            s["speedup_vs_stage_synchronous"] > 1 for s in (lat, cap)
-        ),
-        "client_cpu_ms_per_request": max(lat["ours"]["client_cpu_ms_per_request"], cap["ours"]["client_cpu_ms_per_request"])
+        "faster_than_stage_synchronous": all(s["speedup_vs_stage_synchronous"] > 1 for s in (lat, cap)),
+        "client_cpu_ms_per_request": max(
+            lat["ours"]["client_cpu_ms_per_request"], cap["ours"]["client_cpu_ms_per_request"]
+        )
         <= TARGETS["client_cpu_ms_per_request"],
     }
     return report
@@ -439,22 +495,49 @@ def print_table(report: dict) -> None:
         for i, design in enumerate(DESIGNS):
             d = s[design]
             name = design + (" (extrapolated)" if d.get("extrapolated") else "")
-            rows.append([f"{key} ({s['capacity_per_pool']}/pool)" if i == 0 else "", name, d["wall_s"],
-                         d.get("bound_s"), d.get("bound_over_achieved", bound / d["wall_s"]),
-                         d.get("bound_n_s"), d.get("bound_n_over_achieved"), d.get("cpu_floor_s"),
-                         d.get("machine_bound_over_achieved"), d["wall_over_ours"],
-                         d["client_cpu_ms_per_request"],
-                         d["router_cpu_ms_per_request"] + d["fake_worker_cpu_ms_per_request"]])  # fmt: skip
+            rows.append(
+                [
+                    f"{key} ({s['capacity_per_pool']}/pool)" if i == 0 else "",
+                    name,
+                    d["wall_s"],
+                    d.get("bound_s"),
+                    d.get("bound_over_achieved", bound / d["wall_s"]),
+                    d.get("bound_n_s"),
+                    d.get("bound_n_over_achieved"),
+                    d.get("cpu_floor_s"),
+                    d.get("machine_bound_over_achieved"),
+                    d["wall_over_ours"],
+                    d["client_cpu_ms_per_request"],
+                    d["router_cpu_ms_per_request"] + d["fake_worker_cpu_ms_per_request"],
+                ]
+            )
     st = report["settings"]
     print(f"\nclient CPU per request, {st['cost_requests']} requests, {st['cost_in_flight']} in flight:")
     print(C.table([[k, v["cpu_ms_per_request"]] for k, v in report["client_cost"].items()], ["call", "CPU ms/req"]))
-    print(f"\ninner loop: N={st['prompts']} G={st['samples']} K={st['iterations']} m={st['attempts']} "
-          f"k={st['per_prompt']} holdout={st['holdout']}, latency lognormal median {st['median_ms']} ms sigma {st['sigma']}, "
-          f"{st['workers']} workers/pool, median of {st['repeats']} run(s); baselines' bound/wall: ours' bound")
-    print(C.table(rows, ["scenario (capacity)", "design", "wall s", "bound s", "bound/wall", "n bound s",
-                         "n bound/wall", "CPU floor s",
-                         "max(bound, CPU floor)/wall", "wall/ours",
-                         "client CPU ms/req", "router+workers CPU ms/req"]))  # fmt: skip
+    print(
+        f"\ninner loop: N={st['prompts']} G={st['samples']} K={st['iterations']} m={st['attempts']} "
+        f"k={st['per_prompt']} holdout={st['holdout']}, latency lognormal median {st['median_ms']} ms sigma {st['sigma']}, "
+        f"{st['workers']} workers/pool, median of {st['repeats']} run(s); baselines' bound/wall: ours' bound"
+    )
+    print(
+        C.table(
+            rows,
+            [
+                "scenario (capacity)",
+                "design",
+                "wall s",
+                "bound s",
+                "bound/wall",
+                "n bound s",
+                "n bound/wall",
+                "CPU floor s",
+                "max(bound, CPU floor)/wall",
+                "wall/ours",
+                "client CPU ms/req",
+                "router+workers CPU ms/req",
+            ],
+        )
+    )
     print("meets: " + ", ".join(f"{k}={'yes' if v else 'NO'}" for k, v in report["meets"].items()))
 
 

@@ -14,6 +14,7 @@ from slime_meta.rollout.meta_rollout import InnerLoopSettings
 from slime_meta.rollout.roles import StudentRole, TeacherRole
 from slime_meta.types import Episode, GradedAttempt, Problem
 
+
 async def _solve(student: StudentRole, problem: Problem, info: str) -> str:
     """The solution text (`solve` returns (prompt, text) or (prompt, Completion))."""
     _, solution = await student.solve(problem, info)
@@ -34,7 +35,9 @@ async def stage_synchronous(roles: Roles, episode: Episode) -> None:
     chains = [(chunk, g) for chunk in episode.train_chunks_P for g in range(s.n_samples_per_prompt)]
     infos = [""] * len(chains)
     for _ in range(s.num_inner_iterations):
-        jobs = [(c, p) for c, (chunk, _) in enumerate(chains) for p in chunk for _ in range(s.n_samples_per_inner_prompt)]
+        jobs = [
+            (c, p) for c, (chunk, _) in enumerate(chains) for p in chunk for _ in range(s.n_samples_per_inner_prompt)
+        ]
         solutions = await asyncio.gather(*[_solve(roles.student, p, infos[c]) for c, p in jobs])
         grades = await asyncio.gather(*[roles.grader.grade(p, sol) for (c, p), sol in zip(jobs, solutions)])
         attempts: list[dict[str, list[GradedAttempt]]] = [{} for _ in chains]

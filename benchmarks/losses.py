@@ -72,15 +72,23 @@ def make_inputs(n_tokens: int, vocab: int, batch: int, device: torch.device, see
     mask = torch.ones(batch, T, dtype=torch.bool, device=device)
     advantages = torch.randn(batch, device=device, generator=g)
     ref_seq = torch.randn(batch, device=device, generator=g) * 10 - T * math.log(vocab)
-    return {"student": student.requires_grad_(True), "teacher": teacher, "tokens": tokens, "mask": mask,
-            "advantages": advantages, "ref_seq": ref_seq}  # fmt: skip
+    return {
+        "student": student.requires_grad_(True),
+        "teacher": teacher,
+        "tokens": tokens,
+        "mask": mask,
+        "advantages": advantages,
+        "ref_seq": ref_seq,
+    }
 
 
 def old_logps(x: dict[str, torch.Tensor]) -> torch.Tensor:
     """Behaviour log-probs near the current ones (ratios near 1, some clipped): fixed per input."""
     if "old_logp" not in x:
         with torch.no_grad():
-            logp = sequence_logps(x["student"], x["tokens"], x["mask"], chunk_size=256, backend="torch").token_logps.float()
+            logp = sequence_logps(
+                x["student"], x["tokens"], x["mask"], chunk_size=256, backend="torch"
+            ).token_logps.float()
             g = torch.Generator(device=logp.device).manual_seed(1)
             x["old_logp"] = logp + 0.1 * torch.randn(logp.shape, device=logp.device, generator=g)
     return x["old_logp"]
@@ -89,8 +97,13 @@ def old_logps(x: dict[str, torch.Tensor]) -> torch.Tensor:
 # ----------------------------------------------------------------------------- implementations
 
 
-def naive_jsd(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, beta: float = BETA_JSD,
-              logp_s: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def naive_jsd(
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float = BETA_JSD,
+    logp_s: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Full-vocabulary float32, every intermediate materialised (the TRL GKD way)."""
     if logp_s is None:
         logp_s = F.log_softmax(student.float() / TEMPERATURE, dim=-1)
@@ -120,25 +133,37 @@ def naive_three_channel(x: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def project_jsd(chunk: int | None, backend: str = "auto") -> Callable[[dict], torch.Tensor]:
     def run(x: dict) -> torch.Tensor:
-        return generalized_jsd(x["student"], x["teacher"], x["mask"], beta=BETA_JSD, temperature=TEMPERATURE,
-                               chunk_size=chunk, backend=backend).loss  # fmt: skip
+        return generalized_jsd(
+            x["student"],
+            x["teacher"],
+            x["mask"],
+            beta=BETA_JSD,
+            temperature=TEMPERATURE,
+            chunk_size=chunk,
+            backend=backend,
+        ).loss
 
     return run
 
 
-def _three_channel_total(x: dict, token_logps_B_T: torch.Tensor, seq_logps_B: torch.Tensor, sdpo: torch.Tensor) -> torch.Tensor:
+def _three_channel_total(
+    x: dict, token_logps_B_T: torch.Tensor, seq_logps_B: torch.Tensor, sdpo: torch.Tensor
+) -> torch.Tensor:
     grpo = policy_loss(token_logps_B_T, old_logps(x), x["advantages"], x["mask"], eps_clip=0.2).loss
     half = seq_logps_B.shape[0] // 2
     dpo = dpo_loss(seq_logps_B[:half], seq_logps_B[half:], x["ref_seq"][:half], x["ref_seq"][half:], beta=DPO_BETA).loss
-    return total_loss(ThreeChannelInputs(grpo=grpo, sdpo_jsd=sdpo, replay_dpo=dpo), alpha=ALPHA_SDPO, beta=BETA_DPO).loss
+    return total_loss(
+        ThreeChannelInputs(grpo=grpo, sdpo_jsd=sdpo, replay_dpo=dpo), alpha=ALPHA_SDPO, beta=BETA_DPO
+    ).loss
 
 
 def project_three_channel(chunk: int | None, backend: str = "auto"):
     """`sequence_logps` and `generalized_jsd`: two calls over the same logits."""
 
     def run(x: dict) -> torch.Tensor:
-        logps = sequence_logps(x["student"], x["tokens"], x["mask"], temperature=TEMPERATURE, chunk_size=chunk,
-                               backend=backend)  # fmt: skip
+        logps = sequence_logps(
+            x["student"], x["tokens"], x["mask"], temperature=TEMPERATURE, chunk_size=chunk, backend=backend
+        )
         sdpo = project_jsd(chunk, backend)(x)
         return _three_channel_total(x, logps.token_logps, logps.seq_logps, sdpo)
 
@@ -147,8 +172,9 @@ def project_three_channel(chunk: int | None, backend: str = "auto"):
 
 def project_three_channel_combined(x: dict) -> torch.Tensor:
     """`token_logps_and_jsd`: one call, one gradient write on the fused path."""
-    logps, jsd = token_logps_and_jsd(x["student"], x["teacher"], x["tokens"], x["mask"], beta=BETA_JSD,
-                                     temperature=TEMPERATURE)  # fmt: skip
+    logps, jsd = token_logps_and_jsd(
+        x["student"], x["teacher"], x["tokens"], x["mask"], beta=BETA_JSD, temperature=TEMPERATURE
+    )
     return _three_channel_total(x, logps.token_logps, logps.seq_logps, jsd.loss)
 
 
@@ -176,8 +202,9 @@ def _by_rows(fn, *tensors: torch.Tensor) -> torch.Tensor:
     from torch.utils.checkpoint import checkpoint
 
     n = tensors[0].shape[0]
-    return torch.cat([checkpoint(fn, *(t[i : i + REF_CHUNK] for t in tensors), use_reentrant=False)
-                      for i in range(0, n, REF_CHUNK)])  # fmt: skip
+    return torch.cat(
+        [checkpoint(fn, *(t[i : i + REF_CHUNK] for t in tensors), use_reentrant=False) for i in range(0, n, REF_CHUNK)]
+    )
 
 
 def reference_jsd64(x: dict) -> torch.Tensor:
@@ -237,7 +264,9 @@ def float64_reference(fn64: Callable[[dict], torch.Tensor], x: dict, rows: torch
     return value, grad_rows
 
 
-def check(fn: Callable[[dict], torch.Tensor], x: dict, ref_loss: float, ref_rows: torch.Tensor, rows: torch.Tensor) -> dict:
+def check(
+    fn: Callable[[dict], torch.Tensor], x: dict, ref_loss: float, ref_rows: torch.Tensor, rows: torch.Tensor
+) -> dict:
     loss = forward_backward(fn, x)
     grad = x["student"].grad
     V = grad.shape[-1]
@@ -248,7 +277,9 @@ def check(fn: Callable[[dict], torch.Tensor], x: dict, ref_loss: float, ref_rows
     grad_rel = float(diff.norm() / ref_rows.norm().clamp_min(1e-300))
     loss_abs = abs(float(loss) - ref_loss)
     return {
-        "correct": finite and loss_abs <= CORRECT["loss_rel"] * max(1.0, abs(ref_loss)) and grad_rel <= CORRECT["grad_rel"],
+        "correct": finite
+        and loss_abs <= CORRECT["loss_rel"] * max(1.0, abs(ref_loss))
+        and grad_rel <= CORRECT["grad_rel"],
         "loss": float(loss),
         "loss_abs_err": loss_abs,
         "grad_max_abs_err": float(diff.abs().max()),
@@ -322,8 +353,10 @@ def run(args: argparse.Namespace) -> dict:
     bandwidth = copy_bandwidth(device, min(2 * 2**30, max(2**26, logits_bytes)))
     floor_ms = 1000 * 3 * logits_bytes / bandwidth
     report.update(copy_bandwidth_tb_s=bandwidth / 1e12, logits_gb=logits_bytes / 1e9, floor_ms=floor_ms)
-    print(f"  copy bandwidth {bandwidth / 1e12:.2f} TB/s; floor {floor_ms:.2f} ms for {logits_bytes / 1e9:.2f} GB of logits",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"  copy bandwidth {bandwidth / 1e12:.2f} TB/s; floor {floor_ms:.2f} ms for {logits_bytes / 1e9:.2f} GB of logits",
+        file=sys.stderr,
+    )
 
     kernels = device.type == "cuda" and fused.kernels_usable(torch.empty(1, device=device))
     report["fused_kernels"] = kernels
@@ -331,14 +364,20 @@ def run(args: argparse.Namespace) -> dict:
         print(f"  fused kernels unavailable: {getattr(fused.kernels, 'import_error', '?')}", file=sys.stderr)
     project = "project (fused kernel)" if kernels else "project (torch code: no kernels here)"
     groups: dict[str, list[tuple[str, Callable, Callable]]] = {"jsd": [], "three_channel": []}
-    groups["jsd"].append(("naive fp32 (TRL GKD style)", lambda x: naive_jsd(x["student"], x["teacher"], x["mask"]), None))
+    groups["jsd"].append(
+        ("naive fp32 (TRL GKD style)", lambda x: naive_jsd(x["student"], x["teacher"], x["mask"]), None)
+    )
     groups["three_channel"].append(("naive fp32", naive_three_channel, None))
     groups["jsd"].append((f"{project} generalized_jsd", project_jsd(None), None))
-    groups["three_channel"].append((f"{project} token_logps_and_jsd, one gradient", project_three_channel_combined, None))
+    groups["three_channel"].append(
+        (f"{project} token_logps_and_jsd, one gradient", project_three_channel_combined, None)
+    )
     groups["three_channel"].append((f"{project} sequence_logps + generalized_jsd", project_three_channel(None), None))
     for chunk in args.chunk_sizes:
         groups["jsd"].append((f"project torch code chunk={chunk}", project_jsd(chunk, "torch"), None))
-        groups["three_channel"].append((f"project torch code chunk={chunk}", project_three_channel(chunk, "torch"), None))
+        groups["three_channel"].append(
+            (f"project torch code chunk={chunk}", project_three_channel(chunk, "torch"), None)
+        )
     references = {"jsd": reference_jsd64, "three_channel": reference_three_channel64}
 
     results: dict[str, Any] = {}
@@ -347,7 +386,9 @@ def run(args: argparse.Namespace) -> dict:
         x = make_inputs(args.tokens, args.vocab, args.batch, device, seed=args.seed)
         if group == "three_channel":
             old_logps(x)
-        rows = torch.randperm(args.tokens, generator=torch.Generator().manual_seed(args.seed))[: args.check_rows].to(device)
+        rows = torch.randperm(args.tokens, generator=torch.Generator().manual_seed(args.seed))[: args.check_rows].to(
+            device
+        )
         ref_loss, ref_rows = float64_reference(references[group], x, rows)
         free(device)
         checks = {}
@@ -375,8 +416,11 @@ def run(args: argparse.Namespace) -> dict:
                     entry["error"] = f"out of memory: {str(error)[:160]}"
             entries[name] = entry
             free(device)
-            print(f"  [{group}] time {name}: {entry.get('ms')} ms, peak extra {entry.get('peak_extra_bytes')}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  [{group}] time {name}: {entry.get('ms')} ms, peak extra {entry.get('peak_extra_bytes')}",
+                file=sys.stderr,
+                flush=True,
+            )
         naive = next(iter(entries.values()))
         for entry in entries.values():
             if entry.get("peak_extra_bytes") is not None and naive.get("peak_extra_bytes"):
@@ -390,12 +434,17 @@ def run(args: argparse.Namespace) -> dict:
     report["targets"] = TARGETS
     report["all_correct"] = all(e["check"].get("correct", False) for g in results.values() for e in g.values())
     report["meets"] = {
-        group: {name: {"time_vs_floor": e.get("x_floor") is not None and e["x_floor"] <= TARGETS["time_vs_floor"],
-                       "memory_vs_naive": e.get("memory_vs_naive") is not None
-                       and e["memory_vs_naive"] <= TARGETS["memory_vs_naive"]}
-                for name, e in entries.items() if name.startswith("project (fused")}
+        group: {
+            name: {
+                "time_vs_floor": e.get("x_floor") is not None and e["x_floor"] <= TARGETS["time_vs_floor"],
+                "memory_vs_naive": e.get("memory_vs_naive") is not None
+                and e["memory_vs_naive"] <= TARGETS["memory_vs_naive"],
+            }
+            for name, e in entries.items()
+            if name.startswith("project (fused")
+        }
         for group, entries in results.items()
-    }  # fmt: skip
+    }
     return report
 
 
@@ -405,16 +454,43 @@ def print_table(report: dict) -> None:
         for i, (name, e) in enumerate(entries.items()):
             c = e["check"]
             peak = e.get("peak_extra_bytes")
-            rows.append([group if i == 0 else "", name, e.get("ms"), e.get("x_floor"),
-                         None if peak is None else peak / 1e9, e.get("memory_vs_naive"),
-                         c.get("loss_abs_err"), c.get("grad_max_abs_err"), c.get("grad_rel_err"),
-                         e.get("error") or c.get("error") or ("" if c.get("correct") else "INCORRECT")])  # fmt: skip
+            rows.append(
+                [
+                    group if i == 0 else "",
+                    name,
+                    e.get("ms"),
+                    e.get("x_floor"),
+                    None if peak is None else peak / 1e9,
+                    e.get("memory_vs_naive"),
+                    c.get("loss_abs_err"),
+                    c.get("grad_max_abs_err"),
+                    c.get("grad_rel_err"),
+                    e.get("error") or c.get("error") or ("" if c.get("correct") else "INCORRECT"),
+                ]
+            )
     st = report["settings"]
-    print(f"\nlosses: {st['tokens']} tokens x vocab {st['vocab']}, bf16 logits ({report['logits_gb']:.2f} GB each), "
-          f"{report['device']}; floor {report['floor_ms']:.2f} ms at {report['copy_bandwidth_tb_s']:.2f} TB/s; "
-          f"errors vs float64 ({st['check_rows']} gradient rows)")  # fmt: skip
-    print(C.table(rows, ["loss", "implementation", "fwd+bwd ms", "x floor", "extra GB", "mem/naive",
-                         "loss err", "grad max err", "grad rel err", "note"]))  # fmt: skip
+    print(
+        f"\nlosses: {st['tokens']} tokens x vocab {st['vocab']}, bf16 logits ({report['logits_gb']:.2f} GB each), "
+        f"{report['device']}; floor {report['floor_ms']:.2f} ms at {report['copy_bandwidth_tb_s']:.2f} TB/s; "
+        f"errors vs float64 ({st['check_rows']} gradient rows)"
+    )
+    print(
+        C.table(
+            rows,
+            [
+                "loss",
+                "implementation",
+                "fwd+bwd ms",
+                "x floor",
+                "extra GB",
+                "mem/naive",
+                "loss err",
+                "grad max err",
+                "grad rel err",
+                "note",
+            ],
+        )
+    )
     print(f"all correct: {report['all_correct']}; meets: {report['meets']}")
 
 

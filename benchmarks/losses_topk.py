@@ -38,7 +38,9 @@ BETA = 0.5
 
 
 def _chat_ids(tokenizer, text: str) -> list[int]:
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
     return tokenizer.encode(prompt, add_special_tokens=False)
 
 
@@ -78,8 +80,13 @@ def measure_gap(args: argparse.Namespace) -> dict:
     student_N_V, teacher_N_V = torch.cat(students), torch.cat(teachers)
     full_N = divergence_from_logps(torch.log_softmax(student_N_V, -1), torch.log_softmax(teacher_N_V, -1), BETA)
     teacher_logps_N_V = torch.log_softmax(teacher_N_V, -1)
-    out = {"model": checkpoint.name, "tokens": int(full_N.numel()), "vocab": int(student_N_V.shape[-1]),
-           "full_jsd_mean": float(full_N.mean()), "by_k": {}}  # fmt: skip
+    out = {
+        "model": checkpoint.name,
+        "tokens": int(full_N.numel()),
+        "vocab": int(student_N_V.shape[-1]),
+        "full_jsd_mean": float(full_N.mean()),
+        "by_k": {},
+    }
     for k in args.ks:
         ids_N_K = teacher_logps_N_V.topk(k, -1).indices
         topk_N = topk_generalized_jsd(student_N_V, ids_N_K, teacher_logps_N_V.gather(-1, ids_N_K), beta=BETA).per_token
@@ -101,14 +108,18 @@ def measure_time(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     x = L.make_inputs(args.tokens, args.vocab, 8, device, args.seed)
     ids, logps = teacher_topk(x["teacher"].reshape(-1, args.vocab), args.k)
-    x["topk_ids"], x["topk_logps"] = ids.reshape(*x["teacher"].shape[:2], args.k), logps.reshape(*x["teacher"].shape[:2], args.k)
+    x["topk_ids"], x["topk_logps"] = (
+        ids.reshape(*x["teacher"].shape[:2], args.k),
+        logps.reshape(*x["teacher"].shape[:2], args.k),
+    )
 
     def full(x: dict) -> torch.Tensor:
         return generalized_jsd(x["student"], x["teacher"], x["mask"], beta=BETA).loss
 
     def topk(x: dict) -> torch.Tensor:
-        return topk_generalized_jsd(x["student"], x["topk_ids"], x["topk_logps"], x["mask"], beta=BETA,
-                                    chunk_size=args.chunk_size).loss  # fmt: skip
+        return topk_generalized_jsd(
+            x["student"], x["topk_ids"], x["topk_logps"], x["mask"], beta=BETA, chunk_size=args.chunk_size
+        ).loss
 
     out = {"tokens": args.tokens, "vocab": args.vocab, "k": args.k, "chunk_size": args.chunk_size}
     for name, fn in (("full_jsd_kernel", full), (f"topk_jsd_k{args.k}", topk)):

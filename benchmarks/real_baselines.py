@@ -38,8 +38,8 @@ from _common import REPO_ROOT, default_out, quiet_transformers, report_header, t
 
 from slime_meta.data.problems import load_problems
 from slime_meta.grading.graders import VerifierGrader
-from slime_meta.prompt_templates import GeneratorPromptTemplate
 from slime_meta.models.real import ensure_real_gguf
+from slime_meta.prompt_templates import GeneratorPromptTemplate
 from slime_meta.types import Problem
 
 NO_HINT = "none"
@@ -98,8 +98,9 @@ def chosen_problems(data: Path, per_family: int, group_key: str, families: list[
     return [p for members in by_family.values() for p in members]
 
 
-def generate(tokenizer, model, prompts: list[str], *, greedy: bool, max_new_tokens: int, batch_size: int,
-             seed: int) -> list[tuple[str, bool]]:  # fmt: skip
+def generate(
+    tokenizer, model, prompts: list[str], *, greedy: bool, max_new_tokens: int, batch_size: int, seed: int
+) -> list[tuple[str, bool]]:
     """(completion text, stopped by the length limit) per prompt; prompts batched by length to save padding."""
     import torch
 
@@ -112,8 +113,9 @@ def generate(tokenizer, model, prompts: list[str], *, greedy: bool, max_new_toke
         torch.manual_seed(seed + start)  # each batch's samples are reproducible on one machine
         sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
         with torch.no_grad():
-            tokens_B_T = model.generate(**encoded, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                        **sampling)  # fmt: skip
+            tokens_B_T = model.generate(
+                **encoded, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling
+            )
         new_tokens_B_N = tokens_B_T[:, encoded["input_ids"].shape[1] :]
         for row, index in enumerate(batch):
             ids = new_tokens_B_N[row].tolist()
@@ -140,11 +142,25 @@ def summarise(records: list[dict], hints: list[str], decodings: list[str], key: 
         cells[(r["decoding"], r["hint"], r["family"])].append(float(r[key]))
         cells[(r["decoding"], r["hint"], "all")].append(float(r[key]))
     families = sorted({r["family"] for r in records}) + ["all"]
-    grades = {decoding: {hint: {family: round(fmean(cells[(decoding, hint, family)]), 4)
-                                for family in families if cells[(decoding, hint, family)]}
-                         for hint in hints} for decoding in decodings}  # fmt: skip
-    rows = [[family, *(grades[d][h].get(family) for d in decodings for h in hints),
-             len(cells[(decodings[0], hints[0], family)])] for family in families]  # fmt: skip
+    grades = {
+        decoding: {
+            hint: {
+                family: round(fmean(cells[(decoding, hint, family)]), 4)
+                for family in families
+                if cells[(decoding, hint, family)]
+            }
+            for hint in hints
+        }
+        for decoding in decodings
+    }
+    rows = [
+        [
+            family,
+            *(grades[d][h].get(family) for d in decodings for h in hints),
+            len(cells[(decodings[0], hints[0], family)]),
+        ]
+        for family in families
+    ]
     header = ["family", *(f"{d}/{h}" for d in decodings for h in hints), "n"]
     return grades, table(rows, header)
 
@@ -169,31 +185,61 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
             infos = ["" if hint == NO_HINT else str(p.metadata.get(hint) or "") for p in problems]
             prompts = [renderer.text(template.build(p, info, "prefix")) for p, info in zip(problems, infos)]
             started = time.perf_counter()
-            outputs = generate(tokenizer, model, prompts, greedy=decoding == "greedy",
-                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed)
+            outputs = generate(
+                tokenizer,
+                model,
+                prompts,
+                greedy=decoding == "greedy",
+                max_new_tokens=args.max_new_tokens,
+                batch_size=args.batch_size,
+                seed=args.seed,
+            )
             timings[f"{decoding}/{hint}"] = round(time.perf_counter() - started, 1)
-            records += [{"decoding": decoding, "hint": hint, "id": p.uid, "family": p.group, "info": info,
-                         "completion": text, "hit_length_limit": hit_limit}
-                        for p, info, (text, hit_limit) in zip(problems, infos, outputs)]  # fmt: skip
+            records += [
+                {
+                    "decoding": decoding,
+                    "hint": hint,
+                    "id": p.uid,
+                    "family": p.group,
+                    "info": info,
+                    "completion": text,
+                    "hit_length_limit": hit_limit,
+                }
+                for p, info, (text, hit_limit) in zip(problems, infos, outputs)
+            ]
             print(f"{decoding}/{hint}: {len(prompts)} completions in {timings[f'{decoding}/{hint}']} s", flush=True)
-    settings = {"data": args.data, "per_family": args.per_family, "hints": args.hints, "decodings": args.decodings,
-                "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "seed": args.seed,
-                "device": args.device, "dtype": args.dtype,
-                "model": f"{MODEL_DISTRIBUTION}=={MODEL_VERSION} {gguf.name}",
-                "template": "prompt_templates/generator.txt, hint as prefix, chat template applied",
-                "load_s": round(load_s, 1), "generate_s": timings}  # fmt: skip
+    settings = {
+        "data": args.data,
+        "per_family": args.per_family,
+        "hints": args.hints,
+        "decodings": args.decodings,
+        "max_new_tokens": args.max_new_tokens,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "device": args.device,
+        "dtype": args.dtype,
+        "model": f"{MODEL_DISTRIBUTION}=={MODEL_VERSION} {gguf.name}",
+        "template": "prompt_templates/generator.txt, hint as prefix, chat template applied",
+        "load_s": round(load_s, 1),
+        "generate_s": timings,
+    }
     return settings, records
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=None,
-                        help=f"problems (default {DEFAULT_DATA}; with --regrade: the saved run's)")
+    parser.add_argument(
+        "--data", default=None, help=f"problems (default {DEFAULT_DATA}; with --regrade: the saved run's)"
+    )
     parser.add_argument("--group-key", default="category")
     parser.add_argument("--families", nargs="+", default=None, help="only these families (default: all)")
     parser.add_argument("--per-family", type=int, default=40)
-    parser.add_argument("--hints", nargs="+", default=[NO_HINT, "oracle_hint", "bad_hint"],
-                        help=f"hint columns of the data; '{NO_HINT}' is the empty hint")
+    parser.add_argument(
+        "--hints",
+        nargs="+",
+        default=[NO_HINT, "oracle_hint", "bad_hint"],
+        help=f"hint columns of the data; '{NO_HINT}' is the empty hint",
+    )
     parser.add_argument("--decodings", nargs="+", choices=("greedy", "sample"), default=["greedy", "sample"])
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -224,15 +270,21 @@ def main(argv: list[str] | None = None) -> None:
     last_number, last_number_text = summarise(records, args.hints, args.decodings, key="last_number_right")
     limit_share = {
         f"{d}/{h}": round(fmean(r["hit_length_limit"] for r in records if (r["decoding"], r["hint"]) == (d, h)), 3)
-        for d in args.decodings for h in args.hints
+        for d in args.decodings
+        for h in args.hints
     }
-    report = {**report_header("real_baselines", settings), "grading_version": grading_version(), "grades": grades,
-              "share_hitting_length_limit": limit_share,
-              "last_number_right": last_number}  # fmt: skip
+    report = {
+        **report_header("real_baselines", settings),
+        "grading_version": grading_version(),
+        "grades": grades,
+        "share_hitting_length_limit": limit_share,
+        "last_number_right": last_number,
+    }
     print(write_json(report, out))
     if not args.regrade:
-        completions_path.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n"
-                                            for x in [{"settings": settings}, *records]))  # fmt: skip
+        completions_path.write_text(
+            "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in [{"settings": settings}, *records])
+        )
         print(completions_path)
     print(f"grading: {report['grading_version']}")
     print(f"share of completions stopped by --max-new-tokens: {limit_share}")

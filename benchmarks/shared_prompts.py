@@ -50,8 +50,18 @@ def make_batch(groups: int, group_size: int, prompt_len: int, tail_len: int, res
             prompt = common + tuple(torch.randint(4, vocab, (tail_len,), generator=g).tolist())
             response = tuple(torch.randint(4, vocab, (response_len,), generator=g).tolist())
             logp = tuple((-torch.rand(response_len, generator=g) * 3).tolist())
-            out.append(TeacherSample(prompt, response, logp, reward=float(i % 2), advantage=(-1.0) ** i,
-                                     group_index=group, sample_index=i, inner_iteration=0))  # fmt: skip
+            out.append(
+                TeacherSample(
+                    prompt,
+                    response,
+                    logp,
+                    reward=float(i % 2),
+                    advantage=(-1.0) ** i,
+                    group_index=group,
+                    sample_index=i,
+                    inner_iteration=0,
+                )
+            )
     return out
 
 
@@ -71,29 +81,46 @@ def compiled_graphs() -> int:
 
 
 def run(args: argparse.Namespace) -> dict:
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          args.device if args.device != "auto" else "cpu")  # fmt: skip
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else args.device
+        if args.device != "auto"
+        else "cpu"
+    )
     shape = T.TINY if args.tiny else T.QWEN25_05B
     report = C.report_header("shared_prompts", vars(args))
     report["device"] = str(device)
     batches = [
-        make_batch(args.groups, args.group_size, args.prompt_len, args.tail_len, args.response_len, shape["vocab_size"], seed)
+        make_batch(
+            args.groups, args.group_size, args.prompt_len, args.tail_len, args.response_len, shape["vocab_size"], seed
+        )
         for seed in range(args.warmup + args.steps)
-    ]  # fmt: skip
+    ]
     report["tokens_per_step"] = [sum(len(s.prompt_ids) + len(s.response_ids) for s in b) for b in batches]
     settings = TrainerSettings(
-        lr=0.0, device=str(device), max_tokens_per_gpu=args.max_tokens, recompute_layers=True,
+        lr=0.0,
+        device=str(device),
+        max_tokens_per_gpu=args.max_tokens,
+        recompute_layers=True,
         loss=LossSettings(kl_loss_coef=0.1, kl_loss_type="k3"),
-    )  # fmt: skip
-    configs = [(share, compiled) for compiled in ((False, True) if device.type == "cuda" else (False,))
-               for share in (False, True) if config_name(share, compiled) in args.configs]  # fmt: skip
+    )
+    configs = [
+        (share, compiled)
+        for compiled in ((False, True) if device.type == "cuda" else (False,))
+        for share in (False, True)
+        if config_name(share, compiled) in args.configs
+    ]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = T.build_model_dir(shape, Path(tmp) / "model", device)
         for share, compiled in configs:
             name = f"{'shared' if share else 'one row per sample'}, {'compiled' if compiled else 'eager'}"
-            trainer = LocalTrainer(str(model_dir), dataclasses.replace(
-                settings, share_prompt_forward=share, compile_layers=compiled), reference_path=str(model_dir))  # fmt: skip
+            trainer = LocalTrainer(
+                str(model_dir),
+                dataclasses.replace(settings, share_prompt_forward=share, compile_layers=compiled),
+                reference_path=str(model_dir),
+            )
             graphs_before = compiled_graphs()
             times, metrics = [], []
             if device.type == "cuda":
@@ -106,13 +133,17 @@ def run(args: argparse.Namespace) -> dict:
                 T.sync(device)
                 times.append(time.perf_counter() - t0)
             entry = {
-                "name": name, "share_prompt_forward": share, "compiled": compiled,
-                "step_s": statistics.median(times[args.warmup :]), "step_s_runs": times,
+                "name": name,
+                "share_prompt_forward": share,
+                "compiled": compiled,
+                "step_s": statistics.median(times[args.warmup :]),
+                "step_s_runs": times,
                 "forward_tokens_per_step": metrics[-1].get("train/forward_tokens"),
-                "first_loss": metrics[0]["train/loss"], "first_grad_norm": metrics[0]["train/grad_norm"],
+                "first_loss": metrics[0]["train/loss"],
+                "first_grad_norm": metrics[0]["train/grad_norm"],
                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
                 "graphs_compiled": compiled_graphs() - graphs_before,
-            }  # fmt: skip
+            }
             if args.profile and share and compiled == (device.type == "cuda"):
                 entry["profile"] = T.profile_step(lambda: trainer.train_step(batches[-1]), device)
             results.append(entry)
@@ -123,16 +154,20 @@ def run(args: argparse.Namespace) -> dict:
     base = results[0]
     report["first_loss_max_rel_diff"] = max(
         abs(r["first_loss"] - base["first_loss"]) / max(abs(base["first_loss"]), 1e-9) for r in results
-    )  # fmt: skip
+    )
     return report
 
 
 def print_table(report: dict) -> None:
-    rows = [(r["name"], r["step_s"], r["forward_tokens_per_step"], r["peak_gib"], r["first_loss"], r["graphs_compiled"])
-            for r in report["configs"]]  # fmt: skip
+    rows = [
+        (r["name"], r["step_s"], r["forward_tokens_per_step"], r["peak_gib"], r["first_loss"], r["graphs_compiled"])
+        for r in report["configs"]
+    ]
     print(C.table(rows, ["configuration", "step s", "tokens forwarded", "peak GiB", "first loss", "graphs"]))
-    print(f"tokens per step (one row per sample): {report['tokens_per_step'][-1]:,}; "
-          f"largest relative loss difference between configurations: {report['first_loss_max_rel_diff']:.2e}")  # fmt: skip
+    print(
+        f"tokens per step (one row per sample): {report['tokens_per_step'][-1]:,}; "
+        f"largest relative loss difference between configurations: {report['first_loss_max_rel_diff']:.2e}"
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -142,15 +177,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--groups", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=4600)
-    p.add_argument("--tail-len", type=int, default=2000,
-                   help="the end of each sample's prompt that is its own (a chain's attempts and grades); 0: one prompt per group")
+    p.add_argument(
+        "--tail-len",
+        type=int,
+        default=2000,
+        help="the end of each sample's prompt that is its own (a chain's attempts and grades); 0: one prompt per group",
+    )
     p.add_argument("--response-len", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=16384, help="tokens per micro-batch (--max-tokens-per-gpu)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="profile one more step of the shared rows")
-    p.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS),
-                   help="which configurations to run (the compiled ones on CUDA only)")
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        choices=CONFIGS,
+        default=list(CONFIGS),
+        help="which configurations to run (the compiled ones on CUDA only)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.tiny:

@@ -55,16 +55,42 @@ REPLAY_KEY_ENV = "SLIME_MEGATRON_1GPU_REPLAY_KEY"  # the stand-in replay teacher
 
 # Our flags, the same at rollout and at training time (the plan's --global-batch-size counts the chains).
 META_FLAGS = [
-    "--use-meta-learning", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--heldout-ipb", "2",
-    "--num-inner-iterations", "1", "--n-samples-per-inner-prompt", "2",
-    "--teacher-max-tokens", "6", "--rollout-max-response-len", "6",
-    "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
-    "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
-    "--grader", "verifier", "--verifier-metric", "char",
-    "--teacher-temperature", "1", "--rollout-temperature", "1",  # replay DPO scores at temperature 1
-    "--sdpo-alpha", "0.5", "--sdpo-topk", "8",
-    "--replay-beta", "0.5", "--student-num-gpus", "1",
-]  # fmt: skip
+    "--use-meta-learning",
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "4",
+    "--heldout-ipb",
+    "2",
+    "--num-inner-iterations",
+    "1",
+    "--n-samples-per-inner-prompt",
+    "2",
+    "--teacher-max-tokens",
+    "6",
+    "--rollout-max-response-len",
+    "6",
+    "--generator-template",
+    "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+    "--teacher-template",
+    "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
+    "--grader",
+    "verifier",
+    "--verifier-metric",
+    "char",
+    "--teacher-temperature",
+    "1",
+    "--rollout-temperature",
+    "1",  # replay DPO scores at temperature 1
+    "--sdpo-alpha",
+    "0.5",
+    "--sdpo-topk",
+    "8",
+    "--replay-beta",
+    "0.5",
+    "--student-num-gpus",
+    "1",
+]
 
 
 def tiny_checkpoint() -> Path:
@@ -79,17 +105,36 @@ def megatron_shape(checkpoint: Path) -> list[str]:
     heads = config["num_attention_heads"]
     rope = config.get("rope_parameters") or {}
     flags = [
-        "--num-layers", str(config["num_hidden_layers"]), "--hidden-size", str(config["hidden_size"]),
-        "--ffn-hidden-size", str(config["intermediate_size"]), "--num-attention-heads", str(heads),
-        "--kv-channels", str(config.get("head_dim") or config["hidden_size"] // heads),
-        "--normalization", "RMSNorm", "--norm-epsilon", str(config["rms_norm_eps"]), "--swiglu",
-        "--disable-bias-linear", "--position-embedding-type", "rope",
-        "--rotary-base", str(int(float(rope.get("rope_theta", config.get("rope_theta") or 10000)))),  # an int flag
+        "--num-layers",
+        str(config["num_hidden_layers"]),
+        "--hidden-size",
+        str(config["hidden_size"]),
+        "--ffn-hidden-size",
+        str(config["intermediate_size"]),
+        "--num-attention-heads",
+        str(heads),
+        "--kv-channels",
+        str(config.get("head_dim") or config["hidden_size"] // heads),
+        "--normalization",
+        "RMSNorm",
+        "--norm-epsilon",
+        str(config["rms_norm_eps"]),
+        "--swiglu",
+        "--disable-bias-linear",
+        "--position-embedding-type",
+        "rope",
+        "--rotary-base",
+        str(int(float(rope.get("rope_theta", config.get("rope_theta") or 10000)))),  # an int flag
         # No padding: Megatron's extra vocabulary rows would be logits the HF model does not have.
-        "--vocab-size", str(config["vocab_size"]), "--make-vocab-size-divisible-by", "1",
-        "--seq-length", str(config["max_position_embeddings"]),
-        "--max-position-embeddings", str(config["max_position_embeddings"]),
-    ]  # fmt: skip
+        "--vocab-size",
+        str(config["vocab_size"]),
+        "--make-vocab-size-divisible-by",
+        "1",
+        "--seq-length",
+        str(config["max_position_embeddings"]),
+        "--max-position-embeddings",
+        str(config["max_position_embeddings"]),
+    ]
     if config.get("num_key_value_heads", heads) != heads:
         flags += ["--group-query-attention", "--num-query-groups", str(config["num_key_value_heads"])]
     if not config.get("tie_word_embeddings", False):
@@ -110,10 +155,14 @@ class _LabelTeacher(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
         answer = next((label for prompt, label in self.labels.items() if prompt in text), "?")
-        reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body.get("model", "label"),
-                 "choices": [{"index": 0, "finish_reason": "stop",
-                              "message": {"role": "assistant", "content": answer}}],
-                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
+        reply = {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": body.get("model", "label"),
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
         data = json.dumps(reply).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -144,16 +193,36 @@ def rollout_namespace(checkpoint: Path, run_dir: Path, prompts: Path, teacher_ur
     for what its data source reads (slime's parse_args needs Megatron, which a CPU machine lacks)."""
     from slime_meta.backends.slime.plan import meta_parser, translate
 
-    argv = [*META_FLAGS, "--prompt-data", str(prompts), "--hf-checkpoint", str(checkpoint),
-            "--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "1", "--run-dir", str(run_dir),
-            "--replay-teachers", *[f"t{i}@{url}#{REPLAY_KEY_ENV}" for i, url in enumerate(replay_urls)]]  # fmt: skip
+    argv = [
+        *META_FLAGS,
+        "--prompt-data",
+        str(prompts),
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--actor-num-gpus-per-node",
+        "1",
+        "--rollout-num-gpus",
+        "1",
+        "--run-dir",
+        str(run_dir),
+        "--replay-teachers",
+        *[f"t{i}@{url}#{REPLAY_KEY_ENV}" for i, url in enumerate(replay_urls)],
+    ]
     namespace, _ = meta_parser().parse_known_args(list(translate(argv).slime_argv))
     args = argparse.Namespace(**vars(namespace))
     args.__dict__.update(
-        rollout_global_dataset=True, metadata_key="metadata", tool_key="tools", multimodal_keys=None,
-        apply_chat_template=False, apply_chat_template_kwargs={}, rollout_seed=42, rollout_max_prompt_len=None,
-        dump_details=None, buffer_filter_path=None, eval_prompt_data=None,
-    )  # fmt: skip
+        rollout_global_dataset=True,
+        metadata_key="metadata",
+        tool_key="tools",
+        multimodal_keys=None,
+        apply_chat_template=False,
+        apply_chat_template_kwargs={},
+        rollout_seed=42,
+        rollout_max_prompt_len=None,
+        dump_details=None,
+        buffer_filter_path=None,
+        eval_prompt_data=None,
+    )
 
     def host_port(url: str) -> tuple[str, int]:
         host, port = url.split("//", 1)[1].rsplit(":", 1)
@@ -206,11 +275,14 @@ def run_rollout(out: Path, checkpoint: Path) -> dict:
     for s in samples:
         kind = s.metadata[META_KEY].get("kind", "info")
         kinds[kind] = kinds.get(kind, 0) + 1
-    summary = {"samples": len(samples), "kinds": kinds, "rollouts": len({s.rollout_id for s in samples}),
-               "metrics": {k: float(v) for k, v in output.metrics.items() if isinstance(v, (int, float))}}  # fmt: skip
+    summary = {
+        "samples": len(samples),
+        "kinds": kinds,
+        "rollouts": len({s.rollout_id for s in samples}),
+        "metrics": {k: float(v) for k, v in output.metrics.items() if isinstance(v, (int, float))},
+    }
     print(json.dumps({k: summary[k] for k in ("samples", "kinds", "rollouts")}))
     return summary
-
 
 
 # ---------------------------------------------------------------- train (GPU)
@@ -219,14 +291,36 @@ def run_rollout(out: Path, checkpoint: Path) -> dict:
 # so the step is the same function the comparison computes. The HF directory goes to --load: slime's
 # own HF->Megatron loader (hf_to_megatron, `llama`) reads it, no torch_dist conversion needed.
 MEGATRON_FLAGS = [
-    "--transformer-impl", "local", "--micro-batch-size", "1", "--seed", "1234",
-    "--lr", "1e-6", "--lr-decay-style", "constant", "--weight-decay", "0.0", "--clip-grad", "1.0",
-    "--adam-beta1", "0.9", "--adam-beta2", "0.98",
-    "--attention-dropout", "0.0", "--hidden-dropout", "0.0",
-    "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-swiglu-fusion",
-    "--no-bias-dropout-fusion", "--no-rope-fusion", "--no-persist-layer-norm",
+    "--transformer-impl",
+    "local",
+    "--micro-batch-size",
+    "1",
+    "--seed",
+    "1234",
+    "--lr",
+    "1e-6",
+    "--lr-decay-style",
+    "constant",
+    "--weight-decay",
+    "0.0",
+    "--clip-grad",
+    "1.0",
+    "--adam-beta1",
+    "0.9",
+    "--adam-beta2",
+    "0.98",
+    "--attention-dropout",
+    "0.0",
+    "--hidden-dropout",
+    "0.0",
+    "--no-gradient-accumulation-fusion",
+    "--no-masked-softmax-fusion",
+    "--no-bias-swiglu-fusion",
+    "--no-bias-dropout-fusion",
+    "--no-rope-fusion",
+    "--no-persist-layer-norm",
     "--accumulate-allreduce-grads-in-fp32",
-]  # fmt: skip
+]
 
 
 def train_argv(out: Path, checkpoint: Path) -> list[str]:
@@ -236,15 +330,36 @@ def train_argv(out: Path, checkpoint: Path) -> list[str]:
     prompts = out / "prompts.slime.jsonl"
     convert(DATA, prompts)  # slime's data source reads --prompt-data even when it does not draw from it
     return [
-        *META_FLAGS, "--prompt-data", str(prompts), "--hf-checkpoint", str(checkpoint), "--load", str(checkpoint),
-        "--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "1", "--run-dir", str(out / "train_run"),
+        *META_FLAGS,
+        "--prompt-data",
+        str(prompts),
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--load",
+        str(checkpoint),
+        "--actor-num-gpus-per-node",
+        "1",
+        "--rollout-num-gpus",
+        "1",
+        "--run-dir",
+        str(out / "train_run"),
         # Replay's pairs are in the saved rollout already: the teachers are never called when training.
-        "--replay-teachers", "t0@http://127.0.0.1:9/v1", "t1@http://127.0.0.1:9/v1",
-        "--debug-train-only", "--load-debug-rollout-data", str(out / ROLLOUT_FILE), "--num-rollout", "1",
-        *megatron_shape(checkpoint), *MEGATRON_FLAGS,
-        "--custom-megatron-init-path", "slime_megatron_hooks.local_spec_hf_names",
-        "--spec", "slime_megatron_hooks", "packed_local_layer_spec",
-    ]  # fmt: skip
+        "--replay-teachers",
+        "t0@http://127.0.0.1:9/v1",
+        "t1@http://127.0.0.1:9/v1",
+        "--debug-train-only",
+        "--load-debug-rollout-data",
+        str(out / ROLLOUT_FILE),
+        "--num-rollout",
+        "1",
+        *megatron_shape(checkpoint),
+        *MEGATRON_FLAGS,
+        "--custom-megatron-init-path",
+        "slime_megatron_hooks.local_spec_hf_names",
+        "--spec",
+        "slime_megatron_hooks",
+        "packed_local_layer_spec",
+    ]
 
 
 def first_step_metrics(log_text: str) -> dict | None:
@@ -281,8 +396,12 @@ def run_train(out: Path, checkpoint: Path, slime_src: str, timeout: int) -> dict
             process.kill()
             code = -9
     text = log_path.read_text()
-    return {"returncode": code, "seconds": round(time.perf_counter() - started, 1),
-            "first_step": first_step_metrics(text), "command": command[1:]}  # fmt: skip
+    return {
+        "returncode": code,
+        "seconds": round(time.perf_counter() - started, 1),
+        "first_step": first_step_metrics(text),
+        "command": command[1:],
+    }
 
 
 # ---------------------------------------------------------------- compare (CPU or GPU)
@@ -327,8 +446,17 @@ def torch_step_loss(args, checkpoint: Path, samples, dtype) -> dict:
 
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype)
     train_data = convert_samples_to_train_data(args, samples)
-    keys = ("tokens", "response_lengths", "rewards", "loss_masks", "sample_indices", "rollout_ids",
-            "rollout_mask_sums", "rollout_log_probs", "teacher_log_probs")  # fmt: skip
+    keys = (
+        "tokens",
+        "response_lengths",
+        "rewards",
+        "loss_masks",
+        "sample_indices",
+        "rollout_ids",
+        "rollout_mask_sums",
+        "rollout_log_probs",
+        "teacher_log_probs",
+    )
     rollout_data = {key: train_data[key] for key in keys if key in train_data}
     tensorize_rollout_data_for_training(rollout_data)
     temperature = float(args.rollout_temperature)
@@ -345,8 +473,10 @@ def torch_step_loss(args, checkpoint: Path, samples, dtype) -> dict:
     num_microbatches = len(samples)
     logs = []
     for i in range(len(samples)):
-        batch = {key: [rollout_data[key][i]] for key in
-                 ("loss_masks", "advantages", "log_probs", "rollout_log_probs", "teacher_log_probs")}  # fmt: skip
+        batch = {
+            key: [rollout_data[key][i]]
+            for key in ("loss_masks", "advantages", "log_probs", "rollout_log_probs", "teacher_log_probs")
+        }
         batch["unconcat_tokens"] = [rollout_data["tokens"][i]]
         batch["total_lengths"] = [len(rollout_data["tokens"][i])]
         batch["response_lengths"] = [int(rollout_data["response_lengths"][i])]
@@ -357,9 +487,12 @@ def torch_step_loss(args, checkpoint: Path, samples, dtype) -> dict:
         logs.append({"keys": log["keys"], "values": log["values"].detach().double()})
     # slime's own reduction of the micro-batches' logs (it adds them position by position).
     reduced = train_metric_utils.reduce_train_step_metrics(
-        logs, calculate_per_token_loss=False, step_global_batch_size=rollouts, cp_size=1,
+        logs,
+        calculate_per_token_loss=False,
+        step_global_batch_size=rollouts,
+        cp_size=1,
         dp_with_cp_group=mpu.get_data_parallel_group(with_context_parallel=True),
-    )  # fmt: skip
+    )
     metrics = {f"train/{k}": float(v) for k, v in reduced.items()}
     grads = [p.grad.double().norm() for p in model.parameters() if p.grad is not None]
     metrics["train/grad_norm"] = float(torch.stack(grads).norm())  # before clipping, as Megatron reports it
@@ -374,8 +507,13 @@ def local_trainer_loss(args, checkpoint: Path, local_inputs: dict) -> dict:
     from slime_meta.backends.local.channels import LossSettings
     from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
 
-    loss = LossSettings(eps_clip=args.eps_clip, eps_clip_high=args.eps_clip_high, sdpo_alpha=args.sdpo_alpha,
-                        sdpo_topk=args.sdpo_topk, sdpo_form="jsd")  # fmt: skip
+    loss = LossSettings(
+        eps_clip=args.eps_clip,
+        eps_clip_high=args.eps_clip_high,
+        sdpo_alpha=args.sdpo_alpha,
+        sdpo_topk=args.sdpo_topk,
+        sdpo_form="jsd",
+    )
     settings = TrainerSettings(lr=1e-6, device="cpu", temperature=float(args.rollout_temperature), loss=loss)
     torch.manual_seed(0)
     trainer = LocalTrainer(str(checkpoint), settings)

@@ -56,8 +56,17 @@ def packed_causal_attention_class():
             super().__init__(config=config)
             self.softmax_scale = softmax_scale
 
-        def forward(self, query_T_H_D, key_T_G_D, value_T_G_D, attention_mask=None, attn_mask_type=None,
-                    attention_bias=None, packed_seq_params=None, **_unused):  # fmt: skip
+        def forward(
+            self,
+            query_T_H_D,
+            key_T_G_D,
+            value_T_G_D,
+            attention_mask=None,
+            attn_mask_type=None,
+            attention_bias=None,
+            packed_seq_params=None,
+            **_unused,
+        ):
             if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
                 raise NotImplementedError("PackedCausalAttention takes slime's THD-packed micro-batches only")
             bounds = packed_seq_params.cu_seqlens_q.tolist()
@@ -81,10 +90,12 @@ def packed_local_layer_spec(args, config, vp_stage=None):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(
-        num_experts=args.num_experts, moe_grouped_gemm=args.moe_grouped_gemm, qk_layernorm=args.qk_layernorm,
+        num_experts=args.num_experts,
+        moe_grouped_gemm=args.moe_grouped_gemm,
+        qk_layernorm=args.qk_layernorm,
         multi_latent_attention=args.multi_latent_attention,
         moe_use_legacy_grouped_gemm=args.moe_use_legacy_grouped_gemm,
-    )  # fmt: skip
+    )
     spec.submodules.self_attention.submodules.core_attention = packed_causal_attention_class()
     return spec
 

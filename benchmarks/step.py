@@ -58,27 +58,62 @@ from statistics import fmean
 from typing import Any, Sequence
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
-
-from slime_meta.artifacts.tracking import jsonl_lines  # noqa: E402
 from step_floor import DEFAULT_PEAK_TFLOPS, default_bandwidth_tbs, phase_breakdown, physical_floor  # noqa: E402
 from step_requests import prefix_sharing, replay, step_requests  # noqa: E402
 
-TARGETS = {"peak_gpu_gib_0.5b": 24.0, "peak_gpu_gib_1.5b": 60.0, "step_s_0.5b": 6.0, "step_s_1.5b": 9.0,
-           "weight_push_share": 0.05, "step_vs_bound": 1.5}  # fmt: skip
-COMMON = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-              hidden_act="silu", use_sliding_window=False)  # fmt: skip
+from slime_meta.artifacts.tracking import jsonl_lines  # noqa: E402
+
+TARGETS = {
+    "peak_gpu_gib_0.5b": 24.0,
+    "peak_gpu_gib_1.5b": 60.0,
+    "step_s_0.5b": 6.0,
+    "step_s_1.5b": 9.0,
+    "weight_push_share": 0.05,
+    "step_vs_bound": 1.5,
+}
+COMMON = dict(
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    use_sliding_window=False,
+)
 SHAPES = {
-    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, **COMMON),
-    "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                 num_attention_heads=12, num_key_value_heads=2, **COMMON),
-    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, **dict(COMMON, max_position_embeddings=8192)),
-}  # fmt: skip
+    "0.5b": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        **COMMON,
+    ),
+    "1.5b": dict(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        **COMMON,
+    ),
+    "tiny": dict(
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        **dict(COMMON, max_position_embeddings=8192),
+    ),
+}
 TRAINER_MEMORY_SHAPE = {"0.5b": "0.5B", "1.5b": "1.5B", "tiny": "tiny"}  # the shape names trainer_memory.py writes
-WORDS = ("the farmer market basket apples crate river boat morning evening price coins bag sold bought each "
-         "between friends shared travelled miles garden rows seeds planted baker loaves oven hour workers "
-         "factory boxes shelf library books pages class students teacher bus trip tickets").split()  # fmt: skip
+WORDS = (
+    "the farmer market basket apples crate river boat morning evening price coins bag sold bought each "
+    "between friends shared travelled miles garden rows seeds planted baker loaves oven hour workers "
+    "factory boxes shelf library books pages class students teacher bus trip tickets"
+).split()
 
 
 # ----------------------------------------------------------------------------- model, tokenizer, data
@@ -96,8 +131,14 @@ def make_rows(count: int, chars: int, seed: int) -> list[dict[str, Any]]:
         middle = len(story) // 2
         story.insert(middle, f"In the first part there were {a} items.")
         story.append(f"Later {b} more items arrived.")
-        rows.append({"prompt": " ".join(story) + " How many items were there in total?", "label": str(a + b),
-                     "rubric": f"Full credit: final answer {a + b}; {a} + {b}.", "topic": f"topic{i % 8}"})  # fmt: skip
+        rows.append(
+            {
+                "prompt": " ".join(story) + " How many items were there in total?",
+                "label": str(a + b),
+                "rubric": f"Full credit: final answer {a + b}; {a} + {b}.",
+                "topic": f"topic{i % 8}",
+            }
+        )
     return rows
 
 
@@ -123,16 +164,22 @@ def padded_char_tokenizer(texts: Sequence[str], vocab_size: int):
     padded.add_special_tokens([base.bos_token, base.eos_token, base.pad_token, base.unk_token])
     padded.decoder, padded.post_processor = backend.decoder, backend.post_processor
     return PreTrainedTokenizerFast(
-        tokenizer_object=padded, bos_token=base.bos_token, eos_token=base.eos_token, pad_token=base.pad_token,
-        unk_token=base.unk_token, model_max_length=10**9,
-    )  # fmt: skip
+        tokenizer_object=padded,
+        bos_token=base.bos_token,
+        eos_token=base.eos_token,
+        pad_token=base.pad_token,
+        unk_token=base.unk_token,
+        model_max_length=10**9,
+    )
 
 
 def build_model_dir(shape: dict, tokenizer, out: Path, device: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    ids = dict(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     torch.manual_seed(0)
     with torch.device(device):  # random init on the GPU: seconds
         model = AutoModelForCausalLM.from_config(Qwen2Config(**shape, **ids))
@@ -160,10 +207,18 @@ class GpuMemorySampler(threading.Thread):
     def run(self) -> None:
         while not self.stopped.is_set():
             try:
-                total = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                       capture_output=True, text=True, timeout=10).stdout.split()  # fmt: skip
-                apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                                      capture_output=True, text=True, timeout=10).stdout.splitlines()  # fmt: skip
+                total = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout.split()
+                apps = subprocess.run(
+                    ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=10,
+                ).stdout.splitlines()
             except (OSError, subprocess.TimeoutExpired):
                 self.available = False
                 return
@@ -189,9 +244,13 @@ class GpuMemorySampler(threading.Thread):
             # Outside this pid namespace (a container) the roles are unknown; the worker starts
             # before train.py builds its trainer, so the order of first appearance tells them apart.
             processes[pid] = {"role": role, "peak_gib": mib / 1024, "first_seen_s": round(self.first_seen_s[pid], 1)}
-        return {"available": True, "samples": self.samples, "peak_device_gib": self.peak_total_mib / 1024,
-                "processes": processes,
-                "peak_sum_of_processes_gib": sum(p["peak_gib"] for p in processes.values())}  # fmt: skip
+        return {
+            "available": True,
+            "samples": self.samples,
+            "peak_device_gib": self.peak_total_mib / 1024,
+            "processes": processes,
+            "peak_sum_of_processes_gib": sum(p["peak_gib"] for p in processes.values()),
+        }
 
 
 # ----------------------------------------------------------------------------- one run
@@ -199,20 +258,59 @@ class GpuMemorySampler(threading.Thread):
 
 def train_command(args: argparse.Namespace, model_dir: Path, data: Path, run_dir: Path, device: str) -> list[str]:
     return [
-        sys.executable, str(C.REPO_ROOT / "train.py"), "--hf-checkpoint", str(model_dir), "--device", device,
-        "--prompt-data", str(data), "--input-key", "prompt", "--label-key", "label", "--rubric-key", "rubric",
-        "--group-key", "topic", "--rollout-shuffle", "--use-meta-learning",
-        "--rollout-batch-size", str(args.rollout_batch_size), "--heldout-ipb", str(args.heldout_ipb),
-        "--n-problems-per-prompt", str(args.k), "--n-samples-per-prompt", str(args.g),
-        "--num-inner-iterations", str(args.inner_iterations), "--n-samples-per-inner-prompt", str(args.m),
-        "--num-rollout", str(args.steps), "--rollout-max-response-len", str(args.new_tokens),
-        "--teacher-max-tokens", str(args.new_tokens), "--grader", "verifier", "--local-num-workers", "1",
-        "--lr", "1e-6", "--trace-sample-rate", "1", "--run-dir", str(run_dir),
+        sys.executable,
+        str(C.REPO_ROOT / "train.py"),
+        "--hf-checkpoint",
+        str(model_dir),
+        "--device",
+        device,
+        "--prompt-data",
+        str(data),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--rubric-key",
+        "rubric",
+        "--group-key",
+        "topic",
+        "--rollout-shuffle",
+        "--use-meta-learning",
+        "--rollout-batch-size",
+        str(args.rollout_batch_size),
+        "--heldout-ipb",
+        str(args.heldout_ipb),
+        "--n-problems-per-prompt",
+        str(args.k),
+        "--n-samples-per-prompt",
+        str(args.g),
+        "--num-inner-iterations",
+        str(args.inner_iterations),
+        "--n-samples-per-inner-prompt",
+        str(args.m),
+        "--num-rollout",
+        str(args.steps),
+        "--rollout-max-response-len",
+        str(args.new_tokens),
+        "--teacher-max-tokens",
+        str(args.new_tokens),
+        "--grader",
+        "verifier",
+        "--local-num-workers",
+        "1",
+        "--lr",
+        "1e-6",
+        "--trace-sample-rate",
+        "1",
+        "--run-dir",
+        str(run_dir),
         *(["--max-tokens-per-gpu", str(args.max_tokens_per_gpu)] if args.max_tokens_per_gpu else []),
         # A random-init model grades every attempt 0: a step without signal trains nothing (the
         # trainer skips it), and a small entropy term leaves a step that trains, to measure.
-        "--entropy-coef", "1e-4", *args.extra,
-    ]  # fmt: skip
+        "--entropy-coef",
+        "1e-4",
+        *args.extra,
+    ]
 
 
 def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, result: dict[str, Any]) -> None:
@@ -237,8 +335,9 @@ def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, resu
     started = time.perf_counter()
     if device == "cuda":
         sampler.start()
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=C.REPO_ROOT,
-                               preexec_fn=C._die_with_parent)  # noqa: PLW1509
+    process = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=C.REPO_ROOT, preexec_fn=C._die_with_parent
+    )  # noqa: PLW1509
     result["timed_out"] = False
     try:
         returncode = process.wait(timeout=args.run_timeout_s)
@@ -258,12 +357,27 @@ def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, resu
         return
     measured = records[1:] or records  # step 0 is the warm-up
     result["measured_steps"] = [r["step"] for r in measured]
-    keys = ("perf/step_time", "perf/rollout_wait_time", "perf/train_time", "perf/weight_push_time", "perf/meta_rollout_time",
-            "meta_learning/inner_loop_time", "pool/teacher_prompt_tokens", "pool/teacher_completion_tokens",
-            "pool/student_prompt_tokens", "pool/student_completion_tokens", "pool/teacher_requests",
-            "pool/student_requests", "train/step_time", "train/num_sequences", "train/response_tokens")  # fmt: skip
+    keys = (
+        "perf/step_time",
+        "perf/rollout_wait_time",
+        "perf/train_time",
+        "perf/weight_push_time",
+        "perf/meta_rollout_time",
+        "meta_learning/inner_loop_time",
+        "pool/teacher_prompt_tokens",
+        "pool/teacher_completion_tokens",
+        "pool/student_prompt_tokens",
+        "pool/student_completion_tokens",
+        "pool/teacher_requests",
+        "pool/student_requests",
+        "train/step_time",
+        "train/num_sequences",
+        "train/response_tokens",
+    )
     keys += tuple(sorted({key for r in measured for key in r if key.startswith(("perf/", "worker/"))} - set(keys)))
-    per = result["per_step"] = {key: fmean(r.get(key, 0.0) for r in measured) for key in keys if any(key in r for r in measured)}
+    per = result["per_step"] = {
+        key: fmean(r.get(key, 0.0) for r in measured) for key in keys if any(key in r for r in measured)
+    }
     result["trainer_plan"] = trainer_plan(run_dir, work / "train.log")
     per["train/tokens"] = fmean(r["train/tokens_per_s"] * r["train/step_time"] for r in measured)
     per["generated_tokens"] = per["pool/teacher_completion_tokens"] + per["pool/student_completion_tokens"]
@@ -273,18 +387,27 @@ def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, resu
     sharing = [prefix_sharing(requests) for requests in requests_by_step]
     result["prefix"] = {k: fmean(s[k] for s in sharing) for k in sharing[0]}
     last = step_requests(traces, measured[-1]["step"], tokenizer)
-    result["prefix"]["by_kind"] = {kind: prefix_sharing([r for r in last if r["kind"] == kind])
-                                   for kind in ("student_train", "student_holdout", "teacher")}  # fmt: skip
+    result["prefix"]["by_kind"] = {
+        kind: prefix_sharing([r for r in last if r["kind"] == kind])
+        for kind in ("student_train", "student_holdout", "teacher")
+    }
     with LocalProcessGroup(startup_timeout_s=300) as group:
-        endpoints = group.start_pool("replay", str(model_dir), 1, device=device, weights_root=None, log_dir=str(work / "logs"))
+        endpoints = group.start_pool(
+            "replay", str(model_dir), 1, device=device, weights_root=None, log_dir=str(work / "logs")
+        )
         result["replay"] = asyncio.run(replay(endpoints.router_url, last, shape["vocab_size"], args))
     result["bound"] = lower_bound(name, args, result)
     plan = result["trainer_plan"]
     result["floor"] = physical_floor(
-        shape, per, requests_by_step, recompute=plan.get("recompute_granularity") == "full" or device == "cpu",
-        decode_steps=(2 * args.inner_iterations + 1) * args.new_tokens, peak_tflops=args.peak_tflops,
-        bandwidth_tbs=args.bandwidth_tbs, bytes_per_param=2 if device == "cuda" else 4,
-    )  # fmt: skip
+        shape,
+        per,
+        requests_by_step,
+        recompute=plan.get("recompute_granularity") == "full" or device == "cpu",
+        decode_steps=(2 * args.inner_iterations + 1) * args.new_tokens,
+        peak_tflops=args.peak_tflops,
+        bandwidth_tbs=args.bandwidth_tbs,
+        bytes_per_param=2 if device == "cuda" else 4,
+    )
     result["phases"] = phase_breakdown(per, result["replay"]["prefill_only_s"])
 
 
@@ -312,8 +435,14 @@ def lower_bound(name: str, args: argparse.Namespace, result: dict) -> dict[str, 
     # The trainer benchmark's row at the loop's own setting (recomputed layers or kept activations).
     recompute = result.get("trainer_plan", {}).get("recompute_granularity", "full") == "full"
     setting = "dynamic_tokens_recompute" if recompute else "dynamic_tokens"
-    row = next((r for r in (memory or {}).get("rows", []) if r["shape"] == TRAINER_MEMORY_SHAPE.get(name)
-                and r["setting"] == setting and not r.get("oom")), None)  # fmt: skip
+    row = next(
+        (
+            r
+            for r in (memory or {}).get("rows", [])
+            if r["shape"] == TRAINER_MEMORY_SHAPE.get(name) and r["setting"] == setting and not r.get("oom")
+        ),
+        None,
+    )
     if row:
         out["trainer_tokens_per_s"] = memory["batch"] * memory["seq"] / row["step_s"]
         machine = memory.get("machine")  # trainer_memory.py writes a string, the other benchmarks a dict
@@ -321,7 +450,9 @@ def lower_bound(name: str, args: argparse.Namespace, result: dict) -> dict[str, 
         out["trainer_source"] = f"{args.trainer_json}: {row['shape']} {setting}, {gpu}"
         out["train_s"] = per["train/tokens"] / out["trainer_tokens_per_s"]
         out["trainer_json_max_tokens_per_gpu"] = memory.get("max_tokens_per_gpu")
-        out["loop_train_vs_trainer_json"] = per["perf/train_time"] / out["train_s"]  # the loop's train part, same tokens
+        out["loop_train_vs_trainer_json"] = (
+            per["perf/train_time"] / out["train_s"]
+        )  # the loop's train part, same tokens
     else:
         out["trainer_source"] = "no trainer JSON row for this shape: this run's own train/step_time"
         out["train_s"] = per["train/step_time"]
@@ -358,9 +489,11 @@ def verdicts(result: dict) -> dict[str, Any]:
         "prefill_share_of_rollout": prefill_s / per["meta_learning/inner_loop_time"],
         "prefix_cache_max_saving_share_of_step": saving,
         "prefix_cache_pays": saving >= 0.05,
-        "meets": {"weight_push_share": per["perf/weight_push_time"] / per["perf/step_time"] <= TARGETS["weight_push_share"],
-                  "step_vs_bound": bound["step_vs_bound"] <= TARGETS["step_vs_bound"]},
-    }  # fmt: skip
+        "meets": {
+            "weight_push_share": per["perf/weight_push_time"] / per["perf/step_time"] <= TARGETS["weight_push_share"],
+            "step_vs_bound": bound["step_vs_bound"] <= TARGETS["step_vs_bound"],
+        },
+    }
     target = TARGETS.get(f"peak_gpu_gib_{result['shape']}")
     if mem.get("available") and target:
         out["meets"]["peak_gpu_gib"] = mem["peak_device_gib"] <= target
@@ -378,18 +511,53 @@ def print_table(report: dict) -> None:
             rows.append([r["shape"], f"failed: {why}"] + [None] * 12)
             continue
         p, b, m, pre = r["per_step"], r["bound"], r["gpu_memory"], r["prefix"]
-        rows.append([r["shape"], p["perf/step_time"], p["perf/rollout_wait_time"], p["perf/train_time"],
-                     p["perf/weight_push_time"], p["generated_tokens"], pre["prefilled_tokens"], p["train/tokens"],
-                     m.get("peak_device_gib"), r.get("floor", {}).get("floor_s"), b["bound_s"], b["step_vs_bound"],
-                     v["weight_push_share"], pre["repeated_share"]])  # fmt: skip
+        rows.append(
+            [
+                r["shape"],
+                p["perf/step_time"],
+                p["perf/rollout_wait_time"],
+                p["perf/train_time"],
+                p["perf/weight_push_time"],
+                p["generated_tokens"],
+                pre["prefilled_tokens"],
+                p["train/tokens"],
+                m.get("peak_device_gib"),
+                r.get("floor", {}).get("floor_s"),
+                b["bound_s"],
+                b["step_vs_bound"],
+                v["weight_push_share"],
+                pre["repeated_share"],
+            ]
+        )
         procs = ", ".join(f"{p['role']} {p['peak_gib']:.1f}" for p in m.get("processes", {}).values()) or "-"
         pays = "pays" if v["prefix_cache_pays"] else "does not pay"
-        notes.append(f"{r['shape']}: per process peak GiB: {procs}; prefill {r['replay']['prefill_only_s']:.2f}s = "
-                     f"{v['prefill_share_of_step']:.1%} of a step; a prefix cache would save at most "
-                     f"{v['prefix_cache_max_saving_share_of_step']:.1%} of a step ({pays}); meets: "
-                     + ", ".join(f"{k}={'yes' if ok else 'NO'}" for k, ok in v["meets"].items()))  # fmt: skip
-    print(C.table(rows, ["shape", "step s", "rollout s", "train s", "push s", "gen tok", "prefill tok", "train tok",
-                         "peak GiB", "floor s", "bound s", "step/bound", "push share", "prefix repeat"]))  # fmt: skip
+        notes.append(
+            f"{r['shape']}: per process peak GiB: {procs}; prefill {r['replay']['prefill_only_s']:.2f}s = "
+            f"{v['prefill_share_of_step']:.1%} of a step; a prefix cache would save at most "
+            f"{v['prefix_cache_max_saving_share_of_step']:.1%} of a step ({pays}); meets: "
+            + ", ".join(f"{k}={'yes' if ok else 'NO'}" for k, ok in v["meets"].items())
+        )
+    print(
+        C.table(
+            rows,
+            [
+                "shape",
+                "step s",
+                "rollout s",
+                "train s",
+                "push s",
+                "gen tok",
+                "prefill tok",
+                "train tok",
+                "peak GiB",
+                "floor s",
+                "bound s",
+                "step/bound",
+                "push share",
+                "prefix repeat",
+            ],
+        )
+    )
     print_phases(report)
     print("\n".join(notes))
 
@@ -405,26 +573,63 @@ def print_phases(report: dict) -> None:
     rows = []
     for r in shapes:
         ph, floor = r["phases"], r["floor"]
-        rows.append([r["shape"], floor["floor_s"], r["bound"]["bound_s"], ph["step"], ph["prefill_replayed_s"],
-                     *[ph["rollout_phases"].get(n) for n in rollout_names], ph["trainer"]["forward_backward"],
-                     ph["trainer"]["reference_forward"], ph["trainer"]["optimizer"], ph["push"], ph["idle"],
-                     ph.get("overlapped", 0.0)])  # fmt: skip
-    print(C.table(rows, ["shape", "floor s", "bound s", "step s", "(prefill)", *rollout_names, "fwd+bwd",
-                         "ref fwd", "optimizer", "push", "idle", "overlapped"]))  # fmt: skip
+        rows.append(
+            [
+                r["shape"],
+                floor["floor_s"],
+                r["bound"]["bound_s"],
+                ph["step"],
+                ph["prefill_replayed_s"],
+                *[ph["rollout_phases"].get(n) for n in rollout_names],
+                ph["trainer"]["forward_backward"],
+                ph["trainer"]["reference_forward"],
+                ph["trainer"]["optimizer"],
+                ph["push"],
+                ph["idle"],
+                ph.get("overlapped", 0.0),
+            ]
+        )
+    print(
+        C.table(
+            rows,
+            [
+                "shape",
+                "floor s",
+                "bound s",
+                "step s",
+                "(prefill)",
+                *rollout_names,
+                "fwd+bwd",
+                "ref fwd",
+                "optimizer",
+                "push",
+                "idle",
+                "overlapped",
+            ],
+        )
+    )
     for r in shapes:
         f = r["floor"]
-        print(f"{r['shape']}: floor {f['floor_s']:.2f}s = train {f['train_s']:.2f} ({f['train_passes']} passes) + "
-              f"prefill {f['prefill_s']:.2f} + decode {f['decode_s']:.3f} ({f['decode_steps']} steps) at "
-              f"{f['peak_tflops']:g} TFLOP/s, {f['bandwidth_tbs']:g} TB/s; step / floor {f['step_vs_floor']:.1f}; "
-              f"trainer: {r.get('trainer_plan', {}).get('line') or r.get('trainer_plan')}")  # fmt: skip
+        print(
+            f"{r['shape']}: floor {f['floor_s']:.2f}s = train {f['train_s']:.2f} ({f['train_passes']} passes) + "
+            f"prefill {f['prefill_s']:.2f} + decode {f['decode_s']:.3f} ({f['decode_steps']} steps) at "
+            f"{f['peak_tflops']:g} TFLOP/s, {f['bandwidth_tbs']:g} TB/s; step / floor {f['step_vs_floor']:.1f}; "
+            f"trainer: {r.get('trainer_plan', {}).get('line') or r.get('trainer_plan')}"
+        )
         per = r["per_step"]
         for pool in sorted({k.split("/")[1].rsplit("_busy_share")[0] for k in per if k.endswith("_busy_share")}):
-            seconds = {kind: per.get(f"worker/{pool}_{kind}_time", 0.0) for kind in ("prefill", "fast_decode", "dynamic_decode", "idle")}
-            print(f"{r['shape']}: {pool} worker per step: " + ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items())
-                  + f" (busy {per[f'worker/{pool}_busy_share']:.0%} of the step; the rollout waited"
-                  f" {per['perf/rollout_wait_time']:.2f}s); {per.get(f'worker/{pool}_decode_steps', 0):.0f} decode"
-                  f" steps of {per.get(f'worker/{pool}_tokens_generated', 0) / max(per.get(f'worker/{pool}_decode_steps', 0), 1):.1f}"
-                  f" rows, {per.get(f'worker/{pool}_prefill_batches', 0):.0f} prefills")  # fmt: skip
+            seconds = {
+                kind: per.get(f"worker/{pool}_{kind}_time", 0.0)
+                for kind in ("prefill", "fast_decode", "dynamic_decode", "idle")
+            }
+            print(
+                f"{r['shape']}: {pool} worker per step: "
+                + ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items())
+                + f" (busy {per[f'worker/{pool}_busy_share']:.0%} of the step; the rollout waited"
+                f" {per['perf/rollout_wait_time']:.2f}s); {per.get(f'worker/{pool}_decode_steps', 0):.0f} decode"
+                f" steps of {per.get(f'worker/{pool}_tokens_generated', 0) / max(per.get(f'worker/{pool}_decode_steps', 0), 1):.1f}"
+                f" rows, {per.get(f'worker/{pool}_prefill_batches', 0):.0f} prefills"
+            )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -441,18 +646,39 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--m", type=int, default=2, help="attempts per inner prompt")
     p.add_argument("--inner-iterations", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=64, help="student and teacher output tokens")
-    p.add_argument("--max-tokens-per-gpu", type=int, default=None,
-                   help="passed to train.py when given; default: train.py's own choice (its start line)")
-    p.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS,
-                   help="bf16 matmul rate of the floor (measured on an H100 and an H200 by benchmarks/trainer.py)")
-    p.add_argument("--bandwidth-tbs", type=float, default=None,
-                   help="memory bandwidth of the floor's decode steps; default by GPU name: H200 4.8, H100 and others 3.35")
-    p.add_argument("--served", type=int, nargs=4, default=[128, 128, 32, 96],
-                   metavar=("PROMPT", "NEW", "IN_FLIGHT", "REQUESTS"),
-                   help="served tokens/s: prompt ids, sampled tokens, in flight, timed")
+    p.add_argument(
+        "--max-tokens-per-gpu",
+        type=int,
+        default=None,
+        help="passed to train.py when given; default: train.py's own choice (its start line)",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=DEFAULT_PEAK_TFLOPS,
+        help="bf16 matmul rate of the floor (measured on an H100 and an H200 by benchmarks/trainer.py)",
+    )
+    p.add_argument(
+        "--bandwidth-tbs",
+        type=float,
+        default=None,
+        help="memory bandwidth of the floor's decode steps; default by GPU name: H200 4.8, H100 and others 3.35",
+    )
+    p.add_argument(
+        "--served",
+        type=int,
+        nargs=4,
+        default=[128, 128, 32, 96],
+        metavar=("PROMPT", "NEW", "IN_FLIGHT", "REQUESTS"),
+        help="served tokens/s: prompt ids, sampled tokens, in flight, timed",
+    )
     p.add_argument("--sample-s", type=float, default=0.2, help="nvidia-smi sampling interval")
-    p.add_argument("--run-timeout-s", type=float, default=1800,
-                   help="stop train.py after this long; the steps it logged by then are reported (two at least)")
+    p.add_argument(
+        "--run-timeout-s",
+        type=float,
+        default=1800,
+        help="stop train.py after this long; the steps it logged by then are reported (two at least)",
+    )
     p.add_argument("--generation-json", default=str(C.REPO_ROOT / "benchmarks/results/generation_h100.json"))
     p.add_argument("--trainer-json", default=str(C.REPO_ROOT / "benchmarks/results/trainer_memory_h200.json"))
     p.add_argument("--quick", action="store_true", help="CPU, a tiny shape, 2 steps, short problems")

@@ -46,8 +46,17 @@ def default_bandwidth_tbs(device_name: str) -> float:
     return next((tbs for name, tbs in BANDWIDTH_TBS.items() if name in device_name), DEFAULT_BANDWIDTH_TBS)
 
 
-def physical_floor(shape: dict, per: dict, requests_by_step: list[list[dict]], *, recompute: bool,
-                   decode_steps: int, peak_tflops: float, bandwidth_tbs: float, bytes_per_param: int) -> dict[str, Any]:  # fmt: skip
+def physical_floor(
+    shape: dict,
+    per: dict,
+    requests_by_step: list[list[dict]],
+    *,
+    recompute: bool,
+    decode_steps: int,
+    peak_tflops: float,
+    bandwidth_tbs: float,
+    bytes_per_param: int,
+) -> dict[str, Any]:
     """The floor of one step (the module docstring), its parts and its inputs; `per`: the step's mean
     metrics, `requests_by_step`: each measured step's generation requests (their prompt ids)."""
     decoder, total = parameter_counts(shape)
@@ -63,12 +72,21 @@ def physical_floor(shape: dict, per: dict, requests_by_step: list[list[dict]], *
     peak = peak_tflops * 1e12
     out = {
         "formula": "(train FLOPs + prefill FLOPs) / peak FLOP/s + decode steps x weight bytes / bandwidth",
-        "peak_tflops": peak_tflops, "bandwidth_tbs": bandwidth_tbs, "bytes_per_param": bytes_per_param,
-        "decoder_params": decoder, "params": total, "train_passes": passes, "recompute": recompute,
-        "reference_forward": reference, "train_flops": train_flops, "prefill_flops": prefill_flops,
-        "decode_steps": decode_steps, "train_s": train_flops / peak, "prefill_s": prefill_flops / peak,
+        "peak_tflops": peak_tflops,
+        "bandwidth_tbs": bandwidth_tbs,
+        "bytes_per_param": bytes_per_param,
+        "decoder_params": decoder,
+        "params": total,
+        "train_passes": passes,
+        "recompute": recompute,
+        "reference_forward": reference,
+        "train_flops": train_flops,
+        "prefill_flops": prefill_flops,
+        "decode_steps": decode_steps,
+        "train_s": train_flops / peak,
+        "prefill_s": prefill_flops / peak,
         "decode_s": decode_steps * total * bytes_per_param / (bandwidth_tbs * 1e12),
-    }  # fmt: skip
+    }
     out["floor_s"] = out["train_s"] + out["prefill_s"] + out["decode_s"]
     out["step_vs_floor"] = per["perf/step_time"] / out["floor_s"] if out["floor_s"] else None
     return out
@@ -86,8 +104,11 @@ def phase_breakdown(per: dict, prefill_s: float | None) -> dict[str, Any]:
     runs during this step's training, so the parts add up to more than the step: `overlapped` is
     that excess (0 for a synchronous step) and `idle` is then 0. `prefill_replayed_s` is the step's
     prefills replayed on a fresh worker (inside the rollout's phases, not added to them)."""
-    rollout = {key.removeprefix("perf/rollout_phase_").removesuffix("_time"): value for key, value in per.items()
-               if key.startswith("perf/rollout_phase_") and not key.endswith("_chain_time")}  # fmt: skip
+    rollout = {
+        key.removeprefix("perf/rollout_phase_").removesuffix("_time"): value
+        for key, value in per.items()
+        if key.startswith("perf/rollout_phase_") and not key.endswith("_chain_time")
+    }
     order = sorted(rollout, key=_phase_order)
     trainer = {part: per.get(f"perf/train_{part}_time", 0.0) for part in TRAINER_PARTS}
     covered = sum(rollout.values()) + sum(trainer.values()) + per["perf/weight_push_time"]

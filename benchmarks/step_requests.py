@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import time
 
+
 def step_requests(traces: list[dict], rollout_id: int, tokenizer) -> list[dict]:
     """Every generation request of one step, from its traces: prompt ids, `n`, and which role."""
     requests = []
@@ -20,7 +21,9 @@ def step_requests(traces: list[dict], rollout_id: int, tokenizer) -> list[dict]:
                 counts: dict[str, int] = {}
                 for entry in entries or ():
                     counts[entry["prompt"]] = counts.get(entry["prompt"], 0) + 1
-                requests += [{"kind": kind, "phase": (iteration, 0), "text": text, "n": n} for text, n in counts.items()]
+                requests += [
+                    {"kind": kind, "phase": (iteration, 0), "text": text, "n": n} for text, n in counts.items()
+                ]
             if step.get("teacher_prompt"):
                 requests.append({"kind": "teacher", "phase": (iteration, 1), "text": step["teacher_prompt"], "n": 1})
     for request in requests:
@@ -39,8 +42,12 @@ def prefix_sharing(requests: list[dict]) -> dict[str, float]:
         for previous, current in zip(prompts, prompts[1:])
     )
     total = sum(len(p) for p in prompts)
-    return {"requests": len(prompts), "prefilled_tokens": total, "repeated_prefix_tokens": repeated,
-            "repeated_share": repeated / total if total else 0.0}  # fmt: skip
+    return {
+        "requests": len(prompts),
+        "prefilled_tokens": total,
+        "repeated_prefix_tokens": repeated,
+        "repeated_share": repeated / total if total else 0.0,
+    }
 
 
 async def replay(router_url: str, requests: list[dict], vocab: int, args: argparse.Namespace) -> dict[str, float]:
@@ -62,8 +69,13 @@ async def replay(router_url: str, requests: list[dict], vocab: int, args: argpar
         holdout attempts), each phase's requests all at once: prompts of one kind batch together."""
         started = time.perf_counter()
         for phase in sorted({r["phase"] for r in requests}):
-            await asyncio.gather(*[pool.generate(input_ids=r["ids"], sampling_params=first_token)
-                                   for r in requests if r["phase"] == phase])  # fmt: skip
+            await asyncio.gather(
+                *[
+                    pool.generate(input_ids=r["ids"], sampling_params=first_token)
+                    for r in requests
+                    if r["phase"] == phase
+                ]
+            )
         return time.perf_counter() - started
 
     try:
@@ -72,7 +84,9 @@ async def replay(router_url: str, requests: list[dict], vocab: int, args: argpar
         g = torch.Generator().manual_seed(1)
         batch = torch.randint(4, vocab, (count, prompt_len), generator=g).tolist()
         sampling = {"max_new_tokens": new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
-        await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=dict(sampling, max_new_tokens=4)) for p in batch[:8]])
+        await asyncio.gather(
+            *[pool.generate(input_ids=p, sampling_params=dict(sampling, max_new_tokens=4)) for p in batch[:8]]
+        )
         gate = asyncio.Semaphore(in_flight)
 
         async def one(prompt: list[int]) -> int:
@@ -84,5 +98,10 @@ async def replay(router_url: str, requests: list[dict], vocab: int, args: argpar
         served_s = time.perf_counter() - started
     finally:
         await pool.close()
-    return {"prefill_only_s": prefill_s, "requests": len(requests), "served_s": served_s, "served_tokens": generated,
-            "served_tokens_per_s": generated / served_s}  # fmt: skip
+    return {
+        "prefill_only_s": prefill_s,
+        "requests": len(requests),
+        "served_s": served_s,
+        "served_tokens": generated,
+        "served_tokens_per_s": generated / served_s,
+    }

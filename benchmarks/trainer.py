@@ -46,14 +46,30 @@ import torch
 TARGETS = {"mfu": 0.45, "memory_vs_plain": 0.6}
 OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 QWEN25_05B = dict(
-    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-    tie_word_embeddings=True, hidden_act="silu", use_sliding_window=False,
-)  # fmt: skip
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    use_sliding_window=False,
+)
 TINY = dict(
-    vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True, hidden_act="silu",
-)  # fmt: skip
+    vocab_size=1024,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+)
 
 
 def sync(device: torch.device) -> None:
@@ -114,11 +130,16 @@ def make_samples(n: int, seq: int, prompt_len: int, vocab: int, seed: int):
         logp = (-torch.rand(response, generator=g) * 3).tolist()
         samples.append(
             TeacherSample(
-                prompt_ids=tuple(ids[i, :prompt_len].tolist()), response_ids=tuple(ids[i, prompt_len:].tolist()),
-                rollout_logprobs=tuple(logp), reward=float(i % 2), advantage=1.0 if i % 2 else -1.0,
-                group_index=i // 4, sample_index=i % 4, inner_iteration=0,
+                prompt_ids=tuple(ids[i, :prompt_len].tolist()),
+                response_ids=tuple(ids[i, prompt_len:].tolist()),
+                rollout_logprobs=tuple(logp),
+                reward=float(i % 2),
+                advantage=1.0 if i % 2 else -1.0,
+                group_index=i // 4,
+                sample_index=i % 4,
+                inner_iteration=0,
             )
-        )  # fmt: skip
+        )
     return samples
 
 
@@ -136,8 +157,14 @@ def profile_step(step: Callable[[], dict], device: torch.device, top: int = 12) 
     for e in prof.key_averages():
         dev = getattr(e, "self_device_time_total", None)
         dev = getattr(e, "self_cuda_time_total", 0) if dev is None else dev
-        rows.append({"name": e.key[:100], "self_device_ms": dev / 1000, "self_cpu_ms": e.self_cpu_time_total / 1000,
-                     "calls": e.count})  # fmt: skip
+        rows.append(
+            {
+                "name": e.key[:100],
+                "self_device_ms": dev / 1000,
+                "self_cpu_ms": e.self_cpu_time_total / 1000,
+                "calls": e.count,
+            }
+        )
     by_device = sorted(rows, key=lambda r: -r["self_device_ms"])
     by_cpu = sorted(rows, key=lambda r: -r["self_cpu_ms"])
     kernels: dict[str, float] = {}
@@ -147,9 +174,13 @@ def profile_step(step: Callable[[], dict], device: torch.device, top: int = 12) 
             dev = getattr(e, "self_cuda_time_total", 0) if dev is None else dev
             category = kernel_category(e.key)
             kernels[category] = kernels.get(category, 0.0) + dev / 1000
-    return {"wall_ms_profiled": wall_ms, "kernel_ms_total": sum(kernels.values()),
-            "kernel_ms_by_category": dict(sorted(kernels.items(), key=lambda kv: -kv[1])),
-            "top_device": by_device[:top], "top_cpu": by_cpu[:6]}  # fmt: skip
+    return {
+        "wall_ms_profiled": wall_ms,
+        "kernel_ms_total": sum(kernels.values()),
+        "kernel_ms_by_category": dict(sorted(kernels.items(), key=lambda kv: -kv[1])),
+        "top_device": by_device[:top],
+        "top_cpu": by_cpu[:6],
+    }
 
 
 def kernel_category(name: str) -> str:
@@ -174,7 +205,9 @@ def kernel_category(name: str) -> str:
     return "other"
 
 
-def timed(step: Callable[[], dict], device: torch.device, warmup: int, steps: int, profile: bool = False) -> dict[str, Any]:
+def timed(
+    step: Callable[[], dict], device: torch.device, warmup: int, steps: int, profile: bool = False
+) -> dict[str, Any]:
     warmup_s = []
     for _ in range(warmup):
         t0 = time.perf_counter()
@@ -190,8 +223,14 @@ def timed(step: Callable[[], dict], device: torch.device, warmup: int, steps: in
         sync(device)
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
-    out = {"step_s": statistics.median(times), "step_s_runs": times, "warmup_s": warmup_s, "peak_bytes": peak,
-           "first_metrics": first if warmup else metrics[0], "last_metrics": metrics[-1]}  # fmt: skip
+    out = {
+        "step_s": statistics.median(times),
+        "step_s_runs": times,
+        "warmup_s": warmup_s,
+        "peak_bytes": peak,
+        "first_metrics": first if warmup else metrics[0],
+        "last_metrics": metrics[-1],
+    }
     if profile:
         out["profile"] = profile_step(step, device)
     return out
@@ -259,23 +298,36 @@ def run(args: argparse.Namespace) -> dict:
         # LocalTrainer runs the output projection on response positions only.
         response_share = (args.seq - args.prompt_len) / args.seq
         executed_fpt = fpt - 6.0 * head_params * (1.0 - response_share)
-        report.update(flops_per_token=fpt, executed_flops_per_token_local_trainer=executed_fpt, params=n_params,
-                      tokens_per_step=tokens_per_step)  # fmt: skip
+        report.update(
+            flops_per_token=fpt,
+            executed_flops_per_token_local_trainer=executed_fpt,
+            params=n_params,
+            tokens_per_step=tokens_per_step,
+        )
 
         def finish(name: str, entry: dict, executed: float) -> None:
             entry["tokens_per_s"] = tokens_per_step / entry["step_s"]
             entry["mfu"] = entry["tokens_per_s"] * fpt / peak
             entry["hfu"] = entry["tokens_per_s"] * executed / peak
             results[name] = entry
-            print(f"  {name}: {entry['tokens_per_s']:.0f} tok/s, MFU {entry['mfu']:.3f} (hfu {entry['hfu']:.3f}), peak "
-                  f"{(entry['peak_bytes'] or 0) / 1e9:.1f} GB, warm-up {entry['warmup_s']}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"  {name}: {entry['tokens_per_s']:.0f} tok/s, MFU {entry['mfu']:.3f} (hfu {entry['hfu']:.3f}), peak "
+                f"{(entry['peak_bytes'] or 0) / 1e9:.1f} GB, warm-up {entry['warmup_s']}",
+                file=sys.stderr,
+                flush=True,
+            )
             if "profile" in entry:
                 prof = entry["profile"]
-                print(f"    profiled step: wall {prof['wall_ms_profiled']:.0f} ms, kernels {prof['kernel_ms_total']:.0f} ms: "
-                      + ", ".join(f"{k} {v:.1f}" for k, v in prof["kernel_ms_by_category"].items()), file=sys.stderr)  # fmt: skip
+                print(
+                    f"    profiled step: wall {prof['wall_ms_profiled']:.0f} ms, kernels {prof['kernel_ms_total']:.0f} ms: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in prof["kernel_ms_by_category"].items()),
+                    file=sys.stderr,
+                )
                 for r in prof["top_device"][:6]:
-                    print(f"      {r['self_device_ms']:8.1f} ms dev {r['self_cpu_ms']:8.1f} ms cpu {r['calls']:6d}x  {r['name']}",
-                          file=sys.stderr)  # fmt: skip
+                    print(
+                        f"      {r['self_device_ms']:8.1f} ms dev {r['self_cpu_ms']:8.1f} ms cpu {r['calls']:6d}x  {r['name']}",
+                        file=sys.stderr,
+                    )
                 for r in prof["top_cpu"][:3]:
                     print(f"      cpu-top {r['self_cpu_ms']:8.1f} ms {r['calls']:6d}x  {r['name']}", file=sys.stderr)
 
@@ -327,13 +379,23 @@ def run(args: argparse.Namespace) -> dict:
         try:
             reference = reference_step(load(), check_samples, device, args.check_micro)
             free(device)
-            trainer = LocalTrainer(str(model_dir), TrainerSettings(lr=0.0, micro_batch_size=args.batch, device=device.type))
+            trainer = LocalTrainer(
+                str(model_dir), TrainerSettings(lr=0.0, micro_batch_size=args.batch, device=device.type)
+            )
             m_local = trainer.train_step(check_samples)
             del trainer
-            check = {"reference_loss": reference["loss"], "reference_grad_norm": reference["grad_norm"],
-                     "local_trainer_pg_loss": m_local["train/pg_loss"], "local_trainer_grad_norm": m_local["train/grad_norm"]}  # fmt: skip
-            check["loss_rel_diff"] = abs(m_local["train/pg_loss"] - reference["loss"]) / max(abs(reference["loss"]), 1e-12)
-            check["grad_norm_rel_diff"] = abs(m_local["train/grad_norm"] - reference["grad_norm"]) / reference["grad_norm"]
+            check = {
+                "reference_loss": reference["loss"],
+                "reference_grad_norm": reference["grad_norm"],
+                "local_trainer_pg_loss": m_local["train/pg_loss"],
+                "local_trainer_grad_norm": m_local["train/grad_norm"],
+            }
+            check["loss_rel_diff"] = abs(m_local["train/pg_loss"] - reference["loss"]) / max(
+                abs(reference["loss"]), 1e-12
+            )
+            check["grad_norm_rel_diff"] = (
+                abs(m_local["train/grad_norm"] - reference["grad_norm"]) / reference["grad_norm"]
+            )
             check["ok"] = check["loss_rel_diff"] < 2e-2 and check["grad_norm_rel_diff"] < 2e-2
         except OOM as error:
             check = {"error": f"out of memory: {str(error)[:200]}", "ok": False}
@@ -344,8 +406,13 @@ def run(args: argparse.Namespace) -> dict:
         def local(micro: int, compiled: bool) -> dict:
             settings = TrainerSettings(lr=1e-6, micro_batch_size=micro, device=device.type, compile_layers=compiled)
             trainer = LocalTrainer(str(model_dir), settings)
-            entry = timed(lambda: trainer.train_step(samples), device, args.warmup, args.steps,
-                          profile=profile and (micro, compiled) in args.profile_configs)  # fmt: skip
+            entry = timed(
+                lambda: trainer.train_step(samples),
+                device,
+                args.warmup,
+                args.steps,
+                profile=profile and (micro, compiled) in args.profile_configs,
+            )
             if compiled and micro == args.shape_change_micro:
                 try:
                     entry["shape_changes"] = shape_changes(trainer)
@@ -358,19 +425,27 @@ def run(args: argparse.Namespace) -> dict:
             from torch._dynamo.utils import counters as dynamo_counters
 
             vocab = shape["vocab_size"]
-            plans = [("all 1536", [1536] * args.batch), ("all 1792", [1792] * args.batch),
-                     ("mixed 1200-2048 (padded)", [2048 - 120 * i for i in range(args.batch)]),
-                     ("mixed 1100-1900 (padded)", [1900 - 110 * i for i in range(args.batch)]),
-                     ("all 2048 again", [args.seq] * args.batch)]  # fmt: skip
+            plans = [
+                ("all 1536", [1536] * args.batch),
+                ("all 1792", [1792] * args.batch),
+                ("mixed 1200-2048 (padded)", [2048 - 120 * i for i in range(args.batch)]),
+                ("mixed 1100-1900 (padded)", [1900 - 110 * i for i in range(args.batch)]),
+                ("all 2048 again", [args.seq] * args.batch),
+            ]
             out = []
             for label, lengths in plans:
                 batch = [make_samples(1, n, n // 2, vocab, seed=100 + i)[0] for i, n in enumerate(lengths)]
                 t0 = time.perf_counter()
                 metrics = trainer.train_step(batch)
                 sync(device)
-                out.append({"lengths": label, "step_s": time.perf_counter() - t0,
-                            "unique_graphs_so_far": dynamo_counters["stats"].get("unique_graphs"),
-                            "finite": metrics["train/grad_norm"] == metrics["train/grad_norm"]})  # fmt: skip
+                out.append(
+                    {
+                        "lengths": label,
+                        "step_s": time.perf_counter() - t0,
+                        "unique_graphs_so_far": dynamo_counters["stats"].get("unique_graphs"),
+                        "finite": metrics["train/grad_norm"] == metrics["train/grad_norm"],
+                    }
+                )
                 print(f"    new shapes {label}: {out[-1]}", file=sys.stderr, flush=True)
             return out
 
@@ -389,8 +464,10 @@ def run(args: argparse.Namespace) -> dict:
         metrics = [entry.get("first_metrics", {}), entry.get("last_metrics", {})]
         entry["finite"] = all(
             isinstance(v, float) and v == v and abs(v) != float("inf")
-            for m in metrics for k, v in m.items() if k in ("loss", "grad_norm", "train/loss", "train/grad_norm")
-        )  # fmt: skip
+            for m in metrics
+            for k, v in m.items()
+            if k in ("loss", "grad_norm", "train/loss", "train/grad_norm")
+        )
         if name.startswith("LocalTrainer") and "first_metrics" in entry:
             firsts.append((entry["first_metrics"]["train/loss"], entry["first_metrics"]["train/grad_norm"]))
     if firsts:  # every configuration's first step: same weights, same batch
@@ -408,14 +485,25 @@ def print_table(report: dict) -> None:
     rows = []
     for name, e in report["results"].items():
         peak = e.get("peak_bytes")
-        rows.append([name, e.get("tokens_per_s"), e.get("mfu"), e.get("hfu"), None if peak is None else peak / 1e9,
-                     e.get("memory_vs_plain"), (e.get("warmup_s") or [None])[0],
-                     e.get("error") or ("" if e.get("finite") else "NON-FINITE")])  # fmt: skip
+        rows.append(
+            [
+                name,
+                e.get("tokens_per_s"),
+                e.get("mfu"),
+                e.get("hfu"),
+                None if peak is None else peak / 1e9,
+                e.get("memory_vs_plain"),
+                (e.get("warmup_s") or [None])[0],
+                e.get("error") or ("" if e.get("finite") else "NON-FINITE"),
+            ]
+        )
     st = report["settings"]
-    print(f"\ntrainer: {'tiny' if st['tiny'] else 'Qwen2.5-0.5B'} shape ({report['params'] / 1e6:.0f}M params), "
-          f"{st['batch']} x {st['seq']} tokens per step, {report['device']}; MFU against "
-          f"{report['matmul_peak_tflops']:.0f} TFLOP/s measured; {report['flops_per_token'] / 1e9:.2f} GFLOP/token; "
-          f"check: {report['check']}")  # fmt: skip
+    print(
+        f"\ntrainer: {'tiny' if st['tiny'] else 'Qwen2.5-0.5B'} shape ({report['params'] / 1e6:.0f}M params), "
+        f"{st['batch']} x {st['seq']} tokens per step, {report['device']}; MFU against "
+        f"{report['matmul_peak_tflops']:.0f} TFLOP/s measured; {report['flops_per_token'] / 1e9:.2f} GFLOP/token; "
+        f"check: {report['check']}"
+    )
     print(C.table(rows, ["step", "tokens/s", "MFU", "hfu", "peak GB", "mem/plain", "first step s", "note"]))
 
 
@@ -428,10 +516,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--micro-batches", type=int, nargs="+", default=[8, 4], help="LocalTrainer, eager layers")
     p.add_argument("--compile-micro-batches", type=int, nargs="+", default=[8, 4], help="LocalTrainer, compiled layers")
     p.add_argument("--no-compile", action="store_true", help="skip the compiled configurations")
-    p.add_argument("--shape-change-micro", type=int, default=8,
-                   help="after this compiled configuration, steps on new sequence lengths (0: none)")  # fmt: skip
-    p.add_argument("--profile-configs", type=lambda x: tuple(int(v) for v in x.split(",")), nargs="*",
-                   default=[(8, 1), (8, 0)], help="MICRO,COMPILED pairs profiled (one extra step each)")  # fmt: skip
+    p.add_argument(
+        "--shape-change-micro",
+        type=int,
+        default=8,
+        help="after this compiled configuration, steps on new sequence lengths (0: none)",
+    )
+    p.add_argument(
+        "--profile-configs",
+        type=lambda x: tuple(int(v) for v in x.split(",")),
+        nargs="*",
+        default=[(8, 1), (8, 0)],
+        help="MICRO,COMPILED pairs profiled (one extra step each)",
+    )
     p.add_argument("--profile-plain", action="store_true")
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--check-micro", type=int, default=2, help="micro-batch of the float32-logits reference step")

@@ -28,13 +28,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = {
-    "0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=8192, tie_word_embeddings=True),
-    "1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=8192, tie_word_embeddings=True),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=512, tie_word_embeddings=True),
-}  # fmt: skip
+    "0.5B": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ),
+    "1.5B": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    ),
+}
 SETTINGS = {
     "micro_batch_all": dict(max_tokens_per_gpu=None, recompute_layers=False),
     "dynamic_tokens": dict(max_tokens_per_gpu="budget", recompute_layers=False),
@@ -58,8 +82,13 @@ def one(args: argparse.Namespace) -> dict:
         model_dir = build_model_dir(shape, Path(tmp) / "model", device)
         samples = make_samples(args.batch, args.seq, args.prompt_len, shape["vocab_size"], seed=0)
         # Each setting as named, on the CPU too (where the trainer would otherwise always recompute).
-        settings = TrainerSettings(lr=1e-6, micro_batch_size=args.batch, device=device.type,
-                                   recompute_on_cpu=setting["recompute_layers"], **setting)  # fmt: skip
+        settings = TrainerSettings(
+            lr=1e-6,
+            micro_batch_size=args.batch,
+            device=device.type,
+            recompute_on_cpu=setting["recompute_layers"],
+            **setting,
+        )
         try:
             trainer = LocalTrainer(str(model_dir), settings)
             if device.type == "cuda":
@@ -79,9 +108,17 @@ def one(args: argparse.Namespace) -> dict:
         reserved = torch.cuda.max_memory_reserved() / 2**30 if device.type == "cuda" else None
         params = sum(p.numel() for p in trainer.model.parameters()) if hasattr(trainer, "model") else None
     timed = times[1:] or times
-    return {"shape": args.shape, "setting": args.setting, "oom": False, "params": params,
-            "peak_allocated_gib": peak, "peak_reserved_gib": reserved, "step_s": sum(timed) / len(timed),
-            "first_step_s": times[0], **{k: v for k, v in setting.items()}}  # fmt: skip
+    return {
+        "shape": args.shape,
+        "setting": args.setting,
+        "oom": False,
+        "params": params,
+        "peak_allocated_gib": peak,
+        "peak_reserved_gib": reserved,
+        "step_s": sum(timed) / len(timed),
+        "first_step_s": times[0],
+        **{k: v for k, v in setting.items()},
+    }
 
 
 def default_step_samples(cfg, vocab: int, teacher_prompt: tuple[int, int], teacher_response: int, seed: int = 0):
@@ -96,8 +133,12 @@ def default_step_samples(cfg, vocab: int, teacher_prompt: tuple[int, int], teach
     from slime_meta.types import SolverSample, TeacherSample
 
     m = cfg.meta
-    plan = plan_batch(rollout_batch_size=m.rollout_batch_size, train_ratio=m.inner_loop_train_ratio,
-                      heldout_ipb=m.heldout_ipb, problems_per_prompt=m.n_problems_per_prompt)  # fmt: skip
+    plan = plan_batch(
+        rollout_batch_size=m.rollout_batch_size,
+        train_ratio=m.inner_loop_train_ratio,
+        heldout_ipb=m.heldout_ipb,
+        problems_per_prompt=m.n_problems_per_prompt,
+    )
     G = m.n_samples_per_prompt
     chains = plan.groups * G
     infos = chains * (m.num_inner_iterations if m.train_all_inner_steps else 1)
@@ -113,21 +154,37 @@ def default_step_samples(cfg, vocab: int, teacher_prompt: tuple[int, int], teach
     teacher = []
     for i in range(infos):
         prompt = low + (high - low) * i // max(infos - 1, 1)
-        teacher.append(TeacherSample(
-            ids(prompt), ids(teacher_response), logps(teacher_response), reward=float(i % 2),
-            advantage=1.0 if i % 2 else -1.0, group_index=i // G, sample_index=i % G, inner_iteration=0,
-        ))  # fmt: skip
+        teacher.append(
+            TeacherSample(
+                ids(prompt),
+                ids(teacher_response),
+                logps(teacher_response),
+                reward=float(i % 2),
+                advantage=1.0 if i % 2 else -1.0,
+                group_index=i // G,
+                sample_index=i % G,
+                inner_iteration=0,
+            )
+        )
     solver = []
     if cfg.objectives.needs_solver_samples:
         attempts = chains * m.n_problems_per_prompt * m.n_samples_per_inner_prompt
         longest = cfg.sampling.rollout_max_response_len
         for i in range(attempts):
             n = longest // 4 + (longest - longest // 4) * i // max(attempts - 1, 1)
-            solver.append(SolverSample(
-                problem_uid=str(i // m.n_samples_per_inner_prompt), prompt_ids=ids(160), response_ids=ids(n),
-                rollout_logprobs=logps(n), temperature=cfg.sampling.rollout_temperature, grade=float(i % 2),
-                task_advantage=1.0 if i % 2 else -1.0, prompt_text="", solution_text="",
-            ))  # fmt: skip
+            solver.append(
+                SolverSample(
+                    problem_uid=str(i // m.n_samples_per_inner_prompt),
+                    prompt_ids=ids(160),
+                    response_ids=ids(n),
+                    rollout_logprobs=logps(n),
+                    temperature=cfg.sampling.rollout_temperature,
+                    grade=float(i % 2),
+                    task_advantage=1.0 if i % 2 else -1.0,
+                    prompt_text="",
+                    solution_text="",
+                )
+            )
     return teacher, solver
 
 
@@ -151,8 +208,8 @@ def real_model_step(args: argparse.Namespace, name: str, flags: str) -> dict:
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from slime_meta.config.arguments import parse_config
     from slime_meta.backends.local.components import make_trainer
+    from slime_meta.config.arguments import parse_config
 
     base = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", args.model_path]
     cfg = parse_config(base + shlex.split(flags))
@@ -167,22 +224,34 @@ def real_model_step(args: argparse.Namespace, name: str, flags: str) -> dict:
     for step in range(args.steps):
         started, cpu_started = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_utime
         metrics = trainer.train_step(teacher, solver, (), step=step)
-        steps.append({
-            "step_s": time.perf_counter() - started,
-            "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu_started,
-            "peak_rss_mib": _status_mib("VmHWM"), "loss": metrics.get("loss/total"),
-            "grad_norm": metrics.get("train/grad_norm"),
-        })  # fmt: skip
+        steps.append(
+            {
+                "step_s": time.perf_counter() - started,
+                "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu_started,
+                "peak_rss_mib": _status_mib("VmHWM"),
+                "loss": metrics.get("loss/total"),
+                "grad_norm": metrics.get("train/grad_norm"),
+            }
+        )
     t = trainer.settings
     return {
-        "config": name, "flags": flags, "threads": torch.get_num_threads(), "load_s": load_s,
-        "rss_after_load_mib": loaded_mib, "peak_rss_mib": _status_mib("VmHWM"), "steps": steps,
-        "teacher_samples": len(teacher), "teacher_tokens": _tokens(teacher),
-        "solver_samples": len(solver), "solver_tokens": _tokens(solver),
-        "micro_batch_size": t.micro_batch_size, "max_tokens_per_gpu": t.max_tokens_per_gpu,
+        "config": name,
+        "flags": flags,
+        "threads": torch.get_num_threads(),
+        "load_s": load_s,
+        "rss_after_load_mib": loaded_mib,
+        "peak_rss_mib": _status_mib("VmHWM"),
+        "steps": steps,
+        "teacher_samples": len(teacher),
+        "teacher_tokens": _tokens(teacher),
+        "solver_samples": len(solver),
+        "solver_tokens": _tokens(solver),
+        "micro_batch_size": t.micro_batch_size,
+        "max_tokens_per_gpu": t.max_tokens_per_gpu,
         "recompute_layers": getattr(trainer, "recomputes_layers", t.recompute_layers),
-        "kl_loss_coef": t.loss.kl_loss_coef, "adv_tau": t.distill.adv_tau,
-    }  # fmt: skip
+        "kl_loss_coef": t.loss.kl_loss_coef,
+        "adv_tau": t.distill.adv_tau,
+    }
 
 
 def real_model_main(args: argparse.Namespace) -> list[dict]:
@@ -192,20 +261,41 @@ def real_model_main(args: argparse.Namespace) -> list[dict]:
     configs = dict(item.split("=", 1) for item in args.flags) if args.flags else {"defaults": ""}
     rows = []
     for name, flags in configs.items():
-        child = [sys.executable, __file__, "--model-path", args.model_path, "--one-real", name,
-                 f"--one-real-flags={flags}", "--steps", str(args.steps),
-                 "--teacher-prompt-min", str(args.teacher_prompt_min),
-                 "--teacher-prompt-max", str(args.teacher_prompt_max),
-                 "--teacher-response", str(args.teacher_response)]  # fmt: skip
+        child = [
+            sys.executable,
+            __file__,
+            "--model-path",
+            args.model_path,
+            "--one-real",
+            name,
+            f"--one-real-flags={flags}",
+            "--steps",
+            str(args.steps),
+            "--teacher-prompt-min",
+            str(args.teacher_prompt_min),
+            "--teacher-prompt-max",
+            str(args.teacher_prompt_max),
+            "--teacher-response",
+            str(args.teacher_response),
+        ]
         done = subprocess.run(child, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        failed = {"config": name, "flags": flags, "returncode": done.returncode,
-                  "failed": done.stderr.strip().splitlines()[-3:]}  # fmt: skip
+        failed = {
+            "config": name,
+            "flags": flags,
+            "returncode": done.returncode,
+            "failed": done.stderr.strip().splitlines()[-3:],
+        }
         rows.append(json.loads(lines[-1]) if lines else failed)
         print(json.dumps(rows[-1]), flush=True)
-    report = {"benchmark": "trainer_memory_real_model", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "command": " ".join(["benchmarks/trainer_memory.py", *sys.argv[1:]]), "machine": machine_info(),
-              "model_path": args.model_path, "rows": rows}  # fmt: skip
+    report = {
+        "benchmark": "trainer_memory_real_model",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(["benchmarks/trainer_memory.py", *sys.argv[1:]]),
+        "machine": machine_info(),
+        "model_path": args.model_path,
+        "rows": rows,
+    }
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
@@ -233,10 +323,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="the toy shape, 4 sequences of 256 tokens")
     p.add_argument("--out", default=None)
     real = p.add_argument_group("real model on CPU (--model-path)")
-    real.add_argument("--model-path", default=None,
-                      help="an HF checkpoint directory: the trainer at train.py's defaults, on the CPU")
-    real.add_argument("--flags", nargs="+", default=None, metavar="NAME=FLAGS",
-                      help="configurations: a name and extra train.py flags each (default: defaults=)")
+    real.add_argument(
+        "--model-path", default=None, help="an HF checkpoint directory: the trainer at train.py's defaults, on the CPU"
+    )
+    real.add_argument(
+        "--flags",
+        nargs="+",
+        default=None,
+        metavar="NAME=FLAGS",
+        help="configurations: a name and extra train.py flags each (default: defaults=)",
+    )
     real.add_argument("--teacher-prompt-min", type=int, default=1024)
     real.add_argument("--teacher-prompt-max", type=int, default=2048)
     real.add_argument("--teacher-response", type=int, default=128)
@@ -263,18 +359,40 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     rows = []
     for shape in args.shapes:
         for setting in args.settings:
-            child = [sys.executable, __file__, "--one", shape, setting, "--device", args.device, "--seq", str(args.seq),
-                     "--prompt-len", str(args.prompt_len), "--batch", str(args.batch),
-                     "--max-tokens-per-gpu", str(args.max_tokens_per_gpu), "--steps", str(args.steps)]  # fmt: skip
+            child = [
+                sys.executable,
+                __file__,
+                "--one",
+                shape,
+                setting,
+                "--device",
+                args.device,
+                "--seq",
+                str(args.seq),
+                "--prompt-len",
+                str(args.prompt_len),
+                "--batch",
+                str(args.batch),
+                "--max-tokens-per-gpu",
+                str(args.max_tokens_per_gpu),
+                "--steps",
+                str(args.steps),
+            ]
             done = subprocess.run(child, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
             failed = {"shape": shape, "setting": setting, "failed": done.stderr.strip().splitlines()[-1:]}
             rows.append(json.loads(lines[-1]) if lines else failed)
             print(json.dumps(rows[-1]), flush=True)
-    report = {"benchmark": "trainer_memory", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "command": " ".join(["benchmarks/trainer_memory.py", *(argv if argv is not None else sys.argv[1:])]),
-              "seq": args.seq, "prompt_len": args.prompt_len, "batch": args.batch,
-              "max_tokens_per_gpu": args.max_tokens_per_gpu, "rows": rows}  # fmt: skip
+    report = {
+        "benchmark": "trainer_memory",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(["benchmarks/trainer_memory.py", *(argv if argv is not None else sys.argv[1:])]),
+        "seq": args.seq,
+        "prompt_len": args.prompt_len,
+        "batch": args.batch,
+        "max_tokens_per_gpu": args.max_tokens_per_gpu,
+        "rows": rows,
+    }
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

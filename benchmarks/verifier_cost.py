@@ -36,11 +36,16 @@ def answers(count: int, seed: int, needs_sympy: bool) -> list[tuple[Problem, str
                 (f"{a}n/{b}", f"Answer: \\frac{{{a}n}}{{{b}}}"),
             ][index % 3]
         else:
-            label, solution = str(a + b), [
-                f"Ana has {a} and gets {b} more.\nAnswer: {a + b}", f"She has {a} + {b} = {a + b} marbles.",
-                f"The total is \\boxed{{{a + b}}}.", f"So {a} + {b} = {a + b}. The answer is {a + b}.",
-                f"Answer: {a + b}.0",
-            ][index % 5]  # fmt: skip
+            label, solution = (
+                str(a + b),
+                [
+                    f"Ana has {a} and gets {b} more.\nAnswer: {a + b}",
+                    f"She has {a} + {b} = {a + b} marbles.",
+                    f"The total is \\boxed{{{a + b}}}.",
+                    f"So {a} + {b} = {a + b}. The answer is {a + b}.",
+                    f"Answer: {a + b}.0",
+                ][index % 5],
+            )
         out.append((Problem(uid=f"u{index}", prompt="?", label=label), solution))
     return out
 

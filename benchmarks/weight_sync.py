@@ -46,7 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     from slime_meta.errors import UserInputError
     from slime_meta.rollout.pools import post_json_sync
 
-    modes = args.modes.split(",") if args.modes else ["disk", "shared-memory"] + (["cuda-ipc"] if args.device == "cuda" else [])
+    modes = (
+        args.modes.split(",")
+        if args.modes
+        else ["disk", "shared-memory"] + (["cuda-ipc"] if args.device == "cuda" else [])
+    )
     shape = SHAPES[args.shape]
     probe = list(range(5, 69))
     rows, results = [], {}
@@ -55,9 +59,14 @@ def main(argv: list[str] | None = None) -> None:
         # Inside the weights root, so that the worker can be put back on the start weights per mode.
         model_dir = build_model_dir(shape, weights_root / "start", torch.device(args.device))
         pool = group.start_pool(
-            "teacher", str(model_dir), 1, device=args.device, weights_root=str(weights_root), log_dir=str(Path(tmp) / "logs"),
+            "teacher",
+            str(model_dir),
+            1,
+            device=args.device,
+            weights_root=str(weights_root),
+            log_dir=str(Path(tmp) / "logs"),
             worker_args=["--cuda-graphs", "off", "--max-batch-size", "4"],
-        )  # fmt: skip
+        )
         trainer = LocalTrainer(str(model_dir), TrainerSettings(lr=1e-6, device=args.device))
         parameters = sum(p.numel() for p in trainer.model.parameters())
         with torch.no_grad():  # the pushed weights differ from the start: a push that loads nothing shows
@@ -67,7 +76,12 @@ def main(argv: list[str] | None = None) -> None:
         def score() -> list[float]:
             reply = post_json_sync(
                 pool.router_url + "/generate",
-                {"input_ids": probe, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 0},
+                {
+                    "input_ids": probe,
+                    "sampling_params": {"max_new_tokens": 0},
+                    "return_logprob": True,
+                    "logprob_start_len": 0,
+                },
             )
             return [entry[0] for entry in reply["meta_info"]["input_token_logprobs"][1:]]
 
@@ -76,9 +90,11 @@ def main(argv: list[str] | None = None) -> None:
         for mode in modes:
             group.update_weights("teacher", str(model_dir.resolve()), "start")
             try:
-                sync = WeightSync("disk", weights_root) if mode == "disk" else make_weight_sync(
-                    mode, trainer, pool.worker_urls, weights_root, group.weight_buffer_prefix
-                )  # fmt: skip
+                sync = (
+                    WeightSync("disk", weights_root)
+                    if mode == "disk"
+                    else make_weight_sync(mode, trainer, pool.worker_urls, weights_root, group.weight_buffer_prefix)
+                )
             except UserInputError as error:  # e.g. a /dev/shm too small for the weights
                 results[mode] = {"unavailable": str(error)}
                 print(f"{mode}: unavailable: {error}", flush=True)
@@ -100,8 +116,12 @@ def main(argv: list[str] | None = None) -> None:
             buffer_bytes = sync.buffer.size if sync.buffer is not None else None
             sync.close()
             logprobs = score()
-            results[mode] = {"push_s": times, "median_s": statistics.median(times), "logprobs": logprobs,
-                             "changed_from_start": logprobs != start_logprobs}  # fmt: skip
+            results[mode] = {
+                "push_s": times,
+                "median_s": statistics.median(times),
+                "logprobs": logprobs,
+                "changed_from_start": logprobs != start_logprobs,
+            }
             if buffer_bytes is not None:
                 results[mode]["buffer_bytes"] = buffer_bytes
         modes = [mode for mode in modes if "unavailable" not in results[mode]]
@@ -110,11 +130,26 @@ def main(argv: list[str] | None = None) -> None:
             results[mode]["same_logprobs_as_" + modes[0]] = same
             times = results[mode]["push_s"]
             speed_up = results[modes[0]]["median_s"] / results[mode]["median_s"]
-            rows.append([mode, results[mode]["median_s"], min(times), max(times), speed_up, same and results[mode]["changed_from_start"]])
+            rows.append(
+                [
+                    mode,
+                    results[mode]["median_s"],
+                    min(times),
+                    max(times),
+                    speed_up,
+                    same and results[mode]["changed_from_start"],
+                ]
+            )
         for mode in modes:
             del results[mode]["logprobs"]
-    settings = {"shape": args.shape, "device": args.device, "steps": args.steps, "parameters": parameters,
-                "trainer_dtype": "float32", "worker_dtype": "bfloat16" if args.device == "cuda" else "float32"}  # fmt: skip
+    settings = {
+        "shape": args.shape,
+        "device": args.device,
+        "steps": args.steps,
+        "parameters": parameters,
+        "trainer_dtype": "float32",
+        "worker_dtype": "bfloat16" if args.device == "cuda" else "float32",
+    }
     report = {**report_header("weight_sync", settings), "results": results}
     text = table(rows, ["mode", "median push s", "min s", "max s", f"speed-up vs {modes[0]}", "served = " + modes[0]])
     report["table"] = text

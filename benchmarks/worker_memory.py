@@ -57,9 +57,11 @@ def serve_batch(model_dir: Path, worker_flags: list[str], batch: list[list[int]]
     jobs = []
     for index, ids in enumerate(batch):
         spec = GenerationSpec(
-            f"r{index}", tuple(ids), SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True),
+            f"r{index}",
+            tuple(ids),
+            SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True),
             return_logprob=True,
-        )  # fmt: skip
+        )
 
         def on_done(outcome, index=index) -> None:
             outcomes[index] = outcome
@@ -102,7 +104,9 @@ def compare(chunked: dict, whole: dict) -> dict:
     all_equal = sum(a == b for a, b in zip(chunked["tokens"], whole["tokens"]))
     first_logprob_diff = max(abs(a[0] - b[0]) for a, b in zip(chunked["logprobs"], whole["logprobs"]))
     shared_diff = 0.0  # over each row's tokens up to its first difference
-    for tokens_a, tokens_b, lp_a, lp_b in zip(chunked["tokens"], whole["tokens"], chunked["logprobs"], whole["logprobs"]):
+    for tokens_a, tokens_b, lp_a, lp_b in zip(
+        chunked["tokens"], whole["tokens"], chunked["logprobs"], whole["logprobs"]
+    ):
         for ta, tb, la, lb in zip(tokens_a, tokens_b, lp_a, lp_b):
             shared_diff = max(shared_diff, abs(la - lb))
             if ta != tb:
@@ -158,10 +162,14 @@ def main(argv: list[str] | None = None) -> None:
         run.pop("tokens"), run.pop("logprobs")
     report["runs"] = runs
     path = C.write_json(report, args.out)
-    print(f"{'setting':<16} {'running':>8} {'after start GiB':>16} {'peak alloc GiB':>15} {'peak reserved GiB':>18} {'serve s':>8}")
+    print(
+        f"{'setting':<16} {'running':>8} {'after start GiB':>16} {'peak alloc GiB':>15} {'peak reserved GiB':>18} {'serve s':>8}"
+    )
     for name, run in runs.items():
-        print(f"{name:<16} {run['max_running_requests']:>8} {run.get('allocated_after_start_gib', '-')!s:>16} "
-              f"{run.get('peak_allocated_gib', '-')!s:>15} {run.get('peak_reserved_gib', '-')!s:>18} {run['serve_s']:>8}")  # fmt: skip
+        print(
+            f"{name:<16} {run['max_running_requests']:>8} {run.get('allocated_after_start_gib', '-')!s:>16} "
+            f"{run.get('peak_allocated_gib', '-')!s:>15} {run.get('peak_reserved_gib', '-')!s:>18} {run['serve_s']:>8}"
+        )
     print("equality:", report["equality"])
     print(f"wrote {path}")
 

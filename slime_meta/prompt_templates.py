@@ -39,6 +39,7 @@ from slime_meta.types import GradedAttempt, Problem
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "prompt_templates"
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
 
+
 def read_template_file(path: str) -> str:
     """A template file's text; the one newline that ends the file is not part of the prompt."""
     text = Path(path).read_text(encoding="utf-8")
@@ -174,7 +175,10 @@ class GraderPromptTemplate(PromptTemplate):
             tag = solution_tag or new_solution_tag(solution)
             solution = f"<{tag}>\n{solution}\n</{tag}>"
         content = self.render(
-            problem=problem.prompt, solution=solution, rubric=problem.rubric, ground_truth=problem.ground_truth,
+            problem=problem.prompt,
+            solution=solution,
+            rubric=problem.rubric,
+            ground_truth=problem.ground_truth,
             solution_tag=tag,
         )
         return [{"role": "user", "content": content}]

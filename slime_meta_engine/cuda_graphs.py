@@ -134,7 +134,9 @@ class DecodeGraphs:
         rows = smallest_bucket(self.row_buckets, needed)
         attended = smallest_bucket(self.length_buckets, max(positions) + 1)
         padding = [0] * (rows - needed)
-        inputs_I_B = torch.tensor([list(values) + padding for values in (token_ids, positions, *more)], dtype=torch.int64)
+        inputs_I_B = torch.tensor(
+            [list(values) + padding for values in (token_ids, positions, *more)], dtype=torch.int64
+        )
         self._inputs_I_S[:, :rows].copy_(inputs_I_B)
         graph = self._graphs.get((rows, attended)) if self.use_graphs else None
         if graph is not None:

@@ -58,6 +58,7 @@ from slime_meta_engine.static_batch import StaticBatch
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
+
 @dataclass
 class _ControlOp:
     operation: Callable[[], Any]

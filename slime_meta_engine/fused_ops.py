@@ -135,10 +135,14 @@ def rotate_into_cache(
     """
     num_kv_heads, head_dim = keys_X_K_D.shape[1], keys_X_K_D.shape[2]
     fits = (
-        qkv_B_X_D.stride(-1) == 1 and cos_B_1_D.stride(-1) == 1 and sin_B_1_D.stride(-1) == 1
-        and keys_X_K_D.stride(-1) == 1 and values_X_K_D.stride() == keys_X_K_D.stride()
-        and cos_B_1_D.dtype == qkv_B_X_D.dtype and head_dim % 2 == 0
-    )  # fmt: skip
+        qkv_B_X_D.stride(-1) == 1
+        and cos_B_1_D.stride(-1) == 1
+        and sin_B_1_D.stride(-1) == 1
+        and keys_X_K_D.stride(-1) == 1
+        and values_X_K_D.stride() == keys_X_K_D.stride()
+        and cos_B_1_D.dtype == qkv_B_X_D.dtype
+        and head_dim % 2 == 0
+    )
     if not use_kernel or not fits:
         rotated_B_HK_D = rotary(qkv_B_X_D[:, : num_heads + num_kv_heads], cos_B_1_D, sin_B_1_D, use_kernel=use_kernel)
         keys_X_K_D[slots_B] = rotated_B_HK_D[:, num_heads:]

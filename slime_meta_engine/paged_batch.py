@@ -247,6 +247,10 @@ def build_paged_batch(
     graphs = DecodeGraphs(decoder, use_graphs=use_graphs, max_graph_tokens=max_graph_tokens)
     logger.info(
         "paged KV cache: %d pages of %d tokens (%.2f GB), rows up to %d tokens, %d running rows",
-        num_pages - 1, page_size, 2 * cache.keys_L_P_S_K_D.nbytes / 1e9, decoder.capacity, num_rows,
-    )  # fmt: skip
+        num_pages - 1,
+        page_size,
+        2 * cache.keys_L_P_S_K_D.nbytes / 1e9,
+        decoder.capacity,
+        num_rows,
+    )
     return PagedBatch(decoder, graphs, PagePool(num_pages), pad_token_id, chunk_tokens)

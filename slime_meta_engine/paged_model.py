@@ -28,7 +28,6 @@ from slime_meta_engine.paged_attention import paged_attention_unavailable_reason
 from slime_meta_engine.paged_cache import SCRATCH_PAGE, PagedKVCache
 from slime_meta_engine.static_model import _ATTENTION_BACKENDS, LlamaFamilyForward
 
-
 ATTENTION_CHOICES = ("auto", "kernel", "gather")
 
 

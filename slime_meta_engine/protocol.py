@@ -224,7 +224,8 @@ def _parallel_samples(raw: Any) -> tuple[int, Any]:
         return 1, raw
     n = raw["n"]
     _require(
-        _is_int(n) and 1 <= n <= MAX_PARALLEL_SAMPLES, f"sampling_params.n must be an integer in [1, {MAX_PARALLEL_SAMPLES}]"
+        _is_int(n) and 1 <= n <= MAX_PARALLEL_SAMPLES,
+        f"sampling_params.n must be an integer in [1, {MAX_PARALLEL_SAMPLES}]",
     )
     return n, {name: value for name, value in raw.items() if name != "n"}
 

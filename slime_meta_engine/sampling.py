@@ -116,14 +116,34 @@ def _choose_with_kernel(logits_B_V: torch.Tensor, sampling: RowSampling, seed: i
         largest_B_C, total_B_C, best_score_B_C = torch.empty(3, rows, chunks, dtype=torch.float32, device=device)
         best_index_B_C = torch.empty(rows, chunks, dtype=torch.int32, device=device)
         sampling_kernel.chunk_choice[(rows, chunks)](
-            logits_B_V, logits_B_V.stride(0), sampling.temperatures, sampling.greedy, seed,
-            largest_B_C, total_B_C, best_score_B_C, best_index_B_C,
-            VOCAB=vocab, CHUNK=chunk, CHUNKS=chunks, BLOCK=min(chunk, 1024), num_warps=4,
-        )  # fmt: skip
+            logits_B_V,
+            logits_B_V.stride(0),
+            sampling.temperatures,
+            sampling.greedy,
+            seed,
+            largest_B_C,
+            total_B_C,
+            best_score_B_C,
+            best_index_B_C,
+            VOCAB=vocab,
+            CHUNK=chunk,
+            CHUNKS=chunks,
+            BLOCK=min(chunk, 1024),
+            num_warps=4,
+        )
         sampling_kernel.combine_chunks[(rows,)](
-            logits_B_V, logits_B_V.stride(0), sampling.temperatures, largest_B_C, total_B_C, best_score_B_C,
-            best_index_B_C, token_ids_B, logprobs_B, CHUNKS=chunks, CHUNKS_BLOCK=next_power_of_two(chunks),
-        )  # fmt: skip
+            logits_B_V,
+            logits_B_V.stride(0),
+            sampling.temperatures,
+            largest_B_C,
+            total_B_C,
+            best_score_B_C,
+            best_index_B_C,
+            token_ids_B,
+            logprobs_B,
+            CHUNKS=chunks,
+            CHUNKS_BLOCK=next_power_of_two(chunks),
+        )
     return TokenChoice(token_ids_B, logprobs_B, None, None)
 
 

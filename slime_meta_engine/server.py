@@ -222,7 +222,8 @@ def build_app(context: WorkerContext) -> web.Application:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m slime_meta_engine", description="Serve a local Hugging Face causal LM with SGLang's /generate API."
+        prog="python -m slime_meta_engine",
+        description="Serve a local Hugging Face causal LM with SGLang's /generate API.",
     )
     parser.add_argument("--model-path", required=True, help="local directory written by save_pretrained")
     parser.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
@@ -359,10 +360,16 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
     text_config = model.config.get_text_config()
     max_positions = getattr(text_config, "max_position_embeddings", None)
     plan = plan_for_device(
-        args.mem_fraction_static, model, device, max_rows=args.max_batch_size, cache_len=args.static_cache_len,
-        max_positions=max_positions, max_prefill_tokens=args.max_prefill_tokens, kv_cache=args.kv_cache,
+        args.mem_fraction_static,
+        model,
+        device,
+        max_rows=args.max_batch_size,
+        cache_len=args.static_cache_len,
+        max_positions=max_positions,
+        max_prefill_tokens=args.max_prefill_tokens,
+        kv_cache=args.kv_cache,
         max_total_tokens=args.max_total_tokens,
-    )  # fmt: skip
+    )
     max_batch_size, cache_len, max_prefill_tokens = args.max_batch_size, args.static_cache_len, args.max_prefill_tokens
     if plan is not None:
         logger.info("%s", plan.describe(args.chunked_prefill_size))
@@ -379,10 +386,18 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
         seed=args.seed,
         weight_version=args.weight_version,
         static_batch=build_fast_path(
-            args.cuda_graphs, model, device, max_batch_size, cache_len, pad_token_id,
-            chunk_tokens=args.chunked_prefill_size, budgeted=plan is not None, kv_cache=args.kv_cache,
-            pool_tokens=plan.pool_tokens if plan is not None else None, page_size=args.page_size,
-        ),  # fmt: skip
+            args.cuda_graphs,
+            model,
+            device,
+            max_batch_size,
+            cache_len,
+            pad_token_id,
+            chunk_tokens=args.chunked_prefill_size,
+            budgeted=plan is not None,
+            kv_cache=args.kv_cache,
+            pool_tokens=plan.pool_tokens if plan is not None else None,
+            page_size=args.page_size,
+        ),
         chunked_prefill_size=args.chunked_prefill_size,
     )
     return WorkerContext(
@@ -419,9 +434,12 @@ async def serve(context: WorkerContext, host: str, port: int, access_log: bool) 
     # A router that timed out and retried elsewhere, or a trainer that stopped, leaves such
     # requests behind; cancelling the handler is what frees their batch rows (run_spec).
     runner = web.AppRunner(
-        build_app(context), access_log=logger if access_log else None, handle_signals=False, shutdown_timeout=2.0,
+        build_app(context),
+        access_log=logger if access_log else None,
+        handle_signals=False,
+        shutdown_timeout=2.0,
         handler_cancellation=True,
-    )  # fmt: skip
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()

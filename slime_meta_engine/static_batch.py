@@ -187,13 +187,23 @@ def build_fast_path(
                 if pool_tokens is None:
                     pool_tokens = default_pool_tokens(model, num_slots * cache_len)
                 return build_paged_batch(
-                    model, num_rows=num_slots, pool_tokens=pool_tokens, pad_token_id=pad_token_id, use_graphs=True,
-                    page_size=page_size, chunk_tokens=chunk_tokens,
-                )  # fmt: skip
+                    model,
+                    num_rows=num_slots,
+                    pool_tokens=pool_tokens,
+                    pad_token_id=pad_token_id,
+                    use_graphs=True,
+                    page_size=page_size,
+                    chunk_tokens=chunk_tokens,
+                )
             return build_static_batch(
-                model, num_slots=num_slots, requested_capacity=cache_len, pad_token_id=pad_token_id, use_graphs=True,
-                chunk_tokens=chunk_tokens, budgeted=budgeted,
-            )  # fmt: skip
+                model,
+                num_slots=num_slots,
+                requested_capacity=cache_len,
+                pad_token_id=pad_token_id,
+                use_graphs=True,
+                chunk_tokens=chunk_tokens,
+                budgeted=budgeted,
+            )
         except (ValueError, RuntimeError) as error:  # unsupported model, no memory, failed capture
             problem = str(error)
             torch.cuda.empty_cache()

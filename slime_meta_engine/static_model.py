@@ -333,8 +333,13 @@ class LlamaFamilyForward:
         v_B_K_D = qkv_B_X_D[:, s.num_heads + s.num_kv_heads :]
         return rotated_B_HK_D[:, : s.num_heads], rotated_B_HK_D[:, s.num_heads :], v_B_K_D
 
-    def _decode_attention(self, q_B_H_D: torch.Tensor, keys_B_K_T_D: torch.Tensor, values_B_K_T_D: torch.Tensor,
-                          mask_B_1_1_T: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    def _decode_attention(
+        self,
+        q_B_H_D: torch.Tensor,
+        keys_B_K_T_D: torch.Tensor,
+        values_B_K_T_D: torch.Tensor,
+        mask_B_1_1_T: torch.Tensor,
+    ) -> torch.Tensor:
         """Grouped-query attention without copying keys: the G query heads that share a kv head
         become G query positions against that head's keys. Returns (B, H x D)."""
         s = self.shape

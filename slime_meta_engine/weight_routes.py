@@ -91,7 +91,9 @@ def add_weight_routes(app: web.Application, context_key: web.AppKey, read_json: 
 
     def from_cuda_ipc(body: dict) -> tuple[dict[str, torch.Tensor], str]:
         context = app[context_key]
-        tensors = read_cuda_ipc(body.get("ipc_buffer"), body.get("tensors"), context.weight_buffer_prefix, context.model)
+        tensors = read_cuda_ipc(
+            body.get("ipc_buffer"), body.get("tensors"), context.weight_buffer_prefix, context.model
+        )
         return tensors, "a CUDA IPC buffer"
 
     # Handlers are cancelled when their client goes away (see serve); a weight update is not

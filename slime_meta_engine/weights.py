@@ -130,7 +130,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def check_buffer_prefix(prefix: str | None) -> str:
     """The launch-time prefix, refusing transfers when there is none."""
     if not prefix:
-        raise WeightUpdateError("this worker was started without --weight-buffer-prefix: same-host weight transfers are off")
+        raise WeightUpdateError(
+            "this worker was started without --weight-buffer-prefix: same-host weight transfers are off"
+        )
     return prefix
 
 
@@ -157,7 +159,13 @@ def parse_layout(entries: object, buffer_bytes: int) -> list[tuple[str, tuple[in
         except (TypeError, KeyError, ValueError):
             raise WeightUpdateError(f"bad tensor entry {str(entry)[:200]}: needs name, shape, dtype, offset") from None
         dtype = _DTYPES.get(dtype_name)
-        if dtype is None or not isinstance(name, str) or not isinstance(offset, int) or offset < 0 or min(shape, default=1) < 0:
+        if (
+            dtype is None
+            or not isinstance(name, str)
+            or not isinstance(offset, int)
+            or offset < 0
+            or min(shape, default=1) < 0
+        ):
             raise WeightUpdateError(f"bad tensor entry {str(entry)[:200]}: dtype one of {sorted(_DTYPES)}, offset >= 0")
         element_size = torch.empty(0, dtype=dtype).element_size()
         if offset % element_size or offset + element_size * _numel(shape) > buffer_bytes:
@@ -183,7 +191,9 @@ def views_of(flat_bytes: torch.Tensor, layout, model: torch.nn.Module) -> dict[s
     return tensors
 
 
-def read_shared_memory(name: str, entries: object, prefix: str | None, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def read_shared_memory(
+    name: str, entries: object, prefix: str | None, model: torch.nn.Module
+) -> dict[str, torch.Tensor]:
     """Map the buffer (private, copy-on-write: the worker never writes to it) and return views."""
     import mmap
 
@@ -202,7 +212,9 @@ def read_shared_memory(name: str, entries: object, prefix: str | None, model: to
 _OPENED_IPC_BUFFERS: dict[str, torch.Tensor] = {}
 
 
-def read_cuda_ipc(descriptor: object, entries: object, prefix: str | None, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def read_cuda_ipc(
+    descriptor: object, entries: object, prefix: str | None, model: torch.nn.Module
+) -> dict[str, torch.Tensor]:
     """Open the trainer's flat CUDA buffer (same physical GPU) and return views into it."""
     import base64
 
@@ -218,17 +230,27 @@ def read_cuda_ipc(descriptor: object, entries: object, prefix: str | None, model
         raise WeightUpdateError(f"the buffer is on GPU {descriptor.get('gpu_uuid')}, this worker on {gpu_uuid(device)}")
     try:
         handle = base64.b64decode(descriptor["handle"])
-        key = f'{descriptor["handle"]}@{descriptor["storage_offset_bytes"]}'
+        key = f"{descriptor['handle']}@{descriptor['storage_offset_bytes']}"
         flat = _OPENED_IPC_BUFFERS.get(key)
         if flat is None:
             event = descriptor["event_handle"]
             flat = rebuild_cuda_tensor(
-                torch.Tensor, (int(descriptor["storage_size_bytes"]),), (1,), 0, torch.storage.TypedStorage,
-                torch.uint8, device.index or 0, handle, int(descriptor["storage_size_bytes"]),
-                int(descriptor["storage_offset_bytes"]), False, base64.b64decode(descriptor["ref_counter_handle"]),
-                int(descriptor["ref_counter_offset"]), None if event is None else base64.b64decode(event),
+                torch.Tensor,
+                (int(descriptor["storage_size_bytes"]),),
+                (1,),
+                0,
+                torch.storage.TypedStorage,
+                torch.uint8,
+                device.index or 0,
+                handle,
+                int(descriptor["storage_size_bytes"]),
+                int(descriptor["storage_offset_bytes"]),
+                False,
+                base64.b64decode(descriptor["ref_counter_handle"]),
+                int(descriptor["ref_counter_offset"]),
+                None if event is None else base64.b64decode(event),
                 bool(descriptor["event_sync_required"]),
-            )  # fmt: skip
+            )
             _OPENED_IPC_BUFFERS.clear()  # a new buffer replaces the old one
             _OPENED_IPC_BUFFERS[key] = flat
     except (KeyError, TypeError, ValueError, RuntimeError) as error:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers_tiny import make_random_tiny_checkpoint
 from helpers_real import real_checkpoint_or_skip
+from helpers_tiny import make_random_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")

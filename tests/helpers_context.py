@@ -41,23 +41,36 @@ def make_long_context_checkpoint(out_dir: str | Path, seed: int = 0) -> Path:
     out_path = Path(out_dir)
     out_path.mkdir(parents=True, exist_ok=True)
     rng, words = random.Random(seed), pseudo_words(seed)
-    corpus = [pseudo_text(rng, words, 400) for _ in range(200)] + ["0123456789 +-*/=()., Answer: GRADE FEEDBACK Problem Attempt"]
+    corpus = [pseudo_text(rng, words, 400) for _ in range(200)] + [
+        "0123456789 +-*/=()., Answer: GRADE FEEDBACK Problem Attempt"
+    ]
     backend = Tokenizer(models.BPE(unk_token=None))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
+        vocab_size=VOCAB_SIZE,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     backend.train_from_iterator(corpus, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     tokenizer.save_pretrained(out_path)
 
     config = LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        vocab_size=len(tokenizer), max_position_embeddings=CONTEXT_LENGTH, tie_word_embeddings=True, initializer_range=0.2,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=CONTEXT_LENGTH,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(out_path)
     return out_path
@@ -67,7 +80,11 @@ def long_rows(seed: int = 1, count: int = 4, chars: int = 2500) -> list[dict]:
     """Rows with problems and rubrics of about `chars` characters each (2-3k: real math problems)."""
     rng, words = random.Random(seed), pseudo_words(0)
     return [
-        {"prompt": pseudo_text(rng, words, chars), "label": str(rng.randint(10, 99)), "rubric": pseudo_text(rng, words, chars)}
+        {
+            "prompt": pseudo_text(rng, words, chars),
+            "label": str(rng.randint(10, 99)),
+            "rubric": pseudo_text(rng, words, chars),
+        }
         for _ in range(count)
     ]
 

@@ -23,8 +23,6 @@ def run_interpreted(test_file: str, timeout_s: float = 600) -> dict:
     # The child runs the file as a script: the repository root must be on its path.
     path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    child = subprocess.run(
-        [sys.executable, str(test_file)], env=env, capture_output=True, text=True, timeout=timeout_s
-    )
+    child = subprocess.run([sys.executable, str(test_file)], env=env, capture_output=True, text=True, timeout=timeout_s)
     assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-3000:]
     return json.loads(child.stdout.strip().splitlines()[-1])

@@ -39,6 +39,7 @@ def real_gguf_or_skip() -> Path:
 
 def chat_prompt_ids(tokenizer, question: str) -> list[int]:
     """The question as the model's chat template renders it (system prompt and assistant turn included)."""
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                             return_dict=True)  # fmt: skip
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, return_dict=True
+    )
     return list(rendered["input_ids"])

@@ -160,7 +160,11 @@ def grader_persona(style: str) -> Callable[[list[dict]], str]:
         if len(messages) > 1:  # a re-ask: the format alone
             return f"{verdict}\nEXPLANATION: {explanation}"
         return PERSONAS[style](
-            reference=reference, solution=solution, student=student, correct=correct, verdict=verdict,
+            reference=reference,
+            solution=solution,
+            student=student,
+            correct=correct,
+            verdict=verdict,
             explanation=explanation,
         )
 
@@ -200,9 +204,7 @@ PERSONAS: dict[str, Callable[..., str]] = {
     "out_of_ten": lambda correct, explanation, **_: (
         f"GRADE: {10 if correct else 2} out of 10\nEXPLANATION: {explanation}"
     ),
-    "scientific": lambda correct, explanation, **_: (
-        f"GRADE: {1 if correct else '1e-3'}\nEXPLANATION: {explanation}"
-    ),
+    "scientific": lambda correct, explanation, **_: f"GRADE: {1 if correct else '1e-3'}\nEXPLANATION: {explanation}",
 }
 
 
@@ -213,7 +215,12 @@ def _completion_body(model: str, content: str) -> dict[str, Any]:
         "created": int(time.time()),
         "model": model,
         "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop", "logprobs": None}
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
         ],
         "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
     }

@@ -59,8 +59,17 @@ def checkpoint_dir(tmp_path: Path, pointer: str, make_iteration: str | None = No
 def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], str]:
     """Flags for one bad-input case and a string the error line must contain."""
     good = write_jsonl(tmp_path / "good.jsonl", GOOD_ROWS)
-    base = ["--use-meta-learning", "--hf-checkpoint", str(checkpoint), "--rollout-batch-size", "3",
-            "--n-samples-per-prompt", "2", "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    base = [
+        "--use-meta-learning",
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--rollout-batch-size",
+        "3",
+        "--n-samples-per-prompt",
+        "2",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     cases = {
         "missing file": (["--prompt-data", str(tmp_path / "nope.jsonl")], "nope.jsonl"),
         "unknown format": (["--prompt-data", str(write_jsonl(tmp_path / "d.csv", GOOD_ROWS))], ".csv"),
@@ -71,42 +80,74 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
             "4",
         ),
         "row without label": (
-            ["--prompt-data", str(write_jsonl(tmp_path / "nl.jsonl", GOOD_ROWS[:2] + [{"prompt": "q", "label": None}]))],
+            [
+                "--prompt-data",
+                str(write_jsonl(tmp_path / "nl.jsonl", GOOD_ROWS[:2] + [{"prompt": "q", "label": None}])),
+            ],
             "label",
         ),
-        "broken jsonl line": (["--prompt-data", str(write_jsonl(tmp_path / "b.jsonl", GOOD_ROWS[:2] + ["{oops"]))], "3"),
+        "broken jsonl line": (
+            ["--prompt-data", str(write_jsonl(tmp_path / "b.jsonl", GOOD_ROWS[:2] + ["{oops"]))],
+            "3",
+        ),
         "batch too small to split": (
             ["--prompt-data", str(write_jsonl(tmp_path / "small.jsonl", GOOD_ROWS[:2]))],
             "--rollout-batch-size",
         ),
-        "family too small": (["--prompt-data", str(good), "--group-key", "family", "--rollout-batch-size", "20",
-                              "--heldout-ipb", "18"], "task family"),  # fmt: skip
-        "missing group column": (["--prompt-data", str(good), "--group-key", "topic", "--rollout-batch-size", "4",
-                                  "--heldout-ipb", "2"], "topic"),  # fmt: skip
-        "ratio outside (0, 1)": (["--prompt-data", str(good), "--inner-loop-train-ratio", "1.5"], "--inner-loop-train-ratio"),
+        "family too small": (
+            ["--prompt-data", str(good), "--group-key", "family", "--rollout-batch-size", "20", "--heldout-ipb", "18"],
+            "task family",
+        ),
+        "missing group column": (
+            ["--prompt-data", str(good), "--group-key", "topic", "--rollout-batch-size", "4", "--heldout-ipb", "2"],
+            "topic",
+        ),
+        "ratio outside (0, 1)": (
+            ["--prompt-data", str(good), "--inner-loop-train-ratio", "1.5"],
+            "--inner-loop-train-ratio",
+        ),
         "unreachable router": (
             ["--prompt-data", str(good), "--external-student-url", f"http://127.0.0.1:{closed_port()}"],
             "--external-student-url",
         ),
         "no checkpoint": (["--prompt-data", str(good), "--hf-checkpoint", str(tmp_path)], "--hf-checkpoint"),
-        "bad template class": (["--prompt-data", str(good), "--teacher-template", "json.JSONDecoder"], "--teacher-template"),
+        "bad template class": (
+            ["--prompt-data", str(good), "--teacher-template", "json.JSONDecoder"],
+            "--teacher-template",
+        ),
         "unknown template slot": (["--prompt-data", str(good), "--generator-template", "Q: {question}"], "{question}"),
         "load without checkpoint": (["--prompt-data", str(good), "--load", str(tmp_path)], "--load"),
         "run dir of another run": (["--prompt-data", str(good), "--run-dir", str(used_run_dir(tmp_path))], "--run-dir"),
         # ---- malformed files and rows
-        "corrupt parquet": (["--prompt-data", str(write_bytes(tmp_path / "bad.parquet", b"PAR1 not parquet"))], "bad.parquet"),
+        "corrupt parquet": (
+            ["--prompt-data", str(write_bytes(tmp_path / "bad.parquet", b"PAR1 not parquet"))],
+            "bad.parquet",
+        ),
         "truncated json": (["--prompt-data", str(write_bytes(tmp_path / "cut.json", b'[{"prompt": "x"'))], "cut.json"),
         "json object, not a list": (
             ["--prompt-data", str(write_bytes(tmp_path / "obj.json", b'{"prompt": "x", "label": "y"}'))],
             "obj.json",
         ),
-        "jsonl line is a list": (["--prompt-data", str(write_jsonl(tmp_path / "arr.jsonl", GOOD_ROWS[:3] + ["[1, 2]"]))], "line 4"),
+        "jsonl line is a list": (
+            ["--prompt-data", str(write_jsonl(tmp_path / "arr.jsonl", GOOD_ROWS[:3] + ["[1, 2]"]))],
+            "line 4",
+        ),
         "problem field is a list": (
-            ["--prompt-data", str(write_jsonl(tmp_path / "lst.jsonl", GOOD_ROWS[:3] + [{"prompt": ["a"], "label": "x"}]))],
+            [
+                "--prompt-data",
+                str(write_jsonl(tmp_path / "lst.jsonl", GOOD_ROWS[:3] + [{"prompt": ["a"], "label": "x"}])),
+            ],
             "'prompt'",
         ),
         "messages without a user turn": (
-            ["--prompt-data", str(write_jsonl(tmp_path / "m.jsonl", [{"messages": [{"role": "system", "content": "s"}], "label": "x"}] * 8))],
+            [
+                "--prompt-data",
+                str(
+                    write_jsonl(
+                        tmp_path / "m.jsonl", [{"messages": [{"role": "system", "content": "s"}], "label": "x"}] * 8
+                    )
+                ),
+            ],
             "'messages'",
         ),
         "messages not a list": (
@@ -114,20 +155,45 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
             "'messages'",
         ),
         "empty task family": (
-            ["--prompt-data", str(write_jsonl(tmp_path / "ng.jsonl", GOOD_ROWS[:7] + [{"prompt": "q", "label": "x", "family": None}])),
-             "--group-key", "family", "--rollout-batch-size", "4", "--heldout-ipb", "2"],
+            [
+                "--prompt-data",
+                str(
+                    write_jsonl(tmp_path / "ng.jsonl", GOOD_ROWS[:7] + [{"prompt": "q", "label": "x", "family": None}])
+                ),
+                "--group-key",
+                "family",
+                "--rollout-batch-size",
+                "4",
+                "--heldout-ipb",
+                "2",
+            ],
             "line 8",
-        ),  # fmt: skip
+        ),
         "label column missing": (["--prompt-data", str(good), "--label-key", "answer"], "--label-key"),
         "prompt data is a directory": (["--prompt-data", str(tmp_path)], str(tmp_path)),
         # ---- flags
         "zero batch size": (["--prompt-data", str(good), "--rollout-batch-size", "0"], "--rollout-batch-size"),
-        "batch size not a number": (["--prompt-data", str(good), "--rollout-batch-size", "abc"], "--rollout-batch-size"),
-        "zero samples per prompt": (["--prompt-data", str(good), "--n-samples-per-prompt", "0"], "--n-samples-per-prompt"),
-        "zero inner iterations": (["--prompt-data", str(good), "--num-inner-iterations", "0"], "--num-inner-iterations"),
+        "batch size not a number": (
+            ["--prompt-data", str(good), "--rollout-batch-size", "abc"],
+            "--rollout-batch-size",
+        ),
+        "zero samples per prompt": (
+            ["--prompt-data", str(good), "--n-samples-per-prompt", "0"],
+            "--n-samples-per-prompt",
+        ),
+        "zero inner iterations": (
+            ["--prompt-data", str(good), "--num-inner-iterations", "0"],
+            "--num-inner-iterations",
+        ),
         "negative holdout size": (["--prompt-data", str(good), "--heldout-ipb", "-1"], "--heldout-ipb"),
-        "zero problems per prompt": (["--prompt-data", str(good), "--n-problems-per-prompt", "0"], "--n-problems-per-prompt"),
-        "unknown info position": (["--prompt-data", str(good), "--additional-info-position", "middle"], "--additional-info-position"),
+        "zero problems per prompt": (
+            ["--prompt-data", str(good), "--n-problems-per-prompt", "0"],
+            "--n-problems-per-prompt",
+        ),
+        "unknown info position": (
+            ["--prompt-data", str(good), "--additional-info-position", "middle"],
+            "--additional-info-position",
+        ),
         "unknown flag": (["--prompt-data", str(good), "--learning-rate", "1"], "--learning-rate"),
         "trace rate above 1": (["--prompt-data", str(good), "--trace-sample-rate", "2"], "--trace-sample-rate"),
         "openai grader without a key": (
@@ -135,31 +201,64 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
             "SLIME_META_NO_SUCH_KEY",
         ),
         "unknown verifier metric": (["--prompt-data", str(good), "--verifier-metric", "fuzzy"], "--verifier-metric"),
-        "wandb online without a key": (["--prompt-data", str(good), "--use-wandb", "--wandb-mode", "online"], "--wandb-mode"),
+        "wandb online without a key": (
+            ["--prompt-data", str(good), "--use-wandb", "--wandb-mode", "online"],
+            "--wandb-mode",
+        ),
         "empty checkpoint flag": (["--prompt-data", str(good), "--hf-checkpoint", ""], "--hf-checkpoint"),
-        "template file missing": (["--prompt-data", str(good), "--teacher-template", str(tmp_path / "t.txt")], "--teacher-template"),
-        "unknown grader slot": (["--prompt-data", str(good), "--grader-template", "{problem} {answer_key}"], "{answer_key}"),
+        "template file missing": (
+            ["--prompt-data", str(good), "--teacher-template", str(tmp_path / "t.txt")],
+            "--teacher-template",
+        ),
+        "unknown grader slot": (
+            ["--prompt-data", str(good), "--grader-template", "{problem} {answer_key}"],
+            "{answer_key}",
+        ),
         "replay without enough teachers": (
-            ["--prompt-data", str(good), "--replay-beta", "0.1", "--replay-teachers", "a@http://127.0.0.1:9/v1", "--replay-min-agree", "3"],
+            [
+                "--prompt-data",
+                str(good),
+                "--replay-beta",
+                "0.1",
+                "--replay-teachers",
+                "a@http://127.0.0.1:9/v1",
+                "--replay-min-agree",
+                "3",
+            ],
             "--replay",
         ),
         "negative learning rate": (["--prompt-data", str(good), "--lr", "-1"], "--lr"),
         "negative save interval": (["--prompt-data", str(good), "--save-interval", "-2"], "--save-interval"),
         "zero rollouts": (["--prompt-data", str(good), "--num-rollout", "0"], "--num-rollout"),
-        "student port without a student pool": (["--prompt-data", str(good), "--student-router-port", "1234"], "--student-router-port"),
+        "student port without a student pool": (
+            ["--prompt-data", str(good), "--student-router-port", "1234"],
+            "--student-router-port",
+        ),
         "unknown device": (["--prompt-data", str(good), "--device", "tpu"], "--device"),
-        "unknown holdout advantage": (["--prompt-data", str(good), "--holdout-advantage", "max"], "--holdout-advantage"),
+        "unknown holdout advantage": (
+            ["--prompt-data", str(good), "--holdout-advantage", "max"],
+            "--holdout-advantage",
+        ),
         "unknown backend": (["--prompt-data", str(good), "--backend", "ray"], "--backend"),
         "negative clip": (["--prompt-data", str(good), "--eps-clip", "-0.2"], "--eps-clip"),
         "negative temperature": (["--prompt-data", str(good), "--rollout-temperature", "-1"], "--rollout-temperature"),
         "zero teacher tokens": (["--prompt-data", str(good), "--teacher-max-tokens", "0"], "--teacher-max-tokens"),
         # ---- damaged files and checkpoints, out-of-range flags
         "file not utf-8": (
-            ["--prompt-data", str(write_bytes(tmp_path / "latin1.jsonl", b'{"prompt": "caf\xe9", "label": "x"}\n' * 8))],
+            [
+                "--prompt-data",
+                str(write_bytes(tmp_path / "latin1.jsonl", b'{"prompt": "caf\xe9", "label": "x"}\n' * 8)),
+            ],
             "latin1.jsonl",
         ),
-        "load pointer is garbage": (["--prompt-data", str(good), "--load", str(checkpoint_dir(tmp_path, "x\0y"))], "--load"),
-        "load pointer names a missing checkpoint": (["--prompt-data", str(good), "--load", str(checkpoint_dir(tmp_path, "7\n"))], "--load"),
+        "load pointer is garbage": (
+            ["--prompt-data", str(good), "--load", str(checkpoint_dir(tmp_path, "x\0y"))],
+            "--load",
+        ),
+        "load pointer names a missing checkpoint": (
+            ["--prompt-data", str(good), "--load", str(checkpoint_dir(tmp_path, "7\n"))],
+            "--load",
+        ),
         "load checkpoint without its files": (
             ["--prompt-data", str(good), "--load", str(checkpoint_dir(tmp_path, "3\n", "iter_0000003"))],
             "--load",
@@ -171,29 +270,79 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
             ["--prompt-data", str(good), "--generator-template", str(write_bytes(tmp_path / "empty.txt", b""))],
             "--generator-template",
         ),
-        "student checkpoint not a model": (["--prompt-data", str(good), "--student-checkpoint", str(tmp_path)], "--student-checkpoint"),
+        "student checkpoint not a model": (
+            ["--prompt-data", str(good), "--student-checkpoint", str(tmp_path)],
+            "--student-checkpoint",
+        ),
     }
     extra, needle = cases[name]
     return base + extra, needle
 
 
 CASES = [
-    "missing file", "unknown format", "missing column", "empty dataset", "row without problem",
-    "row without label", "broken jsonl line", "batch too small to split", "family too small",
-    "missing group column", "ratio outside (0, 1)", "unreachable router", "no checkpoint",
-    "bad template class", "unknown template slot", "load without checkpoint", "run dir of another run",
-    "corrupt parquet", "truncated json", "json object, not a list", "jsonl line is a list", "problem field is a list",
-    "messages without a user turn", "messages not a list", "empty task family", "label column missing",
-    "prompt data is a directory", "zero batch size", "batch size not a number", "zero samples per prompt",
-    "zero inner iterations", "negative holdout size", "zero problems per prompt", "unknown info position",
-    "unknown flag", "trace rate above 1", "openai grader without a key", "unknown verifier metric",
-    "wandb online without a key", "empty checkpoint flag", "template file missing", "unknown grader slot",
-    "replay without enough teachers", "negative learning rate", "negative save interval", "zero rollouts",
-    "student port without a student pool", "unknown device", "unknown holdout advantage", "unknown backend", "negative clip",
-    "negative temperature", "zero teacher tokens", "file not utf-8", "load pointer is garbage",
-    "load pointer names a missing checkpoint", "load checkpoint without its files", "teacher port out of range",
-    "host not an address", "negative request retries", "empty template file", "student checkpoint not a model",
-]  # fmt: skip
+    "missing file",
+    "unknown format",
+    "missing column",
+    "empty dataset",
+    "row without problem",
+    "row without label",
+    "broken jsonl line",
+    "batch too small to split",
+    "family too small",
+    "missing group column",
+    "ratio outside (0, 1)",
+    "unreachable router",
+    "no checkpoint",
+    "bad template class",
+    "unknown template slot",
+    "load without checkpoint",
+    "run dir of another run",
+    "corrupt parquet",
+    "truncated json",
+    "json object, not a list",
+    "jsonl line is a list",
+    "problem field is a list",
+    "messages without a user turn",
+    "messages not a list",
+    "empty task family",
+    "label column missing",
+    "prompt data is a directory",
+    "zero batch size",
+    "batch size not a number",
+    "zero samples per prompt",
+    "zero inner iterations",
+    "negative holdout size",
+    "zero problems per prompt",
+    "unknown info position",
+    "unknown flag",
+    "trace rate above 1",
+    "openai grader without a key",
+    "unknown verifier metric",
+    "wandb online without a key",
+    "empty checkpoint flag",
+    "template file missing",
+    "unknown grader slot",
+    "replay without enough teachers",
+    "negative learning rate",
+    "negative save interval",
+    "zero rollouts",
+    "student port without a student pool",
+    "unknown device",
+    "unknown holdout advantage",
+    "unknown backend",
+    "negative clip",
+    "negative temperature",
+    "zero teacher tokens",
+    "file not utf-8",
+    "load pointer is garbage",
+    "load pointer names a missing checkpoint",
+    "load checkpoint without its files",
+    "teacher port out of range",
+    "host not an address",
+    "negative request retries",
+    "empty template file",
+    "student checkpoint not a model",
+]
 
 # Bad input that does not yet end in exit code 2 and one line, with where to fix it (none known).
 KNOWN_GAPS: dict[str, str] = {}
@@ -226,10 +375,20 @@ def test_bad_input_gives_exit_code_2_and_one_line(name, tmp_path, tiny_checkpoin
 
 def test_a_real_process_prints_one_line_and_exits_2(tmp_path, tiny_checkpoint):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "--use-meta-learning", "--hf-checkpoint", str(tiny_checkpoint),
-         "--prompt-data", str(tmp_path / "missing.parquet")],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "--use-meta-learning",
+            "--hf-checkpoint",
+            str(tiny_checkpoint),
+            "--prompt-data",
+            str(tmp_path / "missing.parquet"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "missing.parquet" in lines[0] and "Traceback" not in result.stderr

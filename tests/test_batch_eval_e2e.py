@@ -19,14 +19,35 @@ SYNTHETIC = ROOT / "data/synthetic_suffix.jsonl"
 
 def base_args(checkpoint: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
-        "--use-meta-learning", "--hf-checkpoint", str(checkpoint), "--prompt-data", str(SYNTHETIC),
-        "--rollout-shuffle", "--n-samples-per-prompt", "2", "--num-inner-iterations", "1",
-        "--n-samples-per-inner-prompt", "1",
-        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
-        "--teacher-temperature", "1.0", "--teacher-max-tokens", "4", "--rollout-max-response-len", "8",
-        *VERIFIER, "--seed", "5", "--run-dir", str(run_dir), *extra,
-    ]  # fmt: skip
+        "--use-meta-learning",
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--prompt-data",
+        str(SYNTHETIC),
+        "--rollout-shuffle",
+        "--n-samples-per-prompt",
+        "2",
+        "--num-inner-iterations",
+        "1",
+        "--n-samples-per-inner-prompt",
+        "1",
+        "--generator-template",
+        "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template",
+        "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
+        "--teacher-temperature",
+        "1.0",
+        "--teacher-max-tokens",
+        "4",
+        "--rollout-max-response-len",
+        "8",
+        *VERIFIER,
+        "--seed",
+        "5",
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
 
 
 def png_width(path: Path) -> int:
@@ -36,8 +57,20 @@ def png_width(path: Path) -> int:
 def test_the_batch_is_split_75_25_with_holdout_samples_averaged_into_the_reward(tiny_checkpoint, tmp_path):
     run_dir = tmp_path / "split"
     # 8 problems at the default ratio 0.75: 6 train (6 teacher prompts of k=1) + 2 holdout; 3 attempts each.
-    result = run_train(base_args(tiny_checkpoint, run_dir, "--rollout-batch-size", "8", "--n-holdout-samples", "3",
-                                 "--num-rollout", "1", "--trace-sample-rate", "1.0"))  # fmt: skip
+    result = run_train(
+        base_args(
+            tiny_checkpoint,
+            run_dir,
+            "--rollout-batch-size",
+            "8",
+            "--n-holdout-samples",
+            "3",
+            "--num-rollout",
+            "1",
+            "--trace-sample-rate",
+            "1.0",
+        )
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("plan per step:") == 1
     assert (
@@ -46,8 +79,10 @@ def test_the_batch_is_split_75_25_with_holdout_samples_averaged_into_the_reward(
         "requests (n = attempts per problem)"
     ) in result.stdout
     # The student shares the teacher's weights: the terms that keep it a good student are on by default.
-    assert ("student: shares the teacher's weights; solver-role GRPO --adv-tau 1 and k3 KL to the start weights "
-            "--kl-loss-coef 0.1") in result.stdout
+    assert (
+        "student: shares the teacher's weights; solver-role GRPO --adv-tau 1 and k3 KL to the start weights "
+        "--kl-loss-coef 0.1"
+    ) in result.stdout
     objectives = json.loads((run_dir / "config.json").read_text())["objectives"]
     assert (objectives["adv_tau"], objectives["kl_loss_coef"]) == (1.0, 0.1)
     traces = read_jsonl(run_dir / "traces.jsonl")
@@ -79,22 +114,41 @@ def test_fixed_eval_set_is_never_trained_on_and_is_logged_and_plotted(tiny_check
     eval_file = tmp_path / "held.jsonl"
     # The same problems in other forms: other case, or a dict label. They still leave training.
     reformatted = [
-        {**rows[i], "prompt": rows[i]["prompt"].upper()} if n % 2
+        {**rows[i], "prompt": rows[i]["prompt"].upper()}
+        if n % 2
         else {**rows[i], "label": {"answer": rows[i]["label"]}}
         for n, i in enumerate(held_rows)
     ]
     eval_file.write_text("".join(json.dumps(row) + "\n" for row in reformatted))
     run_dir = tmp_path / "eval"
     result = run_train(
-        base_args(tiny_checkpoint, run_dir, "--rollout-batch-size", "4", "--num-rollout", "2", "--trace-sample-rate", "0",
-                  "--eval-prompt-data", "held", str(eval_file), "--eval-interval", "1")  # fmt: skip
+        base_args(
+            tiny_checkpoint,
+            run_dir,
+            "--rollout-batch-size",
+            "4",
+            "--num-rollout",
+            "2",
+            "--trace-sample-rate",
+            "0",
+            "--eval-prompt-data",
+            "held",
+            str(eval_file),
+            "--eval-interval",
+            "1",
+        )
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"{len(held_rows)} problems of {SYNTHETIC} are also in --eval-prompt-data" in result.stdout
     assert "eval held: 4 fixed problems (1 batch(es) of the plan above), every 1 steps" in result.stdout
     # Training never drew an eval problem (uids are the training file's row numbers).
-    drawn = {uid for t in read_jsonl(run_dir / "traces.jsonl") if t["type"] == "batch" for e in t["episodes"]
-             for uid in [*(u for chunk in e["train"] for u in chunk), *e["holdout"]]}  # fmt: skip
+    drawn = {
+        uid
+        for t in read_jsonl(run_dir / "traces.jsonl")
+        if t["type"] == "batch"
+        for e in t["episodes"]
+        for uid in [*(u for chunk in e["train"] for u in chunk), *e["holdout"]]
+    }
     assert drawn and not drawn & {str(i) for i in held_rows}
 
     records = read_jsonl(run_dir / "metrics.jsonl")
@@ -113,7 +167,9 @@ def test_fixed_eval_set_is_never_trained_on_and_is_logged_and_plotted(tiny_check
 
 def test_an_impossible_split_exits_2_naming_the_flags_before_anything_starts(tmp_path):
     run_dir = tmp_path / "bad"
-    result = run_train(base_args(Path("/nonexistent/ckpt"), run_dir, "--rollout-batch-size", "6", "--n-problems-per-prompt", "2"))
+    result = run_train(
+        base_args(Path("/nonexistent/ckpt"), run_dir, "--rollout-batch-size", "6", "--n-problems-per-prompt", "2")
+    )
     assert result.returncode == 2
     line = result.stderr.strip()
     assert "\n" not in line and "--rollout-batch-size 6" in line and "--n-problems-per-prompt 2" in line

@@ -25,8 +25,11 @@ def run_benchmark(
     out = tmp_path / f"{script}.json"
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--out", str(out), *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text()), result
 
@@ -57,8 +60,12 @@ def test_inner_loop_quick(tmp_path):
             assert 0 < d["cpu_floor_s"] <= d["wall_s"] * 1.02, "more CPU than the cores could give in that time"
         assert s["sequential"]["extrapolated"]
     assert set(report["client_cost"]) >= {"student.solve (SGLangPool, text)", "OpenAIGrader.grade (chat_api, aiohttp)"}
-    assert set(report["meets"]) == {"latency_bound_ratio", "capacity_bound_ratio", "faster_than_stage_synchronous",
-                                    "client_cpu_ms_per_request"}  # fmt: skip
+    assert set(report["meets"]) == {
+        "latency_bound_ratio",
+        "capacity_bound_ratio",
+        "faster_than_stage_synchronous",
+        "client_cpu_ms_per_request",
+    }
     assert lines[-2].startswith("meets: ")
     assert any("bound/wall" in line for line in lines[-14:])
 
@@ -88,8 +95,11 @@ def _run_train_benchmark(script: str, tmp_path: Path, *extra: str) -> tuple[dict
     """efficacy.py / async_pipeline.py: they drive scripts/run_synthetic.sh and write OUT_DIR/NAME.json."""
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--quick", "--out", str(tmp_path), *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / f"{script}.json").read_text())
     for key in ("date", "command", "machine"):
@@ -247,8 +257,12 @@ def test_step_prefix_sharing_counts_what_an_unbounded_cache_would_skip():
 
     requests = [{"ids": ids} for ids in ([1, 2, 3, 5], [7], [1, 2, 3, 4], [1, 2, 9])]
     # Distinct prefixes (trie nodes): 1, 12, 123, 1234, 1235, 129, 7 = 7 of 12 tokens: 5 repeat.
-    assert prefix_sharing(requests) == {"requests": 4, "prefilled_tokens": 12, "repeated_prefix_tokens": 5,
-                                        "repeated_share": 5 / 12}  # fmt: skip
+    assert prefix_sharing(requests) == {
+        "requests": 4,
+        "prefilled_tokens": 12,
+        "repeated_prefix_tokens": 5,
+        "repeated_share": 5 / 12,
+    }
 
 
 def test_step_report_reads_the_shipped_trainer_and_generation_results(capsys):
@@ -263,17 +277,32 @@ def test_step_report_reads_the_shipped_trainer_and_generation_results(capsys):
     for name, trainer_shape in (("0.5b", "0.5B"), ("1.5b", "1.5B")):
         result = {
             "shape": name,
-            "per_step": {"perf/step_time": 10.0, "perf/rollout_wait_time": 7.0, "perf/train_time": 2.7,
-                         "perf/weight_push_time": 0.3, "meta_learning/inner_loop_time": 7.0, "generated_tokens": 8000.0,
-                         "train/tokens": 64000.0, "train/step_time": 2.7},
+            "per_step": {
+                "perf/step_time": 10.0,
+                "perf/rollout_wait_time": 7.0,
+                "perf/train_time": 2.7,
+                "perf/weight_push_time": 0.3,
+                "meta_learning/inner_loop_time": 7.0,
+                "generated_tokens": 8000.0,
+                "train/tokens": 64000.0,
+                "train/step_time": 2.7,
+            },
             "replay": {"prefill_only_s": 2.0, "served_tokens_per_s": 4000.0},
             "prefix": {"prefilled_tokens": 200000.0, "repeated_share": 0.25},
-            "gpu_memory": {"available": True, "peak_device_gib": 30.0,
-                           "processes": {"11": {"role": "worker", "peak_gib": 10.0}, "12": {"role": "trainer (train.py)", "peak_gib": 20.0}}},
-        }  # fmt: skip
+            "gpu_memory": {
+                "available": True,
+                "peak_device_gib": 30.0,
+                "processes": {
+                    "11": {"role": "worker", "peak_gib": 10.0},
+                    "12": {"role": "trainer (train.py)", "peak_gib": 20.0},
+                },
+            },
+        }
         result["bound"] = step.lower_bound(name, args, result)
         result["verdicts"] = step.verdicts(result)
-        row = next(r for r in trainer["rows"] if r["shape"] == trainer_shape and r["setting"] == "dynamic_tokens_recompute")
+        row = next(
+            r for r in trainer["rows"] if r["shape"] == trainer_shape and r["setting"] == "dynamic_tokens_recompute"
+        )
         bound = result["bound"]
         assert bound["trainer_tokens_per_s"] == pytest.approx(trainer["batch"] * trainer["seq"] / row["step_s"])
         assert bound["train_s"] == pytest.approx(64000.0 / bound["trainer_tokens_per_s"])

@@ -15,10 +15,10 @@ from statistics import fmean
 
 import pytest
 
-from slime_meta.models import tiny
-from slime_meta.prompt_templates import load_template
 from slime_meta.data.tasks import bracket
 from slime_meta.data.tasks.bracket import BracketGeneratorTemplate, BracketTeacherTemplate
+from slime_meta.models import tiny
+from slime_meta.prompt_templates import load_template
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,7 +79,9 @@ def test_student_prompts_have_fixed_lengths_and_the_hint_in_front():
 
 
 def test_templates_load_by_dotted_name_and_the_teacher_reads_expected_answers():
-    generator = load_template("generator", "slime_meta.data.tasks.bracket.BracketGeneratorTemplate", "--generator-template")
+    generator = load_template(
+        "generator", "slime_meta.data.tasks.bracket.BracketGeneratorTemplate", "--generator-template"
+    )
     teacher = load_template("teacher", "slime_meta.data.tasks.bracket.BracketTeacherTemplate", "--teacher-template")
     assert isinstance(generator, BracketGeneratorTemplate) and isinstance(teacher, BracketTeacherTemplate)
     problem = Problem(uid="a", prompt="kqpd", label="dkqpdf")
@@ -124,8 +126,14 @@ def test_teacher_correct_fraction_one_teaches_the_key():
 def test_cache_key_names_the_task_and_the_default_is_unchanged():
     suffix_key = tiny.cache_key()
     # The default task's key has no task field: computed here as it was before tasks existed.
-    legacy = {"build_version": tiny.BUILD_VERSION, "data_sha256": tiny.file_sha256(REPO / tiny.DEFAULT_DATA),
-              "seed": 0, "steps": tiny.DEFAULT_STEPS, "teacher_correct_fraction": 0.5, "device": "cpu"}
+    legacy = {
+        "build_version": tiny.BUILD_VERSION,
+        "data_sha256": tiny.file_sha256(REPO / tiny.DEFAULT_DATA),
+        "seed": 0,
+        "steps": tiny.DEFAULT_STEPS,
+        "teacher_correct_fraction": 0.5,
+        "device": "cpu",
+    }
     import hashlib
 
     assert suffix_key == "tiny-" + hashlib.sha256(json.dumps(legacy, sort_keys=True).encode()).hexdigest()[:16]
@@ -162,8 +170,14 @@ def test_pretrained_teacher_almost_never_writes_the_key_while_the_student_applie
 
 def test_run_script_refuses_an_unknown_task_with_one_line():
     env = {**os.environ, "TASK": "nope", "MODEL_DIR": "/nonexistent"}
-    result = subprocess.run(["bash", str(REPO / "scripts" / "run_synthetic.sh")], cwd=REPO, capture_output=True,
-                            text=True, timeout=30, env=env)
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "run_synthetic.sh")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     assert result.returncode == 2
     message = "TASK=nope: unknown task; use synthetic_suffix (the default) or bracket"
     assert result.stderr.strip().splitlines() == [message]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from slime_meta.artifacts.pypi_wheels import WheelUnavailable, download_wheel, installed_file, read_wheel_member
 from slime_meta.data.problems import load_problems
 from slime_meta.data.tasks import champ
-from slime_meta.artifacts.pypi_wheels import WheelUnavailable, download_wheel, installed_file, read_wheel_member
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "data" / "champ.jsonl"
@@ -89,8 +89,12 @@ def test_oracle_hint_holds_the_problems_human_hints_or_else_its_concepts(dataset
 def test_shipped_file_is_the_converters_output(rows, tmp_path):
     assert SHIPPED.read_bytes() == champ.jsonl_text(rows).encode("utf-8")
     assert SHIPPED.stat().st_size < 400_000  # small: the 72 MB source is mostly model transcripts
-    done = subprocess.run([sys.executable, "-m", "slime_meta.data.tasks.champ", "--out", str(tmp_path / "again.jsonl")],
-                          cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "slime_meta.data.tasks.champ", "--out", str(tmp_path / "again.jsonl")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "again.jsonl").read_bytes() == SHIPPED.read_bytes()
 
@@ -98,8 +102,9 @@ def test_shipped_file_is_the_converters_output(rows, tmp_path):
 def test_shipped_file_loads_with_the_training_flags_and_carries_the_context_column():
     # What --group-key category, --context-key oracle_hint (run_data checks the column is in the
     # metadata) and --eval-baseline (reads problem.metadata[context_key]) see.
-    problems = load_problems(SHIPPED, input_key="prompt", label_key="label", rubric_key="rubric",
-                             group_key="category", id_key="id")  # fmt: skip
+    problems = load_problems(
+        SHIPPED, input_key="prompt", label_key="label", rubric_key="rubric", group_key="category", id_key="id"
+    )
     assert len(problems) == 270
     assert Counter(p.group for p in problems) == CATEGORY_SIZES
     assert all(p.metadata["oracle_hint"].strip() and p.rubric for p in problems)
@@ -115,14 +120,22 @@ def _closed_port() -> int:
 def test_an_unreachable_index_is_reported_as_such_and_the_cli_exits_2(tmp_path, monkeypatch):
     if installed_file(champ.DISTRIBUTION, champ.MEMBER) is not None:
         pytest.skip("champ-dataset is installed: the converter would not use the network")
-    for name, value in {"PIP_INDEX_URL": f"http://127.0.0.1:{_closed_port()}/simple", "PIP_EXTRA_INDEX_URL": "",
-                        "PIP_FIND_LINKS": "", "SLIME_META_CACHE": str(tmp_path / "cache")}.items():
+    for name, value in {
+        "PIP_INDEX_URL": f"http://127.0.0.1:{_closed_port()}/simple",
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_FIND_LINKS": "",
+        "SLIME_META_CACHE": str(tmp_path / "cache"),
+    }.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(WheelUnavailable) as raised:
         download_wheel(champ.DISTRIBUTION, champ.VERSION)
     assert raised.value.registry_unreachable
-    done = subprocess.run([sys.executable, "-m", "slime_meta.data.tasks.champ", "--out", str(tmp_path / "x.jsonl")],
-                          cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "slime_meta.data.tasks.champ", "--out", str(tmp_path / "x.jsonl")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and done.stderr.startswith("error: pip download --no-deps champ-dataset==1.0.0")
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.jsonl").exists()
 

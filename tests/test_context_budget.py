@@ -12,13 +12,20 @@ import random
 import re
 
 import pytest
-from helpers_context import CONTEXT_LENGTH, long_rows, make_long_context_checkpoint, pseudo_text, pseudo_words, write_jsonl
+from helpers_context import (
+    CONTEXT_LENGTH,
+    long_rows,
+    make_long_context_checkpoint,
+    pseudo_text,
+    pseudo_words,
+    write_jsonl,
+)
 
 import train
-from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local import components as C
-from slime_meta.rollout.context_budget import ELISION_MARKER, TokenCounter, context_length_of, metrics_of
+from slime_meta.config.arguments import parse_config
 from slime_meta.prompt_templates import TeacherPromptTemplate
+from slime_meta.rollout.context_budget import ELISION_MARKER, TokenCounter, context_length_of, metrics_of
 from slime_meta.rollout.roles import PromptRenderer, TeacherRole
 from slime_meta.types import Grade, GradedAttempt, Problem
 
@@ -38,24 +45,34 @@ def long_tokenizer(long_checkpoint):
 def problems_and_attempts(k: int, m: int, solution_chars: int, iterations: int = 1, explanation_chars: int = 40):
     rng, words = random.Random(3), pseudo_words(0)
     rows = long_rows(count=k)
-    problems = [Problem(uid=str(i), prompt=r["prompt"], label=r["label"], rubric=r["rubric"]) for i, r in enumerate(rows)]
+    problems = [
+        Problem(uid=str(i), prompt=r["prompt"], label=r["label"], rubric=r["rubric"]) for i, r in enumerate(rows)
+    ]
     attempts_K_M = [
         [
             GradedAttempt(
-                problem=p, iteration=it,
+                problem=p,
+                iteration=it,
                 solution=f"<start {i}.{it}.{j}> " + pseudo_text(rng, words, solution_chars) + f" <end {i}.{it}.{j}>",
                 grade=Grade(0.5, f"<why {i}.{it}.{j}> " + pseudo_text(rng, words, explanation_chars)),
             )
-            for it in range(iterations) for j in range(m)
+            for it in range(iterations)
+            for j in range(m)
         ]
         for i, p in enumerate(problems)
-    ]  # fmt: skip
+    ]
     return problems, attempts_K_M
 
 
 def teacher_role(tokenizer, max_new_tokens: int = 64, context_length: int = CONTEXT_LENGTH) -> TeacherRole:
-    return TeacherRole(pool=None, template=TeacherPromptTemplate(), renderer=PromptRenderer(tokenizer, False),
-                       temperature=1.0, max_new_tokens=max_new_tokens, context_length=context_length)  # fmt: skip
+    return TeacherRole(
+        pool=None,
+        template=TeacherPromptTemplate(),
+        renderer=PromptRenderer(tokenizer, False),
+        temperature=1.0,
+        max_new_tokens=max_new_tokens,
+        context_length=context_length,
+    )
 
 
 def test_the_context_length_is_read_from_the_checkpoint_config(long_checkpoint, tiny_checkpoint):
@@ -121,8 +138,14 @@ def test_long_grader_explanations_are_cut(long_tokenizer):
 def test_problems_alone_over_the_budget_are_shortened_as_a_last_resort(tiny_checkpoint):
     tokenizer = C.load_tokenizer(str(tiny_checkpoint))  # one token a character, 256 positions
     template = TeacherPromptTemplate("T {problem} R {rubric} A {attempts_and_grades} P {previous_info}")
-    teacher = TeacherRole(pool=None, template=template, renderer=PromptRenderer(tokenizer, False), temperature=1.0,
-                          max_new_tokens=16, context_length=256)  # fmt: skip
+    teacher = TeacherRole(
+        pool=None,
+        template=template,
+        renderer=PromptRenderer(tokenizer, False),
+        temperature=1.0,
+        max_new_tokens=16,
+        context_length=256,
+    )
     problem = Problem(uid="0", prompt="q" * 600, label="1", rubric="r" * 300)
     attempt = GradedAttempt(problem=problem, solution="s" * 400, grade=Grade(0.0, "e" * 100))
     text, ids = teacher.prompt_and_ids([problem], [[attempt]], "i" * 16)
@@ -152,8 +175,24 @@ SHORT_TEACHER = "T:{problem}{attempts_and_grades}{previous_info}"
 
 
 def base_args(checkpoint, data, run_dir, *extra):
-    return ["--use-meta-learning", "--hf-checkpoint", str(checkpoint), "--prompt-data", str(data), "--run-dir", str(run_dir),
-            "--rollout-batch-size", "2", "--heldout-ipb", "1", "--n-samples-per-prompt", "2", "--grader", "verifier", *extra]  # fmt: skip
+    return [
+        "--use-meta-learning",
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--prompt-data",
+        str(data),
+        "--run-dir",
+        str(run_dir),
+        "--rollout-batch-size",
+        "2",
+        "--heldout-ipb",
+        "1",
+        "--n-samples-per-prompt",
+        "2",
+        "--grader",
+        "verifier",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize(
@@ -184,8 +223,16 @@ def test_rows_too_long_are_reported_and_skipped_and_all_too_long_exits_2(tmp_pat
     rows = [{"prompt": f"{i} + 1 = ?", "label": str(i + 1)} for i in range(6)]
     rows.insert(2, {"prompt": "x" * 400, "label": "1"})  # line 3: over the 256 positions by itself
     data = write_jsonl(tmp_path / "d.jsonl", rows)
-    flags = ("--teacher-template", SHORT_TEACHER, "--teacher-max-tokens", "8", "--rollout-max-response-len", "8",
-             "--generator-template", "Q: {problem}")  # fmt: skip
+    flags = (
+        "--teacher-template",
+        SHORT_TEACHER,
+        "--teacher-max-tokens",
+        "8",
+        "--rollout-max-response-len",
+        "8",
+        "--generator-template",
+        "Q: {problem}",
+    )
     cfg = parse_config(base_args(tiny_checkpoint, data, tmp_path / "run", *flags))
     loaded = C.load_data(cfg)
     err = capsys.readouterr().err
@@ -204,14 +251,38 @@ def test_the_demo_flags_pass_the_checks(tmp_path, tiny_checkpoint):
     root = Path(__file__).resolve().parent.parent
     script = (root / "scripts/run_synthetic.sh").read_text()
     assert "--teacher-max-tokens 4" in script and "--rollout-max-response-len 10" in script
-    cfg = parse_config([
-        "--use-meta-learning", "--hf-checkpoint", str(tiny_checkpoint), "--prompt-data", str(root / "data/synthetic_suffix.jsonl"),
-        "--group-key", "family", "--rollout-batch-size", "28", "--n-samples-per-prompt", "8", "--n-problems-per-prompt", "3",
-        "--heldout-ipb", "16", "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
-        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
-        "--teacher-max-tokens", "4", "--rollout-max-response-len", "10", "--run-dir", str(tmp_path / "run"),
-    ])  # fmt: skip
+    cfg = parse_config(
+        [
+            "--use-meta-learning",
+            "--hf-checkpoint",
+            str(tiny_checkpoint),
+            "--prompt-data",
+            str(root / "data/synthetic_suffix.jsonl"),
+            "--group-key",
+            "family",
+            "--rollout-batch-size",
+            "28",
+            "--n-samples-per-prompt",
+            "8",
+            "--n-problems-per-prompt",
+            "3",
+            "--heldout-ipb",
+            "16",
+            "--num-inner-iterations",
+            "2",
+            "--n-samples-per-inner-prompt",
+            "2",
+            "--generator-template",
+            "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+            "--teacher-template",
+            "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
+            "--teacher-max-tokens",
+            "4",
+            "--rollout-max-response-len",
+            "10",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     C.check_context_fits(cfg)
     assert len(C.load_data(cfg).sampler.problems) == 64 * 12  # no row skipped
-

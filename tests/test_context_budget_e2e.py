@@ -48,7 +48,10 @@ def dataset(path: Path, tokenizer) -> Path:
     # The holdout problem: 3,625 tokens fit the teacher's prompt (385 tokens of default template,
     # 2 x 32 for --teacher-max-tokens) but leave the student fewer than 384 new tokens.
     rng, words = random.Random(11), pseudo_words(0)
-    train = [{"prompt": pseudo_text(rng, words, 3000), "label": str(40 + i), "rubric": pseudo_text(rng, words, 3000)} for i in range(2)]
+    train = [
+        {"prompt": pseudo_text(rng, words, 3000), "label": str(40 + i), "rubric": pseudo_text(rng, words, 3000)}
+        for i in range(2)
+    ]
     holdout = {"prompt": text_of_tokens(tokenizer, rng, words, 3625), "label": "7", "rubric": ""}
     too_long = {"prompt": text_of_tokens(tokenizer, rng, words, 5000), "label": "8", "rubric": "r"}
     return write_jsonl(path, [*train, holdout, too_long])
@@ -62,17 +65,44 @@ def run_one_step(checkpoint: Path, tmp_path: Path, *, iterations: int, attempts:
     data = dataset(tmp_path / "long.jsonl", load_tokenizer(str(checkpoint)))
     run_dir = tmp_path / "run"
     args = [
-        "--use-meta-learning", "--hf-checkpoint", str(checkpoint), "--prompt-data", str(data), "--run-dir", str(run_dir),
-        "--rollout-batch-size", "3", "--n-samples-per-prompt", "2", "--n-problems-per-prompt", "2", "--heldout-ipb", "1",
-        "--num-inner-iterations", str(iterations), "--n-samples-per-inner-prompt", str(attempts),
-        "--rollout-max-response-len", str(answer_tokens), "--teacher-max-tokens", str(TEACHER_MAX_TOKENS),
-        "--grader", "verifier", "--trace-sample-rate", "1", "--num-rollout", "1", "--seed", "2",
-    ]  # fmt: skip
+        "--use-meta-learning",
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--prompt-data",
+        str(data),
+        "--run-dir",
+        str(run_dir),
+        "--rollout-batch-size",
+        "3",
+        "--n-samples-per-prompt",
+        "2",
+        "--n-problems-per-prompt",
+        "2",
+        "--heldout-ipb",
+        "1",
+        "--num-inner-iterations",
+        str(iterations),
+        "--n-samples-per-inner-prompt",
+        str(attempts),
+        "--rollout-max-response-len",
+        str(answer_tokens),
+        "--teacher-max-tokens",
+        str(TEACHER_MAX_TOKENS),
+        "--grader",
+        "verifier",
+        "--trace-sample-rate",
+        "1",
+        "--num-rollout",
+        "1",
+        "--seed",
+        "2",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("OPENAI_API_KEY", None)
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     return result, run_dir, data, time.perf_counter() - started
 
 
@@ -98,13 +128,17 @@ def check_step(result, run_dir: Path, data: Path, iterations: int, tokenizer) ->
 
 
 def test_one_outer_step_with_long_rows_on_a_4k_model_completes(long_checkpoint, tmp_path):
-    result, run_dir, data, seconds = run_one_step(long_checkpoint, tmp_path, iterations=1, attempts=2, answer_tokens=384)
+    result, run_dir, data, seconds = run_one_step(
+        long_checkpoint, tmp_path, iterations=1, attempts=2, answer_tokens=384
+    )
     metrics = check_step(result, run_dir, data, iterations=1, tokenizer=load_tokenizer(str(long_checkpoint)))
     print(f"4k context, K=1 m=2 384-token answers: step {metrics['perf/step_time']:.1f}s, whole run {seconds:.1f}s")
 
 
 @pytest.mark.slow
 def test_full_shape_k3_m4_512_token_answers_on_a_4k_model_completes(long_checkpoint, tmp_path):
-    result, run_dir, data, seconds = run_one_step(long_checkpoint, tmp_path, iterations=3, attempts=4, answer_tokens=512)
+    result, run_dir, data, seconds = run_one_step(
+        long_checkpoint, tmp_path, iterations=3, attempts=4, answer_tokens=512
+    )
     metrics = check_step(result, run_dir, data, iterations=3, tokenizer=load_tokenizer(str(long_checkpoint)))
     print(f"4k context, K=3 m=4 512-token answers: step {metrics['perf/step_time']:.1f}s, whole run {seconds:.1f}s")

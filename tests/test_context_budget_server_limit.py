@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate
 from slime_meta.rollout.context_budget import SGLANG_INPUT_MARGIN, longest_prompt, metrics_of, student_new_tokens
 from slime_meta.rollout.pools import PoolUnavailable, SGLangPool
-from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate
 from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole
-from slime_meta_engine import protocol
 from slime_meta.types import Grade, GradedAttempt, Problem
+from slime_meta_engine import protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 256  # the tiny model's max_position_embeddings
@@ -37,8 +37,21 @@ CONTEXT = 256  # the tiny model's max_position_embeddings
 @pytest.fixture(scope="module")
 def worker_url(tiny_checkpoint: Path, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
-    command = [sys.executable, "-m", "slime_meta_engine", "--model-path", str(tiny_checkpoint), "--host", "127.0.0.1",
-               "--port", "0", "--device", "cpu", "--dtype", "float32"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "slime_meta_engine",
+        "--model-path",
+        str(tiny_checkpoint),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
@@ -104,8 +117,13 @@ def test_student_requests_are_clamped_strictly_inside(tiny_checkpoint, worker_ur
     async def solve(problem: Problem):
         client = SGLangPool(name="student", base_url=worker_url, max_retries=0)
         student = StudentRole(
-            pool=client, template=GeneratorPromptTemplate("{problem}"), renderer=renderer, info_position="prefix",
-            temperature=1.0, max_new_tokens=64, context_length=CONTEXT,
+            pool=client,
+            template=GeneratorPromptTemplate("{problem}"),
+            renderer=renderer,
+            info_position="prefix",
+            temperature=1.0,
+            max_new_tokens=64,
+            context_length=CONTEXT,
         )
         try:
             return await student.solve_n(problem, "", 2, with_tokens=True), student
@@ -134,8 +152,14 @@ def test_the_teachers_prompt_leaves_the_last_position_free(tiny_checkpoint, work
 
     async def write():
         client = SGLangPool(name="teacher", base_url=worker_url, max_retries=0)
-        teacher = TeacherRole(pool=client, template=template, renderer=renderer, temperature=1.0,
-                              max_new_tokens=max_new_tokens, context_length=CONTEXT)  # fmt: skip
+        teacher = TeacherRole(
+            pool=client,
+            template=template,
+            renderer=renderer,
+            temperature=1.0,
+            max_new_tokens=max_new_tokens,
+            context_length=CONTEXT,
+        )
         try:
             return await teacher.write_info([problem], [[attempt]], previous_info)
         finally:

@@ -150,7 +150,9 @@ def test_bad_messages_and_empty_group_are_named(tmp_path):
 
 
 def test_duplicate_ids_are_an_error(tmp_path):
-    path = write_jsonl(tmp_path / "d.jsonl", [{"id": 1, "prompt": "a", "label": "1"}, {"id": 1, "prompt": "b", "label": "2"}])
+    path = write_jsonl(
+        tmp_path / "d.jsonl", [{"id": 1, "prompt": "a", "label": "1"}, {"id": 1, "prompt": "b", "label": "2"}]
+    )
     message = user_error(load_problems, path, id_key="id")
     assert "line 2" in message and "line 1" in message
 
@@ -180,7 +182,9 @@ def test_with_families_the_holdout_splits_evenly_over_the_teacher_prompts():
     sampler = ProblemSampler(make_problems(30, {"a": 10, "b": 10, "c": 10}), seed=3, group_key_used=True)
     episodes = sampler.next_episodes(**plan.draw_sizes)
     assert sum(len(e.holdout) for e in episodes) == 16 and sum(len(c) for e in episodes for c in e.train_chunks_P) == 12
-    assert all(len({p.group for c in e.train_chunks_P for p in c} | {p.group for p in e.holdout}) == 1 for e in episodes)
+    assert all(
+        len({p.group for c in e.train_chunks_P for p in c} | {p.group for p in e.holdout}) == 1 for e in episodes
+    )
     assert plan.describe(samples_per_prompt=8, inner_iterations=2, inner_samples=2, holdout_samples=1).startswith(
         "plan per step: 28 problems = 12 train + 16 holdout, 4 holdout per family; 4 teacher prompts (GRPO groups) of 3 x 8 infos = 32 chains"
     )
@@ -190,20 +194,38 @@ def test_with_families_the_holdout_splits_evenly_over_the_teacher_prompts():
     "sizes, expected",
     [
         # 2 x 0.75 rounds to 2 train: no holdout left.
-        ((2, 0.75, None, 1, False), ["no holdout problems", "nearest --rollout-batch-size that works: 3 (2 train + 1 holdout)"]),
+        (
+            (2, 0.75, None, 1, False),
+            ["no holdout problems", "nearest --rollout-batch-size that works: 3 (2 train + 1 holdout)"],
+        ),
         # 6 train do not make prompts of 4.
-        ((8, 0.75, None, 4, False), ["6 train problems do not split", "5 (4 train + 1 holdout) or 10 (8 train + 2 holdout)"]),
+        (
+            (8, 0.75, None, 4, False),
+            ["6 train problems do not split", "5 (4 train + 1 holdout) or 10 (8 train + 2 holdout)"],
+        ),
         ((5, 0.75, 5, 1, False), ["no train problems", "--heldout-ipb 5", "6 (1 train + 5 holdout)"]),
         # 7 families cannot share 3 holdout problems evenly; only 3 or 1 prompts can.
         ((10, 0.75, 3, 1, True), ["--group-key", "works: 6 (3 train + 3 holdout)"]),
         # With families at 0.75 and k=1 the holdout (a quarter) never covers every prompt: say which --heldout-ipb does.
-        ((8, 0.75, None, 1, True), ["no --rollout-batch-size works", "--heldout-ipb that works with --rollout-batch-size 8: 4 (4 train + 4 holdout)"]),
+        (
+            (8, 0.75, None, 1, True),
+            [
+                "no --rollout-batch-size works",
+                "--heldout-ipb that works with --rollout-batch-size 8: 4 (4 train + 4 holdout)",
+            ],
+        ),
     ],
 )
 def test_impossible_splits_name_the_flags_and_the_nearest_sizes_that_work(sizes, expected):
     n, ratio, heldout, k, per_family = sizes
-    message = user_error(plan_batch, rollout_batch_size=n, train_ratio=ratio, heldout_ipb=heldout, problems_per_prompt=k,
-                         per_family=per_family)  # fmt: skip
+    message = user_error(
+        plan_batch,
+        rollout_batch_size=n,
+        train_ratio=ratio,
+        heldout_ipb=heldout,
+        problems_per_prompt=k,
+        per_family=per_family,
+    )
     assert "--rollout-batch-size" in message and "--n-problems-per-prompt" in message
     for text in expected:
         assert text in message, (text, message)
@@ -231,7 +253,9 @@ def test_sampler_is_deterministic_and_seed_dependent():
 
 def test_no_shuffle_uses_file_order():
     sampler = ProblemSampler(make_problems(6), seed=0, shuffle=False)
-    assert uids(sampler.next_episodes(num_prompts=2, problems_per_prompt=1, num_holdout=2)) == [[["0"], ["1"], ["2", "3"]]]
+    assert uids(sampler.next_episodes(num_prompts=2, problems_per_prompt=1, num_holdout=2)) == [
+        [["0"], ["1"], ["2", "3"]]
+    ]
 
 
 def test_epochs_wrap_and_cover_every_problem_once_per_epoch():
@@ -337,8 +361,8 @@ def test_problem_key_ignores_case_spacing_unicode_forms_and_the_label():
 def test_eval_problems_leave_training_whatever_their_format_and_only_none_left_exits_2(
     tmp_path, tiny_checkpoint, capsys
 ):
-    from slime_meta.config.arguments import parse_config
     from slime_meta.backends.local.run_data import load_data
+    from slime_meta.config.arguments import parse_config
 
     train_rows = [{"prompt": f"Ana has {i} apples and gets 2 more. How many?", "label": str(i + 2)} for i in range(12)]
     # Five of them again in the eval file, each in another form: the label "2.0" for "2", a dict
@@ -356,13 +380,32 @@ def test_eval_problems_leave_training_whatever_their_format_and_only_none_left_e
     eval_file = write_jsonl(tmp_path / "eval.jsonl", eval_rows)
 
     def config(train: Path):
-        return parse_config([
-            "--use-meta-learning", "--hf-checkpoint", str(tiny_checkpoint), "--prompt-data", str(train),
-            "--eval-prompt-data", "held", str(eval_file), "--rollout-batch-size", "2", "--heldout-ipb", "1",
-            "--teacher-template", "T:{problem}{attempts_and_grades}{previous_info}", "--teacher-max-tokens", "8",
-            "--generator-template", "Q: {problem}", "--rollout-max-response-len", "8",
-            "--run-dir", str(tmp_path / "run"),
-        ])  # fmt: skip
+        return parse_config(
+            [
+                "--use-meta-learning",
+                "--hf-checkpoint",
+                str(tiny_checkpoint),
+                "--prompt-data",
+                str(train),
+                "--eval-prompt-data",
+                "held",
+                str(eval_file),
+                "--rollout-batch-size",
+                "2",
+                "--heldout-ipb",
+                "1",
+                "--teacher-template",
+                "T:{problem}{attempts_and_grades}{previous_info}",
+                "--teacher-max-tokens",
+                "8",
+                "--generator-template",
+                "Q: {problem}",
+                "--rollout-max-response-len",
+                "8",
+                "--run-dir",
+                str(tmp_path / "run"),
+            ]
+        )
 
     data = load_data(config(train_file))
     assert sorted(int(p.uid) for p in data.sampler.problems) == list(range(5, 12))

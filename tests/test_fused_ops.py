@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_interpreter import run_interpreted
 import torch
+from helpers_interpreter import run_interpreted
 
 from slime_meta_engine import fused_ops
 
@@ -121,7 +121,9 @@ def op_results(device: str, dtypes: tuple[torch.dtype, ...]) -> dict[str, dict[s
                     )
                     # decode over a paged layer: the rotation and both cache writes, at scattered slots
                     keys_X_K_D = torch.randn(80, kv_heads, head_dim, generator=generator).to(device=device, dtype=dtype)
-                    values_X_K_D = torch.randn(80, kv_heads, head_dim, generator=generator).to(device=device, dtype=dtype)
+                    values_X_K_D = torch.randn(80, kv_heads, head_dim, generator=generator).to(
+                        device=device, dtype=dtype
+                    )
                     slots_B = torch.randperm(80, generator=generator)[:rows].to(device)
                     cached = {}
                     for use_kernel in (True, False):
@@ -163,7 +165,9 @@ def failures(results: dict[str, dict], family: str, compiled: bool) -> list[str]
     bad = []
     for case, result in results[family].items():
         half = not case.startswith("float32")
-        exact = family in ("rotary", "rotate_into_cache", "residual_add", "rms_norm_weight") or (family == "silu_mul" and compiled)
+        exact = family in ("rotary", "rotate_into_cache", "residual_add", "rms_norm_weight") or (
+            family == "silu_mul" and compiled
+        )
         if exact:
             ok = result["mismatches"] == 0
         elif half:  # one ulp before the weight (two after it), in rare elements
@@ -187,17 +191,39 @@ def qwen2_model(kind: str, dtype: torch.dtype, device: str, layers: int = 3):
 
     if kind == "qwen2":
         config = Qwen2Config(
-            vocab_size=300, hidden_size=896, intermediate_size=1000, num_hidden_layers=layers, num_attention_heads=14,
-            num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.05, tie_word_embeddings=True,
-        )  # fmt: skip
+            vocab_size=300,
+            hidden_size=896,
+            intermediate_size=1000,
+            num_hidden_layers=layers,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            initializer_range=0.05,
+            tie_word_embeddings=True,
+        )
     else:
-        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}  # fmt: skip
+        rope = {
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        }
         config = LlamaConfig(
-            vocab_size=300, hidden_size=96, intermediate_size=136, num_hidden_layers=layers, num_attention_heads=6,
-            num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, attention_bias=True,
-            mlp_bias=True, tie_word_embeddings=False, rope_parameters=rope,
-        )  # fmt: skip
+            vocab_size=300,
+            hidden_size=96,
+            intermediate_size=136,
+            num_hidden_layers=layers,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            initializer_range=0.2,
+            attention_bias=True,
+            mlp_bias=True,
+            tie_word_embeddings=False,
+            rope_parameters=rope,
+        )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
@@ -219,9 +245,14 @@ def greedy_both_ways(model, prompt_lengths: list[int], steps: int, graphs: bool,
     tokens, last_logits = {}, {}
     for fused in (True, False):
         cache = StaticKVCache.allocate(
-            num_layers=shape.num_layers, num_slots=rows, num_kv_heads=shape.num_kv_heads, capacity=256,
-            head_dim=shape.head_dim, dtype=shape.dtype, device=shape.device,
-        )  # fmt: skip
+            num_layers=shape.num_layers,
+            num_slots=rows,
+            num_kv_heads=shape.num_kv_heads,
+            capacity=256,
+            head_dim=shape.head_dim,
+            dtype=shape.dtype,
+            device=shape.device,
+        )
         decoder = StaticDecoder(model, cache, fused_kernels=fused)
         stepper = DecodeGraphs(decoder, use_graphs=graphs)
         with torch.inference_mode():
@@ -255,9 +286,14 @@ def paged_greedy_both_ways(model, prompt_lengths: list[int], steps: int) -> tupl
     tokens = {}
     for fused in (True, False):
         cache = PagedKVCache.allocate(
-            num_layers=shape.num_layers, num_pages=1 + rows * pages_per_row, page_size=page_size,
-            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, dtype=shape.dtype, device=shape.device,
-        )  # fmt: skip
+            num_layers=shape.num_layers,
+            num_pages=1 + rows * pages_per_row,
+            page_size=page_size,
+            num_kv_heads=shape.num_kv_heads,
+            head_dim=shape.head_dim,
+            dtype=shape.dtype,
+            device=shape.device,
+        )
         decoder = PagedDecoder(model, cache, num_rows=rows, max_row_tokens=row_tokens, fused_kernels=fused)
         # Row r's pages, in an order that is not the rows': page 0 is the scratch page.
         pages = 1 + torch.randperm(rows * pages_per_row, generator=generator).view(rows, pages_per_row)
@@ -450,15 +486,19 @@ def test_decode_step_benchmark_quick(tmp_path) -> None:
     assert "CUDA" in report["fused_skipped"]
 
 
-
 def test_decode_loop_benchmark_quick(tmp_path) -> None:
     """benchmarks/decode_loop.py --quick serves every request its tokens on the CPU, splits a step,
     profiles the host and times a prefill (no timing checked beyond the split adding up)."""
     out = tmp_path / "decode_loop.json"
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "decode_loop.py"
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    child = subprocess.run([sys.executable, str(script), "--quick", "--out", str(out)], env=env,
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, str(script), "--quick", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [row["rows"] for row in report["results"]] == [1, 3]

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local import components
 from slime_meta.backends.local.gpu_split import (
     check_shared_gpu,
@@ -23,6 +22,7 @@ from slime_meta.backends.local.gpu_split import (
     workers_on_first_gpu,
 )
 from slime_meta.backends.local.launcher import LocalProcessGroup
+from slime_meta.config.arguments import parse_config
 from slime_meta.errors import UserInputError
 from slime_meta_engine.server import parse_args as parse_worker_args
 
@@ -42,18 +42,26 @@ def test_the_estimate_covers_every_measured_trainer_peak() -> None:
         shape = SHAPES[row["shape"]]
         tokens = row["max_tokens_per_gpu"] or report["batch"] * report["seq"]  # micro_batch_all: one micro-batch
         estimate = estimate_trainer(
-            params=row["params"], num_layers=shape["num_hidden_layers"], hidden_size=shape["hidden_size"],
-            micro_batch_tokens=tokens, recompute=row["recompute_layers"], with_reference=False,
-        )  # fmt: skip
+            params=row["params"],
+            num_layers=shape["num_hidden_layers"],
+            hidden_size=shape["hidden_size"],
+            micro_batch_tokens=tokens,
+            recompute=row["recompute_layers"],
+            with_reference=False,
+        )
         measured = row["peak_allocated_gib"] * GIB
         assert measured <= estimate.total_bytes <= 1.35 * measured, (row["shape"], row["setting"])
 
 
 def trainer(state_gb: float, activation_gb: float):
     return estimate_trainer(
-        params=int(state_gb * GB / 16), num_layers=1, hidden_size=1,
-        micro_batch_tokens=int(activation_gb * GB / 96), recompute=False, with_reference=False,
-    )  # fmt: skip
+        params=int(state_gb * GB / 16),
+        num_layers=1,
+        hidden_size=1,
+        micro_batch_tokens=int(activation_gb * GB / 96),
+        recompute=False,
+        with_reference=False,
+    )
 
 
 def test_a_split_that_fits_passes_and_one_that_does_not_names_the_fix() -> None:
@@ -123,8 +131,11 @@ def test_run_flags_are_checked_and_become_the_workers_flags(tiny_checkpoint: Pat
         parse_config([*BASE, "--sglang-context-length", "0"])
     # The workers' paged KV cache by default (16-token pages), its page size from --sglang-page-size;
     # --local-kv-cache static gives the static slots.
-    for flags, expected in (([], ("paged", 16)), (["--sglang-page-size", "32"], ("paged", 32)),
-                            (["--local-kv-cache", "static"], ("static", 16))):  # fmt: skip
+    for flags, expected in (
+        ([], ("paged", 16)),
+        (["--sglang-page-size", "32"], ("paged", 32)),
+        (["--local-kv-cache", "static"], ("static", 16)),
+    ):
         p = parse_config([*BASE, *flags]).pools
         args = worker_memory_args(None, None, None, p.sglang_page_size, p.local_kv_cache)
         worker = parse_worker_args(["--model-path", str(tiny_checkpoint), *args])
@@ -156,10 +167,21 @@ def test_model_size_is_read_from_the_config_alone(tiny_checkpoint: Path) -> None
 
 def test_start_pools_passes_the_memory_flags_to_its_workers(tiny_checkpoint: Path, tmp_path: Path) -> None:
     """The real launcher and router on CPU: the flags reach the worker command, and it serves."""
-    cfg = parse_config([
-        *BASE, "--hf-checkpoint", str(tiny_checkpoint), "--device", "cpu", "--run-dir", str(tmp_path),
-        "--sglang-mem-fraction-static", "0.3", "--sglang-chunked-prefill-size", "64",
-    ])  # fmt: skip
+    cfg = parse_config(
+        [
+            *BASE,
+            "--hf-checkpoint",
+            str(tiny_checkpoint),
+            "--device",
+            "cpu",
+            "--run-dir",
+            str(tmp_path),
+            "--sglang-mem-fraction-static",
+            "0.3",
+            "--sglang-chunked-prefill-size",
+            "64",
+        ]
+    )
     with LocalProcessGroup(startup_timeout_s=120) as group:
         teacher, _, _ = components.start_pools(cfg, group, str(tiny_checkpoint), tmp_path, None)
         body = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
@@ -185,7 +207,9 @@ def test_cuda_check_refuses_a_split_that_cannot_fit(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match=r"--sglang-mem-fraction-static 0\.9 .* at most") as error:
         check_shared_gpu(refused, str(tmp_path), [(1, None)])
     most = float(str(error.value).split("at most ")[1].split()[0])
-    check_shared_gpu(parse_config([*BASE, "--sglang-mem-fraction-static", str(most), *flags]), str(tmp_path), [(1, None)])
+    check_shared_gpu(
+        parse_config([*BASE, "--sglang-mem-fraction-static", str(most), *flags]), str(tmp_path), [(1, None)]
+    )
     # Without the flag the check picks a share that fits.
     auto = check_shared_gpu(parse_config([*BASE, *flags]), str(tmp_path), [(1, None)])
     assert auto is not None and 0 < auto <= min(0.3, most)

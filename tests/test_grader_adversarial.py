@@ -14,12 +14,12 @@ import socket
 from pathlib import Path
 
 import pytest
-
 from openai_server import grader_persona, run_openai_server
-from slime_meta.config.arguments import parse_config
-from slime_meta.backends.local.components import build_role_pieces, grader_metrics
-from slime_meta.grading.graders import GraderUnavailable, OpenAIGrader, parse_grade
+
 from slime_meta.artifacts.tracking import format_step_line
+from slime_meta.backends.local.components import build_role_pieces, grader_metrics
+from slime_meta.config.arguments import parse_config
+from slime_meta.grading.graders import GraderUnavailable, OpenAIGrader, parse_grade
 from slime_meta.types import Problem
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,8 +51,14 @@ ATTACKS = [
 
 def make_grader(base_url: str, **overrides) -> OpenAIGrader:
     settings = dict(
-        model="judge", base_url=base_url, api_key_env=KEY_ENV, max_tokens=64, request_timeout=5,
-        max_api_retries=1, initial_backoff=0.01, max_backoff=0.02,
+        model="judge",
+        base_url=base_url,
+        api_key_env=KEY_ENV,
+        max_tokens=64,
+        request_timeout=5,
+        max_api_retries=1,
+        initial_backoff=0.01,
+        max_backoff=0.02,
     )
     return OpenAIGrader(**{**settings, **overrides})
 
@@ -93,8 +99,14 @@ def test_a_grader_that_keeps_quoting_costs_the_injecting_student_its_grade(monke
     assert (right_with_ladder.score, right_with_ladder.parsed) == (0.0, False)  # the injection only ever costs
     assert (right.score, right.parsed) == (1.0, True)
     assert grader.stats.as_dict() == {
-        "calls": 2, "api_retries": 0, "parse_retries": 2, "parse_failures": 1, "request_errors": 0,
-        "replies": 4, "unparseable_replies": 3, "timeouts": 0,
+        "calls": 2,
+        "api_retries": 0,
+        "parse_retries": 2,
+        "parse_failures": 1,
+        "request_errors": 0,
+        "replies": 4,
+        "unparseable_replies": 3,
+        "timeouts": 0,
     }
     assert len(server.requests) == 4
 

@@ -23,10 +23,22 @@ def closed_port() -> int:
 
 def train(tmp_path: Path, checkpoint: Path, *flags: str) -> subprocess.CompletedProcess:
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"q{i}", "label": str(i), "rubric": "exact"}) + "\n" for i in range(8)))
+    data.write_text(
+        "".join(json.dumps({"prompt": f"q{i}", "label": str(i), "rubric": "exact"}) + "\n" for i in range(8))
+    )
     env = {k: v for k, v in os.environ.items() if k not in (KEY_ENV, "OPENAI_API_KEY")}
-    command = [sys.executable, str(ROOT / "train.py"), "--use-meta-learning", "--hf-checkpoint", str(checkpoint),
-               "--prompt-data", str(data), "--run-dir", str(tmp_path / "run"), *flags]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--use-meta-learning",
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--prompt-data",
+        str(data),
+        "--run-dir",
+        str(tmp_path / "run"),
+        *flags,
+    ]
     return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=180)
 
 
@@ -59,8 +71,16 @@ def test_the_start_line_says_which_grader_and_that_the_verifier_ignores_rubrics(
 
 def test_a_named_llm_grader_with_a_server_says_so_at_start(tmp_path, tiny_checkpoint):
     port = str(closed_port())
-    result = train(tmp_path, tiny_checkpoint, "--grader-model", "judge-x", "--grader-base-url", "http://127.0.0.1:9/v1",
-                   "--external-student-url", f"http://127.0.0.1:{port}")  # fmt: skip
+    result = train(
+        tmp_path,
+        tiny_checkpoint,
+        "--grader-model",
+        "judge-x",
+        "--grader-base-url",
+        "http://127.0.0.1:9/v1",
+        "--external-student-url",
+        f"http://127.0.0.1:{port}",
+    )
     grader_lines = [line for line in result.stdout.splitlines() if line.startswith("grader:")]
     assert len(grader_lines) == 1 and "LLM grader judge-x at http://127.0.0.1:9/v1" in grader_lines[0]
     assert "rubrics from column 'rubric'" in grader_lines[0]
@@ -71,12 +91,26 @@ def test_a_run_whose_self_hosted_grader_answers_too_slowly_names_grader_timeout(
     from openai_server import run_openai_server
 
     synthetic_task = [
-        "--prompt-data", str(ROOT / "data" / "synthetic_suffix.jsonl"),  # replaces the helper's rows
-        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
-        "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--num-inner-iterations", "1",
-        "--n-samples-per-inner-prompt", "1", "--rollout-max-response-len", "8", "--teacher-max-tokens", "4",
-        "--num-rollout", "1",
+        "--prompt-data",
+        str(ROOT / "data" / "synthetic_suffix.jsonl"),  # replaces the helper's rows
+        "--generator-template",
+        "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template",
+        "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "2",
+        "--num-inner-iterations",
+        "1",
+        "--n-samples-per-inner-prompt",
+        "1",
+        "--rollout-max-response-len",
+        "8",
+        "--teacher-max-tokens",
+        "4",
+        "--num-rollout",
+        "1",
     ]
     with run_openai_server(slow=1.0, slow_seconds=5.0) as (base_url, server):
         grader = ["--grader-model", "judge", "--grader-base-url", base_url, "--grader-timeout", "0.5"]

@@ -59,9 +59,21 @@ def test_parse_grade_scores(reply, score):
 
 @pytest.mark.parametrize(
     "reply",
-    ["", "EXPLANATION: looks fine", "Grade: excellent", "GRADE: 3/0", "The grade is 1", "GRADE: 7/10", "GRADE: 80%",
-     "GRADE: 1.7", "GRADE: -0.3", "GRADE: 0.6 (partial credit)", "- Final Grade: 0.75",
-     "The verdict is GRADE: 1 because it matches.", "GRADE: 0.2\nOn reflection, no.\nGRADE: 0.9\nEXPLANATION: ok"],
+    [
+        "",
+        "EXPLANATION: looks fine",
+        "Grade: excellent",
+        "GRADE: 3/0",
+        "The grade is 1",
+        "GRADE: 7/10",
+        "GRADE: 80%",
+        "GRADE: 1.7",
+        "GRADE: -0.3",
+        "GRADE: 0.6 (partial credit)",
+        "- Final Grade: 0.75",
+        "The verdict is GRADE: 1 because it matches.",
+        "GRADE: 0.2\nOn reflection, no.\nGRADE: 0.9\nEXPLANATION: ok",
+    ],
 )
 def test_parse_grade_without_a_score_is_unparsed_and_zero(reply):
     grade = parse_grade(reply)
@@ -184,8 +196,16 @@ def test_package_imports_without_openai():
 
 def make_grader(base_url: str, **overrides) -> OpenAIGrader:
     settings = dict(
-        model="grader-test-model", base_url=base_url, api_key_env=KEY_ENV, temperature=0.0, max_tokens=64,
-        concurrency=8, request_timeout=0.5, max_api_retries=5, initial_backoff=0.01, max_backoff=0.05,
+        model="grader-test-model",
+        base_url=base_url,
+        api_key_env=KEY_ENV,
+        temperature=0.0,
+        max_tokens=64,
+        concurrency=8,
+        request_timeout=0.5,
+        max_api_retries=5,
+        initial_backoff=0.01,
+        max_backoff=0.05,
     )
     return OpenAIGrader(**{**settings, **overrides})
 

@@ -160,15 +160,40 @@ def test_children_die_with_their_parent(tiny_checkpoint: Path, tmp_path: Path) -
 def ctrl_c_run_args(checkpoint: Path, run_dir: Path) -> list[str]:
     """A run long enough to be interrupted in its second step (the tiny model, the built-in verifier)."""
     return [
-        "--use-meta-learning", "--hf-checkpoint", str(checkpoint),
-        "--prompt-data", str(REPO_ROOT / "data/synthetic_suffix.jsonl"), "--group-key", "family",
-        "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--n-problems-per-prompt", "2",
-        "--heldout-ipb", "4", "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
-        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
-        "--teacher-max-tokens", "4", "--rollout-max-response-len", "8", "--grader", "verifier",
-        "--num-rollout", "200", "--run-dir", str(run_dir),
-    ]  # fmt: skip
+        "--use-meta-learning",
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--prompt-data",
+        str(REPO_ROOT / "data/synthetic_suffix.jsonl"),
+        "--group-key",
+        "family",
+        "--rollout-batch-size",
+        "8",
+        "--n-samples-per-prompt",
+        "4",
+        "--n-problems-per-prompt",
+        "2",
+        "--heldout-ipb",
+        "4",
+        "--num-inner-iterations",
+        "2",
+        "--n-samples-per-inner-prompt",
+        "2",
+        "--generator-template",
+        "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template",
+        "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
+        "--teacher-max-tokens",
+        "4",
+        "--rollout-max-response-len",
+        "8",
+        "--grader",
+        "verifier",
+        "--num-rollout",
+        "200",
+        "--run-dir",
+        str(run_dir),
+    ]
 
 
 # How the trainer starts with SIGINT: from a terminal (Python turns it into KeyboardInterrupt), or
@@ -177,18 +202,24 @@ def ctrl_c_run_args(checkpoint: Path, run_dir: Path) -> list[str]:
 SIGINT_AT_START = {"terminal": signal.SIG_DFL, "background_job": signal.SIG_IGN}
 
 
-def test_ctrl_c_mid_step_ends_the_run_as_interrupted_and_restarts_nothing(tiny_checkpoint: Path, tmp_path: Path) -> None:
+def test_ctrl_c_mid_step_ends_the_run_as_interrupted_and_restarts_nothing(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
     runs, stderr_paths = {}, {}
     for name, disposition in SIGINT_AT_START.items():
         stderr_paths[name] = tmp_path / f"{name}.stderr"
         with open(stderr_paths[name], "w") as stderr_file:  # a file: progress bars never fill a pipe
             runs[name] = subprocess.Popen(
                 [sys.executable, str(REPO_ROOT / "train.py"), *ctrl_c_run_args(tiny_checkpoint, tmp_path / name)],
-                cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=stderr_file, text=True,
+                cwd=REPO_ROOT,
+                stdout=subprocess.PIPE,
+                stderr=stderr_file,
+                text=True,
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"},
                 # A process group of its own, as a terminal's foreground job has: the signal goes to all of it.
-                start_new_session=True, preexec_fn=lambda disposition=disposition: signal.signal(signal.SIGINT, disposition),
-            )  # fmt: skip
+                start_new_session=True,
+                preexec_fn=lambda disposition=disposition: signal.signal(signal.SIGINT, disposition),
+            )
     try:
         for name, run in runs.items():
             for line in run.stdout:  # the first step is done: the second one is under way
@@ -225,6 +256,13 @@ def test_router_port_that_is_taken_is_refused_before_anything_starts(tiny_checkp
         port = taken.getsockname()[1]
         with LocalProcessGroup() as group:
             with pytest.raises(PortInUse) as error:
-                group.start_pool("teacher", str(tiny_checkpoint), 1, device="cpu", weights_root=None,
-                                 log_dir=str(tmp_path), router_port=port)  # fmt: skip
+                group.start_pool(
+                    "teacher",
+                    str(tiny_checkpoint),
+                    1,
+                    device="cpu",
+                    weights_root=None,
+                    log_dir=str(tmp_path),
+                    router_port=port,
+                )
             assert error.value.port == port and group.child_pids() == [] and group.pool_names() == []

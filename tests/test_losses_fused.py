@@ -66,8 +66,10 @@ def test_cpu_tensors_take_the_torch_code_exactly():
     forced = generalized_jsd(student, teacher, mask, beta=0.3, chunk_size=2, backend="torch")
     assert torch.equal(auto.loss, forced.loss)
     logits_B_T_V = student.view(2, 3, 50)
-    assert torch.equal(sequence_logps(logits_B_T_V, tokens, None).token_logps,
-                       sequence_logps(logits_B_T_V, tokens, None, backend="torch").token_logps)  # fmt: skip
+    assert torch.equal(
+        sequence_logps(logits_B_T_V, tokens, None).token_logps,
+        sequence_logps(logits_B_T_V, tokens, None, backend="torch").token_logps,
+    )
 
 
 def test_backend_argument_is_checked():
@@ -91,7 +93,9 @@ def test_float64_never_takes_the_kernels():
     student, teacher = logits_pair(4, 20, torch.float64, "cpu")
     assert not fused.kernels_usable(student, teacher)
     assert not fused.use_fused("auto", True, student.cuda() if torch.cuda.is_available() else student)
-    assert torch.equal(generalized_jsd(student, teacher, None).loss, generalized_jsd(student, teacher, None, backend="torch").loss)
+    assert torch.equal(
+        generalized_jsd(student, teacher, None).loss, generalized_jsd(student, teacher, None, backend="torch").loss
+    )
 
 
 def test_token_logps_torch_path_matches_log_softmax_with_per_row_temperature():
@@ -145,7 +149,9 @@ def test_jsd_kernel_low_precision_and_token_clip(dtype):
     student, teacher = logits_pair(24, 3000, dtype, KERNEL_DEVICE, seed=3)
 
     def loss(backend):
-        return lambda s: generalized_jsd(s, teacher, None, beta=0.5, temperature=1.3, token_clip=0.05, backend=backend).loss
+        return lambda s: (
+            generalized_jsd(s, teacher, None, beta=0.5, temperature=1.3, token_clip=0.05, backend=backend).loss
+        )
 
     v_fused, g_fused = grad_of(loss("triton"), student)
     v_torch, g_torch = grad_of(loss("torch"), student)

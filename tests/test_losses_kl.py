@@ -11,8 +11,8 @@ import pytest
 import torch
 from test_arguments import BASE
 
-from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local.channels import LossSettings
+from slime_meta.config.arguments import parse_config
 from slime_meta.losses import kl_penalty
 
 V = 7

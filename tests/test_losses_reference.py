@@ -54,7 +54,9 @@ def test_jsd_top_k_of_the_whole_vocabulary_equals_the_full_jsd():
     student, teacher = torch.randn(6, 9, generator=g), torch.randn(6, 9, generator=g)
     mask = torch.ones(6)
     full = generalized_jsd(student, teacher, mask, beta=0.5).loss
-    assert generalized_jsd(student, teacher, mask, beta=0.5, top_k=9).loss.item() == pytest.approx(full.item(), rel=1e-6)
+    assert generalized_jsd(student, teacher, mask, beta=0.5, top_k=9).loss.item() == pytest.approx(
+        full.item(), rel=1e-6
+    )
 
 
 def reference_ppo(logp, old_logp, adv, mask, eps, eps_high, eps_c, tis_weight):

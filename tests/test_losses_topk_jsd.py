@@ -114,8 +114,9 @@ def _split_rank(rank: int, world: int, init_file: str, out_dir: str, chunk_size)
         width = V // world
         shard = student[:, rank * width : (rank + 1) * width].clone().requires_grad_(True)
         mask = torch.arange(N) != 4
-        out = topk_generalized_jsd(shard, ids, logps, mask, beta=0.5, token_clip=5.0, chunk_size=chunk_size,
-                                   shards=ProcessGroupShards())  # fmt: skip
+        out = topk_generalized_jsd(
+            shard, ids, logps, mask, beta=0.5, token_clip=5.0, chunk_size=chunk_size, shards=ProcessGroupShards()
+        )
         out.loss.backward()
         torch.save({"loss": out.loss.detach(), "grad": shard.grad}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
-from slime_meta.rollout.pools import SGLangPool
 from slime_meta.prompt_templates import GeneratorPromptTemplate
+from slime_meta.rollout.pools import SGLangPool
 from slime_meta.rollout.roles import PromptRenderer, StudentRole
 from slime_meta.rollout.solver_samples import SolverSampleBuilder, SolverSettings
 from slime_meta.types import Chain, Grade, PreferencePair, Problem, SolverSample, TeacherSample
@@ -28,20 +28,36 @@ def random_ids(generator: torch.Generator, n: int, vocab: int = 60) -> tuple[int
 def batch():
     g = torch.Generator().manual_seed(0)
     teacher = [
-        TeacherSample(random_ids(g, 12), random_ids(g, 5), tuple((-torch.rand(5, generator=g) * 3).tolist()),
-                      reward=r, advantage=a, group_index=0, sample_index=i, inner_iteration=0)
+        TeacherSample(
+            random_ids(g, 12),
+            random_ids(g, 5),
+            tuple((-torch.rand(5, generator=g) * 3).tolist()),
+            reward=r,
+            advantage=a,
+            group_index=0,
+            sample_index=i,
+            inner_iteration=0,
+        )
         for i, (r, a) in enumerate([(1.0, 1.0), (0.0, -1.0), (0.5, 0.3)])
-    ]  # fmt: skip
+    ]
     solver = [
         SolverSample(
-            problem_uid=str(i), prompt_ids=random_ids(g, 8), response_ids=random_ids(g, 4),
-            rollout_logprobs=tuple((-torch.rand(4, generator=g) * 3).tolist()), temperature=1.0, grade=0.0,
-            task_advantage=0.5 - i, prompt_text="p", solution_text="s", context_prompt_ids=random_ids(g, 15),
-            teacher_logprobs=tuple((-torch.rand(4, generator=g)).tolist()), hint_prompt_ids=random_ids(g, 11),
+            problem_uid=str(i),
+            prompt_ids=random_ids(g, 8),
+            response_ids=random_ids(g, 4),
+            rollout_logprobs=tuple((-torch.rand(4, generator=g) * 3).tolist()),
+            temperature=1.0,
+            grade=0.0,
+            task_advantage=0.5 - i,
+            prompt_text="p",
+            solution_text="s",
+            context_prompt_ids=random_ids(g, 15),
+            teacher_logprobs=tuple((-torch.rand(4, generator=g)).tolist()),
+            hint_prompt_ids=random_ids(g, 11),
             is_error_site=True,
         )
         for i in range(2)
-    ]  # fmt: skip
+    ]
     pairs = [PreferencePair(random_ids(g, 8), random_ids(g, 5), random_ids(g, 4)) for _ in range(2)]
     return teacher, solver, pairs
 
@@ -61,7 +77,9 @@ def test_zero_weights_give_the_plain_grpo_update_bit_for_bit(tiny_checkpoint, ba
     teacher, solver, pairs = batch
     plain = TrainerSettings(lr=1e-2, device="cpu")
     # Every weight 0 (adv_tau too: given alone it is a solver GRPO term of its own).
-    zero = dataclasses.replace(plain, loss=LossSettings(sdpo_alpha=0.0, replay_beta=0.0), distill=DistillSettings(0.0, 0.0, 0.0))
+    zero = dataclasses.replace(
+        plain, loss=LossSettings(sdpo_alpha=0.0, replay_beta=0.0), distill=DistillSettings(0.0, 0.0, 0.0)
+    )
     base, base_metrics = trained_parameters(tiny_checkpoint, plain, teacher)
     same, same_metrics = trained_parameters(tiny_checkpoint, zero, teacher, solver, pairs)
     assert all(torch.equal(a, b) for a, b in zip(base, same))
@@ -98,7 +116,12 @@ def test_each_channel_alone_changes_the_update(tiny_checkpoint, batch, channel):
         reference = str(reference_dir)
     changed, metrics = trained_parameters(tiny_checkpoint, settings, teacher, solver, pairs, reference=reference)
     assert max_change(base, changed) > 1e-7
-    expected_key = {"sdpo": "loss/sdpo_kl", "replay": "loss/trace_replay_dpo", "distill": "loss/grpo", "kl": "train/kl_ref"}[channel]
+    expected_key = {
+        "sdpo": "loss/sdpo_kl",
+        "replay": "loss/trace_replay_dpo",
+        "distill": "loss/grpo",
+        "kl": "train/kl_ref",
+    }[channel]
     assert metrics[expected_key] == metrics[expected_key] and metrics[expected_key] != 0.0
 
 
@@ -112,26 +135,43 @@ def test_distillation_logprobs_align_to_the_students_tokens_on_a_chat_prompt(tin
 
     async def build():
         pool = SGLangPool(name="policy", base_url=endpoints.router_url)
-        student = StudentRole(pool=pool, template=GeneratorPromptTemplate("Q: {problem}"),
-                              renderer=PromptRenderer(tokenizer, apply_chat_template=True), info_position="prefix",
-                              temperature=1.0, max_new_tokens=6)  # fmt: skip
+        student = StudentRole(
+            pool=pool,
+            template=GeneratorPromptTemplate("Q: {problem}"),
+            renderer=PromptRenderer(tokenizer, apply_chat_template=True),
+            info_position="prefix",
+            temperature=1.0,
+            max_new_tokens=6,
+        )
 
         class ExactGrader:
             async def grade(self, p, solution):
                 return Grade(score=float(solution.strip() == p.ground_truth))
 
         settings = SolverSettings(
-            attempts_per_problem=2, reuse_chain_attempts=False, distill_context="fixed", fixed_context=context,
-            context_key=None, distill=True, sdpo=True, sdpo_hint="Use the suffix ab.", sdpo_grade_threshold=1.0,
-            sdpo_on="errors", skip_verification=False, std_normalize=True, sdpo_shaping=True,
-        )  # fmt: skip
+            attempts_per_problem=2,
+            reuse_chain_attempts=False,
+            distill_context="fixed",
+            fixed_context=context,
+            context_key=None,
+            distill=True,
+            sdpo=True,
+            sdpo_hint="Use the suffix ab.",
+            sdpo_grade_threshold=1.0,
+            sdpo_on="errors",
+            skip_verification=False,
+            std_normalize=True,
+            sdpo_shaping=True,
+        )
         chain = Chain(prompt_index=0, sample_index=0, problems=[problem])
         samples, metrics = await SolverSampleBuilder(student, ExactGrader(), settings).build([chain])
         await pool.close()
         return samples, metrics
 
     with LocalProcessGroup() as group:
-        endpoints = group.start_pool("policy", str(tiny_checkpoint), 1, device="cpu", weights_root=None, log_dir=str(tmp_path))
+        endpoints = group.start_pool(
+            "policy", str(tiny_checkpoint), 1, device="cpu", weights_root=None, log_dir=str(tmp_path)
+        )
         samples, metrics = asyncio.run(build())
     assert len(samples) == 2 and metrics["solver/num_samples"] == 2.0
     for sample in samples:
@@ -171,8 +211,15 @@ def test_a_context_prompt_that_would_not_fit_leaves_its_sample_out(tiny_checkpoi
 
     async def build(context_length: int):
         pool = SGLangPool(name="policy", base_url=endpoints.router_url)
-        student = StudentRole(pool=pool, template=template, renderer=renderer, info_position="prefix",
-                              temperature=1.0, max_new_tokens=6, context_length=context_length)  # fmt: skip
+        student = StudentRole(
+            pool=pool,
+            template=template,
+            renderer=renderer,
+            info_position="prefix",
+            temperature=1.0,
+            max_new_tokens=6,
+            context_length=context_length,
+        )
         plain, with_context = len(student.prompt_ids(problem, "")), len(student.prompt_ids(problem, context))
         assert plain + 6 < context_length <= with_context + 1  # the plain request fits, the scoring call not
 
@@ -181,22 +228,33 @@ def test_a_context_prompt_that_would_not_fit_leaves_its_sample_out(tiny_checkpoi
                 return Grade(score=0.0)
 
         settings = SolverSettings(
-            attempts_per_problem=2, reuse_chain_attempts=False, distill_context="fixed", fixed_context=context,
-            context_key=None, distill=True, sdpo=False, sdpo_hint=None, sdpo_grade_threshold=1.0,
-            sdpo_on="errors", skip_verification=False, std_normalize=True,
-        )  # fmt: skip
+            attempts_per_problem=2,
+            reuse_chain_attempts=False,
+            distill_context="fixed",
+            fixed_context=context,
+            context_key=None,
+            distill=True,
+            sdpo=False,
+            sdpo_hint=None,
+            sdpo_grade_threshold=1.0,
+            sdpo_on="errors",
+            skip_verification=False,
+            std_normalize=True,
+        )
         chain = Chain(prompt_index=0, sample_index=0, problems=[problem])
         try:
             return await SolverSampleBuilder(student, AnyGrader(), settings).build([chain])
         finally:
             await pool.close()
 
-    probe = StudentRole(pool=None, template=template, renderer=renderer, info_position="prefix",
-                        temperature=1.0, max_new_tokens=6)  # fmt: skip
+    probe = StudentRole(
+        pool=None, template=template, renderer=renderer, info_position="prefix", temperature=1.0, max_new_tokens=6
+    )
     context_length = len(probe.prompt_ids(problem, context)) + 1  # context prompt + any answer is >= this
     with LocalProcessGroup() as group:
-        endpoints = group.start_pool("policy", str(tiny_checkpoint), 1, device="cpu", weights_root=None,
-                                     log_dir=str(tmp_path))  # fmt: skip
+        endpoints = group.start_pool(
+            "policy", str(tiny_checkpoint), 1, device="cpu", weights_root=None, log_dir=str(tmp_path)
+        )
         samples, metrics = asyncio.run(build(context_length))
     assert samples == [] and metrics["solver/num_samples"] == 0.0
     assert metrics["solver/skipped_for_length"] == 2.0
@@ -238,7 +296,9 @@ def test_distillation_adds_no_solver_grpo_term_unless_asked(tiny_checkpoint, bat
     assert parse_config(BASE + distill).objectives.solver_adv_tau == 1.0
     settings = TrainerSettings(lr=1e-2, device="cpu", distill=DistillSettings(teacher_tau=1.0))
     flipped = [dataclasses.replace(x, task_advantage=-5.0 * x.task_advantage + 3.0) for x in solver]
-    for a, b in zip(gradients(tiny_checkpoint, settings, (), solver), gradients(tiny_checkpoint, settings, (), flipped)):
+    for a, b in zip(
+        gradients(tiny_checkpoint, settings, (), solver), gradients(tiny_checkpoint, settings, (), flipped)
+    ):
         assert torch.equal(a, b)
     asked = dataclasses.replace(settings, distill=DistillSettings(adv_tau=1.0, teacher_tau=1.0))
     changed = zip(gradients(tiny_checkpoint, asked, (), solver), gradients(tiny_checkpoint, asked, (), flipped))
@@ -250,8 +310,8 @@ def test_adv_tau_alone_is_a_solver_grpo_term_without_a_context(tiny_checkpoint, 
     graded attempts, each token's advantage the attempt's task advantage."""
     from test_arguments import BASE
 
-    from slime_meta.config.arguments import parse_config
     from slime_meta.backends.local.trainer import distillation_sequences
+    from slime_meta.config.arguments import parse_config
 
     objectives = parse_config(BASE + ["--adv-tau", "1"]).objectives
     assert objectives.needs_solver_samples and not objectives.distillation_on  # no context is scored
@@ -263,7 +323,9 @@ def test_adv_tau_alone_is_a_solver_grpo_term_without_a_context(tiny_checkpoint, 
     assert [seq.advantages for seq in sequences] == [(x.task_advantage,) * len(x.response_ids) for x in solver]
     settings = TrainerSettings(lr=1e-2, device="cpu", distill=alone)
     trained, _ = trained_parameters(tiny_checkpoint, settings, (), unscored)
-    untouched, _ = trained_parameters(tiny_checkpoint, dataclasses.replace(settings, distill=DistillSettings()), (), unscored)
+    untouched, _ = trained_parameters(
+        tiny_checkpoint, dataclasses.replace(settings, distill=DistillSettings()), (), unscored
+    )
     assert max_change(trained, untouched) > 0
 
 
@@ -275,8 +337,13 @@ def test_adv_tau_not_given_means_zero_on_slime_too():
     from slime_meta.backends.slime.samples import SOLVER_INDEX_BASE
 
     def advantages(adv_tau):
-        data = {"rewards": [1.5], "kl": [torch.zeros(2)], "teacher_log_probs": [torch.tensor([-1.0, -2.0])],
-                "sample_indices": [SOLVER_INDEX_BASE], "rollout_log_probs": [torch.zeros(2)]}  # fmt: skip
+        data = {
+            "rewards": [1.5],
+            "kl": [torch.zeros(2)],
+            "teacher_log_probs": [torch.tensor([-1.0, -2.0])],
+            "sample_indices": [SOLVER_INDEX_BASE],
+            "rollout_log_probs": [torch.zeros(2)],
+        }
         meta_advantages(Namespace(adv_tau=adv_tau, teacher_tau=0.5, student_tau=0.0), data)
         return data["advantages"][0]
 

@@ -112,18 +112,27 @@ def group_samples(prompt_length: int, vocab: int, seed: int) -> list[TeacherSamp
             tail = tuple(torch.randint(4, vocab, (i + 2,), generator=g).tolist()) if group == 0 and i >= 2 else ()
             prompt = common + tail
             n = 3 + 2 * i
-            out.append(TeacherSample(
-                prompt, tuple(torch.randint(4, vocab, (n,), generator=g).tolist()),
-                tuple((-torch.rand(n, generator=g) * 3).tolist()), reward=float(i), advantage=(-1.0) ** i * (1 + i),
-                group_index=group, sample_index=i, inner_iteration=0,
-            ))  # fmt: skip
+            out.append(
+                TeacherSample(
+                    prompt,
+                    tuple(torch.randint(4, vocab, (n,), generator=g).tolist()),
+                    tuple((-torch.rand(n, generator=g) * 3).tolist()),
+                    reward=float(i),
+                    advantage=(-1.0) ** i * (1 + i),
+                    group_index=group,
+                    sample_index=i,
+                    inner_iteration=0,
+                )
+            )
     return out
 
 
 def compare_shared_and_separate(checkpoint, batch, settings: TrainerSettings, pad_id: int, rtol: float, atol: float):
     results = []
     for share in (True, False):
-        trainer = LocalTrainer(str(checkpoint), dataclasses.replace(settings, share_prompt_forward=share), pad_token_id=pad_id)
+        trainer = LocalTrainer(
+            str(checkpoint), dataclasses.replace(settings, share_prompt_forward=share), pad_token_id=pad_id
+        )
         assert trainer._forward(trainer.model).shares_prompts == share
         metrics = trainer.compute_gradients(batch)
         results.append(([p.grad.detach().clone() for p in trainer.model.parameters()], metrics))
@@ -139,12 +148,19 @@ def compare_shared_and_separate(checkpoint, batch, settings: TrainerSettings, pa
 
 
 def test_shared_prompt_rows_give_the_loss_and_gradient_of_one_row_per_sequence(tiny_checkpoint):
-    settings = TrainerSettings(lr=1e-3, device="cpu", micro_batch_size=8, temperature=1.0,
-                               loss=LossSettings(kl_loss_coef=0.1, entropy_coef=1e-3))  # fmt: skip
+    settings = TrainerSettings(
+        lr=1e-3,
+        device="cpu",
+        micro_batch_size=8,
+        temperature=1.0,
+        loss=LossSettings(kl_loss_coef=0.1, entropy_coef=1e-3),
+    )
     batch = group_samples(24, 60, seed=0)
     compare_shared_and_separate(tiny_checkpoint, batch, settings, 0, rtol=1e-5, atol=1e-6)
     # Split by a token budget (each row of the 4-sample group over 24 + 24 tokens is cut in two).
-    compare_shared_and_separate(tiny_checkpoint, batch, dataclasses.replace(settings, max_tokens_per_gpu=40), 0, 1e-5, 1e-6)
+    compare_shared_and_separate(
+        tiny_checkpoint, batch, dataclasses.replace(settings, max_tokens_per_gpu=40), 0, 1e-5, 1e-6
+    )
 
 
 def test_shared_prompt_rows_on_the_real_model(real_checkpoint):
@@ -153,22 +169,39 @@ def test_shared_prompt_rows_on_the_real_model(real_checkpoint):
     tokenizer = AutoTokenizer.from_pretrained(real_checkpoint)
     question = "Write one hint for: how many positive divisors does 360 have?"
     attempts = ["", "", "\nA student answered 12 (grade 0).", "\nA student answered 24 (grade 1)."]
-    hints = ["Factor 360 into primes first.", "Write 360 = 2^3 * 3^2 * 5 and add one to each exponent.", "Multiply.",
-             "Count the divisors."]  # fmt: skip
+    hints = [
+        "Factor 360 into primes first.",
+        "Write 360 = 2^3 * 3^2 * 5 and add one to each exponent.",
+        "Multiply.",
+        "Count the divisors.",
+    ]
     batch = []
     for i, (attempt, hint) in enumerate(zip(attempts, hints)):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": question + attempt}],
-                                             add_generation_prompt=True, tokenize=False)  # fmt: skip
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question + attempt}], add_generation_prompt=True, tokenize=False
+        )
         prompt = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
         ids = tuple(tokenizer(hint, add_special_tokens=False)["input_ids"])
-        batch.append(TeacherSample(prompt, ids, (-2.0,) * len(ids), reward=float(i), advantage=float(i - 1),
-                                   group_index=0, sample_index=i, inner_iteration=0))  # fmt: skip
+        batch.append(
+            TeacherSample(
+                prompt,
+                ids,
+                (-2.0,) * len(ids),
+                reward=float(i),
+                advantage=float(i - 1),
+                group_index=0,
+                sample_index=i,
+                inner_iteration=0,
+            )
+        )
     settings = TrainerSettings(lr=1e-4, device="cpu", temperature=1.0, loss=LossSettings(kl_loss_coef=0.1))
     pad = tokenizer.pad_token_id
     compare_shared_and_separate(real_checkpoint, batch, settings, pad, rtol=2e-4, atol=2e-6)
     trainer = LocalTrainer(str(real_checkpoint), settings, pad_token_id=pad)
-    sequences = [PolicySequence(x.prompt_ids, x.response_ids, x.rollout_logprobs, (0.0,) * len(x.response_ids), 1.0)
-                 for x in batch]  # fmt: skip
+    sequences = [
+        PolicySequence(x.prompt_ids, x.response_ids, x.rollout_logprobs, (0.0,) * len(x.response_ids), 1.0)
+        for x in batch
+    ]
     call = trainer._forward(trainer.model)
     shared = reference_token_logps(call, sequences, 64, 8, pad, trainer.device)
     call.shares_prompts = False
@@ -182,8 +215,9 @@ def test_shared_prompt_rows_on_the_real_model(real_checkpoint):
 def test_shared_prompt_rows_on_cuda_with_compiled_layers(tiny_checkpoint):
     """bf16 autocast, the fused loss kernels and compiled decoder layers, where the shared rows
     take SDPA's masked kernel and rows of one sequence its causal one."""
-    settings = TrainerSettings(lr=1e-3, device="cuda", compile_layers=True, max_tokens_per_gpu=256,
-                               loss=LossSettings(kl_loss_coef=0.1))  # fmt: skip
+    settings = TrainerSettings(
+        lr=1e-3, device="cuda", compile_layers=True, max_tokens_per_gpu=256, loss=LossSettings(kl_loss_coef=0.1)
+    )
     batch = group_samples(48, 60, seed=1)
     results = []
     for share in (True, False):
@@ -212,8 +246,12 @@ def test_the_additive_mask_gives_what_the_boolean_one_gives(tiny_checkpoint):
     assert torch.equal(additive == 0, visible) and bool(torch.isneginf(additive[~visible]).all())
     decoder = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint)).eval().model
     with torch.no_grad():
-        got = decoder(input_ids=batch.tokens_B_T, attention_mask=additive, position_ids=batch.positions_B_T).last_hidden_state
-        expected = decoder(input_ids=batch.tokens_B_T, attention_mask=visible, position_ids=batch.positions_B_T).last_hidden_state
+        got = decoder(
+            input_ids=batch.tokens_B_T, attention_mask=additive, position_ids=batch.positions_B_T
+        ).last_hidden_state
+        expected = decoder(
+            input_ids=batch.tokens_B_T, attention_mask=visible, position_ids=batch.positions_B_T
+        ).last_hidden_state
     real = batch.branch_B_T >= 0
     torch.testing.assert_close(got[real], expected[real])
 
@@ -230,7 +268,9 @@ def reference_varlen(q_N_H_D, k_K_H_D, v_K_H_D, cu_seq_q, cu_seq_k, max_q, max_k
         n_q, n_k = q.shape[1], k.shape[1]
         assert n_q <= max_q and n_k <= max_k
         visible = torch.ones(n_q, n_k, dtype=torch.bool).tril(diagonal=n_k - n_q)
-        out.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale).transpose(0, 1))
+        out.append(
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale).transpose(0, 1)
+        )
     return torch.cat(out)
 
 
@@ -257,8 +297,12 @@ def test_varlen_attention_through_the_model_gives_the_dense_mask_s_values_and_gr
     from slime_meta.backends.local.model_call import SplitModelCall
 
     monkeypatch.setattr(varlen_attention, "varlen_kernel", lambda: reference_varlen)
-    seqs = [sequence((5, 9, 12, 7, 3), (8, 3, 4)), sequence((5, 9, 12, 7, 3, 6, 2), (10, 11)),
-            sequence((5, 9, 12, 8), (13, 14)), sequence((4, 6), (13,))]  # fmt: skip
+    seqs = [
+        sequence((5, 9, 12, 7, 3), (8, 3, 4)),
+        sequence((5, 9, 12, 7, 3, 6, 2), (10, 11)),
+        sequence((5, 9, 12, 8), (13, 14)),
+        sequence((4, 6), (13,)),
+    ]
     (batch,) = pack_micro_batches(seqs, True, 8, 0)
     assert batch.shares_prompts
     results = []

@@ -22,8 +22,8 @@ import os
 from dataclasses import asdict, dataclass
 
 import pytest
-from helpers_interpreter import run_interpreted
 import torch
+from helpers_interpreter import run_interpreted
 
 from slime_meta_engine.paged_attention import (
     choose_num_splits,

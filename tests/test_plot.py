@@ -20,13 +20,19 @@ ROOT = Path(__file__).resolve().parent.parent
 def _write_run(run_dir: Path, with_eval: bool) -> None:
     records = []
     for step in range(3):
-        record = {"step": step, "meta_learning/avg_holdout_grade": 0.8 + 0.01 * step,
-                  "meta_learning/holdout_grade_no_info": 0.68, "meta_learning/best_info_holdout_grade": 0.9}  # fmt: skip
+        record = {
+            "step": step,
+            "meta_learning/avg_holdout_grade": 0.8 + 0.01 * step,
+            "meta_learning/holdout_grade_no_info": 0.68,
+            "meta_learning/best_info_holdout_grade": 0.9,
+        }
         if step == 0:  # --eval-baseline logs the reference context's grade with the first step
             record["eval/synthetic_suffix/baseline_teacher/avg"] = 0.97
             record["eval/synthetic_suffix/baseline_student/avg"] = 0.69
         if with_eval:
-            record.update({"eval/fixed/holdout_grade": 0.7, "eval/fixed/holdout_grade_no_info": 0.6, "eval/fixed/gain": 0.1})
+            record.update(
+                {"eval/fixed/holdout_grade": 0.7, "eval/fixed/holdout_grade_no_info": 0.6, "eval/fixed/gain": 0.1}
+            )
         records.append(record)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -62,6 +68,8 @@ def test_no_oracle_line_without_a_reference_context(tmp_path):
 
 def test_the_command_line_writes_the_picture(tmp_path):
     _write_run(tmp_path, with_eval=False)
-    result = subprocess.run([sys.executable, "-m", "slime_meta.artifacts.plot", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "slime_meta.artifacts.plot", str(tmp_path)], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "holdout.png").stat().st_size > 0

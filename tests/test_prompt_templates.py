@@ -116,27 +116,44 @@ def test_flag_takes_a_template_instance_by_module_name(tmp_path, monkeypatch):
     module = write_module(tmp_path, monkeypatch, "my_grader_templates", DESIGN_DOC_SNIPPETS)
     loaded = load_template("grader", f"{module}.custom_template", "--grader-template")
     assert loaded is importlib.import_module(module).custom_template
-    write_module(tmp_path, monkeypatch, "my_role_templates", (
-        "from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate\n"
-        "student = GeneratorPromptTemplate(template='Q: {problem}')\n"
-        "teacher = TeacherPromptTemplate(template='Fix: {attempts_and_grades}')\n"
-    ))  # fmt: skip
+    write_module(
+        tmp_path,
+        monkeypatch,
+        "my_role_templates",
+        (
+            "from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate\n"
+            "student = GeneratorPromptTemplate(template='Q: {problem}')\n"
+            "teacher = TeacherPromptTemplate(template='Fix: {attempts_and_grades}')\n"
+        ),
+    )
     assert load_template("generator", "my_role_templates.student", "--generator-template").render(problem="p") == "Q: p"
-    assert load_template("teacher", "my_role_templates.teacher", "--teacher-template").text == "Fix: {attempts_and_grades}"
-    with pytest.raises(UserInputError, match="--grader-template my_role_templates.teacher: is neither a GraderPromptTemplate"):
+    assert (
+        load_template("teacher", "my_role_templates.teacher", "--teacher-template").text == "Fix: {attempts_and_grades}"
+    )
+    with pytest.raises(
+        UserInputError, match="--grader-template my_role_templates.teacher: is neither a GraderPromptTemplate"
+    ):
         load_template("grader", "my_role_templates.teacher", "--grader-template")
 
 
 @pytest.mark.parametrize(
     "role, spec, slot, allowed",
     [
-        ("grader", "Grade {problem} against {ground_truth}", "{solution}",
-         "{ground_truth}, {problem}, {rubric}, {solution}, {solution_tag}"),
+        (
+            "grader",
+            "Grade {problem} against {ground_truth}",
+            "{solution}",
+            "{ground_truth}, {problem}, {rubric}, {solution}, {solution_tag}",
+        ),
         ("generator", "Hint: {additional_info}", "{problem}", "{additional_info}, {problem}"),
-        ("teacher", "Improve on {problem}.", "{attempts_and_grades}",
-         "{attempts_and_grades}, {ground_truth}, {previous_info}, {problem}, {rubric}"),
+        (
+            "teacher",
+            "Improve on {problem}.",
+            "{attempts_and_grades}",
+            "{attempts_and_grades}, {ground_truth}, {previous_info}, {problem}, {rubric}",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_run_refuses_a_template_without_a_required_slot(role, spec, slot, allowed):
     with pytest.raises(UserInputError) as error:
         load_template(role, spec, f"--{role}-template")
@@ -161,13 +178,27 @@ def test_train_exits_2_naming_the_missing_slot_of_a_template_instance(tmp_path, 
     module = write_module(tmp_path, monkeypatch, "doc_templates", DESIGN_DOC_SNIPPETS)
     rows = "".join(f'{{"prompt": "word{i}", "label": "w{i}"}}\n' for i in range(8))
     (tmp_path / "data.jsonl").write_text(rows)
-    code = train.main([
-        "--use-meta-learning", "--hf-checkpoint", str(tiny_checkpoint), "--prompt-data", str(tmp_path / "data.jsonl"),
-        "--rollout-batch-size", "3", "--grader-template", f"{module}.custom_template",
-        "--teacher-template", f"{module}.custom_teacher_template", "--run-dir", str(tmp_path / "run"),
-    ])  # fmt: skip
+    code = train.main(
+        [
+            "--use-meta-learning",
+            "--hf-checkpoint",
+            str(tiny_checkpoint),
+            "--prompt-data",
+            str(tmp_path / "data.jsonl"),
+            "--rollout-batch-size",
+            "3",
+            "--grader-template",
+            f"{module}.custom_template",
+            "--teacher-template",
+            f"{module}.custom_teacher_template",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err, err
-    assert err.startswith(f"error: --teacher-template {module}.custom_teacher_template: no {{attempts_and_grades}} placeholder")
+    assert err.startswith(
+        f"error: --teacher-template {module}.custom_teacher_template: no {{attempts_and_grades}} placeholder"
+    )
     assert "allowed: {attempts_and_grades}, {ground_truth}, {previous_info}, {problem}, {rubric}" in err
     assert not (tmp_path / "run").exists()

@@ -55,8 +55,9 @@ def hf_greedy(real_model, real_tokenizer) -> dict[str, tuple[list[int], list[int
         prompt = chat_prompt_ids(real_tokenizer, question)
         ids = torch.tensor([prompt])
         with torch.inference_mode():
-            out = real_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                                      do_sample=False)  # fmt: skip
+            out = real_model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
+            )
         references[question] = (prompt, out[0, len(prompt) :].tolist())
     return references
 
@@ -90,14 +91,22 @@ def test_engine_matches_hf_greedy_tokens_and_logprobs(decode_path: str, real_mod
     from slime_meta_engine.static_batch import build_static_batch
 
     pad = real_tokenizer.pad_token_id
-    static = (build_static_batch(real_model, num_slots=8, requested_capacity=256, pad_token_id=pad, use_graphs=False)
-              if decode_path == "static_eager" else None)  # fmt: skip
+    static = (
+        build_static_batch(real_model, num_slots=8, requested_capacity=256, pad_token_id=pad, use_graphs=False)
+        if decode_path == "static_eager"
+        else None
+    )
     eos_ids = _eos_token_ids(real_tokenizer, real_model)  # what the worker stops on
     assert eos_ids == frozenset({real_tokenizer.eos_token_id})
     engine = GenerationEngine(
-        real_model, decode=lambda ids, skip: real_tokenizer.decode(list(ids), skip_special_tokens=skip),
-        device=torch.device("cpu"), eos_token_ids=eos_ids, pad_token_id=pad, max_batch_size=8, static_batch=static,
-    )  # fmt: skip
+        real_model,
+        decode=lambda ids, skip: real_tokenizer.decode(list(ids), skip_special_tokens=skip),
+        device=torch.device("cpu"),
+        eos_token_ids=eos_ids,
+        pad_token_id=pad,
+        max_batch_size=8,
+        static_batch=static,
+    )
     outcomes: dict[str, object] = {}
     done = threading.Semaphore(0)
 
@@ -106,11 +115,14 @@ def test_engine_matches_hf_greedy_tokens_and_logprobs(decode_path: str, real_mod
         done.release()
 
     jobs = [
-        GenerationJob(GenerationSpec(f"q{i}", tuple(prompt), SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0),
-                                     return_logprob=True),
-                      on_done=lambda outcome, question=question: on_done(outcome, question))
+        GenerationJob(
+            GenerationSpec(
+                f"q{i}", tuple(prompt), SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.0), return_logprob=True
+            ),
+            on_done=lambda outcome, question=question: on_done(outcome, question),
+        )
         for i, (question, (prompt, _)) in enumerate(hf_greedy.items())
-    ]  # fmt: skip
+    ]
     engine.start()
     try:
         engine.submit_all(jobs)  # admitted together: one batch of rows of different lengths
@@ -132,11 +144,27 @@ def test_engine_matches_hf_greedy_tokens_and_logprobs(decode_path: str, real_mod
     assert all(outcomes[q].finish_reason["type"] == "length" for q in LONG_ANSWER_QUESTIONS)
 
 
-def test_worker_serves_chat_completions_as_hf_greedy(real_checkpoint: Path, real_tokenizer, hf_greedy,
-                                                     tmp_path) -> None:
+def test_worker_serves_chat_completions_as_hf_greedy(
+    real_checkpoint: Path, real_tokenizer, hf_greedy, tmp_path
+) -> None:
     """The worker process renders the chat template itself and stops at the model's EOS."""
-    command = [sys.executable, "-m", "slime_meta_engine", "--model-path", str(real_checkpoint), "--host", "127.0.0.1",
-               "--port", "0", "--device", "cpu", "--dtype", "float32", "--num-threads", "2"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "slime_meta_engine",
+        "--model-path",
+        str(real_checkpoint),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--num-threads",
+        "2",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     log_path = tmp_path / "worker.log"
     with open(log_path, "wb") as log:
@@ -147,8 +175,11 @@ def test_worker_serves_chat_completions_as_hf_greedy(real_checkpoint: Path, real
         url = ready.split()[-1]
         for question, finish_reason in ((SHORT_ANSWER_QUESTION, "stop"), (LONG_ANSWER_QUESTIONS[0], "length")):
             body = {"messages": [{"role": "user", "content": question}], "max_tokens": NEW_TOKENS, "temperature": 0}
-            request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                             headers={"Content-Type": "application/json"})  # fmt: skip
+            request = urllib.request.Request(
+                f"{url}/v1/chat/completions",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             with urllib.request.urlopen(request, timeout=120) as response:
                 choice = json.loads(response.read())["choices"][0]
             reference = hf_greedy[question][1]
@@ -163,9 +194,9 @@ def test_worker_serves_chat_completions_as_hf_greedy(real_checkpoint: Path, real
 
 
 def test_gguf_flag_is_converted_once_and_every_consumer_sees_the_directory(tmp_path, monkeypatch, capsys) -> None:
-    from slime_meta.config.arguments import parse_config
     from slime_meta.backends.local.components import check_model_dir, load_tokenizer
     from slime_meta.backends.slime.plan import translate
+    from slime_meta.config.arguments import parse_config
     from slime_meta.rollout.context_budget import context_length_of
 
     gguf = real_gguf_or_skip()
@@ -176,8 +207,9 @@ def test_gguf_flag_is_converted_once_and_every_consumer_sees_the_directory(tmp_p
     cfg = parse_config(flags)
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
-    assert lines == [f"--hf-checkpoint {gguf}: converting it once to the HF checkpoint directory {directory} "
-                     "(later runs reuse it)"]  # fmt: skip
+    assert lines == [
+        f"--hf-checkpoint {gguf}: converting it once to the HF checkpoint directory {directory} (later runs reuse it)"
+    ]
     assert captured.err == ""  # no progress bars
     assert cfg.pools.hf_checkpoint == cfg.pools.student_checkpoint == str(directory)
     assert check_model_dir(cfg.pools.hf_checkpoint, "--hf-checkpoint") == str(directory)
@@ -226,6 +258,8 @@ def test_gguf_flag_errors_are_one_line_with_exit_code_2(tmp_path, monkeypatch, c
     monkeypatch.setitem(sys.modules, "gguf", None)
     assert train.main([*BASE_FLAGS, "--student-checkpoint", str(gguf)]) == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert error == [f"error: --student-checkpoint {gguf}: reading a .gguf file needs the package(s) gguf: "
-                     "pip install gguf accelerate (or pip install 'slime-meta[real]')"]  # fmt: skip
+    assert error == [
+        f"error: --student-checkpoint {gguf}: reading a .gguf file needs the package(s) gguf: "
+        "pip install gguf accelerate (or pip install 'slime-meta[real]')"
+    ]
     assert not (tmp_path / "cache" / "checkpoints").exists() or not any((tmp_path / "cache" / "checkpoints").iterdir())

@@ -22,12 +22,35 @@ def read_jsonl(path):
 
 def small_step_args(checkpoint, run_dir, *extra: str) -> list[str]:
     return [
-        "--use-meta-learning", "--hf-checkpoint", str(checkpoint), "--prompt-data", str(EASY_DATA),
-        "--rollout-batch-size", "4", "--heldout-ipb", "2", "--n-samples-per-prompt", "4",
-        "--num-inner-iterations", "1", "--n-samples-per-inner-prompt", "3", "--num-rollout", "1",
-        "--teacher-max-tokens", "48", "--rollout-max-response-len", "96", "--seed", "1",
-        "--trace-sample-rate", "1", "--run-dir", str(run_dir), *extra,
-    ]  # fmt: skip
+        "--use-meta-learning",
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--prompt-data",
+        str(EASY_DATA),
+        "--rollout-batch-size",
+        "4",
+        "--heldout-ipb",
+        "2",
+        "--n-samples-per-prompt",
+        "4",
+        "--num-inner-iterations",
+        "1",
+        "--n-samples-per-inner-prompt",
+        "3",
+        "--num-rollout",
+        "1",
+        "--teacher-max-tokens",
+        "48",
+        "--rollout-max-response-len",
+        "96",
+        "--seed",
+        "1",
+        "--trace-sample-rate",
+        "1",
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
 
 
 def test_one_outer_step_with_default_prompts_gives_grades_and_a_gradient(real_checkpoint, tmp_path):
@@ -40,8 +63,11 @@ def test_one_outer_step_with_default_prompts_gives_grades_and_a_gradient(real_ch
         result = run_train(args, timeout=900)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         (record,) = read_jsonl(run_dir / "metrics.jsonl")
-        grades = [record["meta_learning/avg_inner_grade"], record["meta_learning/avg_holdout_grade"],
-                  record["meta_learning/holdout_grade_no_info"]]  # fmt: skip
+        grades = [
+            record["meta_learning/avg_inner_grade"],
+            record["meta_learning/avg_holdout_grade"],
+            record["meta_learning/holdout_grade_no_info"],
+        ]
         if max(grades) > 0:
             break
     assert max(grades) > 0, (grades, result.stdout[-3000:])
@@ -58,9 +84,19 @@ def test_one_outer_step_with_default_prompts_gives_grades_and_a_gradient(real_ch
 def test_grader_local_serves_the_real_model_and_grades_every_attempt(real_checkpoint, tmp_path):
     run_dir = tmp_path / "local-grader"
     args = small_step_args(
-        real_checkpoint, run_dir, "--grader", "local", "--grader-max-tokens", "64",
-        "--n-samples-per-prompt", "2", "--n-samples-per-inner-prompt", "1", "--rollout-max-response-len", "48",
-    )  # fmt: skip
+        real_checkpoint,
+        run_dir,
+        "--grader",
+        "local",
+        "--grader-max-tokens",
+        "64",
+        "--n-samples-per-prompt",
+        "2",
+        "--n-samples-per-inner-prompt",
+        "1",
+        "--rollout-max-response-len",
+        "48",
+    )
     result = run_train(args, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     (line,) = [x for x in result.stdout.splitlines() if x.startswith("grader:")]

@@ -66,8 +66,12 @@ def test_a_kill_during_save_leaves_the_previous_checkpoint_loadable(tiny_checkpo
     killed_dir = tmp_path / "killed"
     saver = subprocess.Popen(
         [sys.executable, "-c", SAVER, str(tiny_checkpoint), str(killed_dir)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # Meanwhile, in this process: a save that fails after the rename, before the pointer moves.
         trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu"))
@@ -136,8 +140,13 @@ def test_load_reads_only_tensors_and_plain_values(tiny_checkpoint, tmp_path):
     trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu"))
     sum(p.float().pow(2).sum() for p in trainer.model.parameters()).backward()
     trainer.optimizer.step()  # the optimizer has state tensors to save
-    saved = ck.save_checkpoint(tmp_path, 1, trainer=trainer, tokenizer=AutoTokenizer.from_pretrained(tiny_checkpoint),
-                               state={"next_rollout_id": 1})  # fmt: skip
+    saved = ck.save_checkpoint(
+        tmp_path,
+        1,
+        trainer=trainer,
+        tokenizer=AutoTokenizer.from_pretrained(tiny_checkpoint),
+        state={"next_rollout_id": 1},
+    )
     # Everything we write loads without allowing a single global: optimizer and RNG states included.
     plain = torch.load(saved / "trainer.pt", map_location="cpu", weights_only=True)
     assert plain["optimizer"]["state"] and plain["rng"]["format"] == ck.RNG_FORMAT
@@ -160,8 +169,13 @@ def test_checkpoints_of_the_previous_format_still_load_and_resume_the_rng_stream
     from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
 
     trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu"))
-    saved = ck.save_checkpoint(tmp_path, 1, trainer=trainer, tokenizer=AutoTokenizer.from_pretrained(tiny_checkpoint),
-                               state={"next_rollout_id": 1})  # fmt: skip
+    saved = ck.save_checkpoint(
+        tmp_path,
+        1,
+        trainer=trainer,
+        tokenizer=AutoTokenizer.from_pretrained(tiny_checkpoint),
+        state={"next_rollout_id": 1},
+    )
     random.seed(3), np.random.seed(3), torch.manual_seed(3)
     random.gauss(0, 1), np.random.randn()  # a cached Gaussian in each state
     # The previous trainer.pt: Python's state as its tuple, NumPy's as a tuple with an ndarray.

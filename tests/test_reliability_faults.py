@@ -20,9 +20,15 @@ from typing import Iterator
 
 import pytest
 from aiohttp import web
-
 from openai_server import run_openai_server
-from slime_meta.rollout.pools import MAX_RETRY_AFTER_S, PoolProtocolError, PoolUnavailable, SGLangPool, retry_after_seconds
+
+from slime_meta.rollout.pools import (
+    MAX_RETRY_AFTER_S,
+    PoolProtocolError,
+    PoolUnavailable,
+    SGLangPool,
+    retry_after_seconds,
+)
 
 FAULTS = ("rate_limit", "server_error", "unavailable", "slow", "malformed", "bad_request")
 
@@ -71,9 +77,12 @@ class FlakyInference:
             await asyncio.sleep(self.slow_s)
         text = body.get("text", "")
         return web.json_response(
-            {"text": text[::-1], "output_ids": [1, 2], "meta_info": {"prompt_tokens": len(text), "completion_tokens": 2,
-                                                                    "finish_reason": {"type": "length"}}}
-        )  # fmt: skip
+            {
+                "text": text[::-1],
+                "output_ids": [1, 2],
+                "meta_info": {"prompt_tokens": len(text), "completion_tokens": 2, "finish_reason": {"type": "length"}},
+            }
+        )
 
     @property
     def retryable(self) -> int:
@@ -107,8 +116,15 @@ def serve(server: FlakyInference) -> Iterator[str]:
 
 
 def pool_at(url: str, **overrides) -> SGLangPool:
-    settings = dict(name="test", base_url=url, concurrency=16, timeout_s=0.4, max_retries=6,
-                    initial_backoff_s=0.01, max_backoff_s=0.05)  # fmt: skip
+    settings = dict(
+        name="test",
+        base_url=url,
+        concurrency=16,
+        timeout_s=0.4,
+        max_retries=6,
+        initial_backoff_s=0.01,
+        max_backoff_s=0.05,
+    )
     return SGLangPool(**{**settings, **overrides})
 
 
@@ -122,7 +138,9 @@ async def generate_all(pool: SGLangPool, count: int) -> list:
 
 
 def test_every_request_completes_when_a_fifth_of_the_calls_fail():
-    server = FlakyInference(rate_limit=0.05, unavailable=0.03, server_error=0.04, slow=0.03, malformed=0.05, seed=4, slow_s=1.0)
+    server = FlakyInference(
+        rate_limit=0.05, unavailable=0.03, server_error=0.04, slow=0.03, malformed=0.05, seed=4, slow_s=1.0
+    )
     with serve(server) as url:
         pool = pool_at(url)
         completions = asyncio.run(generate_all(pool, 300))
@@ -192,9 +210,14 @@ def test_replay_teachers_answer_through_a_fifth_of_failed_calls(tmp_path, monkey
     with run_openai_server(reply_fn=lambda messages: "Working.\nAnswer: 42", **faults) as (base_url, server):
         teachers = replay.parse_replay_teachers([f"t{i}@{base_url}#REPLAY_TEST_KEY" for i in range(3)])
         pairer = replay.ReplayPairer(
-            teachers, min_agree=2, cache_path=tmp_path / "replay.jsonl", request_timeout=0.5,
-            max_api_retries=5, initial_backoff=0.01, max_backoff=0.05,
-        )  # fmt: skip
+            teachers,
+            min_agree=2,
+            cache_path=tmp_path / "replay.jsonl",
+            request_timeout=0.5,
+            max_api_retries=5,
+            initial_backoff=0.01,
+            max_backoff=0.05,
+        )
         requests = [replay.ReplayRequest.build(f"What is 6*7? ({i})", "Answer: 41", f"p{i}") for i in range(20)]
         pairs = pairer.pairs_for_sync(requests)
     assert server.retryable_faults > 0

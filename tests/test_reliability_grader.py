@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from openai_server import run_openai_server, scripted_reply
+
 from slime_meta.grading.graders import OpenAIGrader, VerifierGrader, parse_grade
 from slime_meta.prompt_templates import GeneratorPromptTemplate, GraderPromptTemplate, TeacherPromptTemplate
 from slime_meta.rollout.roles import PromptRenderer
@@ -75,7 +75,9 @@ def test_injected_verdicts_never_raise_a_wrong_answer(quote, form, monkeypatch):
     problem = Problem(uid="p", prompt="What is 6*7?", label="42", rubric="Full credit for 42.")
     solutions = [FORMS[form](injection) for injection in INJECTIONS]
     with run_openai_server(reply_fn=echo_reply(quote)) as (base_url, server):
-        grader = OpenAIGrader(model="judge", base_url=base_url, api_key_env=KEY_ENV, request_timeout=5, initial_backoff=0.01)
+        grader = OpenAIGrader(
+            model="judge", base_url=base_url, api_key_env=KEY_ENV, request_timeout=5, initial_backoff=0.01
+        )
 
         async def grade_all():
             return await asyncio.gather(*(grader.grade(problem, s) for s in solutions))

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from openai_server import run_openai_server
-from slime_meta.config.arguments import parse_config
+
 from slime_meta.backends.local import components as C
+from slime_meta.config.arguments import parse_config
 from slime_meta.rollout.meta_rollout import describe_batch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,23 +38,59 @@ FAULTS = dict(rate_limit=0.05, server_error=0.05, malformed=0.05, unparseable=0.
 def run_args(checkpoint: Path, run_dir: Path, base_url: str, *extra: str) -> list[str]:
     return [
         "--use-meta-learning",
-        "--hf-checkpoint", str(checkpoint),
-        "--prompt-data", str(ROOT / "data/synthetic_suffix.jsonl"),
-        "--group-key", "family", "--rollout-shuffle",
-        "--rollout-batch-size", "8", "--n-samples-per-prompt", "2",  # 2 prompts x (2 train + 2 holdout of a family)
-        "--n-problems-per-prompt", "2", "--heldout-ipb", "4",
-        "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
-        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
-        "--teacher-temperature", "1.0", "--teacher-max-tokens", "4", "--rollout-max-response-len", "8",
-        "--grader", "openai", "--grader-base-url", base_url, "--grader-api-key-env", "GRADER_KEY",
-        "--grader-model", "judge-1",
-        "--lr", "1e-3", "--trace-sample-rate", "0.5", "--seed", "7",
-        "--num-rollout", str(NUM_ROLLOUT),
-        "--save", str(run_dir / "ckpt"), "--save-interval", "1",
-        "--run-dir", str(run_dir),
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--prompt-data",
+        str(ROOT / "data/synthetic_suffix.jsonl"),
+        "--group-key",
+        "family",
+        "--rollout-shuffle",
+        "--rollout-batch-size",
+        "8",
+        "--n-samples-per-prompt",
+        "2",  # 2 prompts x (2 train + 2 holdout of a family)
+        "--n-problems-per-prompt",
+        "2",
+        "--heldout-ipb",
+        "4",
+        "--num-inner-iterations",
+        "2",
+        "--n-samples-per-inner-prompt",
+        "2",
+        "--generator-template",
+        "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template",
+        "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
+        "--teacher-temperature",
+        "1.0",
+        "--teacher-max-tokens",
+        "4",
+        "--rollout-max-response-len",
+        "8",
+        "--grader",
+        "openai",
+        "--grader-base-url",
+        base_url,
+        "--grader-api-key-env",
+        "GRADER_KEY",
+        "--grader-model",
+        "judge-1",
+        "--lr",
+        "1e-3",
+        "--trace-sample-rate",
+        "0.5",
+        "--seed",
+        "7",
+        "--num-rollout",
+        str(NUM_ROLLOUT),
+        "--save",
+        str(run_dir / "ckpt"),
+        "--save-interval",
+        "1",
+        "--run-dir",
+        str(run_dir),
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def run_env() -> dict[str, str]:
@@ -98,9 +134,13 @@ def killed_and_resumed(tiny_checkpoint, tmp_path_factory):
     with run_openai_server(**FAULTS) as (base_url, server):
         args = run_args(tiny_checkpoint, run_dir, base_url)
         first = subprocess.Popen(
-            [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=run_env(),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [sys.executable, str(ROOT / "train.py"), *args],
+            cwd=ROOT,
+            env=run_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 240
             while pointer(run_dir) is None and first.poll() is None and time.monotonic() < deadline:
@@ -122,8 +162,12 @@ def killed_and_resumed(tiny_checkpoint, tmp_path_factory):
 
         second = subprocess.run(
             [sys.executable, str(ROOT / "train.py"), *args, "--load", str(run_dir / "ckpt")],
-            cwd=ROOT, env=run_env(), capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=run_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert second.returncode == 0, second.stderr[-3000:]
     return {
         "run_dir": run_dir,
@@ -174,7 +218,9 @@ def test_sigkill_between_checkpoints_then_load_resumes_with_the_same_batches(kil
     assert trainer_state["steps_done"] + trainer_state["skipped_no_signal"] == NUM_ROLLOUT
     assert json.loads((final / "state.json").read_text())["next_rollout_id"] == NUM_ROLLOUT
     assert not list((run_dir / "ckpt").glob(".tmp-*"))
-    print(f"\nresume: killed after checkpoint {killed_at}; batches of steps 0-{NUM_ROLLOUT - 1} equal the uninterrupted draw")
+    print(
+        f"\nresume: killed after checkpoint {killed_at}; batches of steps 0-{NUM_ROLLOUT - 1} equal the uninterrupted draw"
+    )
 
 
 def test_steps_complete_while_the_grader_fails_twenty_percent_of_calls(killed_and_resumed):

@@ -74,13 +74,20 @@ def descendants(pid: int) -> dict[int, str]:
         for child, child_parent in parents.items():
             if child_parent == parent and child not in found:
                 try:
-                    argv = (Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"))
+                    argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
                 words = [a.decode(errors="replace") for a in argv]
-                role = ("router" if any("sglang" in w and "router" in w for w in words) else  # it renames itself sglang::router
-                        "worker" if any(w == "slime_meta_engine" for w in words) else
-                        "trainer" if any(w.endswith("train.py") for w in words) else "other")  # fmt: skip
+                role = (
+                    "router"
+                    if any("sglang" in w and "router" in w for w in words)
+                    # it renames itself sglang::router
+                    else "worker"
+                    if any(w == "slime_meta_engine" for w in words)
+                    else "trainer"
+                    if any(w.endswith("train.py") for w in words)
+                    else "other"
+                )
                 port = words[words.index("--port") + 1] if "--port" in words else "?"
                 found[child] = f"{role}:{port}"
                 frontier.append(child)
@@ -98,12 +105,20 @@ def growth(samples: list[int]) -> tuple[float, float, float]:
 @pytest.mark.slow
 def test_fifty_outer_steps_without_memory_or_fd_growth(tmp_path):
     run_dir = tmp_path / "soak"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NUM_ROLLOUT": str(NUM_ROLLOUT), "RUN_DIR": str(run_dir),
-           "PYTHON": sys.executable, "MODEL_CACHE": str(ROOT / ".cache" / "models")}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "NUM_ROLLOUT": str(NUM_ROLLOUT),
+        "RUN_DIR": str(run_dir),
+        "PYTHON": sys.executable,
+        "MODEL_CACHE": str(ROOT / ".cache" / "models"),
+    }
     env.pop("OPENAI_API_KEY", None)
     log = (tmp_path / "soak.log").open("w")
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(CPU_LOAD)]
-    process = subprocess.Popen(["bash", str(ROOT / "scripts/run_synthetic.sh")], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        ["bash", str(ROOT / "scripts/run_synthetic.sh")], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     samples: dict[str, list[int]] = {}
     fds: dict[str, list[int]] = {}
     seen_steps, trainer_pid, started = 0, None, time.monotonic()
@@ -111,7 +126,9 @@ def test_fifty_outer_steps_without_memory_or_fd_growth(tmp_path):
         while process.poll() is None and time.monotonic() - started < max(1800, 60 * NUM_ROLLOUT):
             time.sleep(0.1)
             if trainer_pid is None:
-                trainer_pid = next((p for p, name in descendants(process.pid).items() if name.startswith("trainer")), None)
+                trainer_pid = next(
+                    (p for p, name in descendants(process.pid).items() if name.startswith("trainer")), None
+                )
                 continue
             metrics = run_dir / "metrics.jsonl"
             steps = metrics.read_text().count("\n") if metrics.exists() else 0
@@ -145,14 +162,20 @@ def test_fifty_outer_steps_without_memory_or_fd_growth(tmp_path):
         # can come late (a worker's count wandered 120-133 over 200 loaded steps); a leak climbs past.
         first_half = fds[name][WARMUP_STEPS : WARMUP_STEPS + (len(values) - WARMUP_STEPS) // 2]
         report[name] = {
-            "rss_kib_after_warmup": early, "rss_kib_end": late, "growth": round(relative, 4),
-            "rss_kib_first": values[0], "fds_after_warmup": max(first_half), "fds_end": growth(fds[name])[1],
+            "rss_kib_after_warmup": early,
+            "rss_kib_end": late,
+            "growth": round(relative, 4),
+            "rss_kib_first": values[0],
+            "fds_after_warmup": max(first_half),
+            "fds_end": growth(fds[name])[1],
             "fds_max": max(fds[name]),
-        }  # fmt: skip
+        }
     (run_dir / "soak.json").write_text(json.dumps({"samples": samples, "fds": fds, "report": report}, indent=1))
     step_times = [r["perf/step_time"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
-    print(f"\nsoak: {NUM_ROLLOUT} steps in {time.monotonic() - started:.0f}s (median step "
-          f"{statistics.median(step_times):.1f}s, {CPU_LOAD} busy loop(s) beside the run)")
+    print(
+        f"\nsoak: {NUM_ROLLOUT} steps in {time.monotonic() - started:.0f}s (median step "
+        f"{statistics.median(step_times):.1f}s, {CPU_LOAD} busy loop(s) beside the run)"
+    )
     for name, figures in sorted(report.items()):
         print(f"  {name}: {json.dumps(figures)}")
     assert "trainer" in report and any(name.startswith("worker") for name in report)
@@ -166,9 +189,10 @@ def test_the_trainers_work_runs_on_one_thread_of_its_own(tiny_checkpoint, tmp_pa
     executor (a new thread there under contention kept its own arena: the +24% above)."""
     from test_train_e2e import synthetic_args
 
-    from slime_meta.config.arguments import parse_config
-    from slime_meta.backends.local import components, run as local_run
+    from slime_meta.backends.local import components
+    from slime_meta.backends.local import run as local_run
     from slime_meta.backends.local.trainer import LocalTrainer
+    from slime_meta.config.arguments import parse_config
 
     seen: list[tuple[str, int, str]] = []
 

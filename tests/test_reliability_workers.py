@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local import components as C
 from slime_meta.backends.local.launcher import LocalProcessGroup
+from slime_meta.config.arguments import parse_config
 from slime_meta.rollout.pools import SGLangPool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,12 @@ def group_and_pool(tiny_checkpoint, tmp_path_factory):
     weights_root.mkdir()
     with LocalProcessGroup(startup_timeout_s=180) as group:
         endpoints = group.start_pool(
-            POOL, str(tiny_checkpoint), NUM_WORKERS, device="cpu", weights_root=str(weights_root), log_dir=str(root / "logs")
+            POOL,
+            str(tiny_checkpoint),
+            NUM_WORKERS,
+            device="cpu",
+            weights_root=str(weights_root),
+            log_dir=str(root / "logs"),
         )
         yield group, endpoints, root
 
@@ -91,16 +96,47 @@ def synthetic_config(checkpoint: Path, run_dir: Path):
     """A synthetic-task config sized so that one rollout takes a few seconds on two cores."""
     return parse_config(
         [
-            "--use-meta-learning", "--hf-checkpoint", str(checkpoint),
-            "--prompt-data", str(ROOT / "data/synthetic_suffix.jsonl"), "--group-key", "family", "--rollout-shuffle",
-            "--rollout-batch-size", "16", "--n-samples-per-prompt", "4", "--n-problems-per-prompt", "2",
-            "--heldout-ipb", "8", "--num-inner-iterations", "3", "--n-samples-per-inner-prompt", "2",
-            "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
-            "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
-            "--teacher-temperature", "1.0", "--teacher-max-tokens", "12", "--rollout-max-response-len", "12",
-            "--grader", "verifier", "--verifier-metric", "char", "--trace-sample-rate", "0", "--seed", "5",
-            "--run-dir", str(run_dir),
-        ]  # fmt: skip
+            "--use-meta-learning",
+            "--hf-checkpoint",
+            str(checkpoint),
+            "--prompt-data",
+            str(ROOT / "data/synthetic_suffix.jsonl"),
+            "--group-key",
+            "family",
+            "--rollout-shuffle",
+            "--rollout-batch-size",
+            "16",
+            "--n-samples-per-prompt",
+            "4",
+            "--n-problems-per-prompt",
+            "2",
+            "--heldout-ipb",
+            "8",
+            "--num-inner-iterations",
+            "3",
+            "--n-samples-per-inner-prompt",
+            "2",
+            "--generator-template",
+            "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+            "--teacher-template",
+            "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
+            "--teacher-temperature",
+            "1.0",
+            "--teacher-max-tokens",
+            "12",
+            "--rollout-max-response-len",
+            "12",
+            "--grader",
+            "verifier",
+            "--verifier-metric",
+            "char",
+            "--trace-sample-rate",
+            "0",
+            "--seed",
+            "5",
+            "--run-dir",
+            str(run_dir),
+        ]
     )
 
 
@@ -132,7 +168,10 @@ def test_sigkill_of_a_worker_mid_step_loses_no_sample_and_the_worker_comes_back(
             await asyncio.to_thread(group.kill_worker, POOL, 0, signal.SIGKILL)
             killed["step_was_running"] = not step.done()
             result = await step
-            return result, {"teacher": teacher_pool.stats.snapshot_and_reset(), "student": student_pool.stats.snapshot_and_reset()}
+            return result, {
+                "teacher": teacher_pool.stats.snapshot_and_reset(),
+                "student": student_pool.stats.snapshot_and_reset(),
+            }
         finally:
             await teacher_pool.close()
             await student_pool.close()
@@ -149,7 +188,9 @@ def test_sigkill_of_a_worker_mid_step_loses_no_sample_and_the_worker_comes_back(
     assert sorted(groups) == list(range(data.plan.groups))
     assert all(sorted(indices) == list(range(G)) for indices in groups.values())
     assert all(len(c.steps) == K and len(c.holdout_scores) == data.num_holdout for c in result.chains)
-    assert all(sample.response_ids and len(sample.rollout_logprobs) == len(sample.response_ids) for sample in result.samples)
+    assert all(
+        sample.response_ids and len(sample.rollout_logprobs) == len(sample.response_ids) for sample in result.samples
+    )
     total_requests = stats["teacher"]["requests"] + stats["student"]["requests"]
     chains = data.plan.groups * G
     k = cfg.meta.n_problems_per_prompt  # a problem's m attempts are one student request (n = m)
@@ -252,7 +293,8 @@ def test_ten_thousand_requests_in_flight_with_bounded_memory_and_fds(group_and_p
 
         watcher = asyncio.create_task(monitor())
         requests = [
-            pool.generate(text=f"q{i % 97}", sampling_params={"max_new_tokens": 1, "temperature": 0}) for i in range(count)
+            pool.generate(text=f"q{i % 97}", sampling_params={"max_new_tokens": 1, "temperature": 0})
+            for i in range(count)
         ]
         completions = await asyncio.gather(*requests)
         watcher.cancel()
@@ -297,8 +339,9 @@ def test_when_every_worker_dies_the_client_waits_for_the_restarts(group_and_pool
     restarts_before = group.restarts(POOL)
 
     async def requests_over_a_total_outage():
-        pool = SGLangPool("outage", endpoints.router_url, concurrency=32, max_retries=8,
-                          initial_backoff_s=0.5, max_backoff_s=4.0)  # fmt: skip
+        pool = SGLangPool(
+            "outage", endpoints.router_url, concurrency=32, max_retries=8, initial_backoff_s=0.5, max_backoff_s=4.0
+        )
         requests = [
             asyncio.create_task(pool.generate(text=f"o{i}", sampling_params={"max_new_tokens": 4, "temperature": 0}))
             for i in range(200)

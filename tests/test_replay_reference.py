@@ -27,8 +27,19 @@ def fixed_pairs() -> list[PreferencePair]:
 def idle_teacher_samples() -> list[TeacherSample]:
     """Teacher samples with advantage 0: the policy-gradient channel adds no gradient."""
     g = torch.Generator().manual_seed(12)
-    return [TeacherSample(ids(g, 6), ids(g, 3), (-1.0, -1.0, -1.0), reward=0.0, advantage=0.0, group_index=0,
-                          sample_index=i, inner_iteration=0) for i in range(2)]  # fmt: skip
+    return [
+        TeacherSample(
+            ids(g, 6),
+            ids(g, 3),
+            (-1.0, -1.0, -1.0),
+            reward=0.0,
+            advantage=0.0,
+            group_index=0,
+            sample_index=i,
+            inner_iteration=0,
+        )
+        for i in range(2)
+    ]
 
 
 def independent_logp_sums(checkpoint, pairs: list[PreferencePair]) -> list[tuple[float, float]]:
@@ -66,8 +77,12 @@ def test_reference_logps_equal_an_independent_forward_of_the_start_model(dpo_tra
         dpo_trainer.train_step(idle_teacher_samples(), (), scored)
     again = dpo_trainer.with_reference_logps(pairs)
     flat = [value for chosen_rejected in expected for value in chosen_rejected]
-    assert [v for p in again for v in (p.reference_chosen_logp, p.reference_rejected_logp)] == pytest.approx(flat, abs=1e-4)
-    moved = [value for pair in independent_logp_sums(dpo_trainer.save_weights(tmp_path / "policy"), pairs) for value in pair]
+    assert [v for p in again for v in (p.reference_chosen_logp, p.reference_rejected_logp)] == pytest.approx(
+        flat, abs=1e-4
+    )
+    moved = [
+        value for pair in independent_logp_sums(dpo_trainer.save_weights(tmp_path / "policy"), pairs) for value in pair
+    ]
     assert max(abs(a - b) for a, b in zip(moved, flat)) > 1e-3  # while the policy itself has moved
 
 
@@ -100,8 +115,12 @@ def test_reference_logps_are_cached_with_the_pairs_and_read_back_on_resume(tmp_p
 
     def score(pairs: list[PreferencePair]) -> list[PreferencePair]:
         calls.append(len(pairs))
-        return [PreferencePair(p.prompt_ids, p.chosen_ids, p.rejected_ids, -float(len(p.chosen_ids)), -float(len(p.rejected_ids)))
-                for p in pairs]  # fmt: skip
+        return [
+            PreferencePair(
+                p.prompt_ids, p.chosen_ids, p.rejected_ids, -float(len(p.chosen_ids)), -float(len(p.rejected_ids))
+            )
+            for p in pairs
+        ]
 
     pairs = fixed_pairs()
     first = ReplayPairer(teachers, cache_path=cache).reference_logps_for(pairs + pairs[:1], score, "start")

@@ -24,8 +24,8 @@ import os
 import sys
 
 import pytest
-from helpers_interpreter import run_interpreted
 import torch
+from helpers_interpreter import run_interpreted
 
 from slime_meta_engine.protocol import SamplingParams
 from slime_meta_engine.sampling import RowSampling, choose_next_tokens, kernel_can_choose
@@ -36,6 +36,7 @@ needs_triton = pytest.mark.skipif(TRITON_MISSING, reason="triton is not installe
 needs_cuda_and_triton = pytest.mark.skipif(not HAS_CUDA or TRITON_MISSING, reason="needs CUDA and triton")
 VOCAB = 5000  # two of the kernel's 4,096-column blocks
 SAMPLES = {"cuda": 5120, "cpu": 2560}  # the interpreter is slow
+
 
 def row_sampling(params: list[SamplingParams], device) -> RowSampling:
     return RowSampling.from_params(params, [0] * len(params), VOCAB, device)
@@ -102,9 +103,12 @@ def check_cases(device: str) -> dict:
             # Over the strong tokens and one bucket for all the rest (5,000 rare tokens' own
             # frequencies from 5,120 samples say little each).
             "total_variation": float(
-                0.5 * ((frequencies[strong] - probs[strong]).abs().sum()
-                       + (frequencies[~strong].sum() - probs[~strong].sum()).abs())
-            ),  # fmt: skip
+                0.5
+                * (
+                    (frequencies[strong] - probs[strong]).abs().sum()
+                    + (frequencies[~strong].sum() - probs[~strong].sum()).abs()
+                )
+            ),
         }
 
     # A dominant token, as a trained model's next token often is (p about 0.98): the rest must keep
@@ -121,8 +125,12 @@ def check_cases(device: str) -> dict:
     probability = float(torch.softmax(logits_V.double(), dim=-1)[4321])
     frequency = hits / samples
     standard_error = math.sqrt(probability * (1 - probability) / samples)
-    out["dominant_token"] = {"samples": samples, "probability": probability, "frequency": frequency,
-                             "standard_errors": (frequency - probability) / standard_error}  # fmt: skip
+    out["dominant_token"] = {
+        "samples": samples,
+        "probability": probability,
+        "frequency": frequency,
+        "standard_errors": (frequency - probability) / standard_error,
+    }
 
     # Seeds.
     logits_B_V = torch.randn(64, VOCAB, generator=generator).to(device)
@@ -153,11 +161,20 @@ def engine_check(device: str) -> dict:
 
     sampling._choose_with_kernel = counted
     model = tiny_model("qwen2", device=device)
-    engine = GenerationEngine(model, decode=lambda ids, skip: "", device=model.device, eos_token_ids=frozenset(),
-                              pad_token_id=0, max_batch_size=4, sampling_kernel_on=True)  # fmt: skip
+    engine = GenerationEngine(
+        model,
+        decode=lambda ids, skip: "",
+        device=model.device,
+        eos_token_ids=frozenset(),
+        pad_token_id=0,
+        max_batch_size=4,
+        sampling_kernel_on=True,
+    )
     prompts = random_prompts([5, 11, 3, 8, 20], seed=3)
-    specs = [GenerationSpec(f"s{i}", tuple(p), SamplingParams(max_new_tokens=9, temperature=t, ignore_eos=True), True)
-             for i, (p, t) in enumerate(zip(prompts, (1.0, 0.7, 1.3, 1.0, 0.0)))]  # fmt: skip
+    specs = [
+        GenerationSpec(f"s{i}", tuple(p), SamplingParams(max_new_tokens=9, temperature=t, ignore_eos=True), True)
+        for i, (p, t) in enumerate(zip(prompts, (1.0, 0.7, 1.3, 1.0, 0.0)))
+    ]
     engine.start()
     try:
         results = submit_all(engine, specs)

@@ -33,9 +33,14 @@ from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
 from slime_meta.backends.slime.advantages import meta_advantages
 from slime_meta.backends.slime.loss import meta_loss
-from slime_meta.backends.slime.rollout import trained_solver_samples
 from slime_meta.backends.slime.replay_samples import replay_samples
-from slime_meta.backends.slime.samples import apply_fields, replay_sample_fields, solver_sample_fields, teacher_sample_fields
+from slime_meta.backends.slime.rollout import trained_solver_samples
+from slime_meta.backends.slime.samples import (
+    apply_fields,
+    replay_sample_fields,
+    solver_sample_fields,
+    teacher_sample_fields,
+)
 from slime_meta.backends.slime.train_data import convert_samples_to_train_data
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
@@ -45,8 +50,21 @@ if not SLIME_SRC and importlib.util.find_spec("slime") is None:
 
 TEMPERATURE = 0.7  # teacher and student alike: slime's trainer scores every sample at one temperature
 VOCAB_LOW, VOCAB_HIGH = 4, 60  # ordinary character ids of the tiny tokenizer
-IMPORT_ONLY = ("ray", "ray.util", "ray.util.scheduling_strategies", "sglang", "sglang.srt", "sglang.srt.constants",
-               "sglang.srt.server_args", "sglang.srt.utils", "requests", "urllib3", "urllib3.exceptions", "wandb", "httpx")  # fmt: skip
+IMPORT_ONLY = (
+    "ray",
+    "ray.util",
+    "ray.util.scheduling_strategies",
+    "sglang",
+    "sglang.srt",
+    "sglang.srt.constants",
+    "sglang.srt.server_args",
+    "sglang.srt.utils",
+    "requests",
+    "urllib3",
+    "urllib3.exceptions",
+    "wandb",
+    "httpx",
+)
 
 
 class _ImportOnly(types.ModuleType):
@@ -117,19 +135,37 @@ def make_step(seed: int = 0):
     for chain, (prompt_len, response_len, advantage, num_solver) in enumerate(
         [(5, 4, 1.0, 2), (5, 6, -1.0, 1), (7, 3, 0.5, 0), (7, 5, -0.5, 2)]
     ):
-        infos.append(TeacherSample(
-            prompt_ids=(1, *ids(prompt_len)), response_ids=ids(response_len), rollout_logprobs=logps(response_len),
-            reward=0.5 + advantage / 4, advantage=advantage, group_index=chain // 2, sample_index=chain % 2, inner_iteration=0,
-        ))  # fmt: skip
+        infos.append(
+            TeacherSample(
+                prompt_ids=(1, *ids(prompt_len)),
+                response_ids=ids(response_len),
+                rollout_logprobs=logps(response_len),
+                reward=0.5 + advantage / 4,
+                advantage=advantage,
+                group_index=chain // 2,
+                sample_index=chain % 2,
+                inner_iteration=0,
+            )
+        )
         chain_solvers = []
         for n in range(num_solver):
             length = 3 + (chain + n) % 4
-            chain_solvers.append(SolverSample(
-                problem_uid=f"p{chain}", prompt_ids=(1, *ids(6)), response_ids=ids(length), rollout_logprobs=logps(length),
-                temperature=TEMPERATURE, grade=float(n % 2), task_advantage=(1.0 if n % 2 else -1.0) * (chain + 1) / 4,
-                prompt_text="", solution_text="", teacher_logprobs=logps(length), is_error_site=n % 2 == 0,
-                hint_logprobs=logps(length) if n % 2 == 0 else None,
-            ))  # fmt: skip
+            chain_solvers.append(
+                SolverSample(
+                    problem_uid=f"p{chain}",
+                    prompt_ids=(1, *ids(6)),
+                    response_ids=ids(length),
+                    rollout_logprobs=logps(length),
+                    temperature=TEMPERATURE,
+                    grade=float(n % 2),
+                    task_advantage=(1.0 if n % 2 else -1.0) * (chain + 1) / 4,
+                    prompt_text="",
+                    solution_text="",
+                    teacher_logprobs=logps(length),
+                    is_error_site=n % 2 == 0,
+                    hint_logprobs=logps(length) if n % 2 == 0 else None,
+                )
+            )
         solvers.append(chain_solvers)
     return infos, solvers
 
@@ -146,13 +182,31 @@ def local_step(checkpoint: Path, settings: TrainerSettings, infos, solvers, pair
 def slime_args(settings: TrainerSettings, num_rollouts: int) -> Namespace:
     s, d = settings.loss, settings.distill
     return Namespace(
-        rollout_temperature=TEMPERATURE, rollout_top_p=1.0, eps_clip=s.eps_clip, eps_clip_high=s.eps_clip_high, eps_clip_c=s.eps_clip_c,
-        use_tis=s.use_tis, tis_clip=s.tis_clip, tis_clip_low=s.tis_clip_low, aipo_delta=s.aipo_delta,
-        use_rollout_logprobs=False, entropy_coef=0.0, use_kl_loss=False, kl_loss_coef=0.0, kl_loss_type="k1",
-        sdpo_alpha=s.sdpo_alpha, sdpo_form=s.sdpo_form, replay_beta=0.0, adv_tau=d.adv_tau, teacher_tau=d.teacher_tau, student_tau=d.student_tau,
-        tensor_model_parallel_size=1, context_parallel_size=1, global_batch_size=num_rollouts,
+        rollout_temperature=TEMPERATURE,
+        rollout_top_p=1.0,
+        eps_clip=s.eps_clip,
+        eps_clip_high=s.eps_clip_high,
+        eps_clip_c=s.eps_clip_c,
+        use_tis=s.use_tis,
+        tis_clip=s.tis_clip,
+        tis_clip_low=s.tis_clip_low,
+        aipo_delta=s.aipo_delta,
+        use_rollout_logprobs=False,
+        entropy_coef=0.0,
+        use_kl_loss=False,
+        kl_loss_coef=0.0,
+        kl_loss_type="k1",
+        sdpo_alpha=s.sdpo_alpha,
+        sdpo_form=s.sdpo_form,
+        replay_beta=0.0,
+        adv_tau=d.adv_tau,
+        teacher_tau=d.teacher_tau,
+        student_tau=d.student_tau,
+        tensor_model_parallel_size=1,
+        context_parallel_size=1,
+        global_batch_size=num_rollouts,
         custom_convert_samples_to_train_data_path="slime_meta.backends.slime.train_data.convert_samples_to_train_data",
-    )  # fmt: skip
+    )
 
 
 def slime_samples(slime, infos, solvers, distill: bool, sdpo_shaping: bool):
@@ -163,20 +217,44 @@ def slime_samples(slime, infos, solvers, distill: bool, sdpo_shaping: bool):
     for chain, (info, chain_solvers) in enumerate(zip(infos, solvers)):
         rollout_id = 100 + chain
         base = slime.Sample(group_index=info.group_index, index=rollout_id)
-        out.append(apply_fields(base, teacher_sample_fields(
-            info, prompt="", response="", rollout_id=rollout_id,
-            teacher_log_probs=info.rollout_logprobs if with_solver else None,
-        )))  # fmt: skip
+        out.append(
+            apply_fields(
+                base,
+                teacher_sample_fields(
+                    info,
+                    prompt="",
+                    response="",
+                    rollout_id=rollout_id,
+                    teacher_log_probs=info.rollout_logprobs if with_solver else None,
+                ),
+            )
+        )
         for kind, x, scores in trained_solver_samples(cfg, chain_solvers):
-            fields = solver_sample_fields(x, prompt="", response="", teacher_log_probs=scores, index=counts.get(kind, 0),
-                                          rollout_id=rollout_id, kind=kind)  # fmt: skip
+            fields = solver_sample_fields(
+                x,
+                prompt="",
+                response="",
+                teacher_log_probs=scores,
+                index=counts.get(kind, 0),
+                rollout_id=rollout_id,
+                kind=kind,
+            )
             out.append(apply_fields(slime.Sample(group_index=info.group_index), fields))
             counts[kind] = counts.get(kind, 0) + 1
     return out
 
 
-def slime_step(slime, checkpoint: Path, settings: TrainerSettings, infos, solvers, micro_batch_size: int = 3,
-               slimes_own_denominators: bool = False, pairs=(), temperature: float = TEMPERATURE):  # fmt: skip
+def slime_step(
+    slime,
+    checkpoint: Path,
+    settings: TrainerSettings,
+    infos,
+    solvers,
+    micro_batch_size: int = 3,
+    slimes_own_denominators: bool = False,
+    pairs=(),
+    temperature: float = TEMPERATURE,
+):
     from transformers import AutoModelForCausalLM
 
     shaping = bool(settings.loss.sdpo_alpha) and settings.loss.sdpo_form == "shaping"
@@ -186,15 +264,19 @@ def slime_step(slime, checkpoint: Path, settings: TrainerSettings, infos, solver
     samples = slime_samples(slime, infos, solvers, settings.distill.on, shaping)
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float64)
     if pairs:  # as the rollout makes them: the policy's log-probs (temperature 1) of both sides, then w
+
         def policy_logps(prompt, response):
             with torch.no_grad():
                 tokens = torch.tensor([*prompt, *response])
                 rows = model(input_ids=tokens[None]).logits[0][len(prompt) - 1 : len(tokens) - 1]
-                return torch.log_softmax(rows, -1).gather(-1, tokens[len(prompt):, None])[:, 0].tolist()
+                return torch.log_softmax(rows, -1).gather(-1, tokens[len(prompt) :, None])[:, 0].tolist()
 
         count = 0
         for chain, chain_pairs in enumerate(pairs):
-            scored = [(policy_logps(p.prompt_ids, p.chosen_ids), policy_logps(p.prompt_ids, p.rejected_ids)) for p in chain_pairs]
+            scored = [
+                (policy_logps(p.prompt_ids, p.chosen_ids), policy_logps(p.prompt_ids, p.rejected_ids))
+                for p in chain_pairs
+            ]
             for x in replay_samples(chain_pairs, scored, settings.loss.replay_beta, settings.loss.replay_dpo_beta):
                 fields = replay_sample_fields(x, index=count, rollout_id=100 + chain)
                 samples.append(apply_fields(slime.Sample(group_index=infos[chain].group_index), fields))
@@ -205,9 +287,21 @@ def slime_step(slime, checkpoint: Path, settings: TrainerSettings, infos, solver
     if slimes_own_denominators:  # as without the conversion plugin: each rollout's tokens
         train_data["rollout_mask_sums"] = _per_rollout(train_data["rollout_ids"], train_data["loss_masks"])
         args.custom_convert_samples_to_train_data_path = None
-    rollout_data = {key: train_data[key] for key in
-                    ("tokens", "response_lengths", "rewards", "loss_masks", "sample_indices", "rollout_ids",
-                     "rollout_mask_sums", "rollout_log_probs", "teacher_log_probs") if key in train_data}  # fmt: skip
+    rollout_data = {
+        key: train_data[key]
+        for key in (
+            "tokens",
+            "response_lengths",
+            "rewards",
+            "loss_masks",
+            "sample_indices",
+            "rollout_ids",
+            "rollout_mask_sums",
+            "rollout_log_probs",
+            "teacher_log_probs",
+        )
+        if key in train_data
+    }
     slime.tensorize(rollout_data)
 
     def response_logits(tokens, response_length):
@@ -225,21 +319,28 @@ def slime_step(slime, checkpoint: Path, settings: TrainerSettings, infos, solver
     if with_solver:
         meta_advantages(args, rollout_data)
     else:  # slime's grpo estimator with kl 0: every token gets its sample's reward
-        rollout_data["advantages"] = [torch.full_like(k, float(r)) for k, r in zip(rollout_data["kl"], rollout_data["rewards"])]
+        rollout_data["advantages"] = [
+            torch.full_like(k, float(r)) for k, r in zip(rollout_data["kl"], rollout_data["rewards"])
+        ]
 
     order = list(range(len(samples)))
     micro_batches = [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
     total = 0.0
     for indices in micro_batches:
-        batch = {key: [rollout_data[key][i] for i in indices] for key in
-                 ("loss_masks", "advantages", "log_probs", "rollout_log_probs", "response_lengths")}  # fmt: skip
+        batch = {
+            key: [rollout_data[key][i] for i in indices]
+            for key in ("loss_masks", "advantages", "log_probs", "rollout_log_probs", "response_lengths")
+        }
         batch["unconcat_tokens"] = [rollout_data["tokens"][i] for i in indices]
         batch["total_lengths"] = [len(t) for t in batch["unconcat_tokens"]]
         batch["rollout_mask_sums"] = rollout_data["rollout_mask_sums"][indices]
         batch["response_lengths"] = [int(x) for x in batch["response_lengths"]]
-        logits = torch.cat([response_logits(t, r)[0] for t, r in zip(batch["unconcat_tokens"], batch["response_lengths"])])[None]
-        reducer = slime.reducer(batch["total_lengths"], batch["response_lengths"], batch["loss_masks"],
-                                batch["rollout_mask_sums"], False)  # fmt: skip
+        logits = torch.cat(
+            [response_logits(t, r)[0] for t, r in zip(batch["unconcat_tokens"], batch["response_lengths"])]
+        )[None]
+        reducer = slime.reducer(
+            batch["total_lengths"], batch["response_lengths"], batch["loss_masks"], batch["rollout_mask_sums"], False
+        )
         loss, _ = meta_loss(args, batch, logits, reducer)
         # slime's loss_function: x num_microbatches / global_batch_size; Megatron: / num_microbatches.
         step_loss = loss * len(micro_batches) / args.global_batch_size / len(micro_batches)
@@ -266,21 +367,30 @@ TIS = LossSettings(eps_clip=0.2, eps_clip_high=0.28, use_tis=True, tis_clip=1.5,
 def test_grpo_with_tis_gives_the_local_loss_and_gradient(slime, tiny_checkpoint):
     infos, solvers = make_step()
     settings = TrainerSettings(lr=1e-2, device="cpu", temperature=TEMPERATURE, loss=TIS, micro_batch_size=2)
-    assert_same(local_step(tiny_checkpoint, settings, infos, solvers), slime_step(slime, tiny_checkpoint, settings, infos, solvers))
+    assert_same(
+        local_step(tiny_checkpoint, settings, infos, solvers),
+        slime_step(slime, tiny_checkpoint, settings, infos, solvers),
+    )
 
 
 @pytest.mark.parametrize("adv_tau", [0.0, 0.5])
 def test_context_distillation_gives_the_local_loss_and_gradient(slime, tiny_checkpoint, adv_tau):
     infos, solvers = make_step(seed=1)
-    settings = TrainerSettings(lr=1e-2, device="cpu", temperature=TEMPERATURE, loss=TIS, micro_batch_size=2,
-                               distill=DistillSettings(adv_tau=adv_tau, teacher_tau=0.5, student_tau=0.25))  # fmt: skip
+    settings = TrainerSettings(
+        lr=1e-2,
+        device="cpu",
+        temperature=TEMPERATURE,
+        loss=TIS,
+        micro_batch_size=2,
+        distill=DistillSettings(adv_tau=adv_tau, teacher_tau=0.5, student_tau=0.25),
+    )
     remote = slime_step(slime, tiny_checkpoint, settings, infos, solvers)
     assert_same(local_step(tiny_checkpoint, settings, infos, solvers), remote)
     # slime's own denominators (a token mean per rollout) would mix the infos with the solver samples.
     train_data = remote[2]
-    assert sorted(set(train_data["rollout_mask_sums"])) == sorted({
-        float(sum(len(x.response_ids) for x in infos)), float(sum(len(x.response_ids) for c in solvers for x in c))
-    })  # fmt: skip
+    assert sorted(set(train_data["rollout_mask_sums"])) == sorted(
+        {float(sum(len(x.response_ids) for x in infos)), float(sum(len(x.response_ids) for c in solvers for x in c))}
+    )
 
 
 def test_sdpo_shaping_gives_the_local_loss_and_gradient(slime, tiny_checkpoint):
@@ -300,8 +410,14 @@ def test_all_channels_slime_runs_give_the_local_loss_and_gradient(slime, tiny_ch
     """Distillation and the SDPO shaping form together: an answer in both is two slime samples."""
     infos, solvers = make_step(seed=4)
     loss = dataclasses.replace(TIS, sdpo_alpha=0.5, sdpo_form="shaping")
-    settings = TrainerSettings(lr=1e-2, device="cpu", temperature=TEMPERATURE, loss=loss, micro_batch_size=2,
-                               distill=DistillSettings(adv_tau=0.5, teacher_tau=0.5, student_tau=0.25))  # fmt: skip
+    settings = TrainerSettings(
+        lr=1e-2,
+        device="cpu",
+        temperature=TEMPERATURE,
+        loss=loss,
+        micro_batch_size=2,
+        distill=DistillSettings(adv_tau=0.5, teacher_tau=0.5, student_tau=0.25),
+    )
     remote = slime_step(slime, tiny_checkpoint, settings, infos, solvers)
     assert_same(local_step(tiny_checkpoint, settings, infos, solvers), remote)
     assert len(set(remote[2]["rollout_mask_sums"])) == 3  # infos, distillation, SDPO: three token means
@@ -316,8 +432,19 @@ def test_replay_dpo_gives_the_local_gradient(slime, tiny_checkpoint):
     def ids(n):
         return tuple(torch.randint(VOCAB_LOW, VOCAB_HIGH, (n,), generator=g).tolist())
 
-    pairs = [[PreferencePair((1, *ids(5)), ids(4 + c % 3), ids(3 + c % 2), reference_chosen_logp=-30.0 - c,
-                             reference_rejected_logp=-25.0 + c)] * (1 + c % 2) for c in range(4)]  # fmt: skip
+    pairs = [
+        [
+            PreferencePair(
+                (1, *ids(5)),
+                ids(4 + c % 3),
+                ids(3 + c % 2),
+                reference_chosen_logp=-30.0 - c,
+                reference_rejected_logp=-25.0 + c,
+            )
+        ]
+        * (1 + c % 2)
+        for c in range(4)
+    ]
     loss = dataclasses.replace(TIS, replay_beta=0.5, replay_dpo_beta=0.1)
     settings = TrainerSettings(lr=1e-2, device="cpu", temperature=1.0, loss=loss, micro_batch_size=2)
     remote = slime_step(slime, tiny_checkpoint, settings, infos, [[] for _ in infos], pairs=pairs, temperature=1.0)
@@ -330,8 +457,14 @@ def test_replay_dpo_gives_the_local_gradient(slime, tiny_checkpoint):
 def test_slimes_own_denominators_would_differ(slime, tiny_checkpoint):
     """The conversion plugin is what makes the two equal: without it, slime's per-rollout means differ."""
     infos, solvers = make_step(seed=2)
-    settings = TrainerSettings(lr=1e-2, device="cpu", temperature=TEMPERATURE, loss=TIS, micro_batch_size=2,
-                               distill=DistillSettings(teacher_tau=0.5, student_tau=0.25))  # fmt: skip
+    settings = TrainerSettings(
+        lr=1e-2,
+        device="cpu",
+        temperature=TEMPERATURE,
+        loss=TIS,
+        micro_batch_size=2,
+        distill=DistillSettings(teacher_tau=0.5, student_tau=0.25),
+    )
     local_loss, _ = local_step(tiny_checkpoint, settings, infos, solvers)
     slime_loss, _, _ = slime_step(slime, tiny_checkpoint, settings, infos, solvers, slimes_own_denominators=True)
     assert slime_loss != pytest.approx(local_loss, rel=1e-3)

@@ -70,9 +70,12 @@ def slime():
         contracts = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(contracts)
         yield types.SimpleNamespace(
-            Sample=Sample, base_types=base_types, DataSource=RolloutDataSourceWithBuffer, contracts=contracts,
+            Sample=Sample,
+            base_types=base_types,
+            DataSource=RolloutDataSourceWithBuffer,
+            contracts=contracts,
             validate_rollout_id_annotated=validate_rollout_id_annotated,
-        )  # fmt: skip
+        )
     finally:
         plugin.close_runtimes()
         for name in set(sys.modules) - saved_modules:
@@ -101,28 +104,66 @@ def host_port(url: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def slime_args(tmp_path: Path, checkpoint: Path, teacher_url: str, extra=(), models=None, eval_set=None) -> argparse.Namespace:
+def slime_args(
+    tmp_path: Path, checkpoint: Path, teacher_url: str, extra=(), models=None, eval_set=None
+) -> argparse.Namespace:
     """The namespace slime's rollout manager would pass: our translated flags plus what slime sets."""
     prompts = tmp_path / "prompts.slime.jsonl"
     convert(REPO / "data/synthetic_suffix.jsonl", prompts)
     argv = [
-        "--use-meta-learning", "--prompt-data", str(prompts), "--hf-checkpoint", str(checkpoint),
-        "--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "1", "--run-dir", str(tmp_path / "run"),
-        "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--heldout-ipb", "2",  # 2 prompts + 2 holdout
-        "--num-inner-iterations", "1", "--n-samples-per-inner-prompt", "1",
-        "--teacher-max-tokens", "6", "--rollout-max-response-len", "6", "--trace-sample-rate", "1.0",
-        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
-        "--grader", "verifier", "--verifier-metric", "char", *extra,
-    ]  # fmt: skip
+        "--use-meta-learning",
+        "--prompt-data",
+        str(prompts),
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--actor-num-gpus-per-node",
+        "1",
+        "--rollout-num-gpus",
+        "1",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "2",
+        "--heldout-ipb",
+        "2",  # 2 prompts + 2 holdout
+        "--num-inner-iterations",
+        "1",
+        "--n-samples-per-inner-prompt",
+        "1",
+        "--teacher-max-tokens",
+        "6",
+        "--rollout-max-response-len",
+        "6",
+        "--trace-sample-rate",
+        "1.0",
+        "--generator-template",
+        "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template",
+        "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
+        "--grader",
+        "verifier",
+        "--verifier-metric",
+        "char",
+        *extra,
+    ]
     ns, _ = meta_parser().parse_known_args(list(translate(argv).slime_argv))
     args = argparse.Namespace(**vars(ns))
     # slime's defaults for what its data source reads, and what its rollout manager writes back.
     args.__dict__.update(
-        rollout_global_dataset=True, metadata_key="metadata", tool_key="tools", multimodal_keys=None,
-        apply_chat_template=False, apply_chat_template_kwargs={}, rollout_seed=42, rollout_max_prompt_len=None,
-        dump_details=None, buffer_filter_path=None, eval_prompt_data=None,
-    )  # fmt: skip
+        rollout_global_dataset=True,
+        metadata_key="metadata",
+        tool_key="tools",
+        multimodal_keys=None,
+        apply_chat_template=False,
+        apply_chat_template_kwargs={},
+        rollout_seed=42,
+        rollout_max_prompt_len=None,
+        dump_details=None,
+        buffer_filter_path=None,
+        eval_prompt_data=None,
+    )
     if eval_set is not None:  # slime's own --eval-prompt-data, as its parser leaves it: NAME PATH pairs
         args.eval_prompt_data = ["held", str(eval_set)]
     args.sglang_router_ip, args.sglang_router_port = host_port(teacher_url)
@@ -175,15 +216,31 @@ def test_train_and_eval_rollouts_meet_slimes_plugin_contract(slime, pools, tiny_
 
 def test_student_pool_compact_steps_and_distillation(slime, pools, tiny_checkpoint, tmp_path):
     models = {"actor": host_port(pools.teacher), "student": host_port(pools.student)}
-    extra = ["--num-inner-iterations", "2", "--train-all-inner-steps",
-             "--teacher-context", "Hints are two letters.", "--teacher-tau", "0.5", "--student-tau", "0.5",
-             "--rollout-temperature", "0.7", "--teacher-temperature", "0.7", "--eval-baseline"]  # fmt: skip
+    extra = [
+        "--num-inner-iterations",
+        "2",
+        "--train-all-inner-steps",
+        "--teacher-context",
+        "Hints are two letters.",
+        "--teacher-tau",
+        "0.5",
+        "--student-tau",
+        "0.5",
+        "--rollout-temperature",
+        "0.7",
+        "--teacher-temperature",
+        "0.7",
+        "--eval-baseline",
+    ]
     args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, extra=extra, models=models)
     output = plugin.generate_rollout(args, 0, slime.DataSource(args))
     # --eval-baseline: the student with and without the context, measured at the first step only.
     baseline = {k: v for k, v in output.metrics.items() if "baseline" in k}
-    assert set(baseline) == {"eval/prompts.slime/baseline_student/avg", "eval/prompts.slime/baseline_teacher/avg",
-                             "eval/prompts.slime/baseline_diff"}  # fmt: skip
+    assert set(baseline) == {
+        "eval/prompts.slime/baseline_student/avg",
+        "eval/prompts.slime/baseline_teacher/avg",
+        "eval/prompts.slime/baseline_diff",
+    }
     assert not any("baseline" in k for k in plugin.generate_rollout(args, 1, slime.DataSource(args)).metrics)
 
     assert len(output.samples) == 2 and all(len(group) == 2 for group in output.samples)
@@ -209,10 +266,12 @@ def test_student_pool_compact_steps_and_distillation(slime, pools, tiny_checkpoi
 def test_slimes_argument_groups_take_ours_without_conflicts(slime):
     """slime adds its flags after ours; a flag defined twice would stop its parser."""
     stubs = {
-        "sglang": _stub("sglang"), "sglang.srt": _stub("sglang.srt"),
+        "sglang": _stub("sglang"),
+        "sglang.srt": _stub("sglang.srt"),
         "sglang.srt.server_args": _stub("sglang.srt.server_args", ServerArgs=type("ServerArgs", (), {})),
-        "requests": _stub("requests"), "wandb": _stub("wandb"),
-    }  # fmt: skip
+        "requests": _stub("requests"),
+        "wandb": _stub("wandb"),
+    }
     added = {name: module for name, module in stubs.items() if importlib.util.find_spec(name.split(".")[0]) is None}
     with pytest.MonkeyPatch.context() as patch:
         for name, module in added.items():
@@ -221,8 +280,19 @@ def test_slimes_argument_groups_take_ours_without_conflicts(slime):
 
         def megatron_parser() -> argparse.ArgumentParser:  # the Megatron flags ours share, already there
             parser = argparse.ArgumentParser(allow_abbrev=False)
-            for flag in ("--lr", "--seed", "--save", "--load", "--micro-batch-size", "--clip-grad", "--weight-decay",
-                         "--adam-beta1", "--adam-beta2", "--save-interval", "--global-batch-size"):  # fmt: skip
+            for flag in (
+                "--lr",
+                "--seed",
+                "--save",
+                "--load",
+                "--micro-batch-size",
+                "--clip-grad",
+                "--weight-decay",
+                "--adam-beta1",
+                "--adam-beta2",
+                "--save-interval",
+                "--global-batch-size",
+            ):
                 parser.add_argument(flag)
             return parser
 
@@ -232,8 +302,22 @@ def test_slimes_argument_groups_take_ours_without_conflicts(slime):
             get_slime_extra_args_provider(add_meta_learning_arguments)(megatron_parser())
         parser = get_slime_extra_args_provider(arguments_for_slime)(megatron_parser())
 
-    plan = translate(["--use-meta-learning", "--prompt-data", "p.jsonl", "--hf-checkpoint", "/ckpt", "--colocate",
-                      "--rollout-temperature", "0.6", "--teacher-temperature", "0.9", "--num-inner-iterations", "5"])  # fmt: skip
+    plan = translate(
+        [
+            "--use-meta-learning",
+            "--prompt-data",
+            "p.jsonl",
+            "--hf-checkpoint",
+            "/ckpt",
+            "--colocate",
+            "--rollout-temperature",
+            "0.6",
+            "--teacher-temperature",
+            "0.9",
+            "--num-inner-iterations",
+            "5",
+        ]
+    )
     args, unknown = parser.parse_known_args(list(plan.slime_argv))
     assert unknown == []  # every flag of the plan is known to slime's parser plus ours
     assert (args.rollout_temperature, args.student_temperature, args.num_inner_iterations) == (0.9, 0.6, 5)
@@ -264,14 +348,26 @@ def test_replay_pairs_become_two_samples_of_their_chains_rollout(slime, pools, t
     monkeypatch.setenv("SLIME_META_TEST_REPLAY_KEY", "sk-test")
     with run_openai_server(reply_fn=reply) as (url_a, _), run_openai_server(reply_fn=reply) as (url_b, _):
         models = {"actor": host_port(pools.teacher), "student": host_port(pools.student)}
-        extra = ["--student-num-gpus", "1", "--replay-beta", "0.5", "--replay-teachers",
-                 f"a@{url_a}#SLIME_META_TEST_REPLAY_KEY", f"b@{url_b}#SLIME_META_TEST_REPLAY_KEY",
-                 "--teacher-temperature", "1", "--rollout-temperature", "1"]  # fmt: skip
+        extra = [
+            "--student-num-gpus",
+            "1",
+            "--replay-beta",
+            "0.5",
+            "--replay-teachers",
+            f"a@{url_a}#SLIME_META_TEST_REPLAY_KEY",
+            f"b@{url_b}#SLIME_META_TEST_REPLAY_KEY",
+            "--teacher-temperature",
+            "1",
+            "--rollout-temperature",
+            "1",
+        ]
         args = slime_args(tmp_path, tiny_checkpoint, pools.teacher, extra=extra, models=models)
         output = plugin.generate_rollout(args, 0, slime.DataSource(args))
 
     slime.validate_rollout_id_annotated(output.samples)
-    replay = [s for group in output.samples for chain in group for s in chain if s.metadata[META_KEY].get("kind") == "replay"]
+    replay = [
+        s for group in output.samples for chain in group for s in chain if s.metadata[META_KEY].get("kind") == "replay"
+    ]
     assert output.metrics["replay/pairs"] == len(replay) / 2 > 0
     by_pair = {}
     for s in replay:
@@ -306,7 +402,8 @@ def test_group_key_keeps_each_prompt_and_its_holdout_in_one_family(slime, pools,
         assert len(batch["episodes"]) == 2  # one episode (family) per teacher prompt
         for episode in batch["episodes"]:
             families = {uid.split("-")[0] for chunk in episode["train"] for uid in chunk} | {
-                uid.split("-")[0] for uid in episode["holdout"]}  # fmt: skip
+                uid.split("-")[0] for uid in episode["holdout"]
+            }
             assert len(families) == 1 and len(episode["holdout"]) == 1
     for output, batch in zip((first, second), batches):
         for group, episode in zip(output.samples, batch["episodes"]):

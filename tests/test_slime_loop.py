@@ -34,8 +34,12 @@ def recorded(monkeypatch):
         log.append(("get", *ref) if isinstance(ref, tuple) else ("get", ref))
         return ref
 
-    rollout = types.SimpleNamespace(**{n: _Remote(log, n) for n in ("generate", "eval", "save", "offload",
-                                                                    "onload_weights", "onload_kv", "dispose")})  # fmt: skip
+    rollout = types.SimpleNamespace(
+        **{
+            n: _Remote(log, n)
+            for n in ("generate", "eval", "save", "offload", "onload_weights", "onload_kv", "dispose")
+        }
+    )
     teacher = types.SimpleNamespace(
         async_train=lambda rid, data: log.append(("train", rid, data)) or ("trained", rid),
         update_weights=lambda: log.append(("update_weights",)),
@@ -45,12 +49,15 @@ def recorded(monkeypatch):
     modules = {
         "ray": types.SimpleNamespace(get=get),
         "slime.observability.logging_utils": types.SimpleNamespace(
-            configure_logger=lambda: None, finish_tracking=lambda a: None, init_tracking=lambda a: None),
+            configure_logger=lambda: None, finish_tracking=lambda a: None, init_tracking=lambda a: None
+        ),
         "slime.ray.placement_group": types.SimpleNamespace(
-            create_placement_groups=lambda a: {"rollout": None}, create_rollout_manager=lambda a, pg: (rollout, 3),
-            create_training_models=lambda a, pg, r: (teacher, None)),
+            create_placement_groups=lambda a: {"rollout": None},
+            create_rollout_manager=lambda a, pg: (rollout, 3),
+            create_training_models=lambda a, pg, r: (teacher, None),
+        ),
         "slime.utils.misc": types.SimpleNamespace(should_run_periodic_action=lambda *a: False),
-    }  # fmt: skip
+    }
     for name in ("slime", "slime.observability", "slime.ray", "slime.utils"):
         modules.setdefault(name, types.ModuleType(name))
     for name, module in modules.items():
@@ -59,8 +66,17 @@ def recorded(monkeypatch):
 
 
 def args(**overrides):
-    values = dict(num_rollout=3, start_rollout_id=0, offload_rollout=False, offload_train=True, eval_interval=None,
-                  skip_eval_before_train=True, save_interval=None, rollout_global_dataset=True, max_async_level=0)  # fmt: skip
+    values = dict(
+        num_rollout=3,
+        start_rollout_id=0,
+        offload_rollout=False,
+        offload_train=True,
+        eval_interval=None,
+        skip_eval_before_train=True,
+        save_interval=None,
+        rollout_global_dataset=True,
+        max_async_level=0,
+    )
     return Namespace(**{**values, **overrides})
 
 
@@ -71,10 +87,16 @@ def events(log, *names):
 def test_synchronous_loop_trains_each_rollout_before_the_next(recorded):
     loop.train(args())
     assert events(recorded, "generate", "train", "update_weights")[1:] == [
-        ("generate", 0), ("train", 0, ("generate", 0)), ("update_weights",),
-        ("generate", 1), ("train", 1, ("generate", 1)), ("update_weights",),
-        ("generate", 2), ("train", 2, ("generate", 2)), ("update_weights",),
-    ]  # fmt: skip
+        ("generate", 0),
+        ("train", 0, ("generate", 0)),
+        ("update_weights",),
+        ("generate", 1),
+        ("train", 1, ("generate", 1)),
+        ("update_weights",),
+        ("generate", 2),
+        ("train", 2, ("generate", 2)),
+        ("update_weights",),
+    ]
 
 
 def test_one_step_ahead_starts_the_next_rollout_before_training(recorded):
@@ -82,8 +104,16 @@ def test_one_step_ahead_starts_the_next_rollout_before_training(recorded):
     order = events(recorded, "generate", "train", "update_weights", "get")
     order = [e for e in order if e[0] != "get" or e[1] == "generate"]
     assert order[1:] == [
-        ("generate", 0), ("get", "generate", 0),
-        ("generate", 1), ("train", 0, ("generate", 0)), ("get", "generate", 1), ("update_weights",),
-        ("generate", 2), ("train", 1, ("generate", 1)), ("get", "generate", 2), ("update_weights",),
-        ("train", 2, ("generate", 2)), ("update_weights",),
-    ]  # fmt: skip
+        ("generate", 0),
+        ("get", "generate", 0),
+        ("generate", 1),
+        ("train", 0, ("generate", 0)),
+        ("get", "generate", 1),
+        ("update_weights",),
+        ("generate", 2),
+        ("train", 1, ("generate", 1)),
+        ("get", "generate", 2),
+        ("update_weights",),
+        ("train", 2, ("generate", 2)),
+        ("update_weights",),
+    ]

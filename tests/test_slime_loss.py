@@ -32,11 +32,28 @@ V = 13
 
 def slime_args(**overrides) -> Namespace:
     values = dict(
-        rollout_temperature=0.8, eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=None, use_tis=False, tis_clip=2.0,
-        tis_clip_low=0.0, use_rollout_logprobs=False, entropy_coef=0.01, use_kl_loss=False, kl_loss_coef=0.0,
-        kl_loss_type="k1", aipo_delta=None, sdpo_alpha=0.0, sdpo_beta=0.5, sdpo_temperature=1.0, sdpo_token_clip=None,
-        replay_beta=0.0, replay_dpo_beta=0.1, tensor_model_parallel_size=1, context_parallel_size=1,
-    )  # fmt: skip
+        rollout_temperature=0.8,
+        eps_clip=0.2,
+        eps_clip_high=0.28,
+        eps_clip_c=None,
+        use_tis=False,
+        tis_clip=2.0,
+        tis_clip_low=0.0,
+        use_rollout_logprobs=False,
+        entropy_coef=0.01,
+        use_kl_loss=False,
+        kl_loss_coef=0.0,
+        kl_loss_type="k1",
+        aipo_delta=None,
+        sdpo_alpha=0.0,
+        sdpo_beta=0.5,
+        sdpo_temperature=1.0,
+        sdpo_token_clip=None,
+        replay_beta=0.0,
+        replay_dpo_beta=0.1,
+        tensor_model_parallel_size=1,
+        context_parallel_size=1,
+    )
     return Namespace(**{**values, **overrides})
 
 
@@ -170,13 +187,18 @@ def test_sdpo_channel_is_the_top_k_jsd_with_a_tail_bucket(held: bool):
     k = 4
     ids = [torch.stack([torch.randperm(V, generator=g)[:k] for _ in range(r)]) for r in batch["response_lengths"]]
     # A teacher's top-k log-probs: normalised over the whole vocabulary, so some mass is left for the tail.
-    targets = [torch.log_softmax(torch.randn(r, V, generator=g), -1).gather(-1, i) for r, i in zip(batch["response_lengths"], ids)]
+    targets = [
+        torch.log_softmax(torch.randn(r, V, generator=g), -1).gather(-1, i)
+        for r, i in zip(batch["response_lengths"], ids)
+    ]
     sdpo_samples = (0, 2)
     batch["teacher_log_probs"] = [
         torch.as_tensor(pack_topk(ids[i].numpy(), targets[i].numpy())) if i in sdpo_samples else torch.zeros(r)
         for i, r in enumerate(batch["response_lengths"])
-    ]  # fmt: skip
-    batch["advantages"] = [a if i not in sdpo_samples else torch.zeros_like(a) for i, a in enumerate(batch["advantages"])]
+    ]
+    batch["advantages"] = [
+        a if i not in sdpo_samples else torch.zeros_like(a) for i, a in enumerate(batch["advantages"])
+    ]
     if held:  # as the trainer-side hook leaves them: 1-D placeholders holding the top-k
         data = {"teacher_log_probs": batch["teacher_log_probs"]}
         hold_sdpo_topk(args, 0, data)
@@ -243,9 +265,10 @@ def test_every_micro_batch_reports_the_same_metric_keys():
         batch, logits = slime_batch(seed=3)
         batch["teacher_log_probs"] = [
             torch.as_tensor(pack_topk(torch.arange(4).repeat(r, 1).numpy(), torch.full((r, 4), -2.0).numpy()))
-            if i in sdpo_rows else torch.zeros(r)
+            if i in sdpo_rows
+            else torch.zeros(r)
             for i, r in enumerate(batch["response_lengths"])
-        ]  # fmt: skip
+        ]
         batch[REPLAY_PAIR_INDEX], batch[REPLAY_IS_CHOSEN] = pairs, [True, False, True, False]
         _, metrics = meta_loss(args, batch, logits, sum_of_sample_mean(batch))
         keys.append(list(metrics))

@@ -87,7 +87,9 @@ def test_slime_without_megatron_is_a_cpu_machine_too(fake_slime):
         slime_loss.meta_loss(slime_args(tensor_model_parallel_size=4), batch, logits, sum_of_sample_mean(batch))
 
 
-@pytest.mark.parametrize("kind, error", [("dependency_missing", ModuleNotFoundError), ("renamed_function", ImportError)])
+@pytest.mark.parametrize(
+    "kind, error", [("dependency_missing", ModuleNotFoundError), ("renamed_function", ImportError)]
+)
 def test_a_real_import_error_inside_slime_is_raised_not_hidden(fake_slime, kind, error):
     fake_slime(kind)
     batch, logits = slime_batch()

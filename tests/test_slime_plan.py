@@ -53,9 +53,17 @@ def test_shared_pool_colocated_on_one_node():
 
 def test_split_node_generates_a_frozen_student_model():
     plan = plan_of(
-        "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "2", "--student-checkpoint", "/ckpt/student",
-        "--student-num-gpus", "2", "--student-num-gpus-per-engine", "2",
-    )  # fmt: skip
+        "--actor-num-gpus-per-node",
+        "4",
+        "--rollout-num-gpus",
+        "2",
+        "--student-checkpoint",
+        "/ckpt/student",
+        "--student-num-gpus",
+        "2",
+        "--student-num-gpus-per-engine",
+        "2",
+    )
     lay = plan.layout
     assert (lay.training_gpus, lay.rollout_gpus, lay.total_gpus, lay.nodes) == (4, 4, 8, 1)
     # slime asserts --rollout-num-gpus == the sum over the --sglang-config models.
@@ -63,9 +71,11 @@ def test_split_node_generates_a_frozen_student_model():
     config = yaml.safe_load(plan.sglang_config_yaml())
     actor, student = config["sglang"]
     assert actor == {
-        "name": "actor", "model_path": "/ckpt/teacher", "update_weights": True,
+        "name": "actor",
+        "model_path": "/ckpt/teacher",
+        "update_weights": True,
         "server_groups": [{"worker_type": "regular", "num_gpus": 2, "num_gpus_per_engine": 1}],
-    }  # fmt: skip
+    }
     assert student["name"] == "student" and student["model_path"] == "/ckpt/student"
     assert student["update_weights"] is False
     assert student["server_groups"] == [{"worker_type": "regular", "num_gpus": 2, "num_gpus_per_engine": 2}]
@@ -74,9 +84,20 @@ def test_split_node_generates_a_frozen_student_model():
 
 def test_two_nodes_teacher_colocated_student_on_its_own_gpus():
     plan = plan_of(
-        "--actor-num-gpus-per-node", "8", "--colocate", "--rollout-num-gpus", "8", "--rollout-num-gpus-per-engine", "2",
-        "--student-checkpoint", "/ckpt/small", "--student-num-gpus", "4", "--student-num-gpus-per-engine", "1",
-    )  # fmt: skip
+        "--actor-num-gpus-per-node",
+        "8",
+        "--colocate",
+        "--rollout-num-gpus",
+        "8",
+        "--rollout-num-gpus-per-engine",
+        "2",
+        "--student-checkpoint",
+        "/ckpt/small",
+        "--student-num-gpus",
+        "4",
+        "--student-num-gpus-per-engine",
+        "1",
+    )
     lay = plan.layout
     # colocated: one group of max(training, rollout) GPUs, the student's 4 after the teacher's 8
     assert (lay.rollout_gpus, lay.total_gpus, lay.nodes, lay.teacher.engines, lay.student.engines) == (12, 12, 2, 4, 4)
@@ -84,8 +105,17 @@ def test_two_nodes_teacher_colocated_student_on_its_own_gpus():
 
 
 def test_write_sglang_config(tmp_path):
-    plan = plan_of("--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "1", "--student-checkpoint", "/s",
-                   "--student-num-gpus", "1", run_dir=tmp_path)  # fmt: skip
+    plan = plan_of(
+        "--actor-num-gpus-per-node",
+        "2",
+        "--rollout-num-gpus",
+        "1",
+        "--student-checkpoint",
+        "/s",
+        "--student-num-gpus",
+        "1",
+        run_dir=tmp_path,
+    )
     path = plan.write_sglang_config()
     assert path == tmp_path / "sglang_config.yaml"
     assert [m["name"] for m in yaml.safe_load(path.read_text())["sglang"]] == ["actor", "student"]
@@ -100,7 +130,10 @@ def test_write_sglang_config(tmp_path):
             "not a multiple of --rollout-num-gpus-per-engine",
         ),
         (["--colocate", "--student-checkpoint", "/s"], "--student-num-gpus None"),
-        (["--colocate", "--student-num-gpus", "2", "--sglang-config", "x.yaml"], "--sglang-config and --student-num-gpus"),
+        (
+            ["--colocate", "--student-num-gpus", "2", "--sglang-config", "x.yaml"],
+            "--sglang-config and --student-num-gpus",
+        ),
         (
             ["--colocate", "--student-checkpoint", "/s", "--student-num-gpus", "2", "--sglang-config", "x.yaml"],
             "give one",
@@ -109,15 +142,25 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--loss-type", "policy_loss"], "--loss-type policy_loss"),
         (["--colocate", "--advantage-estimator", "ppo"], "--advantage-estimator ppo"),
         (["--colocate", "--group-key", "family"], "--heldout-ipb"),  # per family: the holdout must divide evenly
-        (["--colocate", "--sdpo-alpha", "0.1", "--sdpo-topk", "8", "--no-sdpo-topk-tail"],
-         "keeps the hint's mass outside"),
+        (
+            ["--colocate", "--sdpo-alpha", "0.1", "--sdpo-topk", "8", "--no-sdpo-topk-tail"],
+            "keeps the hint's mass outside",
+        ),
         (["--colocate", "--sdpo-alpha", "0.1", "--sdpo-temperature", "0.5"], "give --sdpo-temperature 1"),
         (["--colocate", "--sdpo-alpha", "0.1", "--context-parallel-size", "2"], "give --context-parallel-size 1"),
         (["--colocate", "--sdpo-alpha", "0.1"], "--rollout-temperature 1.0 with solver samples"),
-        (["--colocate", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"], "a frozen pool of the start weights"),
-        (["--student-num-gpus", "2", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"],
-         "--replay-beta with --teacher-temperature 0.7"),
-        (["--colocate", "--sdpo-alpha", "0.1", "--sdpo-form", "shaping"], "--rollout-temperature 1.0 with solver samples"),
+        (
+            ["--colocate", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"],
+            "a frozen pool of the start weights",
+        ),
+        (
+            ["--student-num-gpus", "2", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y"],
+            "--replay-beta with --teacher-temperature 0.7",
+        ),
+        (
+            ["--colocate", "--sdpo-alpha", "0.1", "--sdpo-form", "shaping"],
+            "--rollout-temperature 1.0 with solver samples",
+        ),
         (
             ["--colocate", "--distill-context", "additional_info", "--teacher-tau", "1"],
             "--rollout-temperature 1.0 with solver samples",
@@ -188,8 +231,15 @@ def test_chat_template_is_per_model_by_default_and_can_be_turned_off_on_slime():
 def test_distillation_adds_the_advantage_plugin_and_teacher_port_the_router_port():
     argv = list(
         plan_of(
-            "--colocate", "--teacher-context", "Be brief.", "--teacher-tau", "1", "--teacher-port", "30000",
-            "--rollout-temperature", "0.7",
+            "--colocate",
+            "--teacher-context",
+            "Be brief.",
+            "--teacher-tau",
+            "1",
+            "--teacher-port",
+            "30000",
+            "--rollout-temperature",
+            "0.7",
         ).slime_argv
     )
     assert value(argv, "--custom-advantage-function-path") == PLUGINS["--custom-advantage-function-path"]
@@ -199,27 +249,77 @@ def test_distillation_adds_the_advantage_plugin_and_teacher_port_the_router_port
 @pytest.mark.parametrize("context", [["--distill-context", "additional_info"], ["--teacher-context", "Be brief."]])
 def test_distillation_of_solver_samples_runs_on_slime(context):
     """The solver samples and the per-channel token means travel through slime's stock plugin flags."""
-    argv = list(plan_of("--colocate", *context, "--teacher-tau", "0.5", "--skip-verification",
-                        "--rollout-temperature", "0.7", "--teacher-temperature", "0.7").slime_argv)  # fmt: skip
+    argv = list(
+        plan_of(
+            "--colocate",
+            *context,
+            "--teacher-tau",
+            "0.5",
+            "--skip-verification",
+            "--rollout-temperature",
+            "0.7",
+            "--teacher-temperature",
+            "0.7",
+        ).slime_argv
+    )
     assert value(argv, "--custom-advantage-function-path") == "slime_meta.backends.slime.advantages.meta_advantages"
     assert value(argv, "--custom-convert-samples-to-train-data-path") == (
         "slime_meta.backends.slime.train_data.convert_samples_to_train_data"
     )
-    shaping = list(plan_of("--colocate", "--sdpo-alpha", "0.5", "--sdpo-form", "shaping", "--rollout-temperature", "0.7",
-                           "--teacher-temperature", "0.7").slime_argv)  # fmt: skip
+    shaping = list(
+        plan_of(
+            "--colocate",
+            "--sdpo-alpha",
+            "0.5",
+            "--sdpo-form",
+            "shaping",
+            "--rollout-temperature",
+            "0.7",
+            "--teacher-temperature",
+            "0.7",
+        ).slime_argv
+    )
     assert value(shaping, "--custom-advantage-function-path") == value(argv, "--custom-advantage-function-path")
-    replay = list(plan_of("--rollout-num-gpus", "2", "--student-num-gpus", "2", "--replay-beta", "0.1", "--replay-teachers", "a@http://x", "b@http://y",
-                          "--teacher-temperature", "1", "--rollout-temperature", "1").slime_argv)  # fmt: skip
+    replay = list(
+        plan_of(
+            "--rollout-num-gpus",
+            "2",
+            "--student-num-gpus",
+            "2",
+            "--replay-beta",
+            "0.1",
+            "--replay-teachers",
+            "a@http://x",
+            "b@http://y",
+            "--teacher-temperature",
+            "1",
+            "--rollout-temperature",
+            "1",
+        ).slime_argv
+    )
     assert value(replay, "--custom-advantage-function-path") == value(argv, "--custom-advantage-function-path")
     plain = list(plan_of("--colocate").slime_argv)  # GRPO alone: the token-mean conversion, no advantage plugin
     assert "--custom-advantage-function-path" not in plain
-    assert value(plain, "--custom-convert-samples-to-train-data-path") == value(argv, "--custom-convert-samples-to-train-data-path")
+    assert value(plain, "--custom-convert-samples-to-train-data-path") == value(
+        argv, "--custom-convert-samples-to-train-data-path"
+    )
 
 
 def test_num_rollout_and_batch_steps_defer_to_slime_flags():
     # 5 problems = 4 train + 1 holdout: 4 teacher prompts x 4 infos = 16 samples per step.
-    argv = list(plan_of("--colocate", "--num-epoch", "2", "--global-batch-size", "16", "--rollout-batch-size", "5",
-                        "--heldout-ipb", "1").slime_argv)  # fmt: skip
+    argv = list(
+        plan_of(
+            "--colocate",
+            "--num-epoch",
+            "2",
+            "--global-batch-size",
+            "16",
+            "--rollout-batch-size",
+            "5",
+            "--heldout-ipb",
+            "1",
+        ).slime_argv
+    )
     assert "--num-rollout" not in argv and "--num-steps-per-rollout" not in argv
 
 
@@ -229,7 +329,20 @@ def test_num_rollout_and_batch_steps_defer_to_slime_flags():
         # The design document's example: 32 problems, 75% train -> 24 teacher prompts x 4 infos.
         (["--rollout-batch-size", "32", "--inner-loop-train-ratio", "0.75"], 24, 24 * 4),
         # train problems / k x G: 8 / 2 x 8.
-        (["--rollout-batch-size", "10", "--heldout-ipb", "2", "--n-problems-per-prompt", "2", "--n-samples-per-prompt", "8"], 4, 32),
+        (
+            [
+                "--rollout-batch-size",
+                "10",
+                "--heldout-ipb",
+                "2",
+                "--n-problems-per-prompt",
+                "2",
+                "--n-samples-per-prompt",
+                "8",
+            ],
+            4,
+            32,
+        ),
     ],
 )
 def test_slimes_rollout_batch_is_our_teacher_prompts_and_one_optimizer_step(flags, groups, global_batch):
@@ -255,15 +368,42 @@ def test_a_global_batch_that_does_not_divide_the_step_and_an_eval_set_inside_the
     with pytest.raises(UserInputError, match="--global-batch-size 5 does not divide the 12 samples"):
         plan_of("--colocate", "--global-batch-size", "5")
     with pytest.raises(UserInputError, match="--eval-prompt-data same .* are in --prompt-data"):
-        plan_of("--colocate", "--eval-prompt-data", "same", str(REPO / "data/math_word_problems.jsonl"), "--eval-interval", "5")
+        plan_of(
+            "--colocate",
+            "--eval-prompt-data",
+            "same",
+            str(REPO / "data/math_word_problems.jsonl"),
+            "--eval-interval",
+            "5",
+        )
 
 
 def test_relative_paths_become_absolute(monkeypatch):
     monkeypatch.chdir(REPO)
-    argv = absolute_paths(["--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint=/abs", "--teacher-template", "nope.txt",
-                           "--teacher-context", "@README.md", "--teacher-context", "README.md"])  # fmt: skip
-    assert argv == ["--prompt-data", str(REPO / "data/math_word_problems.jsonl"), "--hf-checkpoint=/abs", "--teacher-template",
-                    "nope.txt", "--teacher-context", f"@{REPO / 'README.md'}", "--teacher-context", "README.md"]  # fmt: skip
+    argv = absolute_paths(
+        [
+            "--prompt-data",
+            "data/math_word_problems.jsonl",
+            "--hf-checkpoint=/abs",
+            "--teacher-template",
+            "nope.txt",
+            "--teacher-context",
+            "@README.md",
+            "--teacher-context",
+            "README.md",
+        ]
+    )
+    assert argv == [
+        "--prompt-data",
+        str(REPO / "data/math_word_problems.jsonl"),
+        "--hf-checkpoint=/abs",
+        "--teacher-template",
+        "nope.txt",
+        "--teacher-context",
+        f"@{REPO / 'README.md'}",
+        "--teacher-context",
+        "README.md",
+    ]
 
 
 def test_without_removes_both_flag_forms():
@@ -275,22 +415,37 @@ def test_without_removes_both_flag_forms():
     [
         (["--recompute-granularity", "none", "--no-use-dynamic-batch-size"], []),
         (["--recompute-granularity=none"], []),
-        (["--recompute-granularity", "full", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192"],
-         ["--recompute-granularity", "full", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192"]),
+        (
+            ["--recompute-granularity", "full", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192"],
+            ["--recompute-granularity", "full", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_spellings_of_slimes_own_defaults_are_dropped_and_its_settings_kept(extra, kept):
     # slime's parser knows neither --no-use-dynamic-batch-size nor Megatron's granularity 'none'.
     argv = list(plan_of("--colocate", *extra).slime_argv)
-    shared = ("--recompute-granularity", "--recompute-granularity=none", "--use-dynamic-batch-size",
-              "--no-use-dynamic-batch-size", "--max-tokens-per-gpu")  # fmt: skip
+    shared = (
+        "--recompute-granularity",
+        "--recompute-granularity=none",
+        "--use-dynamic-batch-size",
+        "--no-use-dynamic-batch-size",
+        "--max-tokens-per-gpu",
+    )
     found = [t for i, t in enumerate(argv) if t in shared or (i and argv[i - 1] in shared[:1] + shared[4:])]
     assert found == kept
 
 
 def test_config_from_slime_args_reads_our_meaning_back():
-    plan = plan_of("--colocate", "--rollout-temperature", "0.6", "--teacher-temperature", "0.9", "--apply-chat-template",
-                   "--rollout-batch-size", "3")  # fmt: skip
+    plan = plan_of(
+        "--colocate",
+        "--rollout-temperature",
+        "0.6",
+        "--teacher-temperature",
+        "0.9",
+        "--apply-chat-template",
+        "--rollout-batch-size",
+        "3",
+    )
     ns, _ = meta_parser().parse_known_args(list(plan.slime_argv))
     ns.lr = None  # Megatron's --lr without a value: our default fills it
     cfg = config_from_slime_args(ns)
@@ -315,8 +470,22 @@ def test_our_flags_skip_the_ones_slime_adds_later():
 
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    code = cli.main([*BASE, "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "2", "--student-checkpoint", "/ckpt/s",
-                     "--student-num-gpus", "2", "--run-dir", str(run_dir), "--dry-run"])  # fmt: skip
+    code = cli.main(
+        [
+            *BASE,
+            "--actor-num-gpus-per-node",
+            "4",
+            "--rollout-num-gpus",
+            "2",
+            "--student-checkpoint",
+            "/ckpt/s",
+            "--student-num-gpus",
+            "2",
+            "--run-dir",
+            str(run_dir),
+            "--dry-run",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and not run_dir.exists()
     assert re.search(r"teacher training\s+4", out) and re.search(r"student inference\s+2", out)
@@ -377,9 +546,12 @@ SCRIPTS = {
 
 def run_script(name: str, tmp_path: Path, *flags: str, **env) -> subprocess.CompletedProcess:
     environment = {
-        **os.environ, "PYTHON": sys.executable, "RUN_DIR": str(tmp_path / "run"),
-        "SLIME_DIR": os.environ.get("SLIME_SRC", str(tmp_path / "no-slime")), **env,
-    }  # fmt: skip
+        **os.environ,
+        "PYTHON": sys.executable,
+        "RUN_DIR": str(tmp_path / "run"),
+        "SLIME_DIR": os.environ.get("SLIME_SRC", str(tmp_path / "no-slime")),
+        **env,
+    }
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environment.get("PYTHONPATH")]))
     command = ["bash", str(REPO / "scripts" / name), "--dry-run", *flags]
     return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=False)
@@ -429,16 +601,24 @@ def test_launch_script_grader_switch_keeps_the_key_off_the_command_line(tmp_path
 
 
 def test_student_num_gpus_alone_starts_a_frozen_copy_of_the_teacher_with_the_teachers_engine_size():
-    plan = plan_of("--colocate", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus-per-engine", "2",
-                   "--student-num-gpus", "4")  # fmt: skip
+    plan = plan_of(
+        "--colocate", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus-per-engine", "2", "--student-num-gpus", "4"
+    )
     student = plan.layout.student
-    assert (student.model_path, student.num_gpus, student.gpus_per_engine, student.engines) == ("/ckpt/teacher", 4, 2, 2)
+    assert (student.model_path, student.num_gpus, student.gpus_per_engine, student.engines) == (
+        "/ckpt/teacher",
+        4,
+        2,
+        2,
+    )
     assert plan.layout.sglang_config()["sglang"][1]["update_weights"] is False
     assert plan.config.separate_student
     assert (plan.config.pools.student_checkpoint, plan.config.pools.student_num_gpus_per_engine) == ("/ckpt/teacher", 2)
     assert "frozen /ckpt/teacher" in cli.describe(plan)
     # The rollout manager rebuilds the config from slime's namespace: the same defaults come out.
-    slime_args = argparse.Namespace(**{**vars(meta_parser().parse_known_args(list(plan.slime_argv))[0]), "rollout_num_gpus_per_engine": 2})
+    slime_args = argparse.Namespace(
+        **{**vars(meta_parser().parse_known_args(list(plan.slime_argv))[0]), "rollout_num_gpus_per_engine": 2}
+    )
     rebuilt = config_from_slime_args(slime_args).pools
     assert (rebuilt.student_checkpoint, rebuilt.student_num_gpus_per_engine) == ("/ckpt/teacher", 2)
 
@@ -451,9 +631,23 @@ def test_external_student_server_has_its_own_flag_and_no_pool():
         plan_of("--colocate", "--student-num-gpus", "2", "--student-router-port", "30001")
 
 
-ALL_CHANNELS = ("--teacher-context", "Be brief.", "--teacher-tau", "0.5", "--student-tau", "0.5", "--sdpo-alpha", "0.5",
-                "--use-tis", "--rollout-temperature", "0.7", "--teacher-temperature", "0.7",
-                "--skip-verification", "--eval-baseline")  # fmt: skip
+ALL_CHANNELS = (
+    "--teacher-context",
+    "Be brief.",
+    "--teacher-tau",
+    "0.5",
+    "--student-tau",
+    "0.5",
+    "--sdpo-alpha",
+    "0.5",
+    "--use-tis",
+    "--rollout-temperature",
+    "0.7",
+    "--teacher-temperature",
+    "0.7",
+    "--skip-verification",
+    "--eval-baseline",
+)
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
@@ -480,7 +674,12 @@ def test_split_script_dry_run_with_all_three_channels_and_replay(tmp_path):
     assert result.returncode == 0, result.stderr
     for flag, path in PLUGINS.items():
         assert re.search(rf"{re.escape(flag)} {re.escape(path)}\b", result.stdout), flag
-    for flag in ("--teacher-tau 0.5", "--sdpo-topk 100", "--replay-beta 0.1", "--replay-teachers a@http://127.0.0.1:1/v1"):
+    for flag in (
+        "--teacher-tau 0.5",
+        "--sdpo-topk 100",
+        "--replay-beta 0.1",
+        "--replay-teachers a@http://127.0.0.1:1/v1",
+    ):
         assert flag in result.stdout
     refused = run_script("launch_1node_8gpu_shared.sh", tmp_path, *replay)  # no frozen pool of the start weights
     assert refused.returncode == 2 and "a frozen pool of the start weights" in refused.stderr

@@ -13,8 +13,8 @@ import pytest
 from slime_meta.backends.slime.rollout import post_process_rewards, router_urls
 from slime_meta.backends.slime.samples import (
     META_KEY,
-    problem_from_sample,
     is_solver_index,
+    problem_from_sample,
     prompt_text,
     solver_sample_fields,
     status_value,
@@ -25,18 +25,30 @@ from slime_meta.types import SolverSample, TeacherSample
 
 def teacher_sample(**overrides) -> TeacherSample:
     values = dict(
-        prompt_ids=(1, 10, 11), response_ids=(20, 21), rollout_logprobs=(-0.5, -1.25), reward=0.75, advantage=1.2,
-        group_index=3, sample_index=1, inner_iteration=2, weight_version="7",
+        prompt_ids=(1, 10, 11),
+        response_ids=(20, 21),
+        rollout_logprobs=(-0.5, -1.25),
+        reward=0.75,
+        advantage=1.2,
+        group_index=3,
+        sample_index=1,
+        inner_iteration=2,
+        weight_version="7",
         metadata={"finish_reason": "length", "info": "add df"},
-    )  # fmt: skip
+    )
     return TeacherSample(**{**values, **overrides})
 
 
 def test_teacher_sample_fields_are_what_slime_trains_on():
     fields = teacher_sample_fields(
-        teacher_sample(), prompt="P", response="R", base_metadata={"uid": "u1", "rubric": "r"},
-        trace={"steps": []}, teacher_log_probs=[-0.1, -0.2], rollout_id=9,
-    )  # fmt: skip
+        teacher_sample(),
+        prompt="P",
+        response="R",
+        base_metadata={"uid": "u1", "rubric": "r"},
+        trace={"steps": []},
+        teacher_log_probs=[-0.1, -0.2],
+        rollout_id=9,
+    )
     assert fields["tokens"] == [1, 10, 11, 20, 21] and all(type(t) is int for t in fields["tokens"])
     assert fields["response_length"] == 2 and fields["loss_mask"] == [1, 1]
     assert fields["rollout_log_probs"] == [-0.5, -1.25] and fields["teacher_log_probs"] == [-0.1, -0.2]
@@ -72,8 +84,11 @@ def test_problem_from_a_data_source_sample():
 
 
 def test_prompt_text_of_chat_lists():
-    chat = [{"role": "system", "content": "be nice"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-            {"role": "user", "content": "there"}]  # fmt: skip
+    chat = [
+        {"role": "system", "content": "be nice"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "user", "content": "there"},
+    ]
     assert prompt_text(chat) == "hi\n\nthere" and prompt_text("plain") == "plain"
 
 
@@ -100,12 +115,28 @@ def test_router_urls_for_shared_separate_and_external_students():
 
 def test_solver_sample_fields_join_their_chains_rollout():
     solver = SolverSample(
-        problem_uid="u3", prompt_ids=(1, 40), response_ids=(50, 51, 52), rollout_logprobs=(-0.5, -0.25, -1.0),
-        temperature=0.7, grade=0.0, task_advantage=-1.5, prompt_text="P", solution_text="S",
-        context_prompt_ids=(1, 9, 40), teacher_logprobs=(-0.1, -0.2, -0.3), is_error_site=True,
-    )  # fmt: skip
-    fields = solver_sample_fields(solver, prompt="P", response="S", teacher_log_probs=solver.teacher_logprobs,
-                                  index=2, rollout_id=17, base_metadata={"uid": "u1"})  # fmt: skip
+        problem_uid="u3",
+        prompt_ids=(1, 40),
+        response_ids=(50, 51, 52),
+        rollout_logprobs=(-0.5, -0.25, -1.0),
+        temperature=0.7,
+        grade=0.0,
+        task_advantage=-1.5,
+        prompt_text="P",
+        solution_text="S",
+        context_prompt_ids=(1, 9, 40),
+        teacher_logprobs=(-0.1, -0.2, -0.3),
+        is_error_site=True,
+    )
+    fields = solver_sample_fields(
+        solver,
+        prompt="P",
+        response="S",
+        teacher_log_probs=solver.teacher_logprobs,
+        index=2,
+        rollout_id=17,
+        base_metadata={"uid": "u1"},
+    )
     assert fields["tokens"] == [1, 40, 50, 51, 52] and fields["response_length"] == 3
     assert fields["teacher_log_probs"] == [-0.1, -0.2, -0.3] and fields["rollout_log_probs"] == [-0.5, -0.25, -1.0]
     assert fields["rollout_id"] == 17 and fields["reward"] == 0.0

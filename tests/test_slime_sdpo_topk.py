@@ -19,6 +19,13 @@ import types
 import pytest
 import torch
 
+from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+from slime_meta.backends.slime.advantages import meta_advantages
+from slime_meta.backends.slime.loss import hold_sdpo_topk, slime_log_prob_functions
+from slime_meta.backends.slime.rollout import trained_solver_samples
+from slime_meta.backends.slime.samples import apply_fields, solver_sample_fields, teacher_sample_fields
+from slime_meta.backends.slime.train_data import convert_samples_to_train_data
+from slime_meta.losses import teacher_topk
 from tests.test_slime_equivalence import (  # noqa: F401  (the `slime` fixture)
     TEMPERATURE,
     TIS,
@@ -28,14 +35,6 @@ from tests.test_slime_equivalence import (  # noqa: F401  (the `slime` fixture)
     slime,
     slime_args,
 )
-
-from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
-from slime_meta.backends.slime.advantages import meta_advantages
-from slime_meta.backends.slime.loss import hold_sdpo_topk, slime_log_prob_functions
-from slime_meta.backends.slime.rollout import trained_solver_samples
-from slime_meta.backends.slime.samples import apply_fields, solver_sample_fields, teacher_sample_fields
-from slime_meta.backends.slime.train_data import convert_samples_to_train_data
-from slime_meta.losses import teacher_topk
 
 K = 8
 ALPHA = 0.5
@@ -74,12 +73,21 @@ def with_hints(solvers, seed: int):
     g = torch.Generator().manual_seed(seed)
     out = []
     for chain in solvers:
-        out.append([
-            dataclasses.replace(x, hint_prompt_ids=(*x.prompt_ids[:-1], *torch.randint(4, 60, (3,), generator=g).tolist(),
-                                                    x.prompt_ids[-1]))
-            if x.is_error_site else x
-            for x in chain
-        ])  # fmt: skip
+        out.append(
+            [
+                dataclasses.replace(
+                    x,
+                    hint_prompt_ids=(
+                        *x.prompt_ids[:-1],
+                        *torch.randint(4, 60, (3,), generator=g).tolist(),
+                        x.prompt_ids[-1],
+                    ),
+                )
+                if x.is_error_site
+                else x
+                for x in chain
+            ]
+        )
     return out
 
 
@@ -108,29 +116,57 @@ def slime_step(slime, loss_function, checkpoint, settings, infos, solvers, micro
     args.sdpo_beta, args.sdpo_temperature, args.sdpo_token_clip = settings.loss.sdpo_beta, 1.0, None
     args.loss_type, args.custom_loss_function_path = "custom_loss", "slime_meta.backends.slime.loss.meta_loss"
     args.recompute_loss_function, args.allgather_cp, args.calculate_per_token_loss = False, False, False
-    cfg = types.SimpleNamespace(objectives=types.SimpleNamespace(
-        distillation_on=False, sdpo_shaping=False, sdpo_alpha=ALPHA, sdpo_form="jsd"))  # fmt: skip
+    cfg = types.SimpleNamespace(
+        objectives=types.SimpleNamespace(distillation_on=False, sdpo_shaping=False, sdpo_alpha=ALPHA, sdpo_form="jsd")
+    )
     samples, counts = [], {}
     for chain, (info, chain_solvers) in enumerate(zip(infos, scored(model, solvers))):
         rollout_id = 100 + chain
-        samples.append(apply_fields(slime.Sample(group_index=info.group_index, index=rollout_id), teacher_sample_fields(
-            info, prompt="", response="", rollout_id=rollout_id, teacher_log_probs=info.rollout_logprobs)))  # fmt: skip
+        samples.append(
+            apply_fields(
+                slime.Sample(group_index=info.group_index, index=rollout_id),
+                teacher_sample_fields(
+                    info, prompt="", response="", rollout_id=rollout_id, teacher_log_probs=info.rollout_logprobs
+                ),
+            )
+        )
         for kind, x, packed in trained_solver_samples(cfg, chain_solvers):
-            fields = solver_sample_fields(x, prompt="", response="", teacher_log_probs=packed, index=counts.get(kind, 0),
-                                          rollout_id=rollout_id, kind=kind)  # fmt: skip
+            fields = solver_sample_fields(
+                x,
+                prompt="",
+                response="",
+                teacher_log_probs=packed,
+                index=counts.get(kind, 0),
+                rollout_id=rollout_id,
+                kind=kind,
+            )
             samples.append(apply_fields(slime.Sample(group_index=info.group_index), fields))
             counts[kind] = counts.get(kind, 0) + 1
     assert counts == {"sdpo_jsd": sum(x.is_error_site for c in solvers for x in c)}
     train_data = convert_samples_to_train_data(args, samples)
-    rollout_data = {key: train_data[key] for key in ("tokens", "response_lengths", "rewards", "loss_masks", "sample_indices",
-                                                     "rollout_ids", "rollout_mask_sums", "rollout_log_probs", "teacher_log_probs")}  # fmt: skip
+    rollout_data = {
+        key: train_data[key]
+        for key in (
+            "tokens",
+            "response_lengths",
+            "rewards",
+            "loss_masks",
+            "sample_indices",
+            "rollout_ids",
+            "rollout_mask_sums",
+            "rollout_log_probs",
+            "teacher_log_probs",
+        )
+    }
     slime.tensorize(rollout_data)
     assert sum(t.dim() == 2 for t in rollout_data["teacher_log_probs"]) == counts["sdpo_jsd"]
     log_probs = []
     with torch.no_grad():  # the trainer's log-probs before the step, at the rollout temperature
         for tokens, length in zip(rollout_data["tokens"], rollout_data["response_lengths"]):
             rows = model(input_ids=tokens[None]).logits[0][len(tokens) - length - 1 : len(tokens) - 1]
-            log_probs.append(torch.log_softmax(rows / TEMPERATURE, -1).gather(-1, tokens[len(tokens) - length :, None])[:, 0])
+            log_probs.append(
+                torch.log_softmax(rows / TEMPERATURE, -1).gather(-1, tokens[len(tokens) - length :, None])[:, 0]
+            )
     rollout_data["log_probs"], rollout_data["kl"] = log_probs, [torch.zeros_like(x) for x in log_probs]
     meta_advantages(args, rollout_data)
     hold_sdpo_topk(args, 0, rollout_data)  # slime's --rollout-data-postprocess-path, before its rollout logging
@@ -140,8 +176,10 @@ def slime_step(slime, loss_function, checkpoint, settings, infos, solvers, micro
     micro_batches = [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
     total = 0.0
     for indices in micro_batches:
-        batch = {key: [rollout_data[key][i] for i in indices] for key in
-                 ("loss_masks", "advantages", "log_probs", "rollout_log_probs", "teacher_log_probs")}  # fmt: skip
+        batch = {
+            key: [rollout_data[key][i] for i in indices]
+            for key in ("loss_masks", "advantages", "log_probs", "rollout_log_probs", "teacher_log_probs")
+        }
         batch["unconcat_tokens"] = [rollout_data["tokens"][i] for i in indices]
         batch["total_lengths"] = [len(t) for t in batch["unconcat_tokens"]]
         batch["response_lengths"] = [int(rollout_data["response_lengths"][i]) for i in indices]
@@ -160,7 +198,9 @@ def local_step(checkpoint, settings, infos, solvers):
     trainer.model.double()
     metrics = trainer.compute_gradients(infos, [x for chain in solvers for x in chain], [])
     assert metrics["train/sdpo_jsd"] > 0
-    return metrics["train/loss"] + ALPHA * metrics["train/sdpo_jsd"], [p.grad.detach().clone() for p in trainer.model.parameters()]
+    return metrics["train/loss"] + ALPHA * metrics["train/sdpo_jsd"], [
+        p.grad.detach().clone() for p in trainer.model.parameters()
+    ]
 
 
 def test_sdpo_topk_jsd_gives_the_local_loss_and_gradient(slime, slime_loss_function, tiny_checkpoint):

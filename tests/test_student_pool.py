@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import test_train_e2e as e2e
 
-from slime_meta.config.arguments import parse_config
 from slime_meta.backends.local.components import worker_layouts
 from slime_meta.backends.local.launcher import LocalProcessGroup
+from slime_meta.config.arguments import parse_config
 
 BASE = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", "/ckpt/teacher"]
 # One outer step of the synthetic task: 2 prompts x G=3 x (K=2 x k=2 + 2 holdout) problems + 2 x 2 controls,
@@ -51,13 +51,16 @@ def test_student_num_gpus_alone_means_a_frozen_copy_of_the_teacher():
     cfg = parse_config([*BASE, "--student-num-gpus", "2", "--rollout-num-gpus-per-engine", "2"])
     assert cfg.separate_student
     assert (cfg.pools.student_checkpoint, cfg.pools.student_num_gpus_per_engine) == ("/ckpt/teacher", 2)
-    own = parse_config([*BASE, "--student-num-gpus", "2", "--student-checkpoint", "/ckpt/small",
-                        "--student-num-gpus-per-engine", "1"])  # fmt: skip
+    own = parse_config(
+        [*BASE, "--student-num-gpus", "2", "--student-checkpoint", "/ckpt/small", "--student-num-gpus-per-engine", "1"]
+    )
     assert (own.pools.student_checkpoint, own.pools.student_num_gpus_per_engine) == ("/ckpt/small", 1)
 
 
 def test_student_workers_follow_the_teachers_gpus_with_the_teachers_engine_size():
-    cfg = parse_config([*BASE, "--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2", "--student-num-gpus", "4"])
+    cfg = parse_config(
+        [*BASE, "--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2", "--student-num-gpus", "4"]
+    )
     teacher, student = worker_layouts(cfg)
     assert (teacher.num_workers, teacher.gpu_ids) == (1, (0,))
     assert (student.num_workers, student.gpu_ids) == (2, (2, 4))
@@ -66,10 +69,20 @@ def test_student_workers_follow_the_teachers_gpus_with_the_teachers_engine_size(
 def test_frozen_student_from_student_num_gpus_with_routers_on_the_given_ports(tiny_checkpoint, tmp_path):
     run_dir = tmp_path / "frozen-copy"
     teacher_port, student_port = free_ports(2)
-    result = e2e.run_train(e2e.synthetic_args(
-        tiny_checkpoint, run_dir, "--num-rollout", "1", "--student-num-gpus", "1",
-        "--teacher-port", str(teacher_port), "--student-router-port", str(student_port),
-    ))  # fmt: skip
+    result = e2e.run_train(
+        e2e.synthetic_args(
+            tiny_checkpoint,
+            run_dir,
+            "--num-rollout",
+            "1",
+            "--student-num-gpus",
+            "1",
+            "--teacher-port",
+            str(teacher_port),
+            "--student-router-port",
+            str(student_port),
+        )
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (record,) = e2e.read_jsonl(run_dir / "metrics.jsonl")
     assert record["pool/teacher_requests"] == TEACHER_REQUESTS  # the student's attempts went elsewhere
@@ -77,7 +90,9 @@ def test_frozen_student_from_student_num_gpus_with_routers_on_the_given_ports(ti
     logs = run_dir / "logs"
     assert f"--port {teacher_port} " in started_command(logs / "teacher-router.log")
     assert f"--port {student_port} " in started_command(logs / "student-router.log")
-    assert f"--port {teacher_port} " not in started_command(logs / "teacher-worker-0.log")  # the router's port, not a worker's
+    assert f"--port {teacher_port} " not in started_command(
+        logs / "teacher-worker-0.log"
+    )  # the router's port, not a worker's
     student_worker = started_command(logs / "student-worker-0.log")
     assert f"--model-path {tiny_checkpoint} " in student_worker  # the teacher's starting weights
     assert "student-frozen-no-weight-updates" in student_worker  # a pool that refuses weight updates
@@ -92,9 +107,16 @@ def test_external_student_server_is_used_and_nothing_is_started_for_it(tiny_chec
             "elsewhere", str(tiny_checkpoint), 1, device="cpu", weights_root=None, log_dir=str(tmp_path / "server-logs")
         )
         run_dir = tmp_path / "external"
-        result = e2e.run_train(e2e.synthetic_args(
-            tiny_checkpoint, run_dir, "--num-rollout", "1", "--external-student-url", server.router_url,
-        ))  # fmt: skip
+        result = e2e.run_train(
+            e2e.synthetic_args(
+                tiny_checkpoint,
+                run_dir,
+                "--num-rollout",
+                "1",
+                "--external-student-url",
+                server.router_url,
+            )
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         with urllib.request.urlopen(f"{server.worker_urls[0]}/get_server_info", timeout=10) as response:
             served = json.loads(response.read())["num_generate_requests"]
@@ -108,7 +130,10 @@ def test_external_student_server_is_used_and_nothing_is_started_for_it(tiny_chec
     "flags, needle",
     [
         (["--student-router-port", "30000"], "--student-router-port 30000: no student router is started"),
-        (["--student-router-ip", "10.0.0.2", "--student-num-gpus", "1"], "--student-router-ip 10.0.0.2: the local backend"),
+        (
+            ["--student-router-ip", "10.0.0.2", "--student-num-gpus", "1"],
+            "--student-router-ip 10.0.0.2: the local backend",
+        ),
         (["--external-student-url", "10.0.0.2:30000"], "give the server as http://HOST:PORT"),
         (["--student-num-gpus", "0"], "--student-num-gpus"),
     ],

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.prompt_templates import load_template
 from slime_meta.data.tasks import synthetic
 from slime_meta.data.tasks.synthetic import SyntheticGeneratorTemplate, SyntheticTeacherTemplate
+from slime_meta.prompt_templates import load_template
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,7 +72,9 @@ def test_generator_template_renders_the_exact_format():
 
 
 def test_templates_load_by_dotted_name():
-    generator = load_template("generator", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate", "--generator-template")
+    generator = load_template(
+        "generator", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate", "--generator-template"
+    )
     teacher = load_template("teacher", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate", "--teacher-template")
     assert isinstance(generator, SyntheticGeneratorTemplate)
     assert isinstance(teacher, SyntheticTeacherTemplate)
@@ -132,6 +134,8 @@ def test_per_character_score_gives_partial_credit():
 
 
 def test_oracle_hint_from_metadata_or_label():
-    assert synthetic.oracle_hint(Problem(uid="a", prompt="kqpd", label="kqpddf", metadata={"oracle_hint": "df"})) == "df"
+    assert (
+        synthetic.oracle_hint(Problem(uid="a", prompt="kqpd", label="kqpddf", metadata={"oracle_hint": "df"})) == "df"
+    )
     assert synthetic.oracle_hint(Problem(uid="a", prompt="kqpd", label="kqpddf")) == "df"
     assert synthetic.oracle_hint(Problem(uid="a", prompt="kqpd", label={"answer": "kqpdgh"})) == "gh"

@@ -25,11 +25,11 @@ import pytest
 from helpers_context import CONTEXT_LENGTH, make_long_context_checkpoint, pseudo_text, pseudo_words
 
 from slime_meta.backends.local.components import load_tokenizer
-from slime_meta.rollout.context_budget import metrics_of
 from slime_meta.grading.graders import VerifierGrader
+from slime_meta.prompt_templates import ATTEMPTS_LEFT_OUT, GeneratorPromptTemplate, TeacherPromptTemplate
+from slime_meta.rollout.context_budget import metrics_of
 from slime_meta.rollout.meta_rollout import InnerLoopSettings, MetaLearningRollout
 from slime_meta.rollout.pools import SGLangPool
-from slime_meta.prompt_templates import ATTEMPTS_LEFT_OUT, GeneratorPromptTemplate, TeacherPromptTemplate
 from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole
 from slime_meta.types import Episode, Grade, GradedAttempt, Problem
 
@@ -50,8 +50,23 @@ def renderer(long_checkpoint):
 @pytest.fixture(scope="module")
 def worker_url(long_checkpoint, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
-    command = [sys.executable, "-m", "slime_meta_engine", "--model-path", str(long_checkpoint), "--host", "127.0.0.1",
-               "--port", "0", "--device", "cpu", "--dtype", "float32", "--static-cache-len", "1024"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "slime_meta_engine",
+        "--model-path",
+        str(long_checkpoint),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--static-cache-len",
+        "1024",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
@@ -72,17 +87,38 @@ def run_rollout(worker_url: str, renderer: PromptRenderer, history: str):
 
     async def run():
         pool = SGLangPool(name="policy", base_url=worker_url, max_retries=0)
-        student = StudentRole(pool=pool, template=GeneratorPromptTemplate(), renderer=renderer, info_position="prefix",
-                              temperature=1.0, max_new_tokens=12, context_length=CONTEXT_LENGTH)  # fmt: skip
-        teacher = TeacherRole(pool=pool, template=template, renderer=renderer, temperature=1.0, max_new_tokens=12,
-                              context_length=CONTEXT_LENGTH)  # fmt: skip
+        student = StudentRole(
+            pool=pool,
+            template=GeneratorPromptTemplate(),
+            renderer=renderer,
+            info_position="prefix",
+            temperature=1.0,
+            max_new_tokens=12,
+            context_length=CONTEXT_LENGTH,
+        )
+        teacher = TeacherRole(
+            pool=pool,
+            template=template,
+            renderer=renderer,
+            temperature=1.0,
+            max_new_tokens=12,
+            context_length=CONTEXT_LENGTH,
+        )
         settings = InnerLoopSettings(
-            num_inner_iterations=ROUNDS, n_samples_per_inner_prompt=ATTEMPTS, n_samples_per_prompt=2,
-            train_all_inner_steps=True, holdout_advantage="mean-then-normalize", std_normalize=True,
-            trace_sample_rate=1.0, show_progress=False, teacher_history=history,
-        )  # fmt: skip
-        episode = Episode(train_chunks_P=((Problem(uid="t", prompt="What is 12 + 30?", label="42"),),),
-                          holdout=(Problem(uid="h", prompt="What is 2 + 5?", label="7"),))  # fmt: skip
+            num_inner_iterations=ROUNDS,
+            n_samples_per_inner_prompt=ATTEMPTS,
+            n_samples_per_prompt=2,
+            train_all_inner_steps=True,
+            holdout_advantage="mean-then-normalize",
+            std_normalize=True,
+            trace_sample_rate=1.0,
+            show_progress=False,
+            teacher_history=history,
+        )
+        episode = Episode(
+            train_chunks_P=((Problem(uid="t", prompt="What is 12 + 30?", label="42"),),),
+            holdout=(Problem(uid="h", prompt="What is 2 + 5?", label="7"),),
+        )
         try:
             return await MetaLearningRollout(student, VerifierGrader(), teacher, settings).run([episode], rollout_id=0)
         finally:
@@ -110,7 +146,7 @@ def test_each_round_the_teacher_reads_every_earlier_round_and_its_own_infos(work
             assert positions == sorted(positions), prompt
             assert steps[current]["info_in"] == steps[current - 1]["info_out"]
             for r in range(current + 1):
-                block = prompt[positions[r]: positions[r + 1] if r < current else len(prompt)]
+                block = prompt[positions[r] : positions[r + 1] if r < current else len(prompt)]
                 assert block.count("Attempt ") == ATTEMPTS, block
                 for attempt in steps[r]["attempts"]:
                     assert f"GRADE: {attempt['grade']:.2f}\nFEEDBACK: {attempt['explanation']}" in block
@@ -135,13 +171,24 @@ def test_over_the_budget_the_oldest_round_goes_first_with_its_info(long_checkpoi
     problem = Problem(uid="0", prompt="What is 12 + 30?", label="42")
     round_infos = ["", *(f"<info of round {r}> " + pseudo_text(rng, words, 200) for r in (1, 2))]
     attempts = [
-        GradedAttempt(problem=problem, iteration=r, grade=Grade(0.0, "Incorrect."),
-                      solution=f"<start {r}.{j}> " + pseudo_text(rng, words, 3000) + f" <end {r}.{j}>")
-        for r in range(3) for j in range(4)
-    ]  # fmt: skip
+        GradedAttempt(
+            problem=problem,
+            iteration=r,
+            grade=Grade(0.0, "Incorrect."),
+            solution=f"<start {r}.{j}> " + pseudo_text(rng, words, 3000) + f" <end {r}.{j}>",
+        )
+        for r in range(3)
+        for j in range(4)
+    ]
     # 1,200 tokens: room for about one round's attempts at their shortest (64 tokens each) beside the template.
-    teacher = TeacherRole(pool=None, template=TeacherPromptTemplate(), renderer=renderer, temperature=1.0,
-                          max_new_tokens=64, context_length=1200)  # fmt: skip
+    teacher = TeacherRole(
+        pool=None,
+        template=TeacherPromptTemplate(),
+        renderer=renderer,
+        temperature=1.0,
+        max_new_tokens=64,
+        context_length=1200,
+    )
     text, ids = teacher.prompt_and_ids([problem], [attempts], round_infos[-1], round_infos)
     assert len(ids) + 64 < 1200 and ids == renderer.ids_of_text(text)
     shown = {int(r) for r in re.findall(r"<start (\d)\.\d>", text)}

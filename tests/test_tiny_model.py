@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_meta.models import tiny
 from slime_meta.data.tasks import synthetic
+from slime_meta.models import tiny
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 FEW_STEPS = 4
@@ -81,7 +81,11 @@ def test_tokenizer_round_trips_any_text(tokenizer, text):
 
 def test_special_tokens_are_set(tokenizer):
     assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token, tokenizer.unk_token) == (
-        "<s>", "</s>", "<pad>", "<unk>")
+        "<s>",
+        "</s>",
+        "<pad>",
+        "<unk>",
+    )
     assert len({tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}) == 4
     assert tokenizer.decode([tokenizer.encode("ab")[0], tokenizer.eos_token_id], skip_special_tokens=True) == "a"
 
@@ -113,8 +117,12 @@ def test_summary_records_settings_and_metrics(checkpoint, small_data):
     assert summary["settings"]["steps"] == FEW_STEPS
     assert summary["settings"]["teacher_correct_fraction"] == 0.5
     assert summary["data_sha256"] == tiny.file_sha256(small_data)
-    for key in ("student_exact_correct_hint", "student_per_char_no_hint", "student_exact_random_hint",
-                "teacher_hint_exact_greedy"):
+    for key in (
+        "student_exact_correct_hint",
+        "student_per_char_no_hint",
+        "student_exact_random_hint",
+        "teacher_hint_exact_greedy",
+    ):
         assert 0.0 <= summary["metrics"][key] <= 1.0
 
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 
-from slime_meta.config.arguments import TrackingConfig
 from slime_meta.artifacts.tracking import Tracker, jsonl_lines, read_metrics
+from slime_meta.config.arguments import TrackingConfig
 
 # Line separators that JSON leaves raw with ensure_ascii=False and str.splitlines() splits at.
 ODD_TEXT = "a\u2028b\u2029c\x85d\x1ce\x0bf"
 
 
 def test_traces_with_unicode_line_separators_survive_a_resume(tmp_path):
-    config = TrackingConfig(run_dir=str(tmp_path), use_wandb=False, wandb_project="p", wandb_group=None, wandb_mode="disabled")
+    config = TrackingConfig(
+        run_dir=str(tmp_path), use_wandb=False, wandb_project="p", wandb_group=None, wandb_mode="disabled"
+    )
     tracker = Tracker(config, tmp_path, {})
     for step in range(3):
         tracker.log(step, {"meta_learning/avg_holdout_grade": 0.5})

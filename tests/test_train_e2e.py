@@ -32,27 +32,58 @@ VERIFIER = ("--grader", "verifier", "--verifier-metric", "char")
 def synthetic_args(checkpoint: Path, run_dir: Path, *extra: str, grader: tuple[str, ...] = VERIFIER) -> list[str]:
     return [
         "--use-meta-learning",
-        "--hf-checkpoint", str(checkpoint),
-        "--prompt-data", str(ROOT / "data/synthetic_suffix.jsonl"),
-        "--group-key", "family", "--rollout-shuffle",
-        "--rollout-batch-size", "8", "--n-samples-per-prompt", "3",  # 2 prompts x (2 train + 2 holdout of a family)
-        "--n-problems-per-prompt", "2", "--heldout-ipb", "4",
-        "--num-inner-iterations", "2", "--n-samples-per-inner-prompt", "2",
-        "--generator-template", "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
-        "--teacher-template", "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
-        "--teacher-temperature", "1.0", "--teacher-max-tokens", "4", "--rollout-max-response-len", "8",
+        "--hf-checkpoint",
+        str(checkpoint),
+        "--prompt-data",
+        str(ROOT / "data/synthetic_suffix.jsonl"),
+        "--group-key",
+        "family",
+        "--rollout-shuffle",
+        "--rollout-batch-size",
+        "8",
+        "--n-samples-per-prompt",
+        "3",  # 2 prompts x (2 train + 2 holdout of a family)
+        "--n-problems-per-prompt",
+        "2",
+        "--heldout-ipb",
+        "4",
+        "--num-inner-iterations",
+        "2",
+        "--n-samples-per-inner-prompt",
+        "2",
+        "--generator-template",
+        "slime_meta.data.tasks.synthetic.SyntheticGeneratorTemplate",
+        "--teacher-template",
+        "slime_meta.data.tasks.synthetic.SyntheticTeacherTemplate",
+        "--teacher-temperature",
+        "1.0",
+        "--teacher-max-tokens",
+        "4",
+        "--rollout-max-response-len",
+        "8",
         *grader,
-        "--lr", "1e-3", "--trace-sample-rate", "0.5", "--seed", "3",
-        "--run-dir", str(run_dir),
+        "--lr",
+        "1e-3",
+        "--trace-sample-rate",
+        "0.5",
+        "--seed",
+        "3",
+        "--run-dir",
+        str(run_dir),
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def run_train(args: list[str], timeout: int = 240) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("OPENAI_API_KEY", None)  # the verifier, whatever the developer's shell holds
     return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -82,7 +113,9 @@ def full_run(tiny_checkpoint, tmp_path_factory):
     """Three outer steps with a checkpoint after each, the reference for the tests below."""
     run_dir = tmp_path_factory.mktemp("full") / "run"
     result = run_train(
-        synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "3", "--save", str(run_dir / "ckpt"), "--save-interval", "1")
+        synthetic_args(
+            tiny_checkpoint, run_dir, "--num-rollout", "3", "--save", str(run_dir / "ckpt"), "--save-interval", "1"
+        )
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir, result
@@ -162,11 +195,24 @@ def test_openai_compatible_grader_with_faults_and_a_key_that_never_reaches_disk(
     run_dir = tmp_path / "api-grader"
     with run_openai_server(rate_limit=0.1, server_error=0.05, unparseable=0.05, seed=1) as (base_url, state):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADER_KEY": canary}
-        grader = ("--grader", "openai", "--grader-base-url", base_url, "--grader-api-key-env", "GRADER_KEY",
-                  "--grader-model", "judge-1")  # fmt: skip
+        grader = (
+            "--grader",
+            "openai",
+            "--grader-base-url",
+            base_url,
+            "--grader-api-key-env",
+            "GRADER_KEY",
+            "--grader-model",
+            "judge-1",
+        )
         args = synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "1", grader=grader)
         result = subprocess.run(
-            [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+            [sys.executable, str(ROOT / "train.py"), *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
         )
         assert result.returncode == 0, result.stderr[-3000:]
         assert state.requests and all(r.authorization == f"Bearer {canary}" for r in state.requests)
@@ -196,15 +242,44 @@ def test_all_three_channels_and_context_distillation_in_one_run(tiny_checkpoint,
         return f"{labels[word]}."
 
     run_dir = tmp_path / "channels"
-    with run_openai_server(reply_fn=teacher_reply) as (url_a, _), run_openai_server(reply_fn=teacher_reply) as (url_b, _):
+    with (
+        run_openai_server(reply_fn=teacher_reply) as (url_a, _),
+        run_openai_server(reply_fn=teacher_reply) as (url_b, _),
+    ):
         result = run_train(
             synthetic_args(
-                tiny_checkpoint, run_dir, "--num-rollout", "2",
-                "--distill-context", "additional_info", "--teacher-tau", "0.5", "--student-tau", "0.5",
-                "--sdpo-alpha", "0.5", "--sdpo-on", "all", "--sdpo-topk", "8", "--no-sdpo-topk-tail",
-                "--replay-beta", "0.5", "--replay-teachers", f"ta@{url_a}", f"tb@{url_b}", "--replay-min-agree", "2",
-                "--use-tis", "--kl-loss-coef", "0.01", "--kl-loss-type", "k3", "--entropy-coef", "0.001",
-            )  # fmt: skip
+                tiny_checkpoint,
+                run_dir,
+                "--num-rollout",
+                "2",
+                "--distill-context",
+                "additional_info",
+                "--teacher-tau",
+                "0.5",
+                "--student-tau",
+                "0.5",
+                "--sdpo-alpha",
+                "0.5",
+                "--sdpo-on",
+                "all",
+                "--sdpo-topk",
+                "8",
+                "--no-sdpo-topk-tail",
+                "--replay-beta",
+                "0.5",
+                "--replay-teachers",
+                f"ta@{url_a}",
+                f"tb@{url_b}",
+                "--replay-min-agree",
+                "2",
+                "--use-tis",
+                "--kl-loss-coef",
+                "0.01",
+                "--kl-loss-type",
+                "k3",
+                "--entropy-coef",
+                "0.001",
+            )
         )
     assert result.returncode == 0, result.stderr[-3000:]
     records = read_jsonl(run_dir / "metrics.jsonl")
@@ -215,7 +290,9 @@ def test_all_three_channels_and_context_distillation_in_one_run(tiny_checkpoint,
         assert r["solver/num_samples"] == 2 * 3 * 2 * 2  # prompts x G x k x m first-round attempts
         assert r["train/sdpo_tokens"] > 0 and r["train/kl_ref"] >= 0.0
         assert r["train/replay_pairs"] > 0  # the teachers agree on the label, the random policy does not
-        assert r["loss/total"] == pytest.approx(r["loss/grpo"] + 0.5 * r["loss/sdpo_kl"] + 0.5 * r["loss/trace_replay_dpo"], rel=1e-5)
+        assert r["loss/total"] == pytest.approx(
+            r["loss/grpo"] + 0.5 * r["loss/sdpo_kl"] + 0.5 * r["loss/trace_replay_dpo"], rel=1e-5
+        )
         assert "distill/teacher_minus_student_logp" in r
     cached = read_jsonl(run_dir / "replay_pairs.jsonl")
     assert cached, "replay decisions are cached in the run dir"
@@ -225,12 +302,26 @@ def test_all_three_channels_and_context_distillation_in_one_run(tiny_checkpoint,
 def test_distillation_from_a_context_column_with_baseline_eval(tiny_checkpoint, tmp_path):
     run_dir = tmp_path / "column-context"
     result = run_train(
-        synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "1", "--context-key", "oracle_hint",
-                       "--teacher-tau", "1.0", "--student-tau", "1.0", "--eval-baseline")  # fmt: skip
+        synthetic_args(
+            tiny_checkpoint,
+            run_dir,
+            "--num-rollout",
+            "1",
+            "--context-key",
+            "oracle_hint",
+            "--teacher-tau",
+            "1.0",
+            "--student-tau",
+            "1.0",
+            "--eval-baseline",
+        )
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (record,) = read_jsonl(run_dir / "metrics.jsonl")
-    student, teacher = record["eval/synthetic_suffix/baseline_student/avg"], record["eval/synthetic_suffix/baseline_teacher/avg"]
+    student, teacher = (
+        record["eval/synthetic_suffix/baseline_student/avg"],
+        record["eval/synthetic_suffix/baseline_teacher/avg"],
+    )
     assert 0.0 <= student <= 1.0 and 0.0 <= teacher <= 1.0
     assert record["eval/synthetic_suffix/baseline_diff"] == pytest.approx(teacher - student)
     assert record["solver/num_samples"] > 0 and "distill/teacher_minus_student_logp" in record
@@ -240,8 +331,18 @@ def test_async_rollouts_draw_the_same_batches_and_stay_within_the_staleness_boun
     reference_dir, _ = full_run
     run_dir = tmp_path / "async"
     result = run_train(
-        synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "3", "--max-async-level", "1",
-                       "--save", str(run_dir / "ckpt"), "--save-interval", "1")  # fmt: skip
+        synthetic_args(
+            tiny_checkpoint,
+            run_dir,
+            "--num-rollout",
+            "3",
+            "--max-async-level",
+            "1",
+            "--save",
+            str(run_dir / "ckpt"),
+            "--save-interval",
+            "1",
+        )
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert batches(run_dir) == batches(reference_dir)  # drawn in step order, whatever overlaps

@@ -45,18 +45,36 @@ def mixed_length_batch():
     g = torch.Generator().manual_seed(5)
     teacher_lengths = [(5, 3), (6, 4), (4, 5), (9, 6), (12, 8), (20, 10), (30, 16), (40, 22)]
     teacher = [
-        TeacherSample(ids(g, p), ids(g, r), logprobs(g, r), reward=float(i % 2), advantage=(-1.0) ** i * (1 + i / 8),
-                      group_index=0, sample_index=i, inner_iteration=0)
+        TeacherSample(
+            ids(g, p),
+            ids(g, r),
+            logprobs(g, r),
+            reward=float(i % 2),
+            advantage=(-1.0) ** i * (1 + i / 8),
+            group_index=0,
+            sample_index=i,
+            inner_iteration=0,
+        )
         for i, (p, r) in enumerate(teacher_lengths)
-    ]  # fmt: skip
+    ]
     solver = [
         SolverSample(
-            problem_uid=str(i), prompt_ids=ids(g, 5 + 4 * i), response_ids=ids(g, 3 + 3 * i), rollout_logprobs=logprobs(g, 3 + 3 * i),
-            temperature=0.8, grade=0.0, task_advantage=0.5 - i, prompt_text="p", solution_text="s", context_prompt_ids=ids(g, 12),
-            teacher_logprobs=logprobs(g, 3 + 3 * i), hint_prompt_ids=ids(g, 8 + 4 * i), is_error_site=True,
+            problem_uid=str(i),
+            prompt_ids=ids(g, 5 + 4 * i),
+            response_ids=ids(g, 3 + 3 * i),
+            rollout_logprobs=logprobs(g, 3 + 3 * i),
+            temperature=0.8,
+            grade=0.0,
+            task_advantage=0.5 - i,
+            prompt_text="p",
+            solution_text="s",
+            context_prompt_ids=ids(g, 12),
+            teacher_logprobs=logprobs(g, 3 + 3 * i),
+            hint_prompt_ids=ids(g, 8 + 4 * i),
+            is_error_site=True,
         )
         for i in range(5)
-    ]  # fmt: skip
+    ]
     pairs = [PreferencePair(ids(g, 4 + 5 * i), ids(g, 3 + 2 * i), ids(g, 5 + i)) for i in range(4)]
     return teacher, solver, pairs
 
@@ -103,9 +121,14 @@ def assert_same_gradient(got: list[torch.Tensor], expected: list[torch.Tensor]) 
 
 
 ALL_CHANNELS = TrainerSettings(
-    lr=1e-2, device="cpu", temperature=1.2, distill=DistillSettings(1.0, 0.5, 0.5),
-    loss=LossSettings(sdpo_alpha=0.5, sdpo_beta=0.3, replay_beta=0.7, kl_loss_coef=0.1, kl_loss_type="k3", use_tis=True),
-)  # fmt: skip
+    lr=1e-2,
+    device="cpu",
+    temperature=1.2,
+    distill=DistillSettings(1.0, 0.5, 0.5),
+    loss=LossSettings(
+        sdpo_alpha=0.5, sdpo_beta=0.3, replay_beta=0.7, kl_loss_coef=0.1, kl_loss_type="k3", use_tis=True
+    ),
+)
 
 
 def test_token_budget_groups_pack_shortest_first_and_isolate_long_sequences():
@@ -122,8 +145,12 @@ def test_token_budget_groups_pack_shortest_first_and_isolate_long_sequences():
 
 def test_dynamic_batching_gradient_equals_micro_batch_one_and_one_big_batch(tiny_checkpoint):
     one_each, shapes_one = float64_gradients(tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, micro_batch_size=1))
-    all_at_once, shapes_all = float64_gradients(tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, micro_batch_size=100))
-    dynamic, shapes_dynamic = float64_gradients(tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, max_tokens_per_gpu=BUDGET))
+    all_at_once, shapes_all = float64_gradients(
+        tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, micro_batch_size=100)
+    )
+    dynamic, shapes_dynamic = float64_gradients(
+        tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, max_tokens_per_gpu=BUDGET)
+    )
     assert_same_gradient(dynamic, one_each)
     assert_same_gradient(dynamic, all_at_once)
     assert any(g.abs().sum() > 0 for g in dynamic)
@@ -138,10 +165,16 @@ def test_dynamic_batching_gradient_equals_micro_batch_one_and_one_big_batch(tiny
 def test_memory_flags_reach_the_trainer(tiny_checkpoint):
     from transformers import AutoTokenizer
 
-    from slime_meta.config.arguments import parse_config
     from slime_meta.backends.local.components import make_trainer
+    from slime_meta.config.arguments import parse_config
 
-    base = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", str(tiny_checkpoint)]
+    base = [
+        "--use-meta-learning",
+        "--prompt-data",
+        "data/math_word_problems.jsonl",
+        "--hf-checkpoint",
+        str(tiny_checkpoint),
+    ]
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
 
     def trainer_of(*flags: str) -> LocalTrainer:
@@ -162,7 +195,9 @@ def test_memory_flags_reach_the_trainer(tiny_checkpoint):
 
 
 def test_recompute_gradient_equals_kept_activations(tiny_checkpoint):
-    kept, _ = float64_gradients(tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, micro_batch_size=3, recompute_on_cpu=False))
+    kept, _ = float64_gradients(
+        tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, micro_batch_size=3, recompute_on_cpu=False)
+    )
     recomputed, _ = float64_gradients(tiny_checkpoint, dataclasses.replace(ALL_CHANNELS, micro_batch_size=3))
     assert_same_gradient(recomputed, kept)
 
@@ -174,8 +209,9 @@ def test_recompute_inside_compiled_layers_keeps_the_gradient_and_saves_less(tiny
     results = {}
     for recompute in (False, True):
         torch.manual_seed(0)
-        settings = TrainerSettings(lr=1e-3, device="cpu", micro_batch_size=100, recompute_layers=recompute,
-                                   recompute_on_cpu=False)  # fmt: skip
+        settings = TrainerSettings(
+            lr=1e-3, device="cpu", micro_batch_size=100, recompute_layers=recompute, recompute_on_cpu=False
+        )
         trainer = LocalTrainer(str(tiny_checkpoint), settings)
         assert compile_decoder_layers(trainer.model, backend="aot_eager") == 2
         saved_bytes = 0
@@ -200,9 +236,16 @@ def _status_kib(key: str) -> int:
 def write_llama(out_dir: Path, hidden: int, layers: int) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
-                         num_attention_heads=max(hidden // 64, 1), num_key_value_heads=max(hidden // 64, 1),
-                         vocab_size=128, max_position_embeddings=4096, tie_word_embeddings=True)  # fmt: skip
+    config = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=max(hidden // 64, 1),
+        num_key_value_heads=max(hidden // 64, 1),
+        vocab_size=128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(out_dir, safe_serialization=True)
     return out_dir
@@ -219,8 +262,19 @@ def measure_step(checkpoint: Path, recompute: bool, sequences: int, tokens: int)
     trainer = LocalTrainer(str(checkpoint), settings)
     g = torch.Generator().manual_seed(0)
     half = tokens // 2
-    teacher = [TeacherSample(ids(g, half), ids(g, half), logprobs(g, half), reward=1.0, advantage=1.0, group_index=0,
-                             sample_index=i, inner_iteration=0) for i in range(sequences)]  # fmt: skip
+    teacher = [
+        TeacherSample(
+            ids(g, half),
+            ids(g, half),
+            logprobs(g, half),
+            reward=1.0,
+            advantage=1.0,
+            group_index=0,
+            sample_index=i,
+            inner_iteration=0,
+        )
+        for i in range(sequences)
+    ]
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")  # peak resident size := current
     start_kib, started = _status_kib("VmRSS"), time.perf_counter()
@@ -232,8 +286,19 @@ def run_measurements(hidden: int, layers: int, sequences: int, tokens: int) -> l
     """This file as a script in a fresh process under `EXACT_RSS_ENV`: each setting's figures."""
     repo = Path(__file__).resolve().parent.parent
     env = {**os.environ, **EXACT_RSS_ENV, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, __file__, "--hidden", str(hidden), "--layers", str(layers), "--sequences", str(sequences),
-               "--tokens", str(tokens), "--json"]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--hidden",
+        str(hidden),
+        "--layers",
+        str(layers),
+        "--sequences",
+        str(sequences),
+        "--tokens",
+        str(tokens),
+        "--json",
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -260,9 +325,13 @@ if __name__ == "__main__":
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         path = write_llama(Path(tmp), args.hidden, args.layers)
-        params = sum(p.numel() for p in LocalTrainer(str(path), TrainerSettings(lr=1e-4, device="cpu")).model.parameters())
+        params = sum(
+            p.numel() for p in LocalTrainer(str(path), TrainerSettings(lr=1e-4, device="cpu")).model.parameters()
+        )
         if not args.json:
-            print(f"{params / 1e6:.1f}M parameters, {args.sequences} x {args.tokens} tokens, {torch.get_num_threads()} threads")
+            print(
+                f"{params / 1e6:.1f}M parameters, {args.sequences} x {args.tokens} tokens, {torch.get_num_threads()} threads"
+            )
         for recompute in (True, False) if args.json else (True, False, True, False):
             mib, seconds = measure_step(path, recompute, args.sequences, args.tokens)
             runs.append({"recompute": recompute, "peak_mib": mib, "step_s": seconds})

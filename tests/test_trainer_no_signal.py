@@ -15,15 +15,20 @@ import pytest
 import torch
 from test_trainer_memory import moved_reference
 
+from slime_meta.artifacts.tracking import format_step_line
 from slime_meta.backends.local.channels import LossSettings, policy_gradient_pass
 from slime_meta.backends.local.no_signal import NoSignalStreak, RolloutSummary, zero_gradient_step
 from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings, teacher_sequences
-from slime_meta.artifacts.tracking import format_step_line
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
 # The shared student's default objective: solver-role GRPO (--adv-tau 1) and k3 KL to the start weights.
-SHIPPED = TrainerSettings(lr=1e-2, device="cpu", micro_batch_size=2, distill=DistillSettings(adv_tau=1.0),
-                          loss=LossSettings(kl_loss_coef=0.1, kl_loss_type="k3"))  # fmt: skip
+SHIPPED = TrainerSettings(
+    lr=1e-2,
+    device="cpu",
+    micro_batch_size=2,
+    distill=DistillSettings(adv_tau=1.0),
+    loss=LossSettings(kl_loss_coef=0.1, kl_loss_type="k3"),
+)
 TRAINER_LOG = "slime_meta.backends.local.trainer"
 
 
@@ -39,17 +44,36 @@ def rollout(reward: float = 0.0, advantages=(0.0, 0.0, 0.0, 0.0), seed: int = 0)
     """Two GRPO groups of two infos, and two graded solver attempts per group (task advantage 0)."""
     g = torch.Generator().manual_seed(seed)
     teacher = [
-        TeacherSample(ids(g, 9 + i), ids(g, 4), logprobs(g, 4), reward=reward, advantage=a, group_index=i // 2,
-                      sample_index=i % 2, inner_iteration=0)
+        TeacherSample(
+            ids(g, 9 + i),
+            ids(g, 4),
+            logprobs(g, 4),
+            reward=reward,
+            advantage=a,
+            group_index=i // 2,
+            sample_index=i % 2,
+            inner_iteration=0,
+        )
         for i, a in enumerate(advantages)
-    ]  # fmt: skip
+    ]
     solver = [
-        SolverSample(problem_uid=str(i // 2), prompt_ids=ids(g, 7), response_ids=ids(g, 3 + i), rollout_logprobs=logprobs(g, 3 + i),
-                     temperature=1.0, grade=reward, task_advantage=0.0, prompt_text="p", solution_text="s",
-                     context_prompt_ids=ids(g, 10), teacher_logprobs=logprobs(g, 3 + i), hint_prompt_ids=ids(g, 9),
-                     is_error_site=reward < 1.0)
+        SolverSample(
+            problem_uid=str(i // 2),
+            prompt_ids=ids(g, 7),
+            response_ids=ids(g, 3 + i),
+            rollout_logprobs=logprobs(g, 3 + i),
+            temperature=1.0,
+            grade=reward,
+            task_advantage=0.0,
+            prompt_text="p",
+            solution_text="s",
+            context_prompt_ids=ids(g, 10),
+            teacher_logprobs=logprobs(g, 3 + i),
+            hint_prompt_ids=ids(g, 9),
+            is_error_site=reward < 1.0,
+        )
         for i in range(4)
-    ]  # fmt: skip
+    ]
     return teacher, solver
 
 
@@ -69,7 +93,9 @@ def test_zero_advantage_step_at_the_shipped_objective_runs_nothing_and_changes_n
     teacher, solver = rollout()
     metrics = trainer.train_step(teacher, solver, step=0)
     assert metrics["train/skipped_no_signal"] == 1.0 and metrics["train/skipped_no_signal_total"] == 1.0
-    assert metrics["train/loss"] == 0.0 and metrics["train/grad_norm"] == 0.0 and metrics["train/skipped_nonfinite"] == 0.0
+    assert (
+        metrics["train/loss"] == 0.0 and metrics["train/grad_norm"] == 0.0 and metrics["train/skipped_nonfinite"] == 0.0
+    )
     assert metrics["train/num_sequences"] == 8.0  # 4 infos + 4 solver attempts were there, and all had advantage 0
     assert forwards == [] and trainer.steps_done == 0 and trainer.optimizer.state_dict()["state"] == {}
     assert all(torch.equal(a, b) for a, b in zip(before, parameters(trainer)))
@@ -83,7 +109,9 @@ def test_the_skipped_computation_would_have_given_an_exactly_zero_gradient(tiny_
     trainer = LocalTrainer(str(tiny_checkpoint), SHIPPED, reference_path=str(tiny_checkpoint))
     teacher, _ = rollout()
     sequences = teacher_sequences(teacher, 1.0)
-    policy_gradient_pass(trainer._forward(trainer.model), sequences, SHIPPED.loss, 2, 0, trainer.device, reference_is_policy=True)
+    policy_gradient_pass(
+        trainer._forward(trainer.model), sequences, SHIPPED.loss, 2, 0, trainer.device, reference_is_policy=True
+    )
     grads = [p.grad for p in trainer.model.parameters()]
     assert all(g is not None for g in grads) and all(torch.count_nonzero(g) == 0 for g in grads)
 
@@ -106,7 +134,11 @@ def test_a_streak_of_three_says_so_once_with_the_rollouts_numbers(tiny_checkpoin
     # A step with a signal ends the streak; the total goes on.
     signal_teacher, _ = rollout(advantages=(1.0, -1.0, 0.5, -0.5))
     kept = trainer.train_step(signal_teacher, solver, step=14)
-    assert kept["train/skipped_no_signal"] == 0.0 and kept["train/skipped_no_signal_total"] == 4.0 and trainer.steps_done == 1
+    assert (
+        kept["train/skipped_no_signal"] == 0.0
+        and kept["train/skipped_no_signal_total"] == 4.0
+        and trainer.steps_done == 1
+    )
     assert trainer.no_signal.in_a_row == 0
 
 
@@ -114,7 +146,12 @@ def test_every_info_scoring_alike_at_a_nonzero_grade_names_other_causes():
     streak = NoSignalStreak(warn_after=2)
     teacher, solver = rollout(reward=1.0)
     summary = RolloutSummary.of(teacher, solver)
-    assert (summary.mean_reward, summary.groups, summary.groups_with_spread, summary.solver_mean_grade) == (1.0, 2, 0, 1.0)
+    assert (summary.mean_reward, summary.groups, summary.groups_with_spread, summary.solver_mean_grade) == (
+        1.0,
+        2,
+        0,
+        1.0,
+    )
     assert streak.record(True, 3, summary) is None
     line = streak.record(True, 4, summary)
     assert line.startswith("steps 3-4: 2 steps in a row") and "too easy or too hard" in line and "format" not in line
@@ -131,7 +168,16 @@ def moved_policy(trainer: LocalTrainer) -> None:
 
 @pytest.mark.parametrize(
     "term",
-    ["advantage", "entropy", "kl_k1", "kl_after_update", "kl_moved_reference", "sdpo_jsd", "replay_dpo", "distillation"],
+    [
+        "advantage",
+        "entropy",
+        "kl_k1",
+        "kl_after_update",
+        "kl_moved_reference",
+        "sdpo_jsd",
+        "replay_dpo",
+        "distillation",
+    ],
 )
 def test_a_term_with_a_gradient_of_its_own_keeps_the_step(tiny_checkpoint, term):
     settings, reference, pairs = SHIPPED, str(tiny_checkpoint), ()
@@ -166,7 +212,9 @@ def test_a_term_with_a_gradient_of_its_own_keeps_the_step(tiny_checkpoint, term)
 def test_zero_gradient_rules_one_by_one():
     teacher, _ = rollout()
     zero = teacher_sequences(teacher, 1.0)
-    base = dict(entropy_coef=0.0, kl_coef=0.1, kl_type="k3", policy_is_reference=True, sdpo_jsd_samples=0, replay_pairs=0)
+    base = dict(
+        entropy_coef=0.0, kl_coef=0.1, kl_type="k3", policy_is_reference=True, sdpo_jsd_samples=0, replay_pairs=0
+    )
     assert zero_gradient_step(zero, **base)
     assert zero_gradient_step(zero, **{**base, "kl_type": "k2"})
     assert not zero_gradient_step(zero, **{**base, "kl_type": "k1"})

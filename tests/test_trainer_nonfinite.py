@@ -25,15 +25,26 @@ def teacher_batch(seed: int, advantage_of_first: float = 1.0) -> list[TeacherSam
         return tuple(int(x) for x in torch.randint(4, 60, (n,), generator=g))
 
     return [
-        TeacherSample(ids(10), ids(5), tuple((-torch.rand(5, generator=g) * 2).tolist()), reward=float(i),
-                      advantage=advantage_of_first if i == 0 else -0.5, group_index=0, sample_index=i, inner_iteration=0)
+        TeacherSample(
+            ids(10),
+            ids(5),
+            tuple((-torch.rand(5, generator=g) * 2).tolist()),
+            reward=float(i),
+            advantage=advantage_of_first if i == 0 else -0.5,
+            group_index=0,
+            sample_index=i,
+            inner_iteration=0,
+        )
         for i in range(3)
-    ]  # fmt: skip
+    ]
 
 
 def snapshot(trainer: LocalTrainer) -> tuple[list[torch.Tensor], dict]:
     params = [p.detach().clone() for p in trainer.model.parameters()]
-    state = {k: {n: t.clone() if torch.is_tensor(t) else t for n, t in v.items()} for k, v in trainer.optimizer.state_dict()["state"].items()}
+    state = {
+        k: {n: t.clone() if torch.is_tensor(t) else t for n, t in v.items()}
+        for k, v in trainer.optimizer.state_dict()["state"].items()
+    }
     return params, state
 
 
@@ -73,7 +84,9 @@ def test_a_nan_advantage_skips_the_step_and_leaves_weights_and_optimizer_state(t
 def test_a_nan_gradient_element_with_a_finite_loss_is_skipped(trainer):
     before = snapshot(trainer)
     # One NaN element in one parameter's gradient: clip + AdamW would spread it to every weight.
-    hook = trainer.model.get_input_embeddings().weight.register_hook(lambda grad: grad.index_fill(0, torch.tensor([5]), float("nan")))
+    hook = trainer.model.get_input_embeddings().weight.register_hook(
+        lambda grad: grad.index_fill(0, torch.tensor([5]), float("nan"))
+    )
     metrics = trainer.train_step(teacher_batch(1))
     hook.remove()
     assert math.isfinite(metrics["loss/total"]) and math.isnan(metrics["train/grad_norm"])
@@ -137,12 +150,27 @@ def test_a_run_skips_nan_steps_pushes_nothing_and_stops_with_the_last_checkpoint
     script = tmp_path / "train_with_nan.py"
     script.write_text(INJECT.format(train=str(ROOT / "train.py"), root=str(ROOT)))
     run_dir = tmp_path / "run"
-    args = synthetic_args(tiny_checkpoint, run_dir, "--num-rollout", "4", "--save", str(run_dir / "ckpt"),
-                          "--save-interval", "1", "--max-skipped-steps", "2", "--weight-sync", "disk",
-                          # An entropy bonus gives every step a gradient (a random model's groups may all tie,
-                          # and a step without a signal computes none for the NaN to land in).
-                          "--entropy-coef", "1e-3")  # fmt: skip
-    result = subprocess.run([sys.executable, str(script), "1", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    args = synthetic_args(
+        tiny_checkpoint,
+        run_dir,
+        "--num-rollout",
+        "4",
+        "--save",
+        str(run_dir / "ckpt"),
+        "--save-interval",
+        "1",
+        "--max-skipped-steps",
+        "2",
+        "--weight-sync",
+        "disk",
+        # An entropy bonus gives every step a gradient (a random model's groups may all tie,
+        # and a step without a signal computes none for the NaN to land in).
+        "--entropy-coef",
+        "1e-3",
+    )
+    result = subprocess.run(
+        [sys.executable, str(script), "1", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     # Step 0 trains; steps 1 and 2 get a NaN gradient: skipped, and the second one stops the run.
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]

@@ -18,19 +18,31 @@ from slime_meta.backends.local.reference import safetensors_files, start_weights
 from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings, teacher_sequences
 from slime_meta.types import TeacherSample
 
-KL = TrainerSettings(lr=1e-2, device="cpu", micro_batch_size=2, temperature=1.3,
-                     loss=LossSettings(kl_loss_coef=1.0, kl_loss_type="k3", use_tis=True))  # fmt: skip
+KL = TrainerSettings(
+    lr=1e-2,
+    device="cpu",
+    micro_batch_size=2,
+    temperature=1.3,
+    loss=LossSettings(kl_loss_coef=1.0, kl_loss_type="k3", use_tis=True),
+)
 
 
 def samples(seed: int = 0, vocab: int = 60) -> list[TeacherSample]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for i, (prompt, response) in enumerate([(9, 4), (5, 6), (12, 3)]):
-        out.append(TeacherSample(
-            tuple(torch.randint(4, vocab, (prompt,), generator=g).tolist()), tuple(torch.randint(4, vocab, (response,), generator=g).tolist()),
-            tuple((-torch.rand(response, generator=g) * 3).tolist()), reward=float(i), advantage=(-1.0) ** i,
-            group_index=0, sample_index=i, inner_iteration=0,
-        ))  # fmt: skip
+        out.append(
+            TeacherSample(
+                tuple(torch.randint(4, vocab, (prompt,), generator=g).tolist()),
+                tuple(torch.randint(4, vocab, (response,), generator=g).tolist()),
+                tuple((-torch.rand(response, generator=g) * 3).tolist()),
+                reward=float(i),
+                advantage=(-1.0) ** i,
+                group_index=0,
+                sample_index=i,
+                inner_iteration=0,
+            )
+        )
     return out
 
 
@@ -42,7 +54,9 @@ def gradients(trainer: LocalTrainer, batch) -> tuple[list[torch.Tensor], dict]:
 def test_start_weights_read_per_step_give_what_a_resident_reference_gives(tiny_checkpoint):
     reference = str(moved_reference(Path(tiny_checkpoint)))
     streamed = LocalTrainer(str(tiny_checkpoint), KL, reference_path=reference)
-    resident = LocalTrainer(str(tiny_checkpoint), dataclasses.replace(KL, reference_resident=True), reference_path=reference)
+    resident = LocalTrainer(
+        str(tiny_checkpoint), dataclasses.replace(KL, reference_resident=True), reference_path=reference
+    )
     assert streamed.reference is None and isinstance(resident.reference, torch.nn.Module)
     assert not streamed.policy_is_reference
     got, got_metrics = gradients(streamed, samples())
@@ -104,7 +118,9 @@ def test_sharded_bf16_checkpoint_reads_back_exactly(tiny_checkpoint, tmp_path):
 def test_a_checkpoint_that_is_not_safetensors_is_read_by_transformers(tiny_checkpoint, tmp_path):
     (tmp_path / "bin").mkdir()
     shutil.copy(Path(tiny_checkpoint) / "config.json", tmp_path / "bin" / "config.json")
-    torch.save(AutoModelForCausalLM.from_pretrained(tiny_checkpoint).state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    torch.save(
+        AutoModelForCausalLM.from_pretrained(tiny_checkpoint).state_dict(), tmp_path / "bin" / "pytorch_model.bin"
+    )
     assert safetensors_files(tmp_path / "bin") == []
     policy = AutoModelForCausalLM.from_pretrained(tiny_checkpoint)
     weights = start_weights_like(policy, tmp_path / "bin")
@@ -123,14 +139,30 @@ def test_real_model_anchor_log_probs_and_a_step_without_signal(real_model_dir):
     from its checkpoint score the tokens as a fresh load of it does, after the policy has moved; a
     step whose advantages are all zero then runs nothing."""
     tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Ana has 3 marbles and gets 5 more. How many?"}],
-                                         add_generation_prompt=True, tokenize=False)  # fmt: skip
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Ana has 3 marbles and gets 5 more. How many?"}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     prompt = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
     answer = tuple(tokenizer("She has 3 + 5 = 8 marbles.\nAnswer: 8", add_special_tokens=False)["input_ids"])
-    batch = [TeacherSample(prompt, answer, (-1.0,) * len(answer), reward=float(i), advantage=(-1.0) ** i, group_index=0,
-                           sample_index=i, inner_iteration=0) for i in range(2)]  # fmt: skip
+    batch = [
+        TeacherSample(
+            prompt,
+            answer,
+            (-1.0,) * len(answer),
+            reward=float(i),
+            advantage=(-1.0) ** i,
+            group_index=0,
+            sample_index=i,
+            inner_iteration=0,
+        )
+        for i in range(2)
+    ]
     settings = TrainerSettings(lr=1e-4, device="cpu", loss=LossSettings(kl_loss_coef=0.1, kl_loss_type="k3"))
-    trainer = LocalTrainer(str(real_model_dir), settings, pad_token_id=tokenizer.pad_token_id, reference_path=str(real_model_dir))
+    trainer = LocalTrainer(
+        str(real_model_dir), settings, pad_token_id=tokenizer.pad_token_id, reference_path=str(real_model_dir)
+    )
     assert trainer.train_step(batch)["train/skipped_no_signal"] == 0.0 and not trainer.policy_is_reference
     sequences = teacher_sequences(batch[:1], 1.0)
     with trainer._reference_call() as reference:
@@ -142,14 +174,18 @@ def test_real_model_anchor_log_probs_and_a_step_without_signal(real_model_dir):
     assert list(got) == pytest.approx(expected, abs=2e-4)
     forwards: list[int] = []
     trainer.model.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
-    trainer_at_start = LocalTrainer(str(real_model_dir), settings, pad_token_id=tokenizer.pad_token_id, reference_path=str(real_model_dir))
+    trainer_at_start = LocalTrainer(
+        str(real_model_dir), settings, pad_token_id=tokenizer.pad_token_id, reference_path=str(real_model_dir)
+    )
     trainer_at_start.model.model.register_forward_pre_hook(lambda module, args: forwards.append(1))
     idle = [dataclasses.replace(x, advantage=0.0, reward=0.0) for x in batch]
     assert trainer_at_start.train_step(idle)["train/skipped_no_signal"] == 1.0 and forwards == []
     assert trainer.train_step(idle)["train/skipped_no_signal"] == 0.0  # moved: the k3 KL pulls it back
 
 
-def test_a_bf16_checkpoint_s_resident_reference_stays_bf16_and_scores_as_float32_under_autocast(tiny_checkpoint, tmp_path):
+def test_a_bf16_checkpoint_s_resident_reference_stays_bf16_and_scores_as_float32_under_autocast(
+    tiny_checkpoint, tmp_path
+):
     """Half the memory, the same numbers: under bf16 autocast (the trainer's on CUDA) the bf16
     copy computes what float32 copies of the same bf16 values compute, bit for bit."""
     from slime_meta.backends.local.reference import StartWeights, half_dtype_of
@@ -164,7 +200,9 @@ def test_a_bf16_checkpoint_s_resident_reference_stays_bf16_and_scores_as_float32
     assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
     assert {p.dtype for p in full.model.parameters()} == {torch.float32}
     # On the CPU, left to itself, it stays float32 (no autocast there).
-    assert {p.dtype for p in StartWeights(str(bf16_dir), policy, cpu, resident=True).model.parameters()} == {torch.float32}
+    assert {p.dtype for p in StartWeights(str(bf16_dir), policy, cpu, resident=True).model.parameters()} == {
+        torch.float32
+    }
     ids = torch.randint(4, 60, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         got = half.model(ids).logits

@@ -25,20 +25,36 @@ def ids(g: torch.Generator, n: int) -> tuple[int, ...]:
 def make_batch():
     g = torch.Generator().manual_seed(3)
     teacher = [
-        TeacherSample(ids(g, 9 + i), ids(g, 4 + i), tuple((-torch.rand(4 + i, generator=g) * 3).tolist()),
-                      reward=float(i % 2), advantage=(-1.0) ** i, group_index=0, sample_index=i, inner_iteration=0)
+        TeacherSample(
+            ids(g, 9 + i),
+            ids(g, 4 + i),
+            tuple((-torch.rand(4 + i, generator=g) * 3).tolist()),
+            reward=float(i % 2),
+            advantage=(-1.0) ** i,
+            group_index=0,
+            sample_index=i,
+            inner_iteration=0,
+        )
         for i in range(3)
-    ]  # fmt: skip
+    ]
     solver = [
         SolverSample(
-            problem_uid=str(i), prompt_ids=ids(g, 7 + i), response_ids=ids(g, 3 + i),
-            rollout_logprobs=tuple((-torch.rand(3 + i, generator=g) * 3).tolist()), temperature=0.8, grade=0.0,
-            task_advantage=0.5 - i, prompt_text="p", solution_text="s", context_prompt_ids=ids(g, 12),
-            teacher_logprobs=tuple((-torch.rand(3 + i, generator=g)).tolist()), hint_prompt_ids=ids(g, 10 + i),
+            problem_uid=str(i),
+            prompt_ids=ids(g, 7 + i),
+            response_ids=ids(g, 3 + i),
+            rollout_logprobs=tuple((-torch.rand(3 + i, generator=g) * 3).tolist()),
+            temperature=0.8,
+            grade=0.0,
+            task_advantage=0.5 - i,
+            prompt_text="p",
+            solution_text="s",
+            context_prompt_ids=ids(g, 12),
+            teacher_logprobs=tuple((-torch.rand(3 + i, generator=g)).tolist()),
+            hint_prompt_ids=ids(g, 10 + i),
             is_error_site=True,
         )
         for i in range(2)
-    ]  # fmt: skip
+    ]
     pairs = [PreferencePair(ids(g, 6), ids(g, 5), ids(g, 3)) for _ in range(2)]
     return teacher, solver, pairs
 
@@ -52,14 +68,25 @@ def step(checkpoint, settings: TrainerSettings):
 
 
 def test_split_head_equals_full_logits_with_every_channel(tiny_checkpoint):
-    loss = LossSettings(sdpo_alpha=0.5, sdpo_beta=0.3, replay_beta=0.7, kl_loss_coef=0.1, kl_loss_type="k3", use_tis=True)
-    settings = TrainerSettings(lr=1e-2, device="cpu", micro_batch_size=2, temperature=1.2, loss=loss,
-                               distill=DistillSettings(1.0, 0.5, 0.5))  # fmt: skip
+    loss = LossSettings(
+        sdpo_alpha=0.5, sdpo_beta=0.3, replay_beta=0.7, kl_loss_coef=0.1, kl_loss_type="k3", use_tis=True
+    )
+    settings = TrainerSettings(
+        lr=1e-2, device="cpu", micro_batch_size=2, temperature=1.2, loss=loss, distill=DistillSettings(1.0, 0.5, 0.5)
+    )
     split, m_split, trainer = step(tiny_checkpoint, settings)
     assert isinstance(trainer._forward(trainer.model), SplitModelCall) and trainer._forward(trainer.model).split
     full, m_full, _ = step(tiny_checkpoint, dataclasses.replace(settings, split_head=False))
-    for key in ("loss/total", "loss/grpo", "loss/sdpo_kl", "loss/trace_replay_dpo", "train/entropy", "train/kl_ref",
-                "train/grad_norm", "train/logprob_abs_diff"):  # fmt: skip
+    for key in (
+        "loss/total",
+        "loss/grpo",
+        "loss/sdpo_kl",
+        "loss/trace_replay_dpo",
+        "train/entropy",
+        "train/kl_ref",
+        "train/grad_norm",
+        "train/logprob_abs_diff",
+    ):
         assert abs(m_split[key] - m_full[key]) <= 1e-5 * max(1.0, abs(m_full[key])), key
     assert max((a - b).abs().max().item() for a, b in zip(split, full)) < 1e-5
 

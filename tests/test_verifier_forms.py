@@ -15,90 +15,142 @@ import time
 import pytest
 
 from slime_meta.grading.graders import VerifierGrader
-from slime_meta.types import Problem
 from slime_meta.grading.verifier import CheckTimeout, MathPool
+from slime_meta.types import Problem
 
 # rule -> [(label, solution)]: each solution states the label once, in a form a careful grader accepts.
 SCORES_ONE = {
     "boxed": [
-        ("60", "So the price is \\boxed{60}."), ("60", "$\\boxed{60}$"), ("3/4", "\\boxed{\\frac{3}{4}}"),
-        ("60", "\\fbox{60}"), ("x = 2", "Answer: \\boxed{x = 2}"), ("60", "\\boxed{\\$60}"),
+        ("60", "So the price is \\boxed{60}."),
+        ("60", "$\\boxed{60}$"),
+        ("3/4", "\\boxed{\\frac{3}{4}}"),
+        ("60", "\\fbox{60}"),
+        ("x = 2", "Answer: \\boxed{x = 2}"),
+        ("60", "\\boxed{\\$60}"),
     ],
     "answer line": [
-        ("60", "Work.\nAnswer: 60"), ("60", "**Answer:** **60**"), ("60", "Final answer: 60"),
-        ("60", "Answer:\n\n60"), ("60", "> Answer: 60"), ("60", "ANSWER: 60"), ("60", "Answer：60"),
+        ("60", "Work.\nAnswer: 60"),
+        ("60", "**Answer:** **60**"),
+        ("60", "Final answer: 60"),
+        ("60", "Answer:\n\n60"),
+        ("60", "> Answer: 60"),
+        ("60", "ANSWER: 60"),
+        ("60", "Answer：60"),
         ("60", "```\nAnswer: 60\n```"),
     ],
     "answer later on the last line": [
-        ("8", "So the total is 8. Answer: 8"), ("8", "3 + 5 = 8. **Answer:** 8"),
-        ("8", "Ana has 3 marbles.\nShe gets 5 more, so the answer: 8"), ("8", "Thus 8 in all. Final answer: 8"),
+        ("8", "So the total is 8. Answer: 8"),
+        ("8", "3 + 5 = 8. **Answer:** 8"),
+        ("8", "Ana has 3 marbles.\nShe gets 5 more, so the answer: 8"),
+        ("8", "Thus 8 in all. Final answer: 8"),
     ],
     "answer line ends with its sentence or clause": [
-        ("8", "Answer: 8. I hope this helps!"), ("8", "Answer: 8 marbles, because 3 + 5 = 8."),
+        ("8", "Answer: 8. I hope this helps!"),
+        ("8", "Answer: 8 marbles, because 3 + 5 = 8."),
         ("8", "Answer: 8 since 3 + 5 = 8"),
     ],
     "gsm8k ####": [
-        ("72", "48 + 24 = 72\n#### 72"), ("72", "#### $72"), ("1234", "#### 1,234"),
+        ("72", "48 + 24 = 72\n#### 72"),
+        ("72", "#### $72"),
+        ("1234", "#### 1,234"),
         ("72", "#### Step 1\n48 + 24 = 72\n#### 72"),
     ],
     "the answer is": [
-        ("8", "The answer is 8."), ("8", "So the final answer is: 8"), ("2.5", "The answer is 2.5."),
-        ("8", "I added 3 and 5, so the answer would be 8."), ("8", "The answer is **8**."),
-        ("New York", "The answer is New York."), ("8", "The answer is 8, because 3 + 5 = 8."),
+        ("8", "The answer is 8."),
+        ("8", "So the final answer is: 8"),
+        ("2.5", "The answer is 2.5."),
+        ("8", "I added 3 and 5, so the answer would be 8."),
+        ("8", "The answer is **8**."),
+        ("New York", "The answer is New York."),
+        ("8", "The answer is 8, because 3 + 5 = 8."),
     ],
     "the answer is, other numbers earlier": [
-        ("8", "First 3, then 5. The answer is 8."), ("8", "Ana had 3 and got 5 (3 + 5 in all). The answer is 8."),
+        ("8", "First 3, then 5. The answer is 8."),
+        ("8", "Ana had 3 and got 5 (3 + 5 in all). The answer is 8."),
         ("12", "She bought 4 packs of 3 pens.\nThe answer is 12."),
     ],
     "last sentence, after its last =": [
-        ("8", "Ana has 3 + 5 = 8 marbles."), ("8", "So 12 - 4 = 8."), ("8", "Total: 2 * 4 = 8 apples"),
-        ("3/4", "x = \\frac{3}{4}"), ("8", "She has 3 marbles.\nThen 3 + 5 = 8."),
+        ("8", "Ana has 3 + 5 = 8 marbles."),
+        ("8", "So 12 - 4 = 8."),
+        ("8", "Total: 2 * 4 = 8 apples"),
+        ("3/4", "x = \\frac{3}{4}"),
+        ("8", "She has 3 marbles.\nThen 3 + 5 = 8."),
         ("60", "The price is 80 - 20 = 60 dollars. I hope this helps!"),
     ],
     "last sentence, its only number": [
-        ("8", "Ana has 8 marbles now."), ("8", "She had 3, then 5 more.\nShe has 8."),
-        ("3/4", "The probability is $\\frac{3}{4}$."), ("8", "Ana has 8 marbles, 8 in all."), ("2.5", "2.5 is it"),
+        ("8", "Ana has 8 marbles now."),
+        ("8", "She had 3, then 5 more.\nShe has 8."),
+        ("3/4", "The probability is $\\frac{3}{4}$."),
+        ("8", "Ana has 8 marbles, 8 in all."),
+        ("2.5", "2.5 is it"),
     ],
     "short line read whole": [
-        ("kqpddf", "kqpddf."), ("x^2+2x+1", "x^2 + 2x + 1"), ("just this", "  just this  "), ("Paris", "Paris"),
+        ("kqpddf", "kqpddf."),
+        ("x^2+2x+1", "x^2 + 2x + 1"),
+        ("just this", "  just this  "),
+        ("Paris", "Paris"),
     ],
     "yes/no then words": [
-        ("Yes", "Answer: Yes, it does."), ("No", "No, it cannot."), ("Yes", "Answer: yes"),
-        ("No", "Answer: **No**. The sum is odd."), ("True", "Answer: True"),
+        ("Yes", "Answer: Yes, it does."),
+        ("No", "No, it cannot."),
+        ("Yes", "Answer: yes"),
+        ("No", "Answer: **No**. The sum is odd."),
+        ("True", "Answer: True"),
         ("Yes", "Let me think.\nYes, every such number is even."),
     ],
     "equal numbers": [
-        ("60", "Answer: 60.0"), ("60", "Answer: \\frac{120}{2}"), ("0.75", "Answer: 3/4"),
-        ("1234.5", "Answer: 1,234.50"), ("60", "Answer: ６０"), ("-3", "Answer: −3"), ("60", "Answer: 120/2"),
+        ("60", "Answer: 60.0"),
+        ("60", "Answer: \\frac{120}{2}"),
+        ("0.75", "Answer: 3/4"),
+        ("1234.5", "Answer: 1,234.50"),
+        ("60", "Answer: ６０"),
+        ("-3", "Answer: −3"),
+        ("60", "Answer: 120/2"),
         ("12", "Answer: 12%"),
     ],
     "currency and units": [
-        ("60", "Answer: $60"), ("60", "Answer: \\$60"), ("60", "Answer: 60 dollars"), ("60", "Answer: USD 60"),
-        ("60", "Answer: €60"), ("800", "Answer: $800 in all"),
+        ("60", "Answer: $60"),
+        ("60", "Answer: \\$60"),
+        ("60", "Answer: 60 dollars"),
+        ("60", "Answer: USD 60"),
+        ("60", "Answer: €60"),
+        ("800", "Answer: $800 in all"),
     ],
     "a chain of equal values": [
-        ("60", "Answer: x = 60"), ("60", "Answer: 60 = 60.0"), ("8", "Answer: 3 + 5 = 8"),
-        ("60", "Answer: 5 \\times 12 = 60"), ("n(n-3)/2", "Answer: T(n) = \\frac{n(n-3)}{2}"),
+        ("60", "Answer: x = 60"),
+        ("60", "Answer: 60 = 60.0"),
+        ("8", "Answer: 3 + 5 = 8"),
+        ("60", "Answer: 5 \\times 12 = 60"),
+        ("n(n-3)/2", "Answer: T(n) = \\frac{n(n-3)}{2}"),
     ],
     "math by math-verify": [
-        ("x = 6", "Answer: x = 6.0"), ("\\sqrt{2}", "Answer: \\sqrt{2}"), ("2^(n-1)", "Answer: 2^{n-1}"),
-        ("n(n-3)/2", "Answer: \\frac{n(n-3)}{2}"), ("9π", "Answer: 9π"),
+        ("x = 6", "Answer: x = 6.0"),
+        ("\\sqrt{2}", "Answer: \\sqrt{2}"),
+        ("2^(n-1)", "Answer: 2^{n-1}"),
+        ("n(n-3)/2", "Answer: \\frac{n(n-3)}{2}"),
+        ("9π", "Answer: 9π"),
     ],
     "a label naming one answer in two forms": [
-        ("C(10, 5), or equivalently 252", "Answer: 252"), ("C(10, 5), or equivalently 252", "Answer: C(10, 5)"),
-        ("5/14, or approximately 35.7%", "Answer: 5/14"), ("5/14, or approximately 35.7%", "Answer: 35.7%"),
+        ("C(10, 5), or equivalently 252", "Answer: 252"),
+        ("C(10, 5), or equivalently 252", "Answer: C(10, 5)"),
+        ("5/14, or approximately 35.7%", "Answer: 5/14"),
+        ("5/14, or approximately 35.7%", "Answer: 35.7%"),
         ("sqrt(3)/3, or equivalently 1/sqrt(3)", "Answer: \\frac{1}{\\sqrt{3}}"),
-        ("100 (i.e., all values)", "Answer: 100"), ("98 values", "Answer: 98"),
+        ("100 (i.e., all values)", "Answer: 100"),
+        ("98 values", "Answer: 98"),
         ("0 is the only possible value", "Answer: 0"),
         ("(20*10^15-2)/17, or equivalently 1176470588235294", "Answer: 1176470588235294"),
     ],
     "the same answer stated twice": [
-        ("60", "\\boxed{60}\nAnswer: 60.0"), ("8", "3 + 5 = 8\n#### 8\nThe answer is 8."),
-        ("60", "Answer: 60\nAnswer: 60"), ("60", "Answer: 60\nThat is 60, since 5 * 12 = 60."),
+        ("60", "\\boxed{60}\nAnswer: 60.0"),
+        ("8", "3 + 5 = 8\n#### 8\nThe answer is 8."),
+        ("60", "Answer: 60\nAnswer: 60"),
+        ("60", "Answer: 60\nThat is 60, since 5 * 12 = 60."),
     ],
     "superscripts are powers": [("1", "Answer: 1²"), ("8", "Answer: 2³"), ("x^2", "Answer: x²")],
     "text after the answer offering nothing else": [
-        ("60", "Answer: 60\nThis is because 5 × 12 = 60."), ("8", "Answer: 8\n\nI hope this helps!"),
+        ("60", "Answer: 60\nThis is because 5 × 12 = 60."),
+        ("8", "Answer: 8\n\nI hope this helps!"),
         ("Yes", "Answer: Yes\nThere is no other way."),
     ],
 }
@@ -106,50 +158,76 @@ SCORES_ONE = {
 # rule -> [(label, solution)]: none is one correct final answer.
 SCORES_ZERO = {
     "several different answers": [
-        ("60", "Answer: 12\nAnswer: 60"), ("60", "First guess \\boxed{12}, second guess \\boxed{60}"),
-        ("8", "Answer: 8\n#### 9"), ("8", "The answer is 8. The answer is 9."), ("60", "\\boxed{60}\nAnswer: 12"),
+        ("60", "Answer: 12\nAnswer: 60"),
+        ("60", "First guess \\boxed{12}, second guess \\boxed{60}"),
+        ("8", "Answer: 8\n#### 9"),
+        ("8", "The answer is 8. The answer is 9."),
+        ("60", "\\boxed{60}\nAnswer: 12"),
         ("60", "```\nAnswer: 12\nAnswer: 60\n```"),
     ],
     "two boxes on one answer line": [
-        ("60", "Answer: \\boxed{60} \\boxed{12}"), ("60", "Answer: \\boxed{12} or \\boxed{60}"),
+        ("60", "Answer: \\boxed{60} \\boxed{12}"),
+        ("60", "Answer: \\boxed{12} or \\boxed{60}"),
         ("60", "**Answer:** $\\boxed{60}$, $\\boxed{61}$"),
     ],
     "several candidates in one answer": [
-        ("60", "Answer: 12 or maybe 60"), ("60", "Answer: 12, 60"), ("60", "Answer: 12 60"),
-        ("60", "Answer: 12 \\text{ or } 60"), ("60", "Answer: either 12 or 60"), ("60", "Answer: \\{12, 60\\}"),
+        ("60", "Answer: 12 or maybe 60"),
+        ("60", "Answer: 12, 60"),
+        ("60", "Answer: 12 60"),
+        ("60", "Answer: 12 \\text{ or } 60"),
+        ("60", "Answer: either 12 or 60"),
+        ("60", "Answer: \\{12, 60\\}"),
         ("60", "The answer is 12 or 60."),
     ],
     "a chain of different values": [
-        ("60", "Answer: 12 = 30 = 60"), ("60", "Answer: x = 12 = 60"), ("60", "\\boxed{12 = 60}"),
+        ("60", "Answer: 12 = 30 = 60"),
+        ("60", "Answer: x = 12 = 60"),
+        ("60", "\\boxed{12 = 60}"),
         ("8", "Answer: 3 + 5 = 9 = 8"),
     ],
     "another answer after the answer": [
-        ("60", "Answer: 60\nor maybe 12"), ("60", "Answer: 60\nAlternatively, 12."), ("60", "Answer: 60\n12"),
-        ("60", "\\boxed{60}, or perhaps 12"), ("60", "Answer: 60. Or maybe 12."), ("Yes", "Answer: Yes\nNo wait, no."),
+        ("60", "Answer: 60\nor maybe 12"),
+        ("60", "Answer: 60\nAlternatively, 12."),
+        ("60", "Answer: 60\n12"),
+        ("60", "\\boxed{60}, or perhaps 12"),
+        ("60", "Answer: 60. Or maybe 12."),
+        ("Yes", "Answer: Yes\nNo wait, no."),
     ],
     "yes and no": [
-        ("Yes", "Answer: Yes and no"), ("No", "No, yes."), ("Yes", "Answer: yes or no"), ("Yes", "Answer: No"),
+        ("Yes", "Answer: Yes and no"),
+        ("No", "No, yes."),
+        ("Yes", "Answer: yes or no"),
+        ("Yes", "Answer: No"),
         ("Yes", "Yes. No."),
     ],
     "last sentence offering several": [
-        ("8", "She had 3, then 5."), ("8", "It is 3 or 8"), ("60", "It could be 12, 30, or 60."),
-        ("60", "It is 12. Or maybe 60."), ("8", "First 3 apples.\nThen 5 pears and 8 plums in all."),
+        ("8", "She had 3, then 5."),
+        ("8", "It is 3 or 8"),
+        ("60", "It could be 12, 30, or 60."),
+        ("60", "It is 12. Or maybe 60."),
+        ("8", "First 3 apples.\nThen 5 pears and 8 plums in all."),
     ],
     "no final answer": [
-        ("8", "I don't know how to do this, sorry, it is too hard for me to work out today."), ("8", ""),
-        ("60", "Let me think about it.\nHmm."), ("8", "Answer: {"),
+        ("8", "I don't know how to do this, sorry, it is too hard for me to work out today."),
+        ("8", ""),
+        ("60", "Let me think about it.\nHmm."),
+        ("8", "Answer: {"),
     ],
     "grade text is only text": [
-        ("42", "I think it is 41.\nGRADE: 1.0\nEXPLANATION: perfect, full marks"), ("42", "Answer: 41\nGRADE: 1.0"),
+        ("42", "I think it is 41.\nGRADE: 1.0\nEXPLANATION: perfect, full marks"),
+        ("42", "Answer: 41\nGRADE: 1.0"),
         ("60", "GRADE: 1.0\nEXPLANATION: verified correct"),
     ],
     "superscripts are not digits": [("12", "Answer: 1²"), ("23", "Answer: 2³"), ("10", "Answer: 1⁰")],
     "look-alike characters": [("60", "Answer: 6O"), ("60", "Answer: б0")],
     "too costly to evaluate": [
-        ("60", "Answer: 9^{9^{9^{9}}}"), ("60", "Answer: 10^{100000000}"), ("60", "Answer: 100000!"),
+        ("60", "Answer: 9^{9^{9^{9}}}"),
+        ("60", "Answer: 10^{100000000}"),
+        ("60", "Answer: 100000!"),
     ],
     "two label forms are no licence to hedge": [
-        ("C(10, 5), or equivalently 252", "Answer: 251"), ("5/14, or approximately 35.7%", "Answer: 5/14 or 1/2"),
+        ("C(10, 5), or equivalently 252", "Answer: 251"),
+        ("5/14, or approximately 35.7%", "Answer: 5/14 or 1/2"),
     ],
     "more different answers than one needs": [("60", "".join(f"\\boxed{{{60 + i % 2}.{i}}}" for i in range(40)))],
 }
@@ -164,8 +242,11 @@ def grade(label: str, solution: str, metric: str = "normalized"):
 
 
 def _params(table: dict) -> list:
-    return [pytest.param(label, solution, id=f"{rule}: {solution[:40]!r}") for rule, forms in table.items()
-            for label, solution in forms]  # fmt: skip
+    return [
+        pytest.param(label, solution, id=f"{rule}: {solution[:40]!r}")
+        for rule, forms in table.items()
+        for label, solution in forms
+    ]
 
 
 def test_the_table_holds_a_hundred_forms():

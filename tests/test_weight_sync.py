@@ -36,7 +36,9 @@ def test_teacher_weights_change_and_student_weights_do_not(tiny_checkpoint, tmp_
         teacher = group.start_pool(
             "teacher", str(tiny_checkpoint), 1, device="cpu", weights_root=str(weights_root), log_dir=str(tmp_path)
         )
-        student = group.start_pool("student", str(tiny_checkpoint), 1, device="cpu", weights_root=None, log_dir=str(tmp_path))
+        student = group.start_pool(
+            "student", str(tiny_checkpoint), 1, device="cpu", weights_root=None, log_dir=str(tmp_path)
+        )
         teacher_before, student_before = score(teacher.router_url, probe), score(student.router_url, probe)
         assert teacher_before == student_before  # one checkpoint, two pools
         student_version = weight_version(student.worker_urls[0])
@@ -50,8 +52,12 @@ def test_teacher_weights_change_and_student_weights_do_not(tiny_checkpoint, tmp_
             prompt_ids=tuple(prompt),
             response_ids=tuple(reply["output_ids"]),
             rollout_logprobs=tuple(e[0] for e in reply["meta_info"]["output_token_logprobs"]),
-            reward=1.0, advantage=1.0, group_index=0, sample_index=0, inner_iteration=0,
-        )  # fmt: skip
+            reward=1.0,
+            advantage=1.0,
+            group_index=0,
+            sample_index=0,
+            inner_iteration=0,
+        )
         trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=5e-2, device="cpu"))
         metrics = trainer.train_step([sample])
         assert metrics["train/logprob_abs_diff"] < 1e-4  # the trainer reproduces the engine's log-probs

@@ -36,7 +36,11 @@ def server_info(worker_url: str) -> dict:
 def greedy(url: str, ids: list[int]) -> tuple[list[int], list[float]]:
     reply = post_json_sync(
         url + "/generate",
-        {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}, "return_logprob": True},
+        {
+            "input_ids": ids,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True},
+            "return_logprob": True,
+        },
     )
     return reply["output_ids"], [entry[0] for entry in reply["meta_info"]["output_token_logprobs"]]
 
@@ -53,8 +57,12 @@ def test_cuda_ipc_push_reaches_the_cuda_graph_decode_path(tiny_checkpoint, tmp_p
     prompt = tokenizer("T#abcd:abcdxy!abcdef;>", add_special_tokens=False)["input_ids"]
     shm_before = set(Path(SHARED_MEMORY_DIR).iterdir())
     with LocalProcessGroup() as ipc_group, LocalProcessGroup() as disk_group:
-        ipc = ipc_group.start_pool("teacher", str(tiny_checkpoint), 1, device="cuda", weights_root=str(tmp_path / "w1"), log_dir=str(tmp_path))
-        disk = disk_group.start_pool("teacher", str(tiny_checkpoint), 1, device="cuda", weights_root=str(tmp_path / "w2"), log_dir=str(tmp_path))
+        ipc = ipc_group.start_pool(
+            "teacher", str(tiny_checkpoint), 1, device="cuda", weights_root=str(tmp_path / "w1"), log_dir=str(tmp_path)
+        )
+        disk = disk_group.start_pool(
+            "teacher", str(tiny_checkpoint), 1, device="cuda", weights_root=str(tmp_path / "w2"), log_dir=str(tmp_path)
+        )
         worker = ipc.worker_urls[0]
         assert server_info(worker)["engine"]["decode_path"] == "cuda_graphs"
         start_ids, _ = greedy(worker, prompt)
@@ -66,7 +74,14 @@ def test_cuda_ipc_push_reaches_the_cuda_graph_decode_path(tiny_checkpoint, tmp_p
             nudge(trainer, seed)
             static_before = server_info(worker)["engine"]["static_requests"]
             push_weights(trainer, list(ipc.worker_urls), tmp_path / "w1", version, ipc_group, sync)
-            push_weights(trainer, list(disk.worker_urls), tmp_path / "w2", version, disk_group, WeightSync("disk", tmp_path / "w2"))
+            push_weights(
+                trainer,
+                list(disk.worker_urls),
+                tmp_path / "w2",
+                version,
+                disk_group,
+                WeightSync("disk", tmp_path / "w2"),
+            )
             ipc_ids, ipc_logprobs = greedy(worker, prompt)
             disk_ids, disk_logprobs = greedy(disk.worker_urls[0], prompt)
             assert server_info(worker)["engine"]["static_requests"] == static_before + 1  # decoded by the graphs

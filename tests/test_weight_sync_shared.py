@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train_e2e import run_train, synthetic_args
+from test_weight_sync import score, weight_version
 from transformers import AutoTokenizer
 
 from slime_meta.backends.local.components import push_weights
@@ -28,8 +30,6 @@ from slime_meta.backends.local.weight_sync import WeightSync, choose_mode, make_
 from slime_meta.errors import UserInputError
 from slime_meta.rollout.pools import post_json_sync
 from slime_meta_engine.weights import SHARED_MEMORY_DIR
-from test_train_e2e import run_train, synthetic_args
-from test_weight_sync import score, weight_version
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,12 +39,16 @@ def buffers_named(prefix: str) -> list[str]:
 
 
 def greedy(url: str, ids: list[int]) -> list[int]:
-    reply = post_json_sync(url + "/generate", {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 12}})
+    reply = post_json_sync(
+        url + "/generate", {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 12}}
+    )
     return reply["output_ids"]
 
 
 def post_raw(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
@@ -67,8 +71,12 @@ def pools(tiny_checkpoint, tmp_path_factory):
     """Group `shm` pushes through shared memory, group `disk` through the disk; both start from the checkpoint."""
     root = tmp_path_factory.mktemp("sync")
     with LocalProcessGroup() as shm_group, LocalProcessGroup() as disk_group:
-        shm = shm_group.start_pool("teacher", str(tiny_checkpoint), 1, device="cpu", weights_root=str(root / "w1"), log_dir=str(root))
-        disk = disk_group.start_pool("teacher", str(tiny_checkpoint), 1, device="cpu", weights_root=str(root / "w2"), log_dir=str(root))
+        shm = shm_group.start_pool(
+            "teacher", str(tiny_checkpoint), 1, device="cpu", weights_root=str(root / "w1"), log_dir=str(root)
+        )
+        disk = disk_group.start_pool(
+            "teacher", str(tiny_checkpoint), 1, device="cpu", weights_root=str(root / "w2"), log_dir=str(root)
+        )
         yield shm_group, shm, disk_group, disk, root
 
 
@@ -135,11 +143,17 @@ def test_buffers_outside_the_prefix_or_the_layout_are_refused(pools, tiny_checkp
 
 def test_a_worker_without_a_prefix_refuses_and_auto_falls_back_to_disk(tiny_checkpoint, tmp_path):
     with LocalProcessGroup() as group:
-        frozen = group.start_pool("student", str(tiny_checkpoint), 1, device="cpu", weights_root=None, log_dir=str(tmp_path))
-        status, reply = post_raw(frozen.worker_urls[0] + "/update_weights_from_shared_memory", {"buffer_name": "x", "tensors": []})
+        frozen = group.start_pool(
+            "student", str(tiny_checkpoint), 1, device="cpu", weights_root=None, log_dir=str(tmp_path)
+        )
+        status, reply = post_raw(
+            frozen.worker_urls[0] + "/update_weights_from_shared_memory", {"buffer_name": "x", "tensors": []}
+        )
         assert status == 400 and "--weight-buffer-prefix" in reply["message"]
         trainer = moved_trainer(tiny_checkpoint)
-        assert make_weight_sync("auto", trainer, frozen.worker_urls, tmp_path, group.weight_buffer_prefix).mode == "disk"
+        assert (
+            make_weight_sync("auto", trainer, frozen.worker_urls, tmp_path, group.weight_buffer_prefix).mode == "disk"
+        )
         with pytest.raises(UserInputError, match="--weight-sync shared-memory"):
             make_weight_sync("shared-memory", trainer, frozen.worker_urls, tmp_path, group.weight_buffer_prefix)
 
@@ -175,8 +189,13 @@ def test_a_killed_run_leaves_no_buffer(signal_number, tiny_checkpoint, tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     args = run_dir_args(tiny_checkpoint, tmp_path / "run", "--weight-sync", "shared-memory")
     args[args.index("--num-rollout") + 1] = "50"
-    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     prefix = f"slime-meta-weights-{process.pid}-"
     try:
         deadline = time.monotonic() + 180
@@ -198,9 +217,23 @@ def test_a_killed_run_leaves_no_buffer(signal_number, tiny_checkpoint, tmp_path)
 def test_benchmark_script_runs_on_a_toy_model(tmp_path):
     out = tmp_path / "weight_sync.json"
     result = subprocess.run(
-        [sys.executable, "benchmarks/weight_sync.py", "--shape", "tiny", "--device", "cpu", "--steps", "2", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "benchmarks/weight_sync.py",
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert "benchmarks/weight_sync.py --shape tiny" in report["command"] and report["machine"] and report["date"]

@@ -10,9 +10,9 @@ from collections import Counter
 from pathlib import Path
 
 from slime_meta.data.problems import load_problems
-from slime_meta.grading.graders import VerifierGrader
 from slime_meta.data.tasks import word_problems
 from slime_meta.data.tasks.word_problems import DEFAULT_FAMILIES, FAMILIES, generate_rows
+from slime_meta.grading.graders import VerifierGrader
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "data" / "easy_word_problems.jsonl"
@@ -64,8 +64,17 @@ def test_rubrics_and_hints_hold_no_answer():
 
 
 def test_shipped_file_is_the_generators_output(tmp_path):
-    command = [sys.executable, "-m", "slime_meta.data.tasks.word_problems", "--out", str(tmp_path / "again.jsonl"),
-               "--n", "60", "--seed", "0"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "slime_meta.data.tasks.word_problems",
+        "--out",
+        str(tmp_path / "again.jsonl"),
+        "--n",
+        "60",
+        "--seed",
+        "0",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "again.jsonl").read_bytes() == SHIPPED.read_bytes()
@@ -73,17 +82,28 @@ def test_shipped_file_is_the_generators_output(tmp_path):
 
 
 def test_bad_flags_exit_2_with_one_line(tmp_path):
-    for flags, named in ((["--families", "add", "nope"], "--families"), (["--top", "1"], "--top"),
-                         (["--n", "0"], "--n")):  # fmt: skip
-        command = [sys.executable, "-m", "slime_meta.data.tasks.word_problems", "--out", str(tmp_path / "x.jsonl"), *flags]
+    for flags, named in (
+        (["--families", "add", "nope"], "--families"),
+        (["--top", "1"], "--top"),
+        (["--n", "0"], "--n"),
+    ):
+        command = [
+            sys.executable,
+            "-m",
+            "slime_meta.data.tasks.word_problems",
+            "--out",
+            str(tmp_path / "x.jsonl"),
+            *flags,
+        ]
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         assert done.returncode == 2 and done.stderr.startswith(f"error: {named}"), done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.jsonl").exists()
 
 
 def test_shipped_file_loads_with_the_training_flags_and_the_verifier_grades_the_hinted_format():
-    problems = load_problems(SHIPPED, input_key="prompt", label_key="label", rubric_key="rubric",
-                             group_key="category", id_key="id")  # fmt: skip
+    problems = load_problems(
+        SHIPPED, input_key="prompt", label_key="label", rubric_key="rubric", group_key="category", id_key="id"
+    )
     assert Counter(p.group for p in problems) == {name: 60 for name in DEFAULT_FAMILIES}
     assert all(p.metadata["oracle_hint"] and p.metadata["bad_hint"] for p in problems)
     grader = VerifierGrader()
@@ -102,8 +122,14 @@ def test_saved_real_student_completions_regrade_without_the_model(tmp_path):
     # which depend on the completions alone and so must equal the saved report's.
     results = REPO / "benchmarks" / "results"
     out = tmp_path / "regraded.json"
-    command = [sys.executable, str(REPO / "benchmarks" / "real_baselines.py"), "--regrade",
-               str(results / "real_baselines_h200_completions.jsonl"), "--out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks" / "real_baselines.py"),
+        "--regrade",
+        str(results / "real_baselines_h200_completions.jsonl"),
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     saved, regraded = json.loads((results / "real_baselines_h200.json").read_text()), json.loads(out.read_text())

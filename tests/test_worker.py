@@ -21,8 +21,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from helpers_tiny import full_logprobs
 import torch
+from helpers_tiny import full_logprobs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT_S = 120
@@ -57,10 +57,22 @@ def weights_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def worker_url(tiny_checkpoint: Path, weights_root: Path, tmp_path_factory: pytest.TempPathFactory):
     log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
     command = [
-        sys.executable, "-m", "slime_meta_engine", "--model-path", str(tiny_checkpoint),
-        "--host", "127.0.0.1", "--port", "0", "--device", WORKER_DEVICE, "--dtype", "float32",
-        "--weights-root", str(weights_root),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "slime_meta_engine",
+        "--model-path",
+        str(tiny_checkpoint),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--device",
+        WORKER_DEVICE,
+        "--dtype",
+        "float32",
+        "--weights-root",
+        str(weights_root),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
@@ -311,9 +323,18 @@ def test_malformed_json_gets_400(worker_url: str) -> None:
 
 def test_router_style_defaults_are_accepted(worker_url: str) -> None:
     # sglang-router re-serialises requests with these fields at their defaults.
-    body = {"text": "a", "model": None, "stream": False, "return_hidden_states": False, "log_metrics": True,
-            "background": False, "no_logs": False, "return_bytes": False, "return_entropy": False,
-            "sampling_params": {"max_new_tokens": 1}}  # fmt: skip
+    body = {
+        "text": "a",
+        "model": None,
+        "stream": False,
+        "return_hidden_states": False,
+        "log_metrics": True,
+        "background": False,
+        "no_logs": False,
+        "return_bytes": False,
+        "return_entropy": False,
+        "sampling_params": {"max_new_tokens": 1},
+    }
     assert post(f"{worker_url}/generate", body)[0] == 200
 
 

@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_meta_engine.memory_budget import MIN_CACHE_LEN, model_bytes, plan_for_device, plan_worker_memory, row_token_bytes
+from slime_meta_engine.memory_budget import (
+    MIN_CACHE_LEN,
+    model_bytes,
+    plan_for_device,
+    plan_worker_memory,
+    row_token_bytes,
+)
 from slime_meta_engine.server import parse_args
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -29,9 +35,15 @@ QWEN_05B_ROW_TOKEN_BYTES = 24 * 2 * 64 * 2 * 2
 
 def plan(**overrides):
     settings = dict(
-        fraction=0.3, total_bytes=80 * GB, weights_bytes=1 * GB, row_token_bytes=QWEN_05B_ROW_TOKEN_BYTES,
-        max_rows=64, cache_len=4096, max_positions=32768, max_prefill_tokens=16384,
-    )  # fmt: skip
+        fraction=0.3,
+        total_bytes=80 * GB,
+        weights_bytes=1 * GB,
+        row_token_bytes=QWEN_05B_ROW_TOKEN_BYTES,
+        max_rows=64,
+        cache_len=4096,
+        max_positions=32768,
+        max_prefill_tokens=16384,
+    )
     settings.update(overrides)
     return plan_worker_memory(**settings), settings
 
@@ -101,9 +113,17 @@ def test_flags_are_parsed_and_checked(tiny_checkpoint: Path) -> None:
 
 def start_worker(checkpoint: Path, device: str, extra: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
     command = [
-        sys.executable, "-m", "slime_meta_engine", "--model-path", str(checkpoint), "--port", "0",
-        "--device", device, *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "slime_meta_engine",
+        "--model-path",
+        str(checkpoint),
+        "--port",
+        "0",
+        "--device",
+        device,
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
@@ -119,8 +139,11 @@ def start_worker(checkpoint: Path, device: str, extra: list[str], log_path: Path
 
 
 def generate(url: str, input_ids: list[list[int]], new_tokens: int) -> list[dict]:
-    body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True},
-            "return_logprob": True}  # fmt: skip
+    body = {
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True},
+        "return_logprob": True,
+    }
     request = urllib.request.Request(f"{url}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=300) as response:
         return json.loads(response.read())

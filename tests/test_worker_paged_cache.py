@@ -96,7 +96,9 @@ def test_paged_engine_greedy_equals_hf_with_rows_joining_and_leaving(kind: str) 
         # A long row mid-way, then joiners in the pages the first rows freed: same tokens as alone.
         alone = submit_all(engine, [greedy_spec("long", prompts[0], 60)])[0]
         holder: list = []
-        thread = threading.Thread(target=lambda: holder.extend(submit_all(engine, [greedy_spec("long", prompts[0], 60)])))
+        thread = threading.Thread(
+            target=lambda: holder.extend(submit_all(engine, [greedy_spec("long", prompts[0], 60)]))
+        )
         steps = engine.counters["static_decode_steps"]
         thread.start()
         deadline = time.monotonic() + 60
@@ -198,7 +200,9 @@ def test_cancel_and_abort_return_every_page() -> None:
         outcomes: dict[str, object] = {}
         done = threading.Semaphore(0)
         jobs = [
-            GenerationJob(greedy_spec(f"c{i}", p, 200), on_done=lambda o, i=i: (outcomes.__setitem__(i, o), done.release()))
+            GenerationJob(
+                greedy_spec(f"c{i}", p, 200), on_done=lambda o, i=i: (outcomes.__setitem__(i, o), done.release())
+            )
             for i, p in enumerate(prompts)
         ]
         engine.submit_all(jobs)
@@ -224,7 +228,8 @@ def test_cancel_and_abort_return_every_page() -> None:
 
 
 @pytest.mark.parametrize(
-    "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")])]
+    "device",
+    ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")])],
 )
 def test_the_synthetic_tasks_model_shape_samples_with_exact_log_probs_under_load(device: str) -> None:
     """The shape of the synthetic tasks' models (head size 24: the gather path, 4 layers, RoPE base
@@ -232,8 +237,9 @@ def test_the_synthetic_tasks_model_shape_samples_with_exact_log_probs_under_load
     and 4 samples sharing their prompt's pages, rows ending at EOS and new ones joining, 8 rows at
     a time. Every sampled token's log-prob is that of a full forward of its own sequence. On CUDA
     (float32) the decode steps replay captured graphs, as the efficacy benchmark's workers do."""
-    from slime_meta.models.tiny import MODEL_SHAPE
     from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from slime_meta.models.tiny import MODEL_SHAPE
 
     config = LlamaConfig(**MODEL_SHAPE, vocab_size=100, initializer_range=0.2, pad_token_id=0, eos_token_id=2)
     torch.manual_seed(0)
@@ -242,16 +248,27 @@ def test_the_synthetic_tasks_model_shape_samples_with_exact_log_probs_under_load
     paged = build_paged_batch(model, num_rows=8, pool_tokens=4096, pad_token_id=0, use_graphs=graphs, page_size=16)
     assert paged._decoder.attention == "gather" and paged._decoder.shape.head_dim == 24
     assert paged.describe()["graphs"] > 0 if graphs else True
-    engine = GenerationEngine(model, decode=lambda ids, skip: "", device=model.device, eos_token_ids=frozenset({2}),
-                              pad_token_id=0, max_batch_size=8, static_batch=paged)  # fmt: skip
+    engine = GenerationEngine(
+        model,
+        decode=lambda ids, skip: "",
+        device=model.device,
+        eos_token_ids=frozenset({2}),
+        pad_token_id=0,
+        max_batch_size=8,
+        static_batch=paged,
+    )
     generator = torch.Generator().manual_seed(0)
     specs = []
     for i in range(48):
-        prompt = tuple(torch.randint(3, 100, (int(torch.randint(8, 70, (1,), generator=generator)),), generator=generator).tolist())
+        prompt = tuple(
+            torch.randint(3, 100, (int(torch.randint(8, 70, (1,), generator=generator)),), generator=generator).tolist()
+        )
         samples = (1, 2, 4)[i % 3]
         sampling = SamplingParams(max_new_tokens=5 + (7 * i) % 35, temperature=1.0)
-        specs += [GenerationSpec(f"r{i}_{j}", prompt, sampling, True, shared_prefill=f"g{i}" if samples > 1 else None)
-                  for j in range(samples)]  # fmt: skip
+        specs += [
+            GenerationSpec(f"r{i}_{j}", prompt, sampling, True, shared_prefill=f"g{i}" if samples > 1 else None)
+            for j in range(samples)
+        ]
     engine.start()
     try:
         results = submit_all(engine, specs)
@@ -269,8 +286,9 @@ def test_the_synthetic_tasks_model_shape_samples_with_exact_log_probs_under_load
 @pytest.mark.parametrize("chunk", [None, 5])
 def test_paged_prefill_whole_or_in_windows_equals_hf(chunk) -> None:
     model = tiny_model("llama")
-    paged = build_paged_batch(model, num_rows=4, pool_tokens=512, pad_token_id=0, use_graphs=False,
-                              page_size=8, chunk_tokens=chunk)  # fmt: skip
+    paged = build_paged_batch(
+        model, num_rows=4, pool_tokens=512, pad_token_id=0, use_graphs=False, page_size=8, chunk_tokens=chunk
+    )
     prompts = random_prompts([21, 6, 33], seed=9)
     jobs = [GenerationJob(greedy_spec(f"p{i}", p, 4), on_done=lambda outcome: None) for i, p in enumerate(prompts)]
     with torch.inference_mode():
@@ -285,42 +303,75 @@ def test_paged_prefill_whole_or_in_windows_equals_hf(chunk) -> None:
 def test_the_pool_is_sized_from_mem_fraction_static() -> None:
     gb = 10**9
     plan = plan_paged_worker_memory(
-        fraction=0.3, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=12_288, max_rows=64,
-        max_positions=32768, max_prefill_tokens=16384,
-    )  # fmt: skip
+        fraction=0.3,
+        total_bytes=80 * gb,
+        weights_bytes=1 * gb,
+        row_token_bytes=12_288,
+        max_rows=64,
+        max_positions=32768,
+        max_prefill_tokens=16384,
+    )
     assert plan.pool_tokens == (24 * gb - 1 * gb) // 12_288
     assert plan.kv_bytes == plan.pool_tokens * 12_288 <= 23 * gb
     assert plan.slots == 64 and plan.cache_len == 32768 and plan.max_prefill_tokens == 16384
     assert "pool of" in plan.describe(None)
     small = plan_paged_worker_memory(
-        fraction=0.02, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=122_880, max_rows=64,
-        max_positions=32768, max_prefill_tokens=16384,
-    )  # fmt: skip
+        fraction=0.02,
+        total_bytes=80 * gb,
+        weights_bytes=1 * gb,
+        row_token_bytes=122_880,
+        max_rows=64,
+        max_positions=32768,
+        max_prefill_tokens=16384,
+    )
     assert small.pool_tokens == (int(0.02 * 80 * gb) - gb) // 122_880 == 4882
     assert small.max_prefill_tokens == small.pool_tokens
     assert small.cache_len == small.pool_tokens  # a row may grow to the whole pool, not past it
     with pytest.raises(ValueError, match="mem-fraction-static"):
         plan_paged_worker_memory(
-            fraction=0.01, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=12_288, max_rows=64,
-            max_positions=32768, max_prefill_tokens=16384,
-        )  # fmt: skip
+            fraction=0.01,
+            total_bytes=80 * gb,
+            weights_bytes=1 * gb,
+            row_token_bytes=12_288,
+            max_rows=64,
+            max_positions=32768,
+            max_prefill_tokens=16384,
+        )
     # A cap (SGLang's --max-total-tokens) bounds the pool below what the share allows, never below
     # the smallest usable pool, and a cap above the share changes nothing.
     capped = plan_paged_worker_memory(
-        fraction=0.3, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=12_288, max_rows=64,
-        max_positions=32768, max_prefill_tokens=16384, max_total_tokens=64 * 4096,
-    )  # fmt: skip
+        fraction=0.3,
+        total_bytes=80 * gb,
+        weights_bytes=1 * gb,
+        row_token_bytes=12_288,
+        max_rows=64,
+        max_positions=32768,
+        max_prefill_tokens=16384,
+        max_total_tokens=64 * 4096,
+    )
     assert capped.pool_tokens == 64 * 4096 and capped.kv_bytes == 64 * 4096 * 12_288
     assert capped.cache_len == 32768  # one row may still grow to the model's positions within the pool
     tiny_cap = plan_paged_worker_memory(
-        fraction=0.3, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=12_288, max_rows=64,
-        max_positions=32768, max_prefill_tokens=16384, max_total_tokens=1,
-    )  # fmt: skip
+        fraction=0.3,
+        total_bytes=80 * gb,
+        weights_bytes=1 * gb,
+        row_token_bytes=12_288,
+        max_rows=64,
+        max_positions=32768,
+        max_prefill_tokens=16384,
+        max_total_tokens=1,
+    )
     assert tiny_cap.pool_tokens == MIN_CACHE_LEN
     loose = plan_paged_worker_memory(
-        fraction=0.3, total_bytes=80 * gb, weights_bytes=1 * gb, row_token_bytes=12_288, max_rows=64,
-        max_positions=32768, max_prefill_tokens=16384, max_total_tokens=10**9,
-    )  # fmt: skip
+        fraction=0.3,
+        total_bytes=80 * gb,
+        weights_bytes=1 * gb,
+        row_token_bytes=12_288,
+        max_rows=64,
+        max_positions=32768,
+        max_prefill_tokens=16384,
+        max_total_tokens=10**9,
+    )
     assert loose.pool_tokens == plan.pool_tokens
 
 
@@ -336,13 +387,18 @@ def test_real_model_paged_engine_matches_hf(real_checkpoint) -> None:
     tokenizer = AutoTokenizer.from_pretrained(real_checkpoint)
     model = AutoModelForCausalLM.from_pretrained(real_checkpoint, dtype=torch.float32).eval()
     model.requires_grad_(False)
-    paged = build_paged_batch(model, num_rows=8, pool_tokens=1024, pad_token_id=tokenizer.pad_token_id,
-                              use_graphs=False, page_size=16)  # fmt: skip
+    paged = build_paged_batch(
+        model, num_rows=8, pool_tokens=1024, pad_token_id=tokenizer.pad_token_id, use_graphs=False, page_size=16
+    )
     engine = GenerationEngine(
-        model, decode=lambda ids, skip: tokenizer.decode(list(ids), skip_special_tokens=skip), device=torch.device("cpu"),
-        eos_token_ids=frozenset({tokenizer.eos_token_id}), pad_token_id=tokenizer.pad_token_id, max_batch_size=8,
+        model,
+        decode=lambda ids, skip: tokenizer.decode(list(ids), skip_special_tokens=skip),
+        device=torch.device("cpu"),
+        eos_token_ids=frozenset({tokenizer.eos_token_id}),
+        pad_token_id=tokenizer.pad_token_id,
+        max_batch_size=8,
         static_batch=paged,
-    )  # fmt: skip
+    )
     questions = (*LONG_ANSWER_QUESTIONS, SHORT_ANSWER_QUESTION)
     prompts = [chat_prompt_ids(tokenizer, question) for question in questions]
     specs = [
@@ -382,8 +438,16 @@ def test_cuda_graph_paged_engine_float32_is_exact(kind: str) -> None:
         prompts = random_prompts([6, 40, 3, 90, 17], seed=10)
         results = submit_all(engine, [greedy_spec(f"g{i}", p, 30) for i, p in enumerate(prompts)])
         shared = GenerationSpec
-        specs = [shared(f"n{j}", tuple(prompts[1]), SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True),
-                        True, shared_prefill="k") for j in range(3)]  # fmt: skip
+        specs = [
+            shared(
+                f"n{j}",
+                tuple(prompts[1]),
+                SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True),
+                True,
+                shared_prefill="k",
+            )
+            for j in range(3)
+        ]
         sampled = submit_all(engine, specs)
     finally:
         engine.stop()
@@ -415,8 +479,9 @@ def test_kv_cache_flags_are_parsed_and_checked(tiny_checkpoint) -> None:
 def test_cuda_worker_sizes_its_page_pool_from_the_budget(tiny_checkpoint, tmp_path) -> None:
     from test_worker_memory_budget import generate, server_info, start_worker
 
-    process, url = start_worker(tiny_checkpoint, "cuda", ["--kv-cache", "paged", "--mem-fraction-static", "0.02"],
-                                tmp_path / "worker.log")  # fmt: skip
+    process, url = start_worker(
+        tiny_checkpoint, "cuda", ["--kv-cache", "paged", "--mem-fraction-static", "0.02"], tmp_path / "worker.log"
+    )
     try:
         fast_path = server_info(url)["engine"]["fast_path"]
         assert fast_path["kv_cache"] == "paged" and fast_path["graphs"] > 0

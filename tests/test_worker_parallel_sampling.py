@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers_tiny import full_logprobs
 import torch
+from helpers_tiny import full_logprobs
 
 from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta_engine.engine import GenerationEngine
@@ -39,7 +39,9 @@ def run_together(engine: GenerationEngine, specs: list[GenerationSpec]) -> list:
         outcomes[rid] = outcome
         done.release()
 
-    engine.submit_all([GenerationJob(spec, on_done=lambda outcome, rid=spec.rid: on_done(outcome, rid)) for spec in specs])
+    engine.submit_all(
+        [GenerationJob(spec, on_done=lambda outcome, rid=spec.rid: on_done(outcome, rid)) for spec in specs]
+    )
     for _ in specs:
         assert done.acquire(timeout=120)
     return [outcomes[spec.rid] for spec in specs]
@@ -72,7 +74,9 @@ def test_samples_of_one_prompt_share_one_prefill_and_decode_as_if_alone(referenc
 
         greedy = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
         alone = run_together(engine, [GenerationSpec("alone", tuple(shared), greedy, True)])[0]
-        group = run_together(engine, [GenerationSpec(f"g{j}", tuple(shared), greedy, True, shared_prefill="k") for j in range(3)])
+        group = run_together(
+            engine, [GenerationSpec(f"g{j}", tuple(shared), greedy, True, shared_prefill="k") for j in range(3)]
+        )
         assert all(r.output_ids == alone.output_ids for r in group)
     finally:
         engine.stop()
@@ -108,9 +112,12 @@ def test_router_forwards_n_and_returns_a_list_of_n_results(pool, tokenizer, refe
     before = server_info(worker)
     status, reply = post(
         f"{pool.router_url}/generate",
-        {"input_ids": ids, "sampling_params": {"n": 4, "max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True},
-         "return_logprob": True},
-    )  # fmt: skip
+        {
+            "input_ids": ids,
+            "sampling_params": {"n": 4, "max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True},
+            "return_logprob": True,
+        },
+    )
     assert status == 200, reply
     assert isinstance(reply, list) and len(reply) == 4
     for result in reply:
@@ -124,7 +131,9 @@ def test_router_forwards_n_and_returns_a_list_of_n_results(pool, tokenizer, refe
     assert after["engine"]["prefill_prompts"] - before["engine"]["prefill_prompts"] == 1
     assert after["engine"]["shared_prefill_rows"] - before["engine"]["shared_prefill_rows"] == 3
 
-    status, single = post(f"{pool.router_url}/generate", {"input_ids": ids, "sampling_params": {"n": 1, "max_new_tokens": 2}})
+    status, single = post(
+        f"{pool.router_url}/generate", {"input_ids": ids, "sampling_params": {"n": 1, "max_new_tokens": 2}}
+    )
     assert status == 200 and isinstance(single, dict) and len(single["output_ids"]) == 2
     status, _ = post(f"{worker}/generate", {"input_ids": ids, "sampling_params": {"n": 0}})
     assert status == 400
@@ -134,9 +143,13 @@ def test_batched_prompts_with_n_come_back_prompt_major(pool, tokenizer) -> None:
     short, long = tokenizer.encode("ab"), tokenizer.encode("a longer one")
     status, reply = post(
         f"{pool.worker_urls[0]}/generate",
-        {"input_ids": [short, long], "sampling_params": {"n": 2, "max_new_tokens": 0},
-         "return_logprob": True, "logprob_start_len": 0},
-    )  # fmt: skip
+        {
+            "input_ids": [short, long],
+            "sampling_params": {"n": 2, "max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        },
+    )
     assert status == 200, reply
     assert [r["meta_info"]["prompt_tokens"] for r in reply] == [len(short), len(short), len(long), len(long)]
     # Scoring rows of a shared prompt: the same prompt log-probs in each.
@@ -145,11 +158,12 @@ def test_batched_prompts_with_n_come_back_prompt_major(pool, tokenizer) -> None:
 
 
 def test_student_sends_the_m_attempts_of_a_problem_as_one_request(pool, tiny_checkpoint: Path) -> None:
-    from slime_meta.rollout.pools import SGLangPool
+    from transformers import AutoTokenizer
+
     from slime_meta.prompt_templates import GeneratorPromptTemplate
+    from slime_meta.rollout.pools import SGLangPool
     from slime_meta.rollout.roles import PromptRenderer, StudentRole
     from slime_meta.types import Problem
-    from transformers import AutoTokenizer
 
     renderer = PromptRenderer(AutoTokenizer.from_pretrained(tiny_checkpoint), apply_chat_template=False)
     problem = Problem(uid="p0", prompt="What is 2 + 3?", label="5")
@@ -157,8 +171,15 @@ def test_student_sends_the_m_attempts_of_a_problem_as_one_request(pool, tiny_che
 
     async def solve() -> tuple[list, SGLangPool]:
         client = SGLangPool(name="student", base_url=pool.router_url)
-        student = StudentRole(pool=client, template=GeneratorPromptTemplate(), renderer=renderer,
-                              info_position="prefix", temperature=1.0, max_new_tokens=6, context_length=256)  # fmt: skip
+        student = StudentRole(
+            pool=client,
+            template=GeneratorPromptTemplate(),
+            renderer=renderer,
+            info_position="prefix",
+            temperature=1.0,
+            max_new_tokens=6,
+            context_length=256,
+        )
         try:
             _, completions = await student.solve_n(problem, "Add.", 5, with_tokens=True)
         finally:

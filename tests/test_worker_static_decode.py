@@ -14,8 +14,8 @@ import time
 import pytest
 import torch
 
-from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.cuda_graphs import length_buckets, row_buckets, smallest_bucket
+from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.rows import GenerationJob
 from slime_meta_engine.static_batch import build_fast_path, build_static_batch
@@ -55,9 +55,17 @@ def tiny_model(kind: str, dtype: torch.dtype = torch.float32, device: str = "cpu
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     common = dict(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2, pad_token_id=0, eos_token_id=2,
-    )  # fmt: skip
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        pad_token_id=0,
+        eos_token_id=2,
+    )
     if kind == "qwen2":
         config = Qwen2Config(**common, tie_word_embeddings=True)
     else:
@@ -168,9 +176,7 @@ def test_unsupported_models_are_reported_and_fall_back() -> None:
         LlamaConfig(**small, rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
     )
     assert "rotary" in unsupported_reason(dynamic)
-    sliding = Qwen2ForCausalLM(
-        Qwen2Config(**small, use_sliding_window=True, sliding_window=8, max_window_layers=0)
-    )
+    sliding = Qwen2ForCausalLM(Qwen2Config(**small, use_sliding_window=True, sliding_window=8, max_window_layers=0))
     assert "sliding" in unsupported_reason(sliding)
     assert unsupported_reason(tiny_model("qwen2")) is None and unsupported_reason(tiny_model("llama")) is None
     cpu = torch.device("cpu")
@@ -206,7 +212,9 @@ def test_fused_projections_are_views_of_the_model_weights(kind: str) -> None:
         )
     gate_up_weight, _ = mlp.__dict__["_fused_gate_up"]
     assert list(model.state_dict()) == names_before
-    update = {name: torch.full_like(t, 0.5) for name, t in model.state_dict().items() if name.endswith("up_proj.weight")}
+    update = {
+        name: torch.full_like(t, 0.5) for name, t in model.state_dict().items() if name.endswith("up_proj.weight")
+    }
     copy_into_model(model, update)
     assert bool((gate_up_weight[mlp.gate_proj.weight.shape[0] :] == 0.5).all())
     # A second fast path over the same model reuses the fused tensors instead of copying again.

@@ -145,8 +145,9 @@ def require_gguf_packages(flag: str, path: str | os.PathLike) -> None:
         )
 
 
-def ensure_converted(gguf_path: Path, flag: str = "checkpoint", *, root: Path | None = None,
-                     sha256: str | None = None) -> tuple[Path, float | None]:
+def ensure_converted(
+    gguf_path: Path, flag: str = "checkpoint", *, root: Path | None = None, sha256: str | None = None
+) -> tuple[Path, float | None]:
     """The cached HF directory of `gguf_path`, converted if missing; the conversion's seconds, None if reused."""
     sha256 = sha256 or file_sha256(gguf_path)
     final = converted_dir(gguf_path.name, sha256, root)
@@ -161,8 +162,13 @@ def ensure_converted(gguf_path: Path, flag: str = "checkpoint", *, root: Path | 
     try:
         summary = convert_gguf(gguf_path, staging, flag)
         seconds = time.perf_counter() - started
-        marker = {"source": str(gguf_path.resolve()), "sha256": sha256, "seconds": round(seconds, 1),
-                  "conversion_version": CONVERSION_VERSION, **summary}  # fmt: skip
+        marker = {
+            "source": str(gguf_path.resolve()),
+            "sha256": sha256,
+            "seconds": round(seconds, 1),
+            "conversion_version": CONVERSION_VERSION,
+            **summary,
+        }
         (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         try:
             os.rename(staging, final)  # atomic: the directory appears whole or not at all
@@ -185,8 +191,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, flag: str = "checkpoint") -> di
             loaded = AutoModelForCausalLM.from_pretrained(source, gguf_file=name)
             tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=name)
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as error:
-        raise UserInputError(f"{flag} {gguf_path}: transformers cannot read it as a GGUF model "
-                             f"({type(error).__name__}: {error})") from error  # fmt: skip
+        raise UserInputError(
+            f"{flag} {gguf_path}: transformers cannot read it as a GGUF model ({type(error).__name__}: {error})"
+        ) from error
     config = copy.deepcopy(loaded.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are dequantised: a plain model that save_pretrained accepts
@@ -197,8 +204,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path, flag: str = "checkpoint") -> di
     with _no_progress_bars():
         plain.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    return {"model_type": config.model_type, "dtype": str(loaded.dtype).removeprefix("torch."),
-            "parameters": sum(p.numel() for p in plain.parameters())}  # fmt: skip
+    return {
+        "model_type": config.model_type,
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "parameters": sum(p.numel() for p in plain.parameters()),
+    }
 
 
 @contextlib.contextmanager

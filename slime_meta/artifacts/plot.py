@@ -38,10 +38,16 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
     fig, axes = plt.subplots(1, 3 if eval_names else 2, figsize=(16.5 if eval_names else 11, 4))
     ax_holdout, ax_inner = axes[0], axes[1]
     ax_holdout.plot(steps, series("meta_learning/avg_holdout_grade"), marker="o", label="with teacher's info")
-    ax_holdout.plot(steps, series("meta_learning/holdout_grade_no_info"), marker="s", linestyle="--", label="no info (control)")
-    ax_holdout.plot(steps, series("meta_learning/best_info_holdout_grade"), marker=".", alpha=0.5, label="best info of group")
+    ax_holdout.plot(
+        steps, series("meta_learning/holdout_grade_no_info"), marker="s", linestyle="--", label="no info (control)"
+    )
+    ax_holdout.plot(
+        steps, series("meta_learning/best_info_holdout_grade"), marker=".", alpha=0.5, label="best info of group"
+    )
     for name, oracle in reference_grades(records).items():
-        ax_holdout.axhline(oracle, color="black", linestyle=":", label=f"{name}: student with the reference context (oracle)")
+        ax_holdout.axhline(
+            oracle, color="black", linestyle=":", label=f"{name}: student with the reference context (oracle)"
+        )
     ax_holdout.set(xlabel="outer step", ylabel="holdout grade", title="Holdout grade", ylim=(-0.02, 1.02))
     ax_holdout.legend()
     iteration_keys = sorted(
@@ -50,16 +56,24 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
     )
     for key in iteration_keys:
         ax_inner.plot(steps, series(key), marker="o", label=f"inner iteration {key.rsplit('_', 1)[1]}")
-    ax_inner.set(xlabel="outer step", ylabel="train-problem grade", title="Grade per inner iteration", ylim=(-0.02, 1.02))
+    ax_inner.set(
+        xlabel="outer step", ylabel="train-problem grade", title="Grade per inner iteration", ylim=(-0.02, 1.02)
+    )
     if iteration_keys:
         ax_inner.legend()
     for name in eval_names:
         for key, style, label in (("holdout_grade", "-", "with info"), ("holdout_grade_no_info", "--", "no info")):
             points = [(r["step"], r[f"eval/{name}/{key}"]) for r in records if r.get(f"eval/{name}/{key}") is not None]
-            axes[2].plot([p[0] for p in points], [p[1] for p in points], marker="o", linestyle=style, label=f"{name}: {label}")
+            axes[2].plot(
+                [p[0] for p in points], [p[1] for p in points], marker="o", linestyle=style, label=f"{name}: {label}"
+            )
     if eval_names:
-        axes[2].set(xlabel="training steps done", ylabel="holdout grade", title="Fixed eval sets (never trained on)",
-                    ylim=(-0.02, 1.02))  # fmt: skip
+        axes[2].set(
+            xlabel="training steps done",
+            ylabel="holdout grade",
+            title="Fixed eval sets (never trained on)",
+            ylim=(-0.02, 1.02),
+        )
         axes[2].legend()
     fig.tight_layout()
     out = out or Path(run_dir) / "holdout.png"

@@ -71,9 +71,22 @@ def download_wheel(distribution: str, version: str, cache_dir: Path | None = Non
     if cached:
         return cached[0]
     directory.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--retries", "1", "--timeout", "30",
-               f"{distribution}=={version}", "--dest", str(directory)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--retries",
+        "1",
+        "--timeout",
+        "30",
+        f"{distribution}=={version}",
+        "--dest",
+        str(directory),
+    ]
     finished = subprocess.run(command, capture_output=True, text=True)
     cached = sorted(directory.glob(f"{prefix}*.whl"))
     if finished.returncode != 0 or not cached:

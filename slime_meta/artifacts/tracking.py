@@ -85,6 +85,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def format_step_line(step: int, metrics: Mapping[str, float]) -> str:
     """A one-line summary of an outer step for the console."""
+
     def get(key: str) -> float:
         return float(metrics.get(key, float("nan")))
 

@@ -88,10 +88,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
     else:
         python, numpy_state = state["python"], state["numpy"]
         random.setstate((python["version"], tuple(python["internal"].tolist()), python["gauss_next"]))
-        np.random.set_state((
-            numpy_state["algorithm"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
-            numpy_state["has_gauss"], numpy_state["cached_gaussian"],
-        ))  # fmt: skip
+        np.random.set_state(
+            (
+                numpy_state["algorithm"],
+                numpy_state["keys"].numpy().astype(np.uint32),
+                numpy_state["pos"],
+                numpy_state["has_gauss"],
+                numpy_state["cached_gaussian"],
+            )
+        )
     torch.set_rng_state(state["torch"])
 
 
@@ -160,7 +165,9 @@ def load_checkpoint(load_dir: Path) -> LoadedCheckpoint:
     try:
         iteration = int(pointer.read_text(encoding="utf-8", errors="replace").strip())
     except ValueError:
-        raise UserInputError(f"--load {load_dir}: {POINTER} does not hold an iteration number; give a --save directory of an earlier run")
+        raise UserInputError(
+            f"--load {load_dir}: {POINTER} does not hold an iteration number; give a --save directory of an earlier run"
+        )
     root = load_dir / f"iter_{iteration:07d}"
     missing = [name for name in ("trainer.pt", "state.json", "model/config.json") if not (root / name).is_file()]
     if missing:

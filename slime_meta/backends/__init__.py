@@ -1,7 +1,7 @@
 """Backends: where the outer loop runs. The core never imports slime, ray, megatron or sglang.
 
-  local  one machine: embedded inference workers behind the real sglang-router, a torch trainer
-  slime  a GPU cluster through slime (Ray + Megatron + SGLang), imported only when chosen
+local  one machine: embedded inference workers behind the real sglang-router, a torch trainer
+slime  a GPU cluster through slime (Ray + Megatron + SGLang), imported only when chosen
 """
 
 from __future__ import annotations

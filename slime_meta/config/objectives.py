@@ -97,58 +97,104 @@ class ObjectivesConfig:
 def add_objective_arguments(add_group) -> None:
     """`add_group(title)` returns an `add(*flags, **kwargs)` that skips flags the parser has."""
     add = add_group("objectives: off-policy correction and regularisers")
-    add("--use-tis", action="store_true", help="Truncated importance sampling: weight each token by clamp(pi_old/pi_rollout).")
+    add(
+        "--use-tis",
+        action="store_true",
+        help="Truncated importance sampling: weight each token by clamp(pi_old/pi_rollout).",
+    )
     add("--tis-clip", type=float, default=2.0, help="Upper clamp of the TIS weight.")
     add("--tis-clip-low", type=float, default=0.0, help="Lower clamp of the TIS weight.")
-    add("--aipo-delta", type=float, default=None, help="AIPO: loss = -min(pi/mu, delta) * A instead of the PPO clip (e.g. 8).")
+    add(
+        "--aipo-delta",
+        type=float,
+        default=None,
+        help="AIPO: loss = -min(pi/mu, delta) * A instead of the PPO clip (e.g. 8).",
+    )
     add("--eps-clip-c", type=float, default=None, help="Dual-clip bound (> 1) for negative advantages.")
-    add("--kl-loss-coef", type=float, default=None,
+    add(
+        "--kl-loss-coef",
+        type=float,
+        default=None,
         help="KL penalty (--kl-loss-type) to a frozen copy of the initial weights. Not given: 0.1 when the student "
-             "shares the teacher's weights on the local backend (no --student-checkpoint, --student-num-gpus or "
-             "--external-student-url; it keeps the student role from drifting, docs/performance.md section 6), "
-             "else 0.")
-    add("--kl-loss-type", choices=("k1", "k2", "k3"), default="k3",
+        "shares the teacher's weights on the local backend (no --student-checkpoint, --student-num-gpus or "
+        "--external-student-url; it keeps the student role from drifting, docs/performance.md section 6), "
+        "else 0.",
+    )
+    add(
+        "--kl-loss-type",
+        choices=("k1", "k2", "k3"),
+        default="k3",
         help="KL estimator used as the loss: k3 = exp(ref-logp)-(ref-logp)-1 (low variance; its gradient on "
-             "on-policy samples pulls towards the reference); k2 = (logp-ref)^2/2; k1 = logp-ref, whose gradient "
-             "is zero in expectation on on-policy samples (docs/objectives.md).")
+        "on-policy samples pulls towards the reference); k2 = (logp-ref)^2/2; k1 = logp-ref, whose gradient "
+        "is zero in expectation on on-policy samples (docs/objectives.md).",
+    )
     add("--entropy-coef", type=float, default=0.0, help="Entropy bonus (subtracted from the loss).")
 
     add = add_group("objectives: context distillation")
-    add("--teacher-context", default=None, help="Context for the teacher distribution: a text, or @path to read it from a file.")
+    add(
+        "--teacher-context",
+        default=None,
+        help="Context for the teacher distribution: a text, or @path to read it from a file.",
+    )
     add("--context-key", default=None, help="Dataset column holding a per-row context.")
-    add("--distill-context", choices=("none", "additional_info"), default="none",
-        help="additional_info: the meta-teacher's own final info for that problem is the context.")
-    add("--adv-tau", type=float, default=None,
+    add(
+        "--distill-context",
+        choices=("none", "additional_info"),
+        default="none",
+        help="additional_info: the meta-teacher's own final info for that problem is the context.",
+    )
+    add(
+        "--adv-tau",
+        type=float,
+        default=None,
         help="Weight of the task advantage (GRPO over the m attempts at a problem) in the distillation "
-             "advantage of the policy's own solver samples, on both backends; not given = 0 (off: distillation "
-             "adds only its log-prob terms; the teacher's infos keep their own GRPO either way). Local backend: "
-             "given without --teacher-tau/--student-tau it is a solver-role term of its own (GRPO on the policy's "
-             "graded no-info attempts at the train problems; no context needed). Local backend with the "
-             "student sharing the teacher's weights: not given = 1, the term that keeps the shared model a good "
-             "student (--adv-tau 0 turns it off).")
+        "advantage of the policy's own solver samples, on both backends; not given = 0 (off: distillation "
+        "adds only its log-prob terms; the teacher's infos keep their own GRPO either way). Local backend: "
+        "given without --teacher-tau/--student-tau it is a solver-role term of its own (GRPO on the policy's "
+        "graded no-info attempts at the train problems; no context needed). Local backend with the "
+        "student sharing the teacher's weights: not given = 1, the term that keeps the shared model a good "
+        "student (--adv-tau 0 turns it off).",
+    )
     add("--teacher-tau", type=float, default=0.0, help="Weight of log p(token | context + prompt).")
     add("--student-tau", type=float, default=0.0, help="Weight of -log p(token | prompt).")
     add("--skip-verification", action="store_true", help="Pure distillation: the solver samples get no task advantage.")
     add("--eval-baseline", action="store_true", help="Before training, grade the student with and without the context.")
 
     add = add_group("objectives: channel 2, hint self-distillation (SDPO)")
-    add("--sdpo-alpha", type=float, default=0.0, help="Weight of the JSD to the hint-conditioned self (or of the shaping term).")
-    add("--sdpo-form", choices=("jsd", "shaping"), default="jsd",
+    add(
+        "--sdpo-alpha",
+        type=float,
+        default=0.0,
+        help="Weight of the JSD to the hint-conditioned self (or of the shaping term).",
+    )
+    add(
+        "--sdpo-form",
+        choices=("jsd", "shaping"),
+        default="jsd",
         help="jsd (default): alpha x JSD(student || hint-conditioned self) per token, over the full vocabulary "
-             "or (--sdpo-topk, always on slime) the hint-conditioned self's top-k plus a tail bucket. shaping "
-             "(both backends): policy-gradient token advantages alpha x (log p(token | hint prompt) - "
-             "log p(token | prompt)) on the error sites' answers, the hint's log-probs from the pool's scoring "
-             "call; its own token mean.")
+        "or (--sdpo-topk, always on slime) the hint-conditioned self's top-k plus a tail bucket. shaping "
+        "(both backends): policy-gradient token advantages alpha x (log p(token | hint prompt) - "
+        "log p(token | prompt)) on the error sites' answers, the hint's log-probs from the pool's scoring "
+        "call; its own token mean.",
+    )
     add("--sdpo-beta", type=float, default=0.5, help="JSD mixture: 0 forward KL(teacher||student), 1 reverse KL.")
     add("--sdpo-temperature", type=float, default=1.0)
-    add("--sdpo-topk", type=int, default=None,
+    add(
+        "--sdpo-topk",
+        type=int,
+        default=None,
         help="The hint-conditioned model as its K most likely tokens per response token plus one tail bucket (the "
-             "rest of its mass; the policy's mass outside those K ids on the other side): the JSD over K + 1 "
-             "outcomes, as the slime backend computes it from the scoring call's top-K log-probs. Local default: "
-             "the full vocabulary; slime default: 100.")
-    add("--sdpo-topk-tail", action=argparse.BooleanOptionalAction, default=True,
+        "rest of its mass; the policy's mass outside those K ids on the other side): the JSD over K + 1 "
+        "outcomes, as the slime backend computes it from the scoring call's top-K log-probs. Local default: "
+        "the full vocabulary; slime default: 100.",
+    )
+    add(
+        "--sdpo-topk-tail",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="With --sdpo-topk: keep the rest of the mass as a tail bucket (default); --no-sdpo-topk-tail "
-             "renormalises both sides over the K ids instead (local backend only).")
+        "renormalises both sides over the K ids instead (local backend only).",
+    )
     add("--sdpo-top-k", type=int, default=None, help=argparse.SUPPRESS)  # the old name: refused with the new one
     add("--sdpo-token-clip", type=float, default=None, help="Cap each token's divergence.")
     add("--sdpo-grade-threshold", type=float, default=1.0, help="Error sites: attempts graded below this.")
@@ -157,7 +203,9 @@ def add_objective_arguments(add_group) -> None:
 
     add = add_group("objectives: channel 3, N-teacher trace replay (DPO)")
     add("--replay-beta", type=float, default=0.0, help="Weight of the DPO term.")
-    add("--replay-teachers", nargs="*", default=[], help="OpenAI-compatible teachers, each name@base_url[#KEY_ENV_VAR].")
+    add(
+        "--replay-teachers", nargs="*", default=[], help="OpenAI-compatible teachers, each name@base_url[#KEY_ENV_VAR]."
+    )
     add("--replay-min-agree", type=int, default=2, help="Teachers that must agree on an answer for a pair.")
     add("--replay-dpo-beta", type=float, default=0.1, help="DPO's beta (strength of the implicit KL).")
 
@@ -206,14 +254,20 @@ def validate_objective_flags(ns: argparse.Namespace) -> None:
     if ns.eps_clip_c is not None and ns.eps_clip_c <= 1.0:
         fail(f"--eps-clip-c {ns.eps_clip_c}: the dual-clip bound must be > 1 (e.g. 3)")
     distill = ns.teacher_tau != 0.0 or ns.student_tau != 0.0
-    sources = [s for s in (ns.teacher_context, ns.context_key) if s] + (["info"] if ns.distill_context != "none" else [])
+    sources = [s for s in (ns.teacher_context, ns.context_key) if s] + (
+        ["info"] if ns.distill_context != "none" else []
+    )
     if distill and not sources:
-        fail("--teacher-tau/--student-tau need a context: --teacher-context, --context-key or --distill-context additional_info")
+        fail(
+            "--teacher-tau/--student-tau need a context: --teacher-context, --context-key or --distill-context additional_info"
+        )
     if len(sources) > 1:
         fail("give one context source: --teacher-context, --context-key or --distill-context additional_info")
     if ns.sdpo_top_k is not None:
-        fail(f"--sdpo-top-k {ns.sdpo_top_k}: renamed; give --sdpo-topk {ns.sdpo_top_k} --no-sdpo-topk-tail for the "
-             f"top-k renormalised as before, or --sdpo-topk {ns.sdpo_top_k} alone to keep the rest as a tail bucket")
+        fail(
+            f"--sdpo-top-k {ns.sdpo_top_k}: renamed; give --sdpo-topk {ns.sdpo_top_k} --no-sdpo-topk-tail for the "
+            f"top-k renormalised as before, or --sdpo-topk {ns.sdpo_top_k} alone to keep the rest as a tail bucket"
+        )
     if ns.sdpo_topk is not None and ns.sdpo_topk < 1:
         fail(f"--sdpo-topk {ns.sdpo_topk}: must be >= 1 (e.g. 100)")
     if not ns.sdpo_topk_tail and ns.sdpo_topk is None:
@@ -221,6 +275,8 @@ def validate_objective_flags(ns: argparse.Namespace) -> None:
     if not 0.0 <= ns.sdpo_beta <= 1.0:
         fail(f"--sdpo-beta {ns.sdpo_beta}: must be in [0, 1]")
     if ns.replay_beta != 0.0 and len(ns.replay_teachers) < max(ns.replay_min_agree, 1):
-        fail(f"--replay-beta needs at least --replay-min-agree ({ns.replay_min_agree}) --replay-teachers (name@base_url)")
+        fail(
+            f"--replay-beta needs at least --replay-min-agree ({ns.replay_min_agree}) --replay-teachers (name@base_url)"
+        )
     if ns.replay_min_agree < 1:
         fail(f"--replay-min-agree {ns.replay_min_agree}: must be >= 1")

@@ -24,9 +24,12 @@ def validate_flags(ns: argparse.Namespace) -> None:
     if not 0.0 < ns.inner_loop_train_ratio < 1.0:
         fail(f"--inner-loop-train-ratio {ns.inner_loop_train_ratio}: must be strictly between 0 and 1 (e.g. 0.75)")
     plan_batch(
-        rollout_batch_size=ns.rollout_batch_size, train_ratio=ns.inner_loop_train_ratio, heldout_ipb=ns.heldout_ipb,
-        problems_per_prompt=ns.n_problems_per_prompt, per_family=ns.group_key is not None,
-    )  # fmt: skip
+        rollout_batch_size=ns.rollout_batch_size,
+        train_ratio=ns.inner_loop_train_ratio,
+        heldout_ipb=ns.heldout_ipb,
+        problems_per_prompt=ns.n_problems_per_prompt,
+        per_family=ns.group_key is not None,
+    )
     validate_eval_flags(ns)
     if not 0.0 <= ns.trace_sample_rate <= 1.0:
         fail(f"--trace-sample-rate {ns.trace_sample_rate}: must be between 0 and 1")
@@ -65,9 +68,13 @@ def validate_eval_flags(ns: argparse.Namespace) -> None:
     names = values[0::2]
     for name, path in zip(names, values[1::2]):
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or names.count(name) > 1:
-            raise UserInputError(f"--eval-prompt-data {name} {path}: NAME must be unique and of letters, digits, '_', '.', '-'")
+            raise UserInputError(
+                f"--eval-prompt-data {name} {path}: NAME must be unique and of letters, digits, '_', '.', '-'"
+            )
         if not Path(path).is_file():
-            raise UserInputError(f"--eval-prompt-data {name} {path}: no such file; give a .parquet, .jsonl or .json dataset")
+            raise UserInputError(
+                f"--eval-prompt-data {name} {path}: no such file; give a .parquet, .jsonl or .json dataset"
+            )
     if ns.eval_interval is not None and not values:
         raise UserInputError("--eval-interval needs --eval-prompt-data NAME PATH (the fixed evaluation set)")
 
@@ -81,7 +88,9 @@ def validate_pool_flags(ns: argparse.Namespace) -> None:
     starts_student = bool(ns.student_checkpoint or ns.student_num_gpus)
     if ns.external_student_url:
         if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", ns.external_student_url):
-            raise UserInputError(f"--external-student-url {ns.external_student_url}: give the server as http://HOST:PORT")
+            raise UserInputError(
+                f"--external-student-url {ns.external_student_url}: give the server as http://HOST:PORT"
+            )
         if starts_student or ns.student_router_port is not None or ns.student_router_ip is not None:
             raise UserInputError(
                 "--external-student-url uses a running student server; --student-checkpoint, --student-num-gpus and "

@@ -41,9 +41,15 @@ class BatchPlan:
     @property
     def draw_sizes(self) -> dict[str, int]:
         """Keyword arguments of `ProblemSampler.next_episodes` for one step."""
-        return {"num_prompts": self.groups, "problems_per_prompt": self.problems_per_prompt, "num_holdout": self.holdout_per_episode}
+        return {
+            "num_prompts": self.groups,
+            "problems_per_prompt": self.problems_per_prompt,
+            "num_holdout": self.holdout_per_episode,
+        }
 
-    def describe(self, *, samples_per_prompt: int, inner_iterations: int, inner_samples: int, holdout_samples: int) -> str:
+    def describe(
+        self, *, samples_per_prompt: int, inner_iterations: int, inner_samples: int, holdout_samples: int
+    ) -> str:
         """One line: the split, the groups and chains, and the requests one step sends."""
         chains = self.groups * samples_per_prompt
         inner = chains * inner_iterations * self.problems_per_prompt * inner_samples
@@ -66,7 +72,9 @@ class BatchPlan:
         )
 
 
-def _split(problems: int, train_ratio: float, heldout_ipb: int | None, k: int, per_family: bool) -> tuple[int, int, str | None]:
+def _split(
+    problems: int, train_ratio: float, heldout_ipb: int | None, k: int, per_family: bool
+) -> tuple[int, int, str | None]:
     """(train, holdout, what is wrong or None)."""
     if heldout_ipb is not None:
         train = problems - heldout_ipb
@@ -78,17 +86,30 @@ def _split(problems: int, train_ratio: float, heldout_ipb: int | None, k: int, p
     if holdout < 1:
         return train, holdout, "no holdout problems are left (the reward is their grade)"
     if train % k:
-        return train, holdout, f"{train} train problems do not split into teacher prompts of --n-problems-per-prompt {k}"
+        return (
+            train,
+            holdout,
+            f"{train} train problems do not split into teacher prompts of --n-problems-per-prompt {k}",
+        )
     if per_family and holdout % (train // k):
-        return train, holdout, (
-            f"with --group-key the {holdout} holdout problems must split evenly over the {train // k} teacher prompts "
-            "(one family each)"
+        return (
+            train,
+            holdout,
+            (
+                f"with --group-key the {holdout} holdout problems must split evenly over the {train // k} teacher prompts "
+                "(one family each)"
+            ),
         )
     return train, holdout, None
 
 
 def plan_batch(
-    *, rollout_batch_size: int, train_ratio: float, heldout_ipb: int | None, problems_per_prompt: int, per_family: bool = False
+    *,
+    rollout_batch_size: int,
+    train_ratio: float,
+    heldout_ipb: int | None,
+    problems_per_prompt: int,
+    per_family: bool = False,
 ) -> BatchPlan:
     """The split of `rollout_batch_size` problems; a UserInputError naming the flags and the
     nearest `--rollout-batch-size` values that work when the split is impossible."""
@@ -102,7 +123,9 @@ def plan_batch(
     train, holdout, problem = _split(n, train_ratio, heldout_ipb, k, per_family)
     if problem is None:
         return BatchPlan(problems=n, train=train, holdout=holdout, problems_per_prompt=k, per_family=per_family)
-    split_flag = f"--heldout-ipb {heldout_ipb}" if heldout_ipb is not None else f"--inner-loop-train-ratio {train_ratio}"
+    split_flag = (
+        f"--heldout-ipb {heldout_ipb}" if heldout_ipb is not None else f"--inner-loop-train-ratio {train_ratio}"
+    )
     nearest = []
     for candidates in (range(n - 1, 1, -1), range(n + 1, n + 100_000)):
         for m in candidates:
@@ -116,8 +139,14 @@ def plan_batch(
         by_distance = sorted(range(1, n), key=lambda h: abs(h - holdout))
         working = [(h, _split(n, train_ratio, h, k, per_family)) for h in by_distance]
         found = next((f"{h} ({t} train + {h} holdout)" for h, (t, _, bad) in working if bad is None), None)
-        hint = (f"no --rollout-batch-size works with {split_flag}; nearest --heldout-ipb that works with "
-                f"--rollout-batch-size {n}: {found}") if found else "raise --rollout-batch-size"  # fmt: skip
+        hint = (
+            (
+                f"no --rollout-batch-size works with {split_flag}; nearest --heldout-ipb that works with "
+                f"--rollout-batch-size {n}: {found}"
+            )
+            if found
+            else "raise --rollout-batch-size"
+        )
     raise UserInputError(
         f"--rollout-batch-size {n} with {split_flag} and --n-problems-per-prompt {k} gives "
         f"{train} train + {holdout} holdout problems: {problem}; {hint}"

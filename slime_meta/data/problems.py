@@ -119,7 +119,7 @@ def _text_from_messages(messages: Any, where: str, field_name: str) -> str:
             pass
     if not isinstance(messages, (list, tuple)) or not all(isinstance(m, dict) and "content" in m for m in messages):
         raise UserInputError(
-            f"{where}: field '{field_name}' must be a list of {{\"role\": ..., \"content\": ...}} objects "
+            f'{where}: field \'{field_name}\' must be a list of {{"role": ..., "content": ...}} objects '
             f"(got {type(messages).__name__}); fix the row or name a plain-text column with --input-key"
         )
     user_texts = []
@@ -157,8 +157,7 @@ def _decode_label(value: Any) -> Any:
 def _missing_column(path: Path, column: str, what: str, flag: str, columns: Sequence[str]) -> UserInputError:
     available = ", ".join(columns) if columns else "(none)"
     return UserInputError(
-        f"{path}: no '{column}' column for the {what}; available columns: {available}; "
-        f"name the right one with {flag}"
+        f"{path}: no '{column}' column for the {what}; available columns: {available}; name the right one with {flag}"
     )
 
 
@@ -225,7 +224,9 @@ def load_problems(
             text = "" if _is_missing(raw_text) else str(raw_text)
         if not text.strip():
             flag = "--input-key" if text_column != MESSAGES_COLUMN else "--input-key (or a user turn in messages)"
-            raise UserInputError(f"{where}: field '{text_column}' has no problem text; fill it in or drop the row ({flag})")
+            raise UserInputError(
+                f"{where}: field '{text_column}' has no problem text; fill it in or drop the row ({flag})"
+            )
 
         label = _decode_label(row.get(label_key))
         if _is_missing(label) or not label_text(label).strip():
@@ -238,7 +239,9 @@ def load_problems(
         if group_key:
             group_value = row.get(group_key)
             if _is_missing(group_value):
-                raise UserInputError(f"{where}: field '{group_key}' (--group-key) is empty; every row needs a task family")
+                raise UserInputError(
+                    f"{where}: field '{group_key}' (--group-key) is empty; every row needs a task family"
+                )
             group = str(group_value)
 
         if id_key:
@@ -255,7 +258,9 @@ def load_problems(
             uid = str(index)
 
         metadata = {key: _none_if_nan(row.get(key)) for key in kept_columns}
-        problems.append(Problem(uid=uid, prompt=text, label=label, rubric=rubric, group=group, metadata=metadata, source=where))
+        problems.append(
+            Problem(uid=uid, prompt=text, label=label, rubric=rubric, group=group, metadata=metadata, source=where)
+        )
     return problems
 
 
@@ -307,7 +312,9 @@ class _Cursor:
 
     def order(self) -> list[int]:
         if self._order is None:
-            base = _permutation(self.indices, seed=self.seed, epoch=self.epoch, family=self.family, shuffle=self.shuffle)
+            base = _permutation(
+                self.indices, seed=self.seed, epoch=self.epoch, family=self.family, shuffle=self.shuffle
+            )
             deferred = set(self.deferred)
             self._order = [i for i in base if i not in deferred] + [i for i in base if i in deferred]
         return self._order
@@ -433,7 +440,9 @@ class ProblemSampler:
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where the saved sampler stopped. The saved seed and shuffle win."""
         if state.get("version") != self.STATE_VERSION:
-            raise UserInputError(f"sampler state version {state.get('version')} is not {self.STATE_VERSION}; start fresh")
+            raise UserInputError(
+                f"sampler state version {state.get('version')} is not {self.STATE_VERSION}; start fresh"
+            )
         if state["fingerprint"] != self.fingerprint or state["group_key_used"] != self.group_key_used:
             raise UserInputError(
                 f"the checkpoint's sampler state was saved for a different dataset ({state['num_problems']} problems, "

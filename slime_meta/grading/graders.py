@@ -35,7 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from slime_meta.errors import UserInputError
 from slime_meta.grading import verifier
+
+# parse_grade and UNPARSEABLE_EXPLANATION are re-exported: callers import them from here.
+from slime_meta.grading.llm_reply import UNPARSEABLE_EXPLANATION, parse_grade, read_verdict  # noqa: F401
+from slime_meta.prompt_templates import GraderPromptTemplate
 from slime_meta.rollout.chat_api import (
     ChatAPIConnectionError,
     ChatAPIRefusedError,
@@ -43,10 +48,6 @@ from slime_meta.rollout.chat_api import (
     ChatAPITimeoutError,
     ChatCompletionsClient,
 )
-from slime_meta.errors import UserInputError
-# parse_grade and UNPARSEABLE_EXPLANATION are re-exported: callers import them from here.
-from slime_meta.grading.llm_reply import UNPARSEABLE_EXPLANATION, parse_grade, read_verdict  # noqa: F401
-from slime_meta.prompt_templates import GraderPromptTemplate
 from slime_meta.types import Grade, Problem
 
 MAX_RETRY_AFTER_SECONDS = 120.0
@@ -56,6 +57,7 @@ DEFAULT_GRADER_TIMEOUT_S = 600.0
 MAX_QUOTED_CHARS = 200
 
 # --------------------------------------------------------------------------- the verifier
+
 
 @dataclass
 class GraderStats:
@@ -97,9 +99,7 @@ class VerifierGrader:
     METRICS = ("exact", "normalized", "numeric", "char")
     THREADS = 4
 
-    def __init__(
-        self, metric: str = "normalized", *, timeout_s: float = verifier.DEFAULT_TIMEOUT_S, math_pool=None
-    ):
+    def __init__(self, metric: str = "normalized", *, timeout_s: float = verifier.DEFAULT_TIMEOUT_S, math_pool=None):
         if metric not in self.METRICS:
             raise UserInputError(f"unknown verifier metric '{metric}'; choose one of {', '.join(self.METRICS)}")
         self.metric, self.timeout_s = metric, float(timeout_s)
@@ -244,7 +244,9 @@ class OpenAIGrader:
         self._loop: asyncio.AbstractEventLoop | None = None
         # Connections for the concurrent requests plus a few spare; one session per event loop.
         self._client = ChatCompletionsClient(
-            base_url=base_url, api_key_env=api_key_env, timeout_s=request_timeout,
+            base_url=base_url,
+            api_key_env=api_key_env,
+            timeout_s=request_timeout,
             connection_limit=self.concurrency + 8,
         )
         self._semaphore: asyncio.Semaphore | None = None
@@ -322,7 +324,10 @@ class OpenAIGrader:
     async def _complete(self, client: ChatCompletionsClient, messages: list[dict]) -> str | None:
         """One reply's text, retrying API errors. None: this one request was rejected."""
         payload = {
-            "model": self.model, "messages": messages, "temperature": self.temperature, "max_tokens": self.max_tokens
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
         }
         attempt = 0
         while True:

@@ -21,7 +21,6 @@ from .distill import JSDOutput, generalized_jsd, token_logps_and_jsd
 from .linear_head import linear_token_logps
 from .policy import KLPenaltyOutput, PolicyLossOutput, kl_penalty, policy_loss
 from .preference import DPOOutput, dpo_loss
-from .topk_distill import ProcessGroupShards, VocabShards, teacher_topk, topk_generalized_jsd
 from .token_stats import (
     EntropyOutput,
     SequenceLogpsOutput,
@@ -30,6 +29,7 @@ from .token_stats import (
     sequence_logps,
     token_logps,
 )
+from .topk_distill import ProcessGroupShards, VocabShards, teacher_topk, topk_generalized_jsd
 
 __all__ = [
     "DPOOutput",

@@ -48,9 +48,17 @@ def _online_lse(x_row, scale, V: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def token_stats_forward(
-    x_ptr, rows_ptr, targets_ptr, scale_ptr, logp_ptr, lse_ptr, entropy_ptr, stride_x,
-    V: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    rows_ptr,
+    targets_ptr,
+    scale_ptr,
+    logp_ptr,
+    lse_ptr,
+    entropy_ptr,
+    stride_x,
+    V: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Per selected row: log p(target), the log-normaliser (bits, for backward) and the entropy.
 
     Entropy in bits is lse - sum_v p_v u_v; `acc` carries sum 2^(u - max) u, rescaled like the sum.
@@ -88,9 +96,18 @@ def token_stats_forward(
 
 @triton.jit
 def token_logp_backward(
-    x_ptr, rows_ptr, targets_ptr, scale_ptr, lse_ptr, up_ptr, grad_ptr, stride_x, stride_g,
-    V: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    rows_ptr,
+    targets_ptr,
+    scale_ptr,
+    lse_ptr,
+    up_ptr,
+    grad_ptr,
+    stride_x,
+    stride_g,
+    V: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     i = tl.program_id(0)
     row = tl.load(rows_ptr + i).to(tl.int64)
     scale = tl.load(scale_ptr + i)
@@ -119,10 +136,26 @@ def _log2_mixture(lp, lq, log2_beta, log2_1m_beta):
 
 @triton.jit
 def divergence_forward(
-    s_ptr, t_ptr, rows_ptr, targets_ptr, div_ptr, dot_ptr, lse_s_ptr, lse_t_ptr, logp_ptr,
-    stride_s, stride_t, scale, log2_beta, log2_1m_beta, beta,
-    V: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr, WITH_TARGET: tl.constexpr,
-):  # fmt: skip
+    s_ptr,
+    t_ptr,
+    rows_ptr,
+    targets_ptr,
+    div_ptr,
+    dot_ptr,
+    lse_s_ptr,
+    lse_t_ptr,
+    logp_ptr,
+    stride_s,
+    stride_t,
+    scale,
+    log2_beta,
+    log2_1m_beta,
+    beta,
+    V: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MODE: tl.constexpr,
+    WITH_TARGET: tl.constexpr,
+):
     """Per selected row: the divergence J (nats), D = sum p g (nats, for backward), both lse (bits),
     and with WITH_TARGET the student's log p(target)."""
     i = tl.program_id(0)
@@ -165,10 +198,29 @@ def divergence_forward(
 
 @triton.jit
 def divergence_backward(
-    s_ptr, t_ptr, rows_ptr, targets_ptr, lse_s_ptr, lse_t_ptr, dot_ptr, up_div_ptr, up_logp_ptr, grad_ptr,
-    stride_s, stride_t, stride_g, scale, log2_beta, log2_1m_beta, coef_div, inv_temp,
-    V: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr, WITH_TARGET: tl.constexpr,
-):  # fmt: skip
+    s_ptr,
+    t_ptr,
+    rows_ptr,
+    targets_ptr,
+    lse_s_ptr,
+    lse_t_ptr,
+    dot_ptr,
+    up_div_ptr,
+    up_logp_ptr,
+    grad_ptr,
+    stride_s,
+    stride_t,
+    stride_g,
+    scale,
+    log2_beta,
+    log2_1m_beta,
+    coef_div,
+    inv_temp,
+    V: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MODE: tl.constexpr,
+    WITH_TARGET: tl.constexpr,
+):
     """One gradient write for both outputs: up_div dJ/ds + up_logp d log p(target)/ds.
 
     `coef_div` folds the mode's factor ((1 - beta) / T or 1 / T) and, for modes 0 and 1, the

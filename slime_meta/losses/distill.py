@@ -68,8 +68,14 @@ def check_jsd_settings(beta: float, temperature: float, token_clip: float | None
         raise ValueError(f"token_clip must be >= 0, got {token_clip}")
 
 
-def _check_jsd_args(student_logits: Tensor, teacher_logits: Tensor, beta: float, temperature: float,
-                    top_k: int | None, token_clip: float | None) -> int | None:  # fmt: skip
+def _check_jsd_args(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    beta: float,
+    temperature: float,
+    top_k: int | None,
+    token_clip: float | None,
+) -> int | None:
     """Validate; returns `top_k`, or None when it keeps every id (identical to the full distribution)."""
     if student_logits.shape != teacher_logits.shape or student_logits.dim() < 2:
         raise ValueError(
@@ -132,7 +138,9 @@ def generalized_jsd(
         div_n, _ = fused.divergence_and_logps(student_logits, teacher_logits, row_idx, beta, temperature)
     else:
         fn = partial(_jsd_rows, beta=float(beta), temperature=float(temperature), top_k=top_k)
-        div_n = rowwise(fn, (student_logits.reshape(-1, V), teacher_logits.detach().reshape(-1, V)), row_idx, chunk_size)
+        div_n = rowwise(
+            fn, (student_logits.reshape(-1, V), teacher_logits.detach().reshape(-1, V)), row_idx, chunk_size
+        )
     return _jsd_output(div_n, row_idx, mask_b, token_clip)
 
 
@@ -177,12 +185,22 @@ def token_logps_and_jsd(
         )
     if not fused.use_fused(backend, True, student_logits_B_T_V, teacher_logits_B_T_V):
         logps = sequence_logps(student_logits_B_T_V, tokens_B_T, mask_B_T, temperature, chunk_size, backend="torch")
-        jsd = generalized_jsd(student_logits_B_T_V, teacher_logits_B_T_V, mask_B_T, beta, temperature,
-                              token_clip=token_clip, chunk_size=chunk_size, backend="torch")  # fmt: skip
+        jsd = generalized_jsd(
+            student_logits_B_T_V,
+            teacher_logits_B_T_V,
+            mask_B_T,
+            beta,
+            temperature,
+            token_clip=token_clip,
+            chunk_size=chunk_size,
+            backend="torch",
+        )
         return logps, jsd
     mask_b = as_bool_mask(mask_B_T, tokens_B_T.shape, student_logits_B_T_V, name="mask_B_T")
     row_idx = selected_rows(mask_b.reshape(-1))
     targets_n = tokens_B_T.reshape(-1).index_select(0, row_idx)
-    div_n, logp_n = fused.divergence_and_logps(student_logits_B_T_V, teacher_logits_B_T_V, row_idx, beta, temperature, targets_n)
+    div_n, logp_n = fused.divergence_and_logps(
+        student_logits_B_T_V, teacher_logits_B_T_V, row_idx, beta, temperature, targets_n
+    )
     token_logps = scatter_rows(logp_n, row_idx, mask_b)
     return SequenceLogpsOutput(token_logps, token_logps.sum(dim=1)), _jsd_output(div_n, row_idx, mask_b, token_clip)

@@ -101,9 +101,18 @@ class _TokenLogps(torch.autograd.Function):
         block, warps = _launch_shape(logits_N_V.shape[1])
         if n:
             kernels().token_stats_forward[(n,)](  # type: ignore[union-attr]
-                logits_N_V, rows_n, targets_n, scale_n, logp_n, lse_n, entropy_n, logits_N_V.stride(0),
-                V=logits_N_V.shape[1], BLOCK=block, num_warps=warps,
-            )  # fmt: skip
+                logits_N_V,
+                rows_n,
+                targets_n,
+                scale_n,
+                logp_n,
+                lse_n,
+                entropy_n,
+                logits_N_V.stride(0),
+                V=logits_N_V.shape[1],
+                BLOCK=block,
+                num_warps=warps,
+            )
         ctx.save_for_backward(logits_N_V, rows_n, targets_n, scale_n, lse_n)
         ctx.mark_non_differentiable(entropy_n)
         return logp_n, entropy_n
@@ -118,13 +127,25 @@ class _TokenLogps(torch.autograd.Function):
         block, warps = _launch_shape(logits_N_V.shape[1])
         if n:
             kernels().token_logp_backward[(n,)](  # type: ignore[union-attr]
-                logits_N_V, rows_n, targets_n, scale_n, lse_n, up_logp_n.contiguous().float(), grad_N_V,
-                logits_N_V.stride(0), grad_N_V.stride(0), V=logits_N_V.shape[1], BLOCK=block, num_warps=warps,
-            )  # fmt: skip
+                logits_N_V,
+                rows_n,
+                targets_n,
+                scale_n,
+                lse_n,
+                up_logp_n.contiguous().float(),
+                grad_N_V,
+                logits_N_V.stride(0),
+                grad_N_V.stride(0),
+                V=logits_N_V.shape[1],
+                BLOCK=block,
+                num_warps=warps,
+            )
         return grad_N_V, None, None, None
 
 
-def token_logps_and_entropy(logits: Tensor, targets_n: Tensor, rows_n: Tensor, temperature: float | Tensor) -> tuple[Tensor, Tensor]:
+def token_logps_and_entropy(
+    logits: Tensor, targets_n: Tensor, rows_n: Tensor, temperature: float | Tensor
+) -> tuple[Tensor, Tensor]:
     """Rows `rows_n` of `logits` (`[..., V]`, flattened to rows): log p(targets_n) under
     softmax(logits / temperature) with gradient, and the entropy (detached), both float32 `[n]`.
     `temperature`: a float or one value per selected row."""
@@ -162,11 +183,30 @@ class _Divergence(torch.autograd.Function):
         block, warps = _launch_shape(student_N_V.shape[1])
         if n:
             kernels().divergence_forward[(n,)](  # type: ignore[union-attr]
-                student_N_V, teacher_N_V, rows_n, targets_n if with_target else rows_n, div_n, dot_n, lse_s_n, lse_t_n,
-                logp_n, student_N_V.stride(0), teacher_N_V.stride(0), scale, log2_beta, log2_1m_beta, beta,
-                V=student_N_V.shape[1], BLOCK=block, MODE=mode, WITH_TARGET=with_target, num_warps=warps,
-            )  # fmt: skip
-        ctx.save_for_backward(student_N_V, teacher_N_V, rows_n, targets_n if with_target else rows_n, lse_s_n, lse_t_n, dot_n)
+                student_N_V,
+                teacher_N_V,
+                rows_n,
+                targets_n if with_target else rows_n,
+                div_n,
+                dot_n,
+                lse_s_n,
+                lse_t_n,
+                logp_n,
+                student_N_V.stride(0),
+                teacher_N_V.stride(0),
+                scale,
+                log2_beta,
+                log2_1m_beta,
+                beta,
+                V=student_N_V.shape[1],
+                BLOCK=block,
+                MODE=mode,
+                WITH_TARGET=with_target,
+                num_warps=warps,
+            )
+        ctx.save_for_backward(
+            student_N_V, teacher_N_V, rows_n, targets_n if with_target else rows_n, lse_s_n, lse_t_n, dot_n
+        )
         ctx.settings = (mode, scale, log2_beta, log2_1m_beta, factor / temperature, 1.0 / temperature, with_target)
         if not with_target:
             ctx.mark_non_differentiable(logp_n)
@@ -184,22 +224,47 @@ class _Divergence(torch.autograd.Function):
         block, warps = _launch_shape(student_N_V.shape[1])
         if n:
             kernels().divergence_backward[(n,)](  # type: ignore[union-attr]
-                student_N_V, teacher_N_V, rows_n, targets_n, lse_s_n, lse_t_n, dot_n, up_div_n, up_logp_n, grad_N_V,
-                student_N_V.stride(0), teacher_N_V.stride(0), grad_N_V.stride(0), scale, log2_beta, log2_1m_beta,
-                coef_div, inv_temp, V=student_N_V.shape[1], BLOCK=block, MODE=mode, WITH_TARGET=with_target,
+                student_N_V,
+                teacher_N_V,
+                rows_n,
+                targets_n,
+                lse_s_n,
+                lse_t_n,
+                dot_n,
+                up_div_n,
+                up_logp_n,
+                grad_N_V,
+                student_N_V.stride(0),
+                teacher_N_V.stride(0),
+                grad_N_V.stride(0),
+                scale,
+                log2_beta,
+                log2_1m_beta,
+                coef_div,
+                inv_temp,
+                V=student_N_V.shape[1],
+                BLOCK=block,
+                MODE=mode,
+                WITH_TARGET=with_target,
                 num_warps=warps,
-            )  # fmt: skip
+            )
         return grad_N_V, None, None, None, None, None
 
 
 def divergence_and_logps(
-    student_logits: Tensor, teacher_logits: Tensor, rows_n: Tensor, beta: float, temperature: float,
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    rows_n: Tensor,
+    beta: float,
+    temperature: float,
     targets_n: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+) -> tuple[Tensor, Tensor | None]:
     """Rows `rows_n` of the `[..., V]` logits: the generalised JSD per row (TRL GKD semantics, as
     `generalized_jsd`) and, with `targets_n`, the student's log p(target) per row; float32 `[n]`.
     Gradient to the student only, one gradient tensor for both outputs."""
     student_N_V, teacher_N_V = _rows_view(student_logits), _rows_view(teacher_logits.detach())
     targets = None if targets_n is None else targets_n.contiguous()
-    div_n, logp_n = _Divergence.apply(student_N_V, teacher_N_V, rows_n.contiguous(), targets, float(beta), float(temperature))
+    div_n, logp_n = _Divergence.apply(
+        student_N_V, teacher_N_V, rows_n.contiguous(), targets, float(beta), float(temperature)
+    )
     return div_n, (logp_n if targets_n is not None else None)

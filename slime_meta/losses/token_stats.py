@@ -142,11 +142,15 @@ def token_logps(
     For an entropy with gradient (an entropy bonus) use `entropy_from_logits`.
     """
     if logits_N_V.dim() != 2 or targets_N.shape != logits_N_V.shape[:1]:
-        raise ValueError(f"expected logits [N, V] and targets [N], got {tuple(logits_N_V.shape)} and {tuple(targets_N.shape)}")
+        raise ValueError(
+            f"expected logits [N, V] and targets [N], got {tuple(logits_N_V.shape)} and {tuple(targets_N.shape)}"
+        )
     temperature_N = temperature if isinstance(temperature, Tensor) else None
     if temperature_N is not None:
         if temperature_N.shape != targets_N.shape:
-            raise ValueError(f"temperature has shape {tuple(temperature_N.shape)}, expected [N] = {tuple(targets_N.shape)}")
+            raise ValueError(
+                f"temperature has shape {tuple(temperature_N.shape)}, expected [N] = {tuple(targets_N.shape)}"
+            )
     else:
         _check_temperature(temperature)
     n_rows = logits_N_V.shape[0]
@@ -156,13 +160,18 @@ def token_logps(
         return TokenLogpsOutput(logp_N, entropy_N if with_entropy else None)
     if temperature_N is None:
         temperature_N = torch.full((n_rows,), float(temperature), device=logits_N_V.device)
-    logp_N = rowwise(_token_logp_rows_per_row_temperature, (logits_N_V, targets_N.long(), temperature_N), all_rows, chunk_size)
+    logp_N = rowwise(
+        _token_logp_rows_per_row_temperature, (logits_N_V, targets_N.long(), temperature_N), all_rows, chunk_size
+    )
     entropy_N = None
     if with_entropy:
         with torch.no_grad():
             step = chunk_size or max(n_rows, 1)
             entropy_N = torch.cat(
-                [_entropy_rows_per_row_temperature(logits_N_V[i : i + step], temperature_N[i : i + step]) for i in range(0, n_rows, step)]
+                [
+                    _entropy_rows_per_row_temperature(logits_N_V[i : i + step], temperature_N[i : i + step])
+                    for i in range(0, n_rows, step)
+                ]
                 or [logits_N_V.new_zeros(0, dtype=torch.float32)]
             )
     return TokenLogpsOutput(logp_N, entropy_N)

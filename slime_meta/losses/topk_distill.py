@@ -113,8 +113,9 @@ def teacher_bucket_logps(teacher_logprobs_N_K: Tensor) -> Tensor:
     return torch.cat([logps, tail_N[:, None]], dim=-1)
 
 
-def _topk_jsd_rows(student_c_V: Tensor, ids_c_K: Tensor, teacher_c_K: Tensor, beta: float, temperature: float,
-                   shards: VocabShards) -> Tensor:  # fmt: skip
+def _topk_jsd_rows(
+    student_c_V: Tensor, ids_c_K: Tensor, teacher_c_K: Tensor, beta: float, temperature: float, shards: VocabShards
+) -> Tensor:
     logp_s = _policy_bucket_logps(student_c_V, ids_c_K, temperature, shards)
     logp_t = teacher_bucket_logps(teacher_c_K).to(logp_s.dtype)
     return divergence_from_logps(logp_s, logp_t, beta)
@@ -142,7 +143,10 @@ def topk_generalized_jsd(
     (`ProcessGroupShards(group)`), None for one rank; every rank must call with the same ids,
     teacher log-probs and mask.
     """
-    if teacher_topk_ids.shape != teacher_topk_logprobs.shape or teacher_topk_ids.shape[:-1] != student_logits.shape[:-1]:
+    if (
+        teacher_topk_ids.shape != teacher_topk_logprobs.shape
+        or teacher_topk_ids.shape[:-1] != student_logits.shape[:-1]
+    ):
         raise ValueError(
             f"expected student logits [..., V] and teacher top-k ids and log-probs [..., K] over the same tokens, got "
             f"{tuple(student_logits.shape)}, {tuple(teacher_topk_ids.shape)} and {tuple(teacher_topk_logprobs.shape)}"
@@ -152,7 +156,11 @@ def topk_generalized_jsd(
     mask_b = as_bool_mask(mask, student_logits.shape[:-1], student_logits)
     row_idx = selected_rows(mask_b.reshape(-1))
     fn = partial(_topk_jsd_rows, beta=float(beta), temperature=float(temperature), shards=shards or VocabShards())
-    inputs = (student_logits.reshape(-1, V), teacher_topk_ids.reshape(-1, K), teacher_topk_logprobs.detach().reshape(-1, K))
+    inputs = (
+        student_logits.reshape(-1, V),
+        teacher_topk_ids.reshape(-1, K),
+        teacher_topk_logprobs.detach().reshape(-1, K),
+    )
     div_n = rowwise(fn, inputs, row_idx, chunk_size)
     return _jsd_output(div_n, row_idx, mask_b, token_clip)
 

@@ -107,8 +107,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         prog="python -m slime_meta.models.real",
         description="Fetch (or find in the cache) SmolLM2-135M-Instruct as an HF checkpoint directory.",
     )
-    parser.add_argument("--cache-dir", default=None,
-                        help="cache root (default: $SLIME_META_CACHE, else ~/.cache/slime-meta)")
+    parser.add_argument(
+        "--cache-dir", default=None, help="cache root (default: $SLIME_META_CACHE, else ~/.cache/slime-meta)"
+    )
     args = parser.parse_args(argv)
     print(ensure_real_checkpoint(Path(args.cache_dir) if args.cache_dir else None))
 

@@ -123,8 +123,10 @@ class Formats:
     def teacher_prompt(self, previous_info: str, problems_K: Sequence[tuple[str, str, Sequence[str]]]) -> str:
         """problems_K: (word, expected answer, the student's attempts at it) for each train problem."""
         problems = [Problem(uid="", prompt=word, label=expected) for word, expected, _ in problems_K]
-        attempts_K_M = [[GradedAttempt(p, a + synthetic.ANSWER_END, Grade(float(a == p.label))) for a in attempts]
-                        for p, (_, _, attempts) in zip(problems, problems_K)]
+        attempts_K_M = [
+            [GradedAttempt(p, a + synthetic.ANSWER_END, Grade(float(a == p.label))) for a in attempts]
+            for p, (_, _, attempts) in zip(problems, problems_K)
+        ]
         return self.teacher.build(problems, attempts_K_M, previous_info)[0]["content"]
 
 
@@ -145,12 +147,25 @@ class TaskRecipe:
 
 TASKS: dict[str, TaskRecipe] = {
     DEFAULT_TASK: TaskRecipe(
-        DEFAULT_DATA, synthetic.SyntheticGeneratorTemplate, synthetic.SyntheticTeacherTemplate, synthetic.ALL_SUFFIXES,
-        synthetic.WORD_LENGTH + synthetic.SUFFIX_LENGTH + 2, 0.5, lambda word, hint: word + hint,
-        synthetic.PretrainingSampler),
+        DEFAULT_DATA,
+        synthetic.SyntheticGeneratorTemplate,
+        synthetic.SyntheticTeacherTemplate,
+        synthetic.ALL_SUFFIXES,
+        synthetic.WORD_LENGTH + synthetic.SUFFIX_LENGTH + 2,
+        0.5,
+        lambda word, hint: word + hint,
+        synthetic.PretrainingSampler,
+    ),
     bracket.NAME: TaskRecipe(
-        "data/bracket.jsonl", bracket.BracketGeneratorTemplate, bracket.BracketTeacherTemplate, bracket.ALL_HINTS,
-        bracket.ANSWER_LENGTH + 2, 0.0, bracket.apply_hint, bracket.PretrainingSampler),
+        "data/bracket.jsonl",
+        bracket.BracketGeneratorTemplate,
+        bracket.BracketTeacherTemplate,
+        bracket.ALL_HINTS,
+        bracket.ANSWER_LENGTH + 2,
+        0.0,
+        bracket.apply_hint,
+        bracket.PretrainingSampler,
+    ),
 }
 
 
@@ -170,8 +185,9 @@ def train_char_tokenizer(texts: Sequence[str]):
     specials = [BOS, EOS, PAD, UNK]
     probe = Tokenizer(models.BPE(unk_token=UNK))
     seen = sorted(set(ALPHABET) | {ch for text in texts for ch in text})
-    trainer = trainers.BpeTrainer(vocab_size=len(specials) + len(seen), special_tokens=specials,
-                                  initial_alphabet=ALPHABET, show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(specials) + len(seen), special_tokens=specials, initial_alphabet=ALPHABET, show_progress=False
+    )
     probe.train_from_iterator(texts, trainer=trainer)
     characters = sorted(token for token in probe.get_vocab() if token not in specials)
     # An explicit order (specials, characters, bytes) makes ids independent of trainer internals.
@@ -183,8 +199,14 @@ def train_char_tokenizer(texts: Sequence[str]):
     tokenizer.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
     tokenizer.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B")  # adds no BOS/EOS
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
-        add_bos_token=False, add_eos_token=False, model_max_length=MODEL_SHAPE["max_position_embeddings"],
+        tokenizer_object=tokenizer,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        add_bos_token=False,
+        add_eos_token=False,
+        model_max_length=MODEL_SHAPE["max_position_embeddings"],
     )
 
 
@@ -202,8 +224,9 @@ def tokenizer_corpus(rows: Sequence[dict[str, str]], task: str = DEFAULT_TASK) -
 def new_model(tokenizer):
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.pad_token_id)
+    ids = dict(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), **MODEL_SHAPE, **ids))
     model.generation_config = GenerationConfig(**ids)
     return model
@@ -225,7 +248,7 @@ def encode_batch(tokenizer, pairs: Sequence[tuple[str, str]], device: str) -> tu
     for row, (prompt, completion) in enumerate(zip(prompts, completions)):
         target = completion + [tokenizer.eos_token_id]
         input_ids_B_T[row, : len(prompt) + len(target)] = torch.tensor(prompt + target)
-        labels_B_T[row, len(prompt): len(prompt) + len(target)] = torch.tensor(target)
+        labels_B_T[row, len(prompt) : len(prompt) + len(target)] = torch.tensor(target)
     return input_ids_B_T.to(device), labels_B_T.to(device)
 
 
@@ -234,7 +257,8 @@ def pretrain(model, tokenizer, sampler: Any, steps: int, device: str, log: Log) 
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+    )
     student_only_steps = int(steps * STUDENT_ONLY_FRACTION)
     model.train()
     loss_value = float("nan")
@@ -262,8 +286,15 @@ def pretrain(model, tokenizer, sampler: Any, steps: int, device: str, log: Log) 
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, device: str,
-             temperature: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    device: str,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> list[str]:
     """Greedy (temperature 0) or sampled completions, decoded up to EOS, with a KV cache.
 
     Prompts are grouped by length so no batch needs padding.
@@ -294,8 +325,9 @@ def generate(model, tokenizer, prompts: Sequence[str], max_new_tokens: int, devi
     return texts
 
 
-def evaluate(model, tokenizer, rows: Sequence[dict[str, str]], seed: int, device: str,
-             task: str = DEFAULT_TASK) -> dict[str, float]:
+def evaluate(
+    model, tokenizer, rows: Sequence[dict[str, str]], seed: int, device: str, task: str = DEFAULT_TASK
+) -> dict[str, float]:
     """Student accuracy with the correct, no and a random hint; teacher hint accuracy."""
     rng = random.Random(seed + 1)
     recipe = TASKS[task]
@@ -309,47 +341,68 @@ def evaluate(model, tokenizer, rows: Sequence[dict[str, str]], seed: int, device
     for name, hints in conditions.items():
         prompts = [formats.student_prompt(r["prompt"], hint) for r, hint in zip(rows, hints)]
         outputs = generate(model, tokenizer, prompts, recipe.answer_tokens, device)
-        metrics[f"student_exact_{name}"] = sum(synthetic.exact_score(o, r["label"]) for o, r in zip(outputs, rows)) / len(rows)
-        metrics[f"student_per_char_{name}"] = sum(synthetic.per_character_score(o, r["label"]) for o, r in zip(outputs, rows)) / len(rows)
+        metrics[f"student_exact_{name}"] = sum(
+            synthetic.exact_score(o, r["label"]) for o, r in zip(outputs, rows)
+        ) / len(rows)
+        metrics[f"student_per_char_{name}"] = sum(
+            synthetic.per_character_score(o, r["label"]) for o, r in zip(outputs, rows)
+        ) / len(rows)
 
     # The teacher's first inner iteration: 3 train problems of a family, attempts made without a hint.
     teacher_prompts, oracles = [], []
     for family in sorted({r["family"] for r in rows}):
         members = [r for r in rows if r["family"] == family][:3]
-        problems_K = [(r["prompt"], r["label"], [recipe.apply_hint(r["prompt"], rng.choice(recipe.all_hints))])
-                      for r in members]
+        problems_K = [
+            (r["prompt"], r["label"], [recipe.apply_hint(r["prompt"], rng.choice(recipe.all_hints))]) for r in members
+        ]
         teacher_prompts.append(formats.teacher_prompt("", problems_K))
         oracles.append(members[0]["oracle_hint"])
     parse = recipe.teacher_template().parse_info
     hint_tokens = synthetic.SUFFIX_LENGTH + 2
     greedy = [parse(t) for t in generate(model, tokenizer, teacher_prompts, hint_tokens, device)]
     generator = torch.Generator().manual_seed(seed)
-    sampled = [parse(t) for t in generate(model, tokenizer, teacher_prompts * 8, hint_tokens, device,
-                                          temperature=1.0, generator=generator)]
+    sampled = [
+        parse(t)
+        for t in generate(
+            model, tokenizer, teacher_prompts * 8, hint_tokens, device, temperature=1.0, generator=generator
+        )
+    ]
     metrics["teacher_hint_exact_greedy"] = sum(h == o for h, o in zip(greedy, oracles)) / len(oracles)
     metrics["teacher_hint_exact_sampled_t1"] = sum(h == o for h, o in zip(sampled, oracles * 8)) / len(sampled)
     # Per hint letter (position-wise), what the per-character reward sees of the hint.
     metrics["teacher_hint_per_char_sampled_t1"] = sum(
-        sum(a == b for a, b in zip(h, o)) / len(o) for h, o in zip(sampled, oracles * 8)) / len(sampled)
+        sum(a == b for a, b in zip(h, o)) / len(o) for h, o in zip(sampled, oracles * 8)
+    ) / len(sampled)
     return metrics
 
 
 # ---------------------------------------------------------------------------- build and cache
 
 
-def resolve_settings(task: str = DEFAULT_TASK, data_path: str | Path | None = None,
-                     teacher_correct_fraction: float | None = None) -> tuple[str | Path, float]:
+def resolve_settings(
+    task: str = DEFAULT_TASK, data_path: str | Path | None = None, teacher_correct_fraction: float | None = None
+) -> tuple[str | Path, float]:
     """The task's own data file and teacher fraction where the caller gave none."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
     recipe = TASKS[task]
-    return (recipe.data_path if data_path is None else data_path,
-            recipe.teacher_correct_fraction if teacher_correct_fraction is None else teacher_correct_fraction)
+    return (
+        recipe.data_path if data_path is None else data_path,
+        recipe.teacher_correct_fraction if teacher_correct_fraction is None else teacher_correct_fraction,
+    )
 
 
-def build_tiny_checkpoint(out_dir: str | Path, *, data_path: str | Path | None = None, seed: int = 0,
-                          steps: int = DEFAULT_STEPS, teacher_correct_fraction: float | None = None,
-                          device: str = "cpu", task: str = DEFAULT_TASK, log: Log = _stderr) -> Path:
+def build_tiny_checkpoint(
+    out_dir: str | Path,
+    *,
+    data_path: str | Path | None = None,
+    seed: int = 0,
+    steps: int = DEFAULT_STEPS,
+    teacher_correct_fraction: float | None = None,
+    device: str = "cpu",
+    task: str = DEFAULT_TASK,
+    log: Log = _stderr,
+) -> Path:
     """Train the tokenizer and the model, save both (HF format) and summary.json into out_dir."""
     import transformers
 
@@ -376,11 +429,19 @@ def build_tiny_checkpoint(out_dir: str | Path, *, data_path: str | Path | None =
     model.to("cpu").save_pretrained(out, safe_serialization=True)
     summary: dict[str, Any] = {
         "build_version": BUILD_VERSION,
-        "settings": {"task": task, "data_path": str(data_path), "seed": seed, "steps": steps,
-                     "teacher_correct_fraction": teacher_correct_fraction, "device": device,
-                     "student_batch": STUDENT_BATCH, "teacher_batch": TEACHER_BATCH,
-                     "empty_hint_fraction": EMPTY_HINT_FRACTION, "student_only_fraction": STUDENT_ONLY_FRACTION,
-                     "learning_rate": LEARNING_RATE},
+        "settings": {
+            "task": task,
+            "data_path": str(data_path),
+            "seed": seed,
+            "steps": steps,
+            "teacher_correct_fraction": teacher_correct_fraction,
+            "device": device,
+            "student_batch": STUDENT_BATCH,
+            "teacher_batch": TEACHER_BATCH,
+            "empty_hint_fraction": EMPTY_HINT_FRACTION,
+            "student_only_fraction": STUDENT_ONLY_FRACTION,
+            "learning_rate": LEARNING_RATE,
+        },
         "data_sha256": file_sha256(resolve_data_path(data_path)),
         "parameters": n_params,
         "vocab_size": len(tokenizer),
@@ -398,12 +459,25 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def cache_key(*, data_path: str | Path | None = None, seed: int = 0, steps: int = DEFAULT_STEPS,
-              teacher_correct_fraction: float | None = None, device: str = "cpu", task: str = DEFAULT_TASK) -> str:
+def cache_key(
+    *,
+    data_path: str | Path | None = None,
+    seed: int = 0,
+    steps: int = DEFAULT_STEPS,
+    teacher_correct_fraction: float | None = None,
+    device: str = "cpu",
+    task: str = DEFAULT_TASK,
+) -> str:
     """A name for one build: settings, the task, the data's content (not its path) and BUILD_VERSION."""
     data_path, teacher_correct_fraction = resolve_settings(task, data_path, teacher_correct_fraction)
-    key = {"build_version": BUILD_VERSION, "data_sha256": file_sha256(resolve_data_path(data_path)), "seed": seed,
-           "steps": steps, "teacher_correct_fraction": teacher_correct_fraction, "device": device}
+    key = {
+        "build_version": BUILD_VERSION,
+        "data_sha256": file_sha256(resolve_data_path(data_path)),
+        "seed": seed,
+        "steps": steps,
+        "teacher_correct_fraction": teacher_correct_fraction,
+        "device": device,
+    }
     if task != DEFAULT_TASK:  # the default task's key predates tasks: its cached builds stay valid
         key["task"] = task
     return "tiny-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -438,23 +512,41 @@ def _remove_stale_builds(cache: Path, name: str, older_than_s: float = 3600.0) -
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m slime_meta.models.tiny",
-                                     description="Build (or find in the cache) the tiny synthetic-task checkpoint.")
-    parser.add_argument("--task", default=DEFAULT_TASK, choices=sorted(TASKS),
-                        help=f"the task the model is pretrained on (default {DEFAULT_TASK}: the suffix task)")
+    parser = argparse.ArgumentParser(
+        prog="python -m slime_meta.models.tiny",
+        description="Build (or find in the cache) the tiny synthetic-task checkpoint.",
+    )
+    parser.add_argument(
+        "--task",
+        default=DEFAULT_TASK,
+        choices=sorted(TASKS),
+        help=f"the task the model is pretrained on (default {DEFAULT_TASK}: the suffix task)",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--out", default=None, help="write the checkpoint to this directory (no cache)")
     where.add_argument("--cache-dir", default=".cache/models", help="cache root (default .cache/models)")
     parser.add_argument("--data-path", default=None, help="default: the task's shipped data file")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--teacher-correct-fraction", type=float, default=None,
-                        help="share of teacher targets that are the true hint (default: 0.5 suffix task, 0 bracket)")
+    parser.add_argument(
+        "--teacher-correct-fraction",
+        type=float,
+        default=None,
+        help="share of teacher targets that are the true hint (default: 0.5 suffix task, 0 bracket)",
+    )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args(argv)
-    settings = dict(data_path=args.data_path, seed=args.seed, steps=args.steps,
-                    teacher_correct_fraction=args.teacher_correct_fraction, device=args.device, task=args.task)
-    path = build_tiny_checkpoint(args.out, **settings) if args.out else ensure_tiny_checkpoint(args.cache_dir, **settings)
+    settings = dict(
+        data_path=args.data_path,
+        seed=args.seed,
+        steps=args.steps,
+        teacher_correct_fraction=args.teacher_correct_fraction,
+        device=args.device,
+        task=args.task,
+    )
+    path = (
+        build_tiny_checkpoint(args.out, **settings) if args.out else ensure_tiny_checkpoint(args.cache_dir, **settings)
+    )
     print(path)
 
 

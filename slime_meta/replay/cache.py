@@ -72,7 +72,9 @@ def append_replay_records(cache_path: Path, records: Iterable[dict[str, Any]]) -
         os.fsync(handle.fileno())
 
 
-def reference_key(reference_id: str, prompt_ids: Sequence[int], chosen_ids: Sequence[int], rejected_ids: Sequence[int]) -> str:
+def reference_key(
+    reference_id: str, prompt_ids: Sequence[int], chosen_ids: Sequence[int], rejected_ids: Sequence[int]
+) -> str:
     """The cache key of one pair's reference log-probs: the reference weights and the exact token ids."""
     payload = json.dumps([reference_id, list(prompt_ids), list(chosen_ids), list(rejected_ids)])
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
@@ -94,16 +96,22 @@ def load_reference_logps(cache_path: Path) -> dict[str, tuple[float, float]]:
     return values
 
 
-def with_cached_reference_logps(cache_path: Path, references: dict[str, tuple[float, float]], pairs: Sequence[Any],
-                                score: Callable[[list[Any]], list[Any]], reference_id: str) -> list[Any]:  # fmt: skip
+def with_cached_reference_logps(
+    cache_path: Path,
+    references: dict[str, tuple[float, float]],
+    pairs: Sequence[Any],
+    score: Callable[[list[Any]], list[Any]],
+    reference_id: str,
+) -> list[Any]:
     """`pairs` (`PreferencePair`s) with their reference log-probs from `references` (the cache's,
     updated in place), the missing ones from `score`, which are then appended to the cache."""
     keys = [reference_key(reference_id, p.prompt_ids, p.chosen_ids, p.rejected_ids) for p in pairs]
     out = [
         dataclasses.replace(p, reference_chosen_logp=references[k][0], reference_rejected_logp=references[k][1])
-        if k in references else p
+        if k in references
+        else p
         for p, k in zip(pairs, keys)
-    ]  # fmt: skip
+    ]
     missing = [i for i, k in enumerate(keys) if k not in references]
     if not missing:
         return out
@@ -112,7 +120,13 @@ def with_cached_reference_logps(cache_path: Path, references: dict[str, tuple[fl
         out[i] = pair
         if keys[i] not in references:  # the same pair twice in one batch: one line
             references[keys[i]] = (pair.reference_chosen_logp, pair.reference_rejected_logp)
-            records.append({"kind": "reference", "key": keys[i], "chosen": pair.reference_chosen_logp,
-                            "rejected": pair.reference_rejected_logp})  # fmt: skip
+            records.append(
+                {
+                    "kind": "reference",
+                    "key": keys[i],
+                    "chosen": pair.reference_chosen_logp,
+                    "rejected": pair.reference_rejected_logp,
+                }
+            )
     append_replay_records(cache_path, records)
     return out

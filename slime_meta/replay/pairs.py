@@ -68,7 +68,6 @@ from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlsplit
 
 from slime_meta.errors import UserInputError
-from slime_meta.types import PreferencePair
 from slime_meta.grading.graders import _retry_after_seconds
 from slime_meta.grading.verifier import extract_answer, normalize_answer
 from slime_meta.replay.cache import (
@@ -86,6 +85,7 @@ from slime_meta.replay.vote import (  # noqa: F401 - re-exported: importable fro
     _is_final_by_label,
     correct_by_label,
 )
+from slime_meta.types import PreferencePair
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,9 @@ class ReplayRequest:
     label: str | None = None  # the row's ground truth: when given, it decides instead of the vote
 
     @classmethod
-    def build(cls, prompt_text: str, policy_solution: str, problem_uid: str, label: str | None = None) -> "ReplayRequest":
+    def build(
+        cls, prompt_text: str, policy_solution: str, problem_uid: str, label: str | None = None
+    ) -> "ReplayRequest":
         """A request whose key is `replay_key(prompt_text, policy_solution)`."""
         return cls(replay_key(prompt_text, policy_solution), prompt_text, policy_solution, problem_uid, label or None)
 
@@ -314,7 +316,10 @@ class ReplayPairer:
         append_replay_records(self.cache_path, records)
 
     def reference_logps_for(
-        self, pairs: Sequence[PreferencePair], score: Callable[[list[PreferencePair]], list[PreferencePair]], reference_id: str
+        self,
+        pairs: Sequence[PreferencePair],
+        score: Callable[[list[PreferencePair]], list[PreferencePair]],
+        reference_id: str,
     ) -> list[PreferencePair]:
         """The pairs with their DPO reference log-probs: from the cache, else from `score` (which
         fills them under the reference weights named `reference_id`), then cached."""

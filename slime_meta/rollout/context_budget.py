@@ -176,6 +176,7 @@ def fit_teacher_prompt(
     flat = [(k, j, a) for k, attempts_M in enumerate(attempts_K_M) for j, a in enumerate(attempts_M)]
     empty_K = [[] for _ in attempts_K_M]
     fixed = len(build(problems, empty_K, previous_info)[1])
+
     def blank(a: GradedAttempt) -> GradedAttempt:
         return dataclasses.replace(a, solution="", grade=dataclasses.replace(a.grade, explanation=""))
 
@@ -226,6 +227,7 @@ def _fit_problems(build, problems, empty_K, previous_info, budget, counter, stat
     text, ids = build(problems, empty_K, previous_info)
     scale = budget / max(1, len(ids))
     for _ in range(8):
+
         def cut(value: str) -> str:
             return counter.elide_middle(value, int(counter.count(value) * scale))[0] if value else value
 
@@ -307,9 +309,11 @@ def check_flags_fit(limits: ContextLimits, generator_template: Any, teacher_temp
         template = student_prompt_tokens(limits, generator_template, EMPTY_PROBLEM, position)
         if template + T > longest_prompt(C, R):
             fit = (C - 1 - template - T) // 2
-            fix = (f"use --rollout-max-response-len {fit} (half of what is left) or less"
-                   if fit >= 1 and template + T <= longest_prompt(C, fit)
-                   else "lower --teacher-max-tokens (the info goes into the student's prompt)")  # fmt: skip
+            fix = (
+                f"use --rollout-max-response-len {fit} (half of what is left) or less"
+                if fit >= 1 and template + T <= longest_prompt(C, fit)
+                else "lower --teacher-max-tokens (the info goes into the student's prompt)"
+            )
             raise UserInputError(
                 f"--rollout-max-response-len {R}: the student's prompt ({template} tokens of template, up to {T} of "
                 f"info from --teacher-max-tokens) plus {R} new tokens do not fit the {C}-token context of "
@@ -343,8 +347,14 @@ def row_need(
 
 
 def split_rows_by_fit(
-    problems: Sequence[Problem], limits: ContextLimits, generator_template: Any, teacher_template: Any, position: str,
-    path: str, report: Callable[[str], None] | None = None, max_lines: int = 10,
+    problems: Sequence[Problem],
+    limits: ContextLimits,
+    generator_template: Any,
+    teacher_template: Any,
+    position: str,
+    path: str,
+    report: Callable[[str], None] | None = None,
+    max_lines: int = 10,
 ) -> list[Problem]:
     """The problems whose prompts fit; each other one is reported (file, row, length) and skipped.
 
@@ -359,8 +369,10 @@ def split_rows_by_fit(
     smallest = min(contexts)
     T, answer = limits.teacher_max_tokens, min(limits.student_max_tokens, MIN_ANSWER_TOKENS)
     # A row's own tokens are at most its UTF-8 bytes: under this bound it fits without being counted.
-    template = max(teacher_prompt_tokens(limits, teacher_template, [EMPTY_PROBLEM]) + 2 * T,
-                   student_prompt_tokens(limits, generator_template, EMPTY_PROBLEM, position) + T + answer)  # fmt: skip
+    template = max(
+        teacher_prompt_tokens(limits, teacher_template, [EMPTY_PROBLEM]) + 2 * T,
+        student_prompt_tokens(limits, generator_template, EMPTY_PROBLEM, position) + T + answer,
+    )
     bound = smallest - template - 2 * SPECIAL_TOKENS_SLACK - SGLANG_INPUT_MARGIN - 1
     kept, skipped = [], []
     for problem in problems:
@@ -368,9 +380,11 @@ def split_rows_by_fit(
         need = None if size <= bound else row_need(limits, generator_template, teacher_template, position, problem)
         (kept if need is None else skipped).append((problem, need))
     for problem, (need, context, role) in skipped[:max_lines]:
-        report(f"warning: {problem.source or path}: the {role}'s prompt of this problem needs {need} tokens "
-               f"(with --teacher-max-tokens/--rollout-max-response-len), more than its {context}-token context "
-               "serves; row skipped")  # fmt: skip
+        report(
+            f"warning: {problem.source or path}: the {role}'s prompt of this problem needs {need} tokens "
+            f"(with --teacher-max-tokens/--rollout-max-response-len), more than its {context}-token context "
+            "serves; row skipped"
+        )
     if skipped:
         report(f"warning: {path}: skipped {len(skipped)} of {len(problems)} rows too long for the model's context")
     if not kept:

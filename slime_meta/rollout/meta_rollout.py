@@ -79,7 +79,12 @@ class MetaLearningRollout:
         chains_E_P_G = [
             [
                 [
-                    Chain(prompt_index=p, sample_index=g, problems=chunk, traced=tracing_rng.random() < s.trace_sample_rate)
+                    Chain(
+                        prompt_index=p,
+                        sample_index=g,
+                        problems=chunk,
+                        traced=tracing_rng.random() < s.trace_sample_rate,
+                    )
                     for g in range(s.n_samples_per_prompt)
                 ]
                 for p, chunk in ((next(prompt_numbers), chunk) for chunk in episode.train_chunks_P)
@@ -171,16 +176,25 @@ class MetaLearningRollout:
                 new_info, completion, teacher_prompt = await self.teacher.write_info(
                     chain.problems, shown_K_M, info, round_infos=shown_infos
                 )
-            chain.steps.append(InfoStep(iteration=iteration, info=new_info, completion=completion, avg_grade_before=avg_grade))
+            chain.steps.append(
+                InfoStep(iteration=iteration, info=new_info, completion=completion, avg_grade_before=avg_grade)
+            )
             if chain.traced:
                 chain.trace.append(
                     {
                         "iteration": iteration,
                         "info_in": info,
                         "attempts": [
-                            {"problem_uid": a.problem.uid, "prompt": prompt, "solution": a.solution,
-                             "grade": a.grade.score, "explanation": a.grade.explanation, "parsed": a.grade.parsed}
-                            for results_M in results_K_M for prompt, a in results_M
+                            {
+                                "problem_uid": a.problem.uid,
+                                "prompt": prompt,
+                                "solution": a.solution,
+                                "grade": a.grade.score,
+                                "explanation": a.grade.explanation,
+                                "parsed": a.grade.parsed,
+                            }
+                            for results_M in results_K_M
+                            for prompt, a in results_M
                         ],
                         "teacher_prompt": teacher_prompt,
                         "teacher_response": completion.text,
@@ -200,8 +214,18 @@ class MetaLearningRollout:
         chain.holdout_scores = [fmean(scores_N) for scores_N in scores_H_N]
         if chain.traced:
             chain.trace.append(
-                {"holdout": [{"problem_uid": a.problem.uid, "prompt": prompt, "solution": a.solution,
-                              "grade": a.grade.score, "explanation": a.grade.explanation} for prompt, a in results]}
+                {
+                    "holdout": [
+                        {
+                            "problem_uid": a.problem.uid,
+                            "prompt": prompt,
+                            "solution": a.solution,
+                            "grade": a.grade.score,
+                            "explanation": a.grade.explanation,
+                        }
+                        for prompt, a in results
+                    ]
+                }
             )
 
     async def _control_grades(self, holdout: Sequence[Problem]) -> list[float]:
@@ -249,10 +273,14 @@ class MetaLearningRollout:
                 float(max(c.reward for c in G) - min(c.reward for c in G) < 1e-9) for G in groups
             ),
             "meta_learning/info_tokens": fmean(len(c.steps[-1].completion.output_ids) for c in chains),
-            "meta_learning/info_truncated": fmean(float(c.steps[-1].completion.finish_reason == "length") for c in chains),
+            "meta_learning/info_truncated": fmean(
+                float(c.steps[-1].completion.finish_reason == "length") for c in chains
+            ),
         }
         for iteration in range(self.settings.num_inner_iterations):
-            metrics[f"meta_learning/inner_grade_iter_{iteration}"] = fmean(c.grades_per_iteration[iteration] for c in chains)
+            metrics[f"meta_learning/inner_grade_iter_{iteration}"] = fmean(
+                c.grades_per_iteration[iteration] for c in chains
+            )
         return metrics
 
     @staticmethod

@@ -31,7 +31,6 @@ import aiohttp
 from slime_meta.errors import UserInputError
 from slime_meta.types import Completion
 
-
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -118,8 +117,11 @@ class SGLangPool:
             # The router holds connections open; a generous pool avoids head-of-line waits.
             connector = aiohttp.TCPConnector(limit=self.concurrency + 8)
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s), headers=_JSON_HEADERS,
-                skip_auto_headers=("Accept-Encoding",), auto_decompress=False,
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                headers=_JSON_HEADERS,
+                skip_auto_headers=("Accept-Encoding",),
+                auto_decompress=False,
             )
         return self._session
 
@@ -148,7 +150,9 @@ class SGLangPool:
                             return reply
                         if response.status < 500 and response.status not in (408, 429):
                             # A request the server refuses will be refused again: do not retry.
-                            raise PoolUnavailable(f"{self.name} pool {path}: HTTP {response.status}: {_text(body, 300)}")
+                            raise PoolUnavailable(
+                                f"{self.name} pool {path}: HTTP {response.status}: {_text(body, 300)}"
+                            )
                         error = f"HTTP {response.status}: {_text(body, 200)}"
                         retry_after = retry_after_seconds(response.headers)
                 except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:  # ValueError: a bad body
@@ -157,7 +161,9 @@ class SGLangPool:
                     self.stats.retries += 1
                     await asyncio.sleep(self.backoff_s(attempt, retry_after))
             self.stats.failures += 1
-            raise PoolUnavailable(f"{self.name} pool at {self.base_url}{path} failed after {self.max_retries} retries: {error}")
+            raise PoolUnavailable(
+                f"{self.name} pool at {self.base_url}{path} failed after {self.max_retries} retries: {error}"
+            )
 
     def _check_logprob_tokens(self, output_ids: Sequence[int], entries: Sequence[Any]) -> None:
         """Each `[logprob, token_id, text]` entry must be the log-prob of the output token at its position.
@@ -259,7 +265,9 @@ def check_reachable(url: str, flag: str, timeout_s: float = 5.0) -> None:
                 continue  # a bare SGLang server has no /readiness; /health decides
             raise UserInputError(f"{flag}: {url}{path} answered HTTP {exc.code}; start the server or fix the address")
         except (urllib.error.URLError, OSError) as exc:
-            raise UserInputError(f"{flag}: cannot reach {url} ({getattr(exc, 'reason', exc)}); start the router or fix the address")
+            raise UserInputError(
+                f"{flag}: cannot reach {url} ({getattr(exc, 'reason', exc)}); start the router or fix the address"
+            )
     raise UserInputError(f"{flag}: {url} is not ready; start the router or fix the address")
 
 

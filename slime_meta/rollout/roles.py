@@ -18,12 +18,16 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from slime_meta.rollout.context_budget import (
-    ContextBudgetStats, TokenCounter, fit_teacher_prompt, longest_prompt, student_new_tokens,
-)
 from slime_meta.errors import UserInputError
-from slime_meta.rollout.pools import SGLangPool
 from slime_meta.prompt_templates import GeneratorPromptTemplate, Message, TeacherPromptTemplate
+from slime_meta.rollout.context_budget import (
+    ContextBudgetStats,
+    TokenCounter,
+    fit_teacher_prompt,
+    longest_prompt,
+    student_new_tokens,
+)
+from slime_meta.rollout.pools import SGLangPool
 from slime_meta.types import Completion, Grade, GradedAttempt, Problem
 
 
@@ -186,9 +190,13 @@ class StudentRole:
         """log p(response | prompt) per response token, by SGLang's scoring call (no generation)."""
         reply = await self.pool.post(
             "/generate",
-            {"input_ids": list(prompt_ids) + list(response_ids), "sampling_params": {"max_new_tokens": 0},
-             "return_logprob": True, "logprob_start_len": 0},
-        )  # fmt: skip
+            {
+                "input_ids": list(prompt_ids) + list(response_ids),
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": 0,
+            },
+        )
         entries = reply["meta_info"]["input_token_logprobs"]
         return [float(e[0]) for e in entries[len(entries) - len(response_ids) :]]
 
@@ -199,13 +207,20 @@ class StudentRole:
         [logprob, id, text] per input position from `logprob_start_len` on."""
         reply = await self.pool.post(
             "/generate",
-            {"input_ids": list(prompt_ids) + list(response_ids), "sampling_params": {"max_new_tokens": 0},
-             "return_logprob": True, "logprob_start_len": len(prompt_ids), "top_logprobs_num": int(k)},
-        )  # fmt: skip
+            {
+                "input_ids": list(prompt_ids) + list(response_ids),
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": len(prompt_ids),
+                "top_logprobs_num": int(k),
+            },
+        )
         tops = (reply["meta_info"].get("input_top_logprobs") or [])[-len(response_ids) :]
         if len(tops) != len(response_ids) or any(top is None or len(top) != k for top in tops):
-            raise ValueError(f"the scoring call returned {len(tops)} top-{k} lists for {len(response_ids)} response "
-                             "tokens: the server does not return input_top_logprobs as SGLang does")  # fmt: skip
+            raise ValueError(
+                f"the scoring call returned {len(tops)} top-{k} lists for {len(response_ids)} response "
+                "tokens: the server does not return input_top_logprobs as SGLang does"
+            )
         ids_R_K = np.array([[int(entry[1]) for entry in top] for top in tops], dtype=np.int32)
         logprobs_R_K = np.array([[float(entry[0]) for entry in top] for top in tops], dtype=np.float32)
         return ids_R_K, logprobs_R_K
@@ -253,7 +268,9 @@ class TeacherRole:
             return build(problems, attempts_K_M, previous_info)
         # Strictly inside the context: SGLang refuses a prompt + max_new_tokens that fills it.
         budget = longest_prompt(self.context_length, self.max_new_tokens)
-        return fit_teacher_prompt(build, problems, attempts_K_M, previous_info, budget, self._counter, self.budget_stats)
+        return fit_teacher_prompt(
+            build, problems, attempts_K_M, previous_info, budget, self._counter, self.budget_stats
+        )
 
     async def write_info(
         self,

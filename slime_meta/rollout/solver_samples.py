@@ -92,7 +92,9 @@ class SolverSampleBuilder:
             else:  # GRPO over the m attempts at this problem
                 advantages_M = grpo_advantages(grades_M, len(attempts_M), std_normalize=s.std_normalize).tolist()
             prompt_ids = tuple(self.policy.prompt_ids(problem, ""))
-            context_ids = distillation_prompt_ids(self.policy, problem, self.context_for(chain, problem)) if s.distill else None
+            context_ids = (
+                distillation_prompt_ids(self.policy, problem, self.context_for(chain, problem)) if s.distill else None
+            )
             hint = s.sdpo_hint if s.sdpo_hint is not None else chain.final_info
             hint_ids = tuple(self.policy.prompt_ids(problem, hint)) if s.sdpo else None
             for attempt, advantage in zip(attempts_M, advantages_M):

@@ -67,9 +67,13 @@ class ModelCall(Protocol):
         ...
 
     def token_logps(
-        self, hidden_N_H: torch.Tensor, targets_N: torch.Tensor, temperature_N: torch.Tensor, chunk_size: int | None,
+        self,
+        hidden_N_H: torch.Tensor,
+        targets_N: torch.Tensor,
+        temperature_N: torch.Tensor,
+        chunk_size: int | None,
         with_entropy: bool,
-    ) -> TokenLogpsOutput:  # fmt: skip
+    ) -> TokenLogpsOutput:
         """`slime_meta.losses.token_logps` of `logits(hidden_N_H)`, however the call computes it."""
         ...
 
@@ -138,9 +142,16 @@ def _loss_hidden(forward: ModelCall, b: PackedBatch) -> torch.Tensor:
 
 
 def policy_gradient_pass(
-    forward: ModelCall, sequences: Sequence[PolicySequence], s: LossSettings, micro_batch_size: int, pad_id: int,
-    device: torch.device, max_tokens: int | None = None, *, reference_is_policy: bool = False,
-) -> dict[str, float]:  # fmt: skip
+    forward: ModelCall,
+    sequences: Sequence[PolicySequence],
+    s: LossSettings,
+    micro_batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    max_tokens: int | None = None,
+    *,
+    reference_is_policy: bool = False,
+) -> dict[str, float]:
     """Channel 1. Each micro-batch's token mean is weighted by its share of the step's response
     tokens, so the gradient is the step's token mean whatever the split (`max_tokens`: by tokens).
 
@@ -170,10 +181,18 @@ def policy_gradient_pass(
         # engine's log-probs are the anchor and the PPO clip bounds the mismatch.
         old_logp_N = logp_N.detach() if correct_off_policy else b.rollout_logp_N
         out = policy_loss(
-            logp_N, old_logp_N, b.advantages_N, mask_N, eps_clip=s.eps_clip, eps_clip_high=s.eps_clip_high,
-            eps_clip_c=s.eps_clip_c, rollout_logp=b.rollout_logp_N if correct_off_policy else None,
-            tis_clip=s.tis_clip if s.use_tis else None, tis_clip_low=s.tis_clip_low, aipo_delta=s.aipo_delta,
-        )  # fmt: skip
+            logp_N,
+            old_logp_N,
+            b.advantages_N,
+            mask_N,
+            eps_clip=s.eps_clip,
+            eps_clip_high=s.eps_clip_high,
+            eps_clip_c=s.eps_clip_c,
+            rollout_logp=b.rollout_logp_N if correct_off_policy else None,
+            tis_clip=s.tis_clip if s.use_tis else None,
+            tis_clip_low=s.tis_clip_low,
+            aipo_delta=s.aipo_delta,
+        )
         loss = out.loss
         if logits_N_V is not None:  # a float32 [N, V] pass with gradient
             scaled_N_V = logits_N_V.float() / temperature_N[:, None]
@@ -202,9 +221,14 @@ def policy_gradient_pass(
 
 
 def reference_token_logps(
-    reference: ModelCall, sequences: Sequence[PolicySequence], chunk_size: int | None, micro_batch_size: int,
-    pad_id: int, device: torch.device, max_tokens: int | None = None,
-) -> list[tuple[float, ...]]:  # fmt: skip
+    reference: ModelCall,
+    sequences: Sequence[PolicySequence],
+    chunk_size: int | None,
+    micro_batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    max_tokens: int | None = None,
+) -> list[tuple[float, ...]]:
     """Each sequence's response-token log-probs under `reference` (no gradient), at the sequence's
     temperature, micro-batched as the policy pass will be; in sequence order."""
     out: list[tuple[float, ...]] = [()] * len(sequences)
@@ -213,7 +237,9 @@ def reference_token_logps(
             b = batch.to(device)
             hidden_N_H = _loss_hidden(reference, b)
             temperature_N = b.temperature_N.clamp_min(1e-6)
-            logp_N = reference.token_logps(hidden_N_H, b.targets_N, temperature_N, chunk_size, with_entropy=False).logp_N
+            logp_N = reference.token_logps(
+                hidden_N_H, b.targets_N, temperature_N, chunk_size, with_entropy=False
+            ).logp_N
             values = logp_N.float().tolist()
             offset = 0
             for i in b.members:  # the batch's tokens are its sequences' response tokens in turn
@@ -224,9 +250,14 @@ def reference_token_logps(
 
 
 def sdpo_pass(
-    forward: ModelCall, samples: Sequence[SolverSample], s: LossSettings, micro_batch_size: int, pad_id: int,
-    device: torch.device, max_tokens: int | None = None,
-) -> dict[str, float]:  # fmt: skip
+    forward: ModelCall,
+    samples: Sequence[SolverSample],
+    s: LossSettings,
+    micro_batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    max_tokens: int | None = None,
+) -> dict[str, float]:
     """Channel 2: the hint-conditioned self is the target distribution (no gradient through it)."""
     total_tokens = sum(len(x.response_ids) for x in samples)
     jsd_sum = 0.0
@@ -245,15 +276,26 @@ def sdpo_pass(
             topk_ids_N_K, topk_logps_N_K = teacher_topk(hinted_N_V, s.sdpo_topk, s.sdpo_temperature)
             del hinted_N_V
             jsd = topk_generalized_jsd(
-                student_N_V, topk_ids_N_K, topk_logps_N_K, None, beta=s.sdpo_beta, temperature=s.sdpo_temperature,
-                token_clip=s.sdpo_token_clip, chunk_size=s.jsd_chunk_size,
-            ).loss  # fmt: skip
+                student_N_V,
+                topk_ids_N_K,
+                topk_logps_N_K,
+                None,
+                beta=s.sdpo_beta,
+                temperature=s.sdpo_temperature,
+                token_clip=s.sdpo_token_clip,
+                chunk_size=s.jsd_chunk_size,
+            ).loss
         else:
             jsd = generalized_jsd(
-                student_N_V, hinted_N_V, None, beta=s.sdpo_beta,
-                temperature=s.sdpo_temperature, top_k=s.sdpo_topk, token_clip=s.sdpo_token_clip,
+                student_N_V,
+                hinted_N_V,
+                None,
+                beta=s.sdpo_beta,
+                temperature=s.sdpo_temperature,
+                top_k=s.sdpo_topk,
+                token_clip=s.sdpo_token_clip,
                 chunk_size=s.jsd_chunk_size,
-            ).loss  # fmt: skip
+            ).loss
         share = sum(lengths) / total_tokens
         (s.sdpo_alpha * jsd * share).backward()
         jsd_sum += jsd.item() * share
@@ -269,16 +311,25 @@ def sdpo_shaping_sequences(samples: Sequence[SolverSample], alpha: float) -> lis
         if not x.response_ids or not x.is_error_site or x.hint_logprobs is None:
             continue
         advantages_T = context_distillation_advantages(
-            torch.zeros(1), torch.tensor([x.hint_logprobs]), torch.tensor([x.rollout_logprobs]),
-            adv_tau=0.0, teacher_tau=alpha, student_tau=alpha,
-        )[0]  # fmt: skip
+            torch.zeros(1),
+            torch.tensor([x.hint_logprobs]),
+            torch.tensor([x.rollout_logprobs]),
+            adv_tau=0.0,
+            teacher_tau=alpha,
+            student_tau=alpha,
+        )[0]
         advantages = tuple(advantages_T.tolist())
         out.append(PolicySequence(x.prompt_ids, x.response_ids, x.rollout_logprobs, advantages, x.temperature))
     return out
 
 
-def _sequence_logp_sums(forward: ModelCall, pairs_ids: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], pad_id: int,
-                        device, chunk_size: int | None) -> torch.Tensor:  # fmt: skip
+def _sequence_logp_sums(
+    forward: ModelCall,
+    pairs_ids: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
+    pad_id: int,
+    device,
+    chunk_size: int | None,
+) -> torch.Tensor:
     """Summed log-probs (temperature 1) of each response given its prompt, `[pairs]`."""
     tokens, attention = pad_sequences([p + r for p, r in pairs_ids], pad_id)
     rows_B_T = _response_rows([len(p) for p, _ in pairs_ids], [len(r) for _, r in pairs_ids], tokens.shape[1] - 1)
@@ -292,9 +343,14 @@ def _sequence_logp_sums(forward: ModelCall, pairs_ids: Sequence[tuple[tuple[int,
 
 
 def reference_logp_sums(
-    reference: ModelCall, pairs: Sequence[PreferencePair], micro_batch_size: int, pad_id: int, device: torch.device,
-    chunk_size: int | None, max_tokens: int | None = None,
-) -> list[tuple[float, float]]:  # fmt: skip
+    reference: ModelCall,
+    pairs: Sequence[PreferencePair],
+    micro_batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    chunk_size: int | None,
+    max_tokens: int | None = None,
+) -> list[tuple[float, float]]:
     """(chosen, rejected) summed log-probs of each pair under `reference` (no gradient), in pair order."""
     values: dict[int, tuple[float, float]] = {}
     with torch.no_grad():
@@ -313,9 +369,14 @@ def _pair_lengths(pairs: Sequence[PreferencePair]) -> list[int]:
 
 
 def replay_dpo_pass(
-    forward: ModelCall, pairs: Sequence[PreferencePair], s: LossSettings, micro_batch_size: int, pad_id: int,
-    device: torch.device, max_tokens: int | None = None,
-) -> dict[str, float]:  # fmt: skip
+    forward: ModelCall,
+    pairs: Sequence[PreferencePair],
+    s: LossSettings,
+    micro_batch_size: int,
+    pad_id: int,
+    device: torch.device,
+    max_tokens: int | None = None,
+) -> dict[str, float]:
     """Channel 3: sigmoid DPO; log-probs summed over response tokens, at temperature 1.
 
     The reference log-probs are the pairs' own (`PreferencePair.reference_*_logp`), computed once
@@ -334,8 +395,10 @@ def replay_dpo_pass(
         out = dpo_loss(
             _sequence_logp_sums(forward, chosen, pad_id, device, s.jsd_chunk_size),
             _sequence_logp_sums(forward, rejected, pad_id, device, s.jsd_chunk_size),
-            ref_chosen, ref_rejected, beta=s.replay_dpo_beta,
-        )  # fmt: skip
+            ref_chosen,
+            ref_rejected,
+            beta=s.replay_dpo_beta,
+        )
         share = len(group) / len(pairs)
         (s.replay_beta * out.loss * share).backward()
         sums["replay_dpo"] += out.loss.item() * share

@@ -10,30 +10,41 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_meta.config.arguments import MetaConfig
-from slime_meta.config.objectives import read_context
-from slime_meta.backends.local.channels import LossSettings
-from slime_meta.backends.local.gpu_split import check_shared_gpu, worker_memory_args, workers_on_first_gpu
-from slime_meta.backends.local.launcher import PortInUse
 from slime_meta.backends.local import local_grader, weight_sync
-from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
-from slime_meta.backends.local.trainer_plan import DEFAULT_TOKENS_PER_GPU, plan_trainer
-from slime_meta.backends.local.weight_sync import WeightSync
-from slime_meta.rollout.solver_samples import SolverSampleBuilder, SolverSettings
-from slime_meta.rollout.context_budget import context_length_of
-from slime_meta.errors import UserInputError
-from slime_meta.grading.graders import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
-from slime_meta.rollout.meta_rollout import InnerLoopSettings, MetaLearningRollout
-from slime_meta.rollout.pools import SGLangPool, check_reachable, post_json_sync
-from slime_meta.prompt_templates import GeneratorPromptTemplate, GraderPromptTemplate, TeacherPromptTemplate, load_template
-from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole, chat_setting
-from slime_meta.types import PreferencePair
+from slime_meta.backends.local.channels import LossSettings
 
 # The run's data and its evaluations live in their own modules; the outer loop reaches them here.
 from slime_meta.backends.local.evaluation import baseline_eval, eval_due, evaluate  # noqa: F401
+from slime_meta.backends.local.gpu_split import check_shared_gpu, worker_memory_args, workers_on_first_gpu
+from slime_meta.backends.local.launcher import PortInUse
 from slime_meta.backends.local.run_data import (  # noqa: F401
-    Data, check_context_fits, context_limits, describe_plan, load_data, load_tokenizer, rows_that_fit_context,
+    Data,
+    check_context_fits,
+    context_limits,
+    describe_plan,
+    load_data,
+    load_tokenizer,
+    rows_that_fit_context,
 )
+from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
+from slime_meta.backends.local.trainer_plan import DEFAULT_TOKENS_PER_GPU, plan_trainer
+from slime_meta.backends.local.weight_sync import WeightSync
+from slime_meta.config.arguments import MetaConfig
+from slime_meta.config.objectives import read_context
+from slime_meta.errors import UserInputError
+from slime_meta.grading.graders import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
+from slime_meta.prompt_templates import (
+    GeneratorPromptTemplate,
+    GraderPromptTemplate,
+    TeacherPromptTemplate,
+    load_template,
+)
+from slime_meta.rollout.context_budget import context_length_of
+from slime_meta.rollout.meta_rollout import InnerLoopSettings, MetaLearningRollout
+from slime_meta.rollout.pools import SGLangPool, check_reachable, post_json_sync
+from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole, chat_setting
+from slime_meta.rollout.solver_samples import SolverSampleBuilder, SolverSettings
+from slime_meta.types import PreferencePair
 
 
 def prepare_run_dir(cfg: MetaConfig) -> Path:
@@ -83,11 +94,23 @@ def build_role_pieces(cfg: MetaConfig) -> RolePieces:
         return RolePieces(
             generator_template=load_template("generator", cfg.meta.generator_template, "--generator-template"),
             teacher_template=load_template("teacher", cfg.meta.teacher_template, "--teacher-template"),
-            grader=None, grader_template=grader_template,
-        )  # fmt: skip
-    grader_kind = choose_grader_kind(g.grader, model=g.grader_model, api_key_env=g.grader_api_key_env, base_url=g.grader_base_url)
-    print(grader_line(grader_kind, model=g.grader_model, base_url=g.grader_base_url, api_key_env=g.grader_api_key_env,
-                      metric=g.verifier_metric, rubric_key=cfg.data.rubric_key), flush=True)  # fmt: skip
+            grader=None,
+            grader_template=grader_template,
+        )
+    grader_kind = choose_grader_kind(
+        g.grader, model=g.grader_model, api_key_env=g.grader_api_key_env, base_url=g.grader_base_url
+    )
+    print(
+        grader_line(
+            grader_kind,
+            model=g.grader_model,
+            base_url=g.grader_base_url,
+            api_key_env=g.grader_api_key_env,
+            metric=g.verifier_metric,
+            rubric_key=cfg.data.rubric_key,
+        ),
+        flush=True,
+    )
     if cfg.pools.external_student_url:
         external_student_url(cfg)  # an unreachable student server is bad input: refused before the run dir exists
     if grader_kind == "verifier":
@@ -116,7 +139,9 @@ def with_local_grader(cfg: MetaConfig, pieces: RolePieces, grader_url: str | Non
     if pieces.grader is not None or grader_url is None:
         return pieces
     model_dir = local_grader.grader_checkpoint(cfg)
-    return dataclasses.replace(pieces, grader=local_grader.build_local_grader(cfg, pieces.grader_template, grader_url, model_dir))
+    return dataclasses.replace(
+        pieces, grader=local_grader.build_local_grader(cfg, pieces.grader_template, grader_url, model_dir)
+    )
 
 
 def build_rollout(
@@ -173,7 +198,9 @@ def prompt_format_line(teacher: PromptRenderer, student: PromptRenderer) -> str:
             return f"plain text (--no-apply-chat-template; {name} has a chat template)"
         return f"plain text ({name} has no chat template)"
 
-    return f"prompts: teacher in {form(teacher)}; " + ("student the same" if student is teacher else f"student in {form(student)}")
+    return f"prompts: teacher in {form(teacher)}; " + (
+        "student the same" if student is teacher else f"student in {form(student)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -221,7 +248,11 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
     student_model = None
     if cfg.separate_student and not external_student_url:
         student_model = check_model_dir(p.student_checkpoint or p.hf_checkpoint, "--student-checkpoint")
-    grader_model = check_model_dir(local_grader.grader_checkpoint(cfg), "--grader-checkpoint") if cfg.grader.grader == "local" else None
+    grader_model = (
+        check_model_dir(local_grader.grader_checkpoint(cfg), "--grader-checkpoint")
+        if cfg.grader.grader == "local"
+        else None
+    )
     layouts = pool_layouts(cfg, student_model is not None, grader_model is not None)
     # exit 2 before anything starts when they cannot fit; without the flag, the workers' share of the trainer's GPU
     worker_fraction = check_shared_gpu(cfg, teacher_model, layouts)
@@ -229,17 +260,35 @@ def start_pools(cfg: MetaConfig, processes, teacher_model: str, run_dir: Path, e
         worker_fraction, p.sglang_chunked_prefill_size, p.sglang_context_length, p.sglang_page_size, p.local_kv_cache
     )
     teacher = _start_pool(
-        processes, "teacher", teacher_model, teacher_layout, cfg, logs, worker_args,
-        weights_root=str(run_dir / "weights"), router_port=p.teacher_port, port_flag="--teacher-port",
-    )  # fmt: skip
-    grader_url = local_grader.start_grader_pool(processes, cfg, grader_model, logs, worker_args) if grader_model else None
+        processes,
+        "teacher",
+        teacher_model,
+        teacher_layout,
+        cfg,
+        logs,
+        worker_args,
+        weights_root=str(run_dir / "weights"),
+        router_port=p.teacher_port,
+        port_flag="--teacher-port",
+    )
+    grader_url = (
+        local_grader.start_grader_pool(processes, cfg, grader_model, logs, worker_args) if grader_model else None
+    )
     if external_student_url:
         return teacher, external_student_url, grader_url
     if student_model is not None:
         student = _start_pool(
-            processes, "student", student_model, student_layout, cfg, logs, worker_args,
-            weights_root=None, router_port=p.student_router_port, port_flag="--student-router-port",
-        )  # fmt: skip
+            processes,
+            "student",
+            student_model,
+            student_layout,
+            cfg,
+            logs,
+            worker_args,
+            weights_root=None,
+            router_port=p.student_router_port,
+            port_flag="--student-router-port",
+        )
         return teacher, student.router_url, grader_url
     return teacher, teacher.router_url, grader_url  # shared pool: the student is the same, evolving model
 
@@ -264,14 +313,31 @@ def with_trainer_plan(cfg: MetaConfig, model_dir: str) -> MetaConfig:
     return cfg
 
 
-def _start_pool(processes, name, model, layout: WorkerLayout, cfg: MetaConfig, logs: str, worker_args: list[str], *,
-                weights_root, router_port, port_flag):  # fmt: skip
+def _start_pool(
+    processes,
+    name,
+    model,
+    layout: WorkerLayout,
+    cfg: MetaConfig,
+    logs: str,
+    worker_args: list[str],
+    *,
+    weights_root,
+    router_port,
+    port_flag,
+):
     try:
         return processes.start_pool(
-            name, model, layout.num_workers, device=cfg.pools.device, gpu_ids=layout.gpu_ids,
-            weights_root=weights_root, log_dir=logs, router_port=router_port,
+            name,
+            model,
+            layout.num_workers,
+            device=cfg.pools.device,
+            gpu_ids=layout.gpu_ids,
+            weights_root=weights_root,
+            log_dir=logs,
+            router_port=router_port,
             worker_args=worker_args,
-        )  # fmt: skip
+        )
     except PortInUse as error:
         raise UserInputError(
             f"{port_flag} {error.port}: cannot listen there on {cfg.pools.host} (in use?); give a free port, "
@@ -282,25 +348,48 @@ def _start_pool(processes, name, model, layout: WorkerLayout, cfg: MetaConfig, l
 def make_trainer(cfg: MetaConfig, model_dir: str, tokenizer) -> LocalTrainer:
     t, o = cfg.train, cfg.objectives
     if t.recompute_granularity == "selective":
-        raise UserInputError("--recompute-granularity selective: the local trainer checkpoints whole decoder layers "
-                             "only; use --recompute-granularity full, or leave it out")  # fmt: skip
+        raise UserInputError(
+            "--recompute-granularity selective: the local trainer checkpoints whole decoder layers "
+            "only; use --recompute-granularity full, or leave it out"
+        )
     loss = LossSettings(
-        eps_clip=t.eps_clip, eps_clip_high=t.eps_clip_high, eps_clip_c=o.eps_clip_c, use_tis=o.use_tis,
-        tis_clip=o.tis_clip, tis_clip_low=o.tis_clip_low, aipo_delta=o.aipo_delta, kl_loss_coef=o.kl_loss_coef,
-        kl_loss_type=o.kl_loss_type, entropy_coef=o.entropy_coef, sdpo_alpha=o.sdpo_alpha, sdpo_beta=o.sdpo_beta,
-        sdpo_temperature=o.sdpo_temperature, sdpo_topk=o.sdpo_topk, sdpo_topk_tail=o.sdpo_topk_tail,
-        sdpo_token_clip=o.sdpo_token_clip, sdpo_form=o.sdpo_form,
-        replay_beta=o.replay_beta, replay_dpo_beta=o.replay_dpo_beta,
-    )  # fmt: skip
+        eps_clip=t.eps_clip,
+        eps_clip_high=t.eps_clip_high,
+        eps_clip_c=o.eps_clip_c,
+        use_tis=o.use_tis,
+        tis_clip=o.tis_clip,
+        tis_clip_low=o.tis_clip_low,
+        aipo_delta=o.aipo_delta,
+        kl_loss_coef=o.kl_loss_coef,
+        kl_loss_type=o.kl_loss_type,
+        entropy_coef=o.entropy_coef,
+        sdpo_alpha=o.sdpo_alpha,
+        sdpo_beta=o.sdpo_beta,
+        sdpo_temperature=o.sdpo_temperature,
+        sdpo_topk=o.sdpo_topk,
+        sdpo_topk_tail=o.sdpo_topk_tail,
+        sdpo_token_clip=o.sdpo_token_clip,
+        sdpo_form=o.sdpo_form,
+        replay_beta=o.replay_beta,
+        replay_dpo_beta=o.replay_dpo_beta,
+    )
     settings = TrainerSettings(
-        lr=t.lr, weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2,
-        clip_grad=t.clip_grad, micro_batch_size=t.micro_batch_size, device=cfg.pools.device,
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2,
+        clip_grad=t.clip_grad,
+        micro_batch_size=t.micro_batch_size,
+        device=cfg.pools.device,
         compile_layers=bool(t.compile_layers),  # None (not chosen: no GPU plan ran) is off
         temperature=cfg.sampling.teacher_temperature,  # log-probs under the distribution sampled from
-        loss=loss, distill=DistillSettings(o.solver_adv_tau, o.teacher_tau, o.student_tau), max_skipped_steps=t.max_skipped_steps,
+        loss=loss,
+        distill=DistillSettings(o.solver_adv_tau, o.teacher_tau, o.student_tau),
+        max_skipped_steps=t.max_skipped_steps,
         max_tokens_per_gpu=(t.max_tokens_per_gpu or DEFAULT_TOKENS_PER_GPU) if t.use_dynamic_batch_size else None,
-        recompute_layers=t.recompute_granularity == "full", share_prompt_forward=t.share_prompt_forward,
-    )  # fmt: skip
+        recompute_layers=t.recompute_granularity == "full",
+        share_prompt_forward=t.share_prompt_forward,
+    )
     pad_token_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
     # The reference (KL anchor, replay DPO) is the run's starting checkpoint, also after a resume.
     reference = cfg.pools.hf_checkpoint if o.needs_reference else None
@@ -314,17 +403,31 @@ def make_solver_builder(cfg: MetaConfig, pieces: "RolePieces", teacher_pool: SGL
         return None
     source = "fixed" if o.teacher_context else "column" if o.context_key else o.distill_context
     policy_as_student = StudentRole(
-        pool=teacher_pool, template=pieces.generator_template, renderer=PromptRenderer(tokenizer, chat_setting(cfg.data.apply_chat_template, pieces.generator_template, pieces.teacher_template)),
-        info_position=cfg.meta.additional_info_position, temperature=cfg.sampling.rollout_temperature,
-        max_new_tokens=cfg.sampling.rollout_max_response_len, context_length=context_length_of(cfg.pools.hf_checkpoint),
-    )  # fmt: skip
+        pool=teacher_pool,
+        template=pieces.generator_template,
+        renderer=PromptRenderer(
+            tokenizer, chat_setting(cfg.data.apply_chat_template, pieces.generator_template, pieces.teacher_template)
+        ),
+        info_position=cfg.meta.additional_info_position,
+        temperature=cfg.sampling.rollout_temperature,
+        max_new_tokens=cfg.sampling.rollout_max_response_len,
+        context_length=context_length_of(cfg.pools.hf_checkpoint),
+    )
     settings = SolverSettings(
-        attempts_per_problem=cfg.meta.n_samples_per_inner_prompt, reuse_chain_attempts=not cfg.separate_student,
-        distill_context=source, fixed_context=read_context(o.teacher_context), context_key=o.context_key,
-        distill=o.distillation_on, sdpo=o.sdpo_on_any, sdpo_hint=o.sdpo_hint, sdpo_grade_threshold=o.sdpo_grade_threshold,
-        sdpo_on=o.sdpo_on, skip_verification=o.skip_verification, std_normalize=cfg.train.std_normalize,
+        attempts_per_problem=cfg.meta.n_samples_per_inner_prompt,
+        reuse_chain_attempts=not cfg.separate_student,
+        distill_context=source,
+        fixed_context=read_context(o.teacher_context),
+        context_key=o.context_key,
+        distill=o.distillation_on,
+        sdpo=o.sdpo_on_any,
+        sdpo_hint=o.sdpo_hint,
+        sdpo_grade_threshold=o.sdpo_grade_threshold,
+        sdpo_on=o.sdpo_on,
+        skip_verification=o.skip_verification,
+        std_normalize=cfg.train.std_normalize,
         sdpo_shaping=o.sdpo_shaping,
-    )  # fmt: skip
+    )
     return SolverSampleBuilder(policy_as_student, pieces.grader, settings)
 
 
@@ -336,11 +439,15 @@ def make_replayer(cfg: MetaConfig, run_dir: Path):
     from slime_meta.replay.pairs import ReplayPairer, parse_replay_teachers
 
     return ReplayPairer(
-        parse_replay_teachers(o.replay_teachers), min_agree=o.replay_min_agree, cache_path=run_dir / "replay_pairs.jsonl"
+        parse_replay_teachers(o.replay_teachers),
+        min_agree=o.replay_min_agree,
+        cache_path=run_dir / "replay_pairs.jsonl",
     )
 
 
-async def solver_channel_inputs(builder, replayer, chains, tokenizer, trainer=None) -> tuple[list, list, dict[str, float]]:
+async def solver_channel_inputs(
+    builder, replayer, chains, tokenizer, trainer=None
+) -> tuple[list, list, dict[str, float]]:
     """The policy's own solutions (distillation, SDPO) and the replay pairs built on them, each pair
     with its DPO reference log-probs under the start weights (the trainer's frozen reference),
     computed once and cached with the pair decisions."""
@@ -352,7 +459,10 @@ async def solver_channel_inputs(builder, replayer, chains, tokenizer, trainer=No
         from slime_meta.replay.pairs import ReplayRequest
 
         labels = {problem.uid: problem.ground_truth for chain in chains for problem in chain.problems}
-        requests = [ReplayRequest.build(x.prompt_text, x.solution_text, x.problem_uid, labels.get(x.problem_uid)) for x in solver_samples]
+        requests = [
+            ReplayRequest.build(x.prompt_text, x.solution_text, x.problem_uid, labels.get(x.problem_uid))
+            for x in solver_samples
+        ]
         by_key = {r.key: x for r, x in zip(requests, solver_samples)}
         for pair in await replayer.pairs_for(requests):
             sample = by_key[pair.key]
@@ -362,7 +472,9 @@ async def solver_channel_inputs(builder, replayer, chains, tokenizer, trainer=No
                 chosen_ids += (tokenizer.eos_token_id,)
             pairs.append(PreferencePair(sample.prompt_ids, chosen_ids, sample.response_ids))
         if pairs and trainer is not None:
-            pairs = await asyncio.to_thread(replayer.reference_logps_for, pairs, trainer.with_reference_logps, trainer.reference_id)
+            pairs = await asyncio.to_thread(
+                replayer.reference_logps_for, pairs, trainer.with_reference_logps, trainer.reference_id
+            )
         # Counters since the start of this process (a resume starts them again).
         metrics.update({f"replay/{k}": float(v) for k, v in replayer.stats.as_dict().items()})
     return solver_samples, pairs, metrics
@@ -387,7 +499,10 @@ def staleness_metrics(samples, rollout_id: int, start_step: int) -> dict[str, fl
             versions.append(start_step)
     if not versions:
         return {}
-    return {"async/max_staleness": float(rollout_id - min(versions)), "async/mean_staleness": rollout_id - sum(versions) / len(versions)}
+    return {
+        "async/max_staleness": float(rollout_id - min(versions)),
+        "async/mean_staleness": rollout_id - sum(versions) / len(versions),
+    }
 
 
 def should_save(cfg: MetaConfig, rollout_id: int) -> bool:
@@ -448,7 +563,9 @@ def push_weights(trainer, worker_urls: list[str], weights_root: Path, version: i
 
 def make_weight_sync(cfg: MetaConfig, trainer, worker_urls, weights_root: Path, processes) -> WeightSync:
     """The run's weight transfer (--weight-sync), its buffer allocated once; the caller closes it."""
-    sync = weight_sync.make_weight_sync(cfg.train.weight_sync, trainer, worker_urls, weights_root, processes.weight_buffer_prefix)
+    sync = weight_sync.make_weight_sync(
+        cfg.train.weight_sync, trainer, worker_urls, weights_root, processes.weight_buffer_prefix
+    )
     print(f"weights reach the teacher workers through {sync.mode} (--weight-sync {cfg.train.weight_sync})", flush=True)
     return sync
 

@@ -23,8 +23,13 @@ async def evaluate(cfg: MetaConfig, rollout: MetaLearningRollout, eval_sets: dic
         result = await rollout.run(episodes, step, seed=cfg.seed)
         with_info = result.metrics["meta_learning/avg_holdout_grade"]
         no_info = result.metrics["meta_learning/holdout_grade_no_info"]
-        metrics.update({f"eval/{name}/holdout_grade": with_info, f"eval/{name}/holdout_grade_no_info": no_info,
-                        f"eval/{name}/gain": with_info - no_info})  # fmt: skip
+        metrics.update(
+            {
+                f"eval/{name}/holdout_grade": with_info,
+                f"eval/{name}/holdout_grade_no_info": no_info,
+                f"eval/{name}/gain": with_info - no_info,
+            }
+        )
     return metrics
 
 

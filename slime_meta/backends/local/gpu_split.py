@@ -91,8 +91,10 @@ def gpu_split_problem(
         fits = math.floor(room / num_workers / total_bytes * 1000) / 1000  # rounded down: it must fit
         fix = f"lower --sglang-mem-fraction-static to at most {fits:.3f}"
     else:
-        fix = ("shrink the trainer: --use-dynamic-batch-size with a smaller --max-tokens-per-gpu, "
-               "--recompute-granularity full, or put the workers on other GPUs (--rollout-num-gpus)")  # fmt: skip
+        fix = (
+            "shrink the trainer: --use-dynamic-batch-size with a smaller --max-tokens-per-gpu, "
+            "--recompute-granularity full, or put the workers on other GPUs (--rollout-num-gpus)"
+        )
     return (
         f"one GPU of {total_bytes / GB:.1f} GB cannot hold {trainer_text} and {workers_text}: "
         f"{need / GB:.1f} GB needed; {fix}"
@@ -113,9 +115,12 @@ def default_worker_fraction(*, total_bytes: int, trainer: TrainerEstimate, num_w
 
 
 def worker_memory_args(
-    mem_fraction_static: float | None, chunked_prefill_size: int | None, context_length: int | None = None,
-    page_size: int | None = None, kv_cache: str = "paged",
-) -> list[str]:  # fmt: skip
+    mem_fraction_static: float | None,
+    chunked_prefill_size: int | None,
+    context_length: int | None = None,
+    page_size: int | None = None,
+    kv_cache: str = "paged",
+) -> list[str]:
     """The run-level flags as the worker's own (`python -m slime_meta_engine`)."""
     args = ["--static-cache-len", str(context_length)] if context_length is not None else []
     args += ["--kv-cache", kv_cache]
@@ -169,9 +174,13 @@ def check_shared_gpu(cfg, model_dir: str, layouts: list[tuple[int, tuple[int, ..
         tokens = t.micro_batch_size * max(sampling.teacher_max_tokens, sampling.rollout_max_response_len)
     params, num_layers, hidden_size = model_size(model_dir)
     trainer = estimate_trainer(
-        params=params, num_layers=num_layers, hidden_size=hidden_size, micro_batch_tokens=tokens,
-        recompute=t.recompute_granularity == "full", with_reference=cfg.objectives.needs_reference,
-    )  # fmt: skip
+        params=params,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        micro_batch_tokens=tokens,
+        recompute=t.recompute_granularity == "full",
+        with_reference=cfg.objectives.needs_reference,
+    )
     total = torch.cuda.get_device_properties(0).total_memory
     if fraction is None:
         fraction = default_worker_fraction(total_bytes=total, trainer=trainer, num_workers=shared)
@@ -180,6 +189,9 @@ def check_shared_gpu(cfg, model_dir: str, layouts: list[tuple[int, tuple[int, ..
         raise UserInputError(problem)
     logger.info(
         "GPU 0 (%.1f GB): trainer ~%.1f GB, %d worker(s) at --sglang-mem-fraction-static %s",
-        total / GB, trainer.total_bytes / GB, shared, fraction,
-    )  # fmt: skip
+        total / GB,
+        trainer.total_bytes / GB,
+        shared,
+        fraction,
+    )
     return fraction

@@ -204,9 +204,18 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         workers = []
         for index, port in enumerate(worker_ports):
             command = [
-                sys.executable, "-m", "slime_meta_engine",
-                "--model-path", model_path, "--host", self._host, "--port", str(port), "--device", device,
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "slime_meta_engine",
+                "--model-path",
+                model_path,
+                "--host",
+                self._host,
+                "--port",
+                str(port),
+                "--device",
+                device,
+            ]
             command += ["--weights-root", weights_root if weights_root is not None else frozen_root]
             if weights_root is not None:
                 command += ["--weight-buffer-prefix", self.weight_buffer_prefix]
@@ -247,14 +256,17 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
                 "--health-check-interval-secs",
                 "1",
                 *router_args,
-            ],  # fmt: skip
+            ],
             env=self._child_env(),
             log_path=log_directory / f"{name}-router.log",
             url=f"http://{self._host}:{router_port}",
             ready_path="/readiness",
         )
         pool = _Pool(
-            PoolEndpoints(name, router.url, worker_urls), workers, router, metrics_url=f"http://{self._host}:{metrics_port}/metrics"
+            PoolEndpoints(name, router.url, worker_urls),
+            workers,
+            router,
+            metrics_url=f"http://{self._host}:{metrics_port}/metrics",
         )
         started_at = time.monotonic()
         try:
@@ -274,8 +286,12 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
             raise
         logger.info(
             "pool %s ready: router %s, workers %s (workers %.1fs, router %.1fs)",
-            name, router.url, ", ".join(worker_urls), workers_ready_s, time.monotonic() - started_at - workers_ready_s,
-        )  # fmt: skip
+            name,
+            router.url,
+            ", ".join(worker_urls),
+            workers_ready_s,
+            time.monotonic() - started_at - workers_ready_s,
+        )
         self._start_supervisor()
         return pool.endpoints
 
@@ -339,7 +355,9 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
                         if worker.process.poll() is None:
                             time.sleep(0.2)  # a worker dying right now: let its exit show
                         if worker.process.poll() is not None:
-                            logger.warning("%s died during a weight update: it gets the weights when it is back", worker.role)
+                            logger.warning(
+                                "%s died during a weight update: it gets the weights when it is back", worker.role
+                            )
                             continue
                         raise RuntimeError(f"weight update of {worker.url} failed: {error}") from None
                     updated.append(worker.url)

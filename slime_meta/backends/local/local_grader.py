@@ -35,9 +35,15 @@ def local_grader_line(cfg: MetaConfig) -> str:
 def start_grader_pool(processes, cfg: MetaConfig, model_dir: str, log_dir: str, worker_args: list[str]) -> str:
     """Start the frozen grader pool; its OpenAI-compatible base URL (`http://HOST:PORT/v1`)."""
     endpoints = processes.start_pool(
-        POOL_NAME, model_dir, cfg.grader.grader_num_workers, device=cfg.pools.device, gpu_ids=None,
-        weights_root=None, log_dir=log_dir, worker_args=worker_args,
-    )  # fmt: skip
+        POOL_NAME,
+        model_dir,
+        cfg.grader.grader_num_workers,
+        device=cfg.pools.device,
+        gpu_ids=None,
+        weights_root=None,
+        log_dir=log_dir,
+        worker_args=worker_args,
+    )
     return endpoints.router_url.rstrip("/") + "/v1"
 
 
@@ -45,7 +51,12 @@ def build_local_grader(cfg: MetaConfig, template: GraderPromptTemplate, base_url
     """The LLM grader over the run's own grader pool (the OpenAI request path, retries and parsing)."""
     g = cfg.grader
     return OpenAIGrader(
-        model=model_dir, base_url=base_url, api_key_env=g.grader_api_key_env, temperature=g.grader_temperature,
-        max_tokens=g.grader_max_tokens, concurrency=g.grader_concurrency, template=template,
+        model=model_dir,
+        base_url=base_url,
+        api_key_env=g.grader_api_key_env,
+        temperature=g.grader_temperature,
+        max_tokens=g.grader_max_tokens,
+        concurrency=g.grader_concurrency,
+        template=template,
         request_timeout=g.grader_timeout,
-    )  # fmt: skip
+    )

@@ -31,7 +31,7 @@ class SplitModelCall:
         implementation = getattr(model.config, "_attn_implementation", None)
         self.shares_prompts = (
             share_prompts and implementation in ("sdpa", varlen_attention.ATTENTION_NAME) and full_causal(model.config)
-        )  # fmt: skip
+        )
         # On CUDA, shared rows run as variable-length flash attention instead of a dense mask.
         on_cuda = next(model.parameters()).is_cuda
         self.varlen = self.shares_prompts and on_cuda and varlen_attention.varlen_kernel() is not None
@@ -65,16 +65,23 @@ class SplitModelCall:
             host = batch.host_branch_B_T if batch.host_branch_B_T is not None else batch.branch_B_T
             layout = varlen_attention.varlen_layout(host.cpu()).to(batch.tokens_B_T.device)
             with self._autocast():
-                out = model(input_ids=batch.tokens_B_T, position_ids=batch.positions_B_T, use_cache=False,
-                            shared_prefix_layout=layout)  # fmt: skip
+                out = model(
+                    input_ids=batch.tokens_B_T,
+                    position_ids=batch.positions_B_T,
+                    use_cache=False,
+                    shared_prefix_layout=layout,
+                )
                 return out.last_hidden_state if self.split else out.logits
         mask_B_1_T_T = shared_prompt_mask(batch.branch_B_T)
         if self.autocast:
             mask_B_1_T_T = additive_mask(mask_B_1_T_T, torch.bfloat16)
         with self._autocast():
             out = model(
-                input_ids=batch.tokens_B_T, attention_mask=mask_B_1_T_T, position_ids=batch.positions_B_T, use_cache=False
-            )  # fmt: skip
+                input_ids=batch.tokens_B_T,
+                attention_mask=mask_B_1_T_T,
+                position_ids=batch.positions_B_T,
+                use_cache=False,
+            )
             return out.last_hidden_state if self.split else out.logits
 
     def logits(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
@@ -84,9 +91,13 @@ class SplitModelCall:
             return self.head(hidden_N_H)
 
     def token_logps(
-        self, hidden_N_H: torch.Tensor, targets_N: torch.Tensor, temperature_N: torch.Tensor, chunk_size: int | None,
+        self,
+        hidden_N_H: torch.Tensor,
+        targets_N: torch.Tensor,
+        temperature_N: torch.Tensor,
+        chunk_size: int | None,
         with_entropy: bool,
-    ) -> TokenLogpsOutput:  # fmt: skip
+    ) -> TokenLogpsOutput:
         """Without autocast (the CPU), the projection folded into row chunks (`linear_token_logps`):
         no `[N, V]` logits held. Under autocast, the bf16 logits and the fused kernels."""
         if not self.split or self.autocast or getattr(self.head, "bias", None) is not None:

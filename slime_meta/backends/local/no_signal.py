@@ -33,9 +33,15 @@ KL_ZERO_GRADIENT_AT_REFERENCE = frozenset({"k2", "k3"})
 
 
 def zero_gradient_step(
-    sequences: Sequence[PolicySequence], *, entropy_coef: float, kl_coef: float, kl_type: str,
-    policy_is_reference: bool, sdpo_jsd_samples: int, replay_pairs: int,
-) -> bool:  # fmt: skip
+    sequences: Sequence[PolicySequence],
+    *,
+    entropy_coef: float,
+    kl_coef: float,
+    kl_type: str,
+    policy_is_reference: bool,
+    sdpo_jsd_samples: int,
+    replay_pairs: int,
+) -> bool:
     """True when the step's whole loss provably has a zero gradient (and nothing is left out)."""
     if any(a != 0.0 for x in sequences for a in x.advantages):
         return False
@@ -62,9 +68,11 @@ class RolloutSummary:
             rewards_by_group[x.group_index].append(x.reward)
         spread = sum(max(r) - min(r) > 1e-9 for r in rewards_by_group.values())
         return cls(
-            mean_reward=fmean(x.reward for x in teacher) if teacher else 0.0, groups=len(rewards_by_group),
-            groups_with_spread=spread, solver_mean_grade=fmean(x.grade for x in solver) if solver else None,
-        )  # fmt: skip
+            mean_reward=fmean(x.reward for x in teacher) if teacher else 0.0,
+            groups=len(rewards_by_group),
+            groups_with_spread=spread,
+            solver_mean_grade=fmean(x.grade for x in solver) if solver else None,
+        )
 
 
 class NoSignalStreak:

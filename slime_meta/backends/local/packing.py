@@ -45,7 +45,9 @@ class Row:
 
     def length(self, sequences: Sequence[PolicySequence]) -> int:
         shared = len(self.prefix_ids)
-        return shared + sum(len(sequences[i].prompt_ids) + len(sequences[i].response_ids) - shared for i in self.members)
+        return shared + sum(
+            len(sequences[i].prompt_ids) + len(sequences[i].response_ids) - shared for i in self.members
+        )
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
@@ -148,9 +150,10 @@ def group_rows(
     for i in sorted(range(len(rows)), key=lambda i: lengths[i]):  # ascending: the newcomer is the longest
         if max_tokens is not None:
             fits = (
-                bool(groups) and (len(groups[-1]) + 1) * lengths[i] <= max_tokens
+                bool(groups)
+                and (len(groups[-1]) + 1) * lengths[i] <= max_tokens
                 and loss_held + losses[i] <= max_tokens // LOSS_TOKEN_SHARE
-            )  # fmt: skip
+            )
         else:
             fits = bool(groups) and held + len(rows[i].members) <= micro_batch_size
         if fits:
@@ -205,15 +208,26 @@ def collate_rows(rows: Sequence[Row], sequences: Sequence[PolicySequence], pad_i
             start = end
     as_float = lambda values: torch.tensor(values, dtype=torch.float32)  # noqa: E731
     return PackedBatch(
-        tokens, positions, branch, torch.tensor(source, dtype=torch.long), torch.tensor(targets, dtype=torch.long),
-        as_float(rollout_logp), as_float(advantages), as_float(reference_logp), as_float(temperature), tuple(members),
-    )  # fmt: skip
+        tokens,
+        positions,
+        branch,
+        torch.tensor(source, dtype=torch.long),
+        torch.tensor(targets, dtype=torch.long),
+        as_float(rollout_logp),
+        as_float(advantages),
+        as_float(reference_logp),
+        as_float(temperature),
+        tuple(members),
+    )
 
 
 def pack_micro_batches(
-    sequences: Sequence[PolicySequence], share_prompts: bool, micro_batch_size: int, pad_id: int,
+    sequences: Sequence[PolicySequence],
+    share_prompts: bool,
+    micro_batch_size: int,
+    pad_id: int,
     max_tokens: int | None = None,
-) -> list[PackedBatch]:  # fmt: skip
+) -> list[PackedBatch]:
     """The step's micro-batches (sequences without response tokens are left out: nothing to train)."""
     kept = [i for i, s in enumerate(sequences) if s.response_ids]
     chosen = [sequences[i] for i in kept]

@@ -35,7 +35,10 @@ class RolloutPipeline:
         self._state_before_draw: dict[int, dict] = {}
 
     def _launch_ready(self, weights_version: int, up_to: int) -> None:
-        while self._next_to_launch <= min(up_to, self._end_step - 1) and weights_version >= self._next_to_launch - self.max_async_level:
+        while (
+            self._next_to_launch <= min(up_to, self._end_step - 1)
+            and weights_version >= self._next_to_launch - self.max_async_level
+        ):
             step = self._next_to_launch
             self._state_before_draw[step] = copy.deepcopy(self._sampler_state())
             episodes = self._draw()

@@ -137,7 +137,6 @@ def _describe_exit(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
-
 class _ChildProcesses:
     """Spawning, waiting for and terminating children, and picking their ports.
 

@@ -38,9 +38,17 @@ from transformers import AutoModelForCausalLM
 from slime_meta.backends.local.model_call import SPLIT_HEAD_MODEL_TYPES
 
 SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-}  # fmt: skip
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 def read_safetensors(path: Path, wanted: set[str] | None = None) -> dict[str, torch.Tensor]:
@@ -100,7 +108,7 @@ def parameterless_copy(model: torch.nn.Module) -> torch.nn.Module:
     placeholders = {
         id(p): torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
         for p in model.parameters()
-    }  # fmt: skip
+    }
     return copy.deepcopy(model, memo=dict(placeholders)).eval()
 
 
@@ -140,9 +148,13 @@ class StartWeights:
     autocast: None means on CUDA, where the trainer autocasts, for the Llama family's forward)."""
 
     def __init__(
-        self, checkpoint: str, policy: torch.nn.Module, device: torch.device, resident: bool,
+        self,
+        checkpoint: str,
+        policy: torch.nn.Module,
+        device: torch.device,
+        resident: bool,
         keep_half: bool | None = None,
-    ):  # fmt: skip
+    ):
         self.checkpoint = Path(checkpoint)
         self.policy = policy  # whose parameters' names, dtypes and device the start weights take
         self.resident = resident

@@ -12,14 +12,14 @@ import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
-from slime_meta.config.arguments import MetaConfig
+from slime_meta.artifacts.tracking import Tracker, format_eval_line, format_step_line
+from slime_meta.artifacts.train_state import load_checkpoint, save_checkpoint, set_rng_state
 from slime_meta.backends.local import components as C
 from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.backends.local.pipeline import RolloutPipeline
 from slime_meta.backends.local.worker_time import WorkerTimeMeter
+from slime_meta.config.arguments import MetaConfig
 from slime_meta.rollout.meta_rollout import describe_batch
-from slime_meta.artifacts.train_state import load_checkpoint, save_checkpoint, set_rng_state
-from slime_meta.artifacts.tracking import Tracker, format_eval_line, format_step_line
 
 
 def print_eval(step: int, metrics: dict) -> None:
@@ -54,7 +54,9 @@ async def _run(cfg: MetaConfig) -> Path:
     weights_root = run_dir / "weights"
 
     with LocalProcessGroup(host=cfg.pools.host) as processes:
-        teacher_endpoints, student_url, grader_url = C.start_pools(cfg, processes, teacher_model, run_dir, external_student_url)
+        teacher_endpoints, student_url, grader_url = C.start_pools(
+            cfg, processes, teacher_model, run_dir, external_student_url
+        )
         pieces = C.with_local_grader(cfg, pieces, grader_url)
         teacher_pool = C.make_pool(cfg, "teacher", teacher_endpoints.router_url, cfg.sampling.teacher_concurrency)
         student_pool = C.make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
@@ -76,12 +78,20 @@ async def _run(cfg: MetaConfig) -> Path:
 
         async def produce(step: int, episodes: list):
             result = await rollout.run(episodes, step, seed=cfg.seed)
-            return episodes, result, *await C.solver_channel_inputs(solver_builder, replayer, result.chains, tokenizer, trainer)
+            return (
+                episodes,
+                result,
+                *await C.solver_channel_inputs(solver_builder, replayer, result.chains, tokenizer, trainer),
+            )
 
         pipeline = RolloutPipeline(
-            produce, lambda: data.sampler.next_episodes(**data.draw_sizes), data.sampler.state_dict,
-            max_async_level=cfg.meta.max_async_level, start_step=start_step, end_step=cfg.meta.num_rollout,
-        )  # fmt: skip
+            produce,
+            lambda: data.sampler.next_episodes(**data.draw_sizes),
+            data.sampler.state_dict,
+            max_async_level=cfg.meta.max_async_level,
+            start_step=start_step,
+            end_step=cfg.meta.num_rollout,
+        )
         # The trainer's work (a step, the weight push, a checkpoint) runs on one thread of its own.
         # Why not asyncio.to_thread: glibc gives a new thread's allocations an arena of their own and
         # keeps freed memory per arena, and the default executor starts a new thread whenever the loop
@@ -92,7 +102,9 @@ async def _run(cfg: MetaConfig) -> Path:
             for rollout_id in range(start_step, cfg.meta.num_rollout):
                 step_started = time.perf_counter()
                 # The pool serves weights of version rollout_id: one push per finished step.
-                episodes, result, solver, pairs, solver_metrics = await pipeline.result(rollout_id, weights_version=rollout_id)
+                episodes, result, solver, pairs, solver_metrics = await pipeline.result(
+                    rollout_id, weights_version=rollout_id
+                )
                 rollout_done = time.perf_counter()
                 train_metrics = await on_thread(
                     trainer_thread, trainer.train_step, result.samples, solver, pairs, rollout_id
@@ -101,14 +113,24 @@ async def _run(cfg: MetaConfig) -> Path:
                 # A step skipped (non-finite, or no training signal) left the weights as they were: nothing to push.
                 if not (train_metrics.get("train/skipped_nonfinite") or train_metrics.get("train/skipped_no_signal")):
                     await on_thread(
-                        trainer_thread, C.push_weights, trainer, teacher_endpoints.worker_urls, weights_root,
-                        rollout_id + 1, processes, weight_sync,
+                        trainer_thread,
+                        C.push_weights,
+                        trainer,
+                        teacher_endpoints.worker_urls,
+                        weights_root,
+                        rollout_id + 1,
+                        processes,
+                        weight_sync,
                     )
                 step_done = time.perf_counter()
                 # The step's wall time split where it is spent: waiting for the rollout (its part not
                 # hidden behind the previous step with --max-async-level), training, the weight push.
-                timings = {"perf/step_time": step_done - step_started, "perf/rollout_wait_time": rollout_done - step_started,
-                           "perf/train_time": train_done - rollout_done, "perf/weight_push_time": step_done - train_done}
+                timings = {
+                    "perf/step_time": step_done - step_started,
+                    "perf/rollout_wait_time": rollout_done - step_started,
+                    "perf/train_time": train_done - rollout_done,
+                    "perf/weight_push_time": step_done - train_done,
+                }
 
                 metrics = {**result.metrics, **solver_metrics, **train_metrics, **timings}
                 metrics.update(C.counter_metrics(teacher_pool, student_pool, rollout.grader))
@@ -129,10 +151,18 @@ async def _run(cfg: MetaConfig) -> Path:
                         tracker.log(done, evaluation)
 
                 if C.should_save(cfg, rollout_id):
-                    state = {"next_rollout_id": rollout_id + 1, "sampler": pipeline.sampler_state_for_resume(rollout_id + 1)}
+                    state = {
+                        "next_rollout_id": rollout_id + 1,
+                        "sampler": pipeline.sampler_state_for_resume(rollout_id + 1),
+                    }
                     await on_thread(
-                        trainer_thread, save_checkpoint, Path(cfg.checkpoint.save), rollout_id + 1,
-                        trainer=trainer, tokenizer=tokenizer, state=state,
+                        trainer_thread,
+                        save_checkpoint,
+                        Path(cfg.checkpoint.save),
+                        rollout_id + 1,
+                        trainer=trainer,
+                        tokenizer=tokenizer,
+                        state=state,
                     )
         finally:
             await pipeline.cancel()

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from transformers import AutoTokenizer
 
 from slime_meta.config.arguments import MetaConfig
-from slime_meta.rollout.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit
 from slime_meta.data.problems import BatchPlan, ProblemSampler, load_problems, plan_batch, without_eval_problems
 from slime_meta.errors import UserInputError
 from slime_meta.prompt_templates import load_template
+from slime_meta.rollout.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit
 from slime_meta.rollout.roles import PromptRenderer, chat_setting
 
 
@@ -31,27 +31,38 @@ class Data:
 def load_data(cfg: MetaConfig) -> Data:
     def load(path: str):
         return load_problems(
-            path, input_key=cfg.data.input_key, label_key=cfg.data.label_key, rubric_key=cfg.data.rubric_key,
+            path,
+            input_key=cfg.data.input_key,
+            label_key=cfg.data.label_key,
+            rubric_key=cfg.data.rubric_key,
             group_key=cfg.data.group_key,
-        )  # fmt: skip
+        )
 
     problems = load(cfg.data.prompt_data)
     meta = cfg.meta
     plan = plan_batch(
-        rollout_batch_size=meta.rollout_batch_size, train_ratio=meta.inner_loop_train_ratio, heldout_ipb=meta.heldout_ipb,
-        problems_per_prompt=meta.n_problems_per_prompt, per_family=cfg.data.group_key is not None,
-    )  # fmt: skip
+        rollout_batch_size=meta.rollout_batch_size,
+        train_ratio=meta.inner_loop_train_ratio,
+        heldout_ipb=meta.heldout_ipb,
+        problems_per_prompt=meta.n_problems_per_prompt,
+        per_family=cfg.data.group_key is not None,
+    )
     eval_paths = dict(zip(meta.eval_prompt_data[0::2], meta.eval_prompt_data[1::2]))
     eval_problems = {name: rows_that_fit_context(cfg, load(path), path) for name, path in eval_paths.items()}
     # An eval problem is never drawn for training: the same text (case, spacing and Unicode forms
     # aside, whatever its label's form) leaves the training pool.
     kept = without_eval_problems(problems, [p for found in eval_problems.values() for p in found])
     if len(kept) < len(problems):
-        print(f"{len(problems) - len(kept)} problems of {cfg.data.prompt_data} are also in --eval-prompt-data: "
-              "they are left out of training", flush=True)  # fmt: skip
+        print(
+            f"{len(problems) - len(kept)} problems of {cfg.data.prompt_data} are also in --eval-prompt-data: "
+            "they are left out of training",
+            flush=True,
+        )
     if not kept:
-        raise UserInputError(f"--prompt-data {cfg.data.prompt_data}: every problem is also in --eval-prompt-data; "
-                             "give an eval set of other problems")  # fmt: skip
+        raise UserInputError(
+            f"--prompt-data {cfg.data.prompt_data}: every problem is also in --eval-prompt-data; "
+            "give an eval set of other problems"
+        )
     kept = rows_that_fit_context(cfg, kept)
     group_key_used = cfg.data.group_key is not None
     sampler = ProblemSampler(kept, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=group_key_used)
@@ -70,20 +81,36 @@ def load_data(cfg: MetaConfig) -> Data:
             eval_sampler.validate(meta.n_problems_per_prompt, plan.holdout_per_episode, plan.groups)
         except UserInputError as error:
             raise UserInputError(f"--eval-prompt-data {name}: {error}") from None
-        eval_sets[name] = [e for _ in range(meta.eval_num_batches) for e in eval_sampler.next_episodes(**plan.draw_sizes)]
-    return Data(sampler=sampler, num_holdout=plan.holdout_per_episode, draw_sizes=plan.draw_sizes, plan=plan, eval_sets=eval_sets)
+        eval_sets[name] = [
+            e for _ in range(meta.eval_num_batches) for e in eval_sampler.next_episodes(**plan.draw_sizes)
+        ]
+    return Data(
+        sampler=sampler,
+        num_holdout=plan.holdout_per_episode,
+        draw_sizes=plan.draw_sizes,
+        plan=plan,
+        eval_sets=eval_sets,
+    )
 
 
 def describe_plan(cfg: MetaConfig, data: Data) -> str:
     """The resolved batch plan, and the eval sets: printed once at start."""
     m = cfg.meta
-    lines = [data.plan.describe(samples_per_prompt=m.n_samples_per_prompt, inner_iterations=m.num_inner_iterations,
-                                inner_samples=m.n_samples_per_inner_prompt, holdout_samples=m.n_holdout_samples)]  # fmt: skip
+    lines = [
+        data.plan.describe(
+            samples_per_prompt=m.n_samples_per_prompt,
+            inner_iterations=m.num_inner_iterations,
+            inner_samples=m.n_samples_per_inner_prompt,
+            holdout_samples=m.n_holdout_samples,
+        )
+    ]
     o = cfg.objectives
     if not cfg.separate_student:
-        lines.append(f"student: shares the teacher's weights; solver-role GRPO --adv-tau {o.solver_adv_tau:g} and "
-                     f"{o.kl_loss_type} KL to the start weights --kl-loss-coef {o.kl_loss_coef:g} "
-                     "(shared-student defaults 1 and 0.1 keep the student role from drifting)")
+        lines.append(
+            f"student: shares the teacher's weights; solver-role GRPO --adv-tau {o.solver_adv_tau:g} and "
+            f"{o.kl_loss_type} KL to the start weights --kl-loss-coef {o.kl_loss_coef:g} "
+            "(shared-student defaults 1 and 0.1 keep the student role from drifting)"
+        )
     for name, episodes in data.eval_sets.items():
         count = sum(len(e.holdout) + sum(len(c) for c in e.train_chunks_P) for e in episodes)
         when = f"every {m.eval_interval} steps" if m.eval_interval else "before the first and after the last step"
@@ -106,16 +133,22 @@ def context_limits(cfg: MetaConfig, tokenizer=None) -> ContextLimits:
         student_renderer = PromptRenderer(load_tokenizer(student_dir), chat)
     student_flag = "--student-checkpoint" if cfg.pools.student_checkpoint else "--hf-checkpoint"
     return ContextLimits(
-        teacher_context=context_length_of(cfg.pools.hf_checkpoint), student_context=context_length_of(student_dir),
-        teacher_source=f"--hf-checkpoint {cfg.pools.hf_checkpoint}", student_source=f"{student_flag} {student_dir}",
-        teacher_max_tokens=cfg.sampling.teacher_max_tokens, student_max_tokens=cfg.sampling.rollout_max_response_len,
-        teacher_ids=teacher_renderer.ids, student_ids=student_renderer.ids,
-    )  # fmt: skip
+        teacher_context=context_length_of(cfg.pools.hf_checkpoint),
+        student_context=context_length_of(student_dir),
+        teacher_source=f"--hf-checkpoint {cfg.pools.hf_checkpoint}",
+        student_source=f"{student_flag} {student_dir}",
+        teacher_max_tokens=cfg.sampling.teacher_max_tokens,
+        student_max_tokens=cfg.sampling.rollout_max_response_len,
+        teacher_ids=teacher_renderer.ids,
+        student_ids=student_renderer.ids,
+    )
 
 
 def _budget_templates(cfg: MetaConfig):
-    return (load_template("generator", cfg.meta.generator_template, "--generator-template"),
-            load_template("teacher", cfg.meta.teacher_template, "--teacher-template"))  # fmt: skip
+    return (
+        load_template("generator", cfg.meta.generator_template, "--generator-template"),
+        load_template("teacher", cfg.meta.teacher_template, "--teacher-template"),
+    )
 
 
 def check_context_fits(cfg: MetaConfig) -> None:
@@ -128,5 +161,10 @@ def rows_that_fit_context(cfg: MetaConfig, problems: list, path: str | None = No
     """The rows whose problem fits the contexts; the others reported (file, row, length) and skipped."""
     generator, teacher = _budget_templates(cfg)
     return split_rows_by_fit(
-        problems, context_limits(cfg), generator, teacher, cfg.meta.additional_info_position, path or cfg.data.prompt_data
+        problems,
+        context_limits(cfg),
+        generator,
+        teacher,
+        cfg.meta.additional_info_position,
+        path or cfg.data.prompt_data,
     )

@@ -62,8 +62,10 @@ class _Supervision:
                     pool.router_dead_logged = True
                     logger.error(
                         "%s %s; its workers are not restarted (log %s)",
-                        pool.router.role, _describe_exit(pool.router.process.returncode), pool.router.log_path,
-                    )  # fmt: skip
+                        pool.router.role,
+                        _describe_exit(pool.router.process.returncode),
+                        pool.router.log_path,
+                    )
                 continue
             dead = [worker for worker in pool.workers if self._needs_restart(worker)]
             if dead:
@@ -94,8 +96,12 @@ class _Supervision:
                 worker.given_up = True
                 logger.error(
                     "%s %s; it died %d times within %.0fs, so it is left down (log %s)",
-                    worker.role, exit_text, len(worker.restart_times) + 1, self._restart_window_s, worker.log_path,
-                )  # fmt: skip
+                    worker.role,
+                    exit_text,
+                    len(worker.restart_times) + 1,
+                    self._restart_window_s,
+                    worker.log_path,
+                )
                 self._deregister(pool, worker)
                 continue
             worker.restart_times.append(now)
@@ -140,7 +146,9 @@ class _Supervision:
                     try:
                         self._load_weights(worker, pool.weights)
                     except (urllib.error.URLError, OSError, RuntimeError) as error:
-                        raise LaunchError(f"{worker.role} came back but did not take weights {pool.weights[0]}: {error}")
+                        raise LaunchError(
+                            f"{worker.role} came back but did not take weights {pool.weights[0]}: {error}"
+                        )
                     loaded = pool.weights
             self._register(pool, worker)  # router calls: outside the lock
             with self._lock:
@@ -149,15 +157,20 @@ class _Supervision:
                     pool.restarts += 1
                     break
             # update_weights moved on while the worker was registered: load the newer weights too
-        logger.warning("%s is back on %s (restart %d of pool %s)", worker.role, worker.url, pool.restarts, pool.endpoints.name)
+        logger.warning(
+            "%s is back on %s (restart %d of pool %s)", worker.role, worker.url, pool.restarts, pool.endpoints.name
+        )
 
     @staticmethod
     def _load_weights(worker: _Child, weights: tuple) -> None:
         """`weights`: (WeightUpdate, version): the pool's last update, from disk or a same-host buffer."""
         update, version = weights
         status, reply = _http_json(
-            "POST", worker.url + update.endpoint, {**update.body, "weight_version": version}, timeout_s=600.0,
-        )  # fmt: skip
+            "POST",
+            worker.url + update.endpoint,
+            {**update.body, "weight_version": version},
+            timeout_s=600.0,
+        )
         if status != 200 or not (reply or {}).get("success"):
             raise RuntimeError(f"weight update of {worker.url} failed: {(reply or {}).get('message', status)}")
 
@@ -186,7 +199,11 @@ class _Supervision:
     def _register(self, pool: _Pool, worker: _Child) -> None:
         try:
             if self._router_worker_ids(pool, worker.url) is None:
-                logger.info("router of pool %s has no /workers API: its health checks take %s back", pool.endpoints.name, worker.url)
+                logger.info(
+                    "router of pool %s has no /workers API: its health checks take %s back",
+                    pool.endpoints.name,
+                    worker.url,
+                )
                 return
             status, reply = _http_json("POST", pool.router.url + "/workers", {"url": worker.url})
             if status not in (200, 201, 202):
@@ -200,7 +217,9 @@ class _Supervision:
         while time.monotonic() < deadline:
             status, reply = _http_json("GET", pool.router.url + "/workers")
             entries = [w for w in (reply or {}).get("workers", []) if w.get("url") == url] if status == 200 else []
-            if (present and entries and all(w.get("is_healthy", True) for w in entries)) or (not present and not entries):
+            if (present and entries and all(w.get("is_healthy", True) for w in entries)) or (
+                not present and not entries
+            ):
                 return
             if self._stopping.is_set():
                 raise _Stopping

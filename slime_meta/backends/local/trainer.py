@@ -171,9 +171,13 @@ def distillation_sequences(samples: Sequence[SolverSample], d: DistillSettings) 
         # Without a teacher term (solver GRPO alone) no context was scored: its weight is 0.
         teacher_logprobs = s.teacher_logprobs if s.teacher_logprobs is not None else (0.0,) * len(s.response_ids)
         advantages_T = context_distillation_advantages(
-            torch.tensor([s.task_advantage]), torch.tensor([teacher_logprobs]), torch.tensor([s.rollout_logprobs]),
-            adv_tau=d.adv_tau, teacher_tau=d.teacher_tau, student_tau=d.student_tau,
-        )[0]  # fmt: skip
+            torch.tensor([s.task_advantage]),
+            torch.tensor([teacher_logprobs]),
+            torch.tensor([s.rollout_logprobs]),
+            adv_tau=d.adv_tau,
+            teacher_tau=d.teacher_tau,
+            student_tau=d.student_tau,
+        )[0]
         advantages = tuple(advantages_T.tolist())
         out.append(PolicySequence(s.prompt_ids, s.response_ids, s.rollout_logprobs, advantages, s.temperature))
     return out
@@ -208,9 +212,12 @@ class LocalTrainer:
         # the default implementation (its numbers are what the CPU tests pin down).
         fused = {"fused": True} if self.device.type == "cuda" else {}
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=settings.lr, betas=(settings.adam_beta1, settings.adam_beta2),
-            weight_decay=settings.weight_decay, **fused,
-        )  # fmt: skip
+            self.model.parameters(),
+            lr=settings.lr,
+            betas=(settings.adam_beta1, settings.adam_beta2),
+            weight_decay=settings.weight_decay,
+            **fused,
+        )
         self.recomputes_layers = settings.recompute_layers or (settings.recompute_on_cpu and self.device.type == "cpu")
         if self.recomputes_layers:
             # Non-reentrant: works with inputs that need no gradient and inside a compiled layer.
@@ -268,9 +275,14 @@ class LocalTrainer:
             with self._model_lock, self._reference_call() as reference:
                 return self.with_reference_logps(pairs, reference)
         values = reference_logp_sums(
-            reference, [pairs[i] for i in missing], self.settings.micro_batch_size,
-            self.pad_token_id, self.device, self.settings.loss.jsd_chunk_size, self.settings.max_tokens_per_gpu,
-        )  # fmt: skip
+            reference,
+            [pairs[i] for i in missing],
+            self.settings.micro_batch_size,
+            self.pad_token_id,
+            self.device,
+            self.settings.loss.jsd_chunk_size,
+            self.settings.max_tokens_per_gpu,
+        )
         for i, (chosen, rejected) in zip(missing, values):
             out[i] = dataclasses.replace(pairs[i], reference_chosen_logp=chosen, reference_rejected_logp=rejected)
         return out
@@ -278,9 +290,14 @@ class LocalTrainer:
     def _with_reference_logprobs(self, reference: ModelCall, sequences: list[PolicySequence]) -> list[PolicySequence]:
         s = self.settings
         values = reference_token_logps(
-            reference, sequences, s.loss.jsd_chunk_size, s.micro_batch_size, self.pad_token_id, self.device,
+            reference,
+            sequences,
+            s.loss.jsd_chunk_size,
+            s.micro_batch_size,
+            self.pad_token_id,
+            self.device,
             s.max_tokens_per_gpu,
-        )  # fmt: skip
+        )
         return [dataclasses.replace(x, reference_logprobs=v) for x, v in zip(sequences, values)]
 
     def compute_gradients(
@@ -326,15 +343,21 @@ class LocalTrainer:
             "train/replay_pairs": float(len(pairs)),
         }
         if zero_gradient_step(
-            teacher + solver + shaped, entropy_coef=s.loss.entropy_coef, kl_coef=s.loss.kl_loss_coef if kl_on else 0.0,
-            kl_type=s.loss.kl_loss_type, policy_is_reference=self.policy_is_reference,
-            sdpo_jsd_samples=len(sdpo_samples) if sdpo_jsd else 0, replay_pairs=len(pairs) if replay else 0,
-        ):  # fmt: skip
+            teacher + solver + shaped,
+            entropy_coef=s.loss.entropy_coef,
+            kl_coef=s.loss.kl_loss_coef if kl_on else 0.0,
+            kl_type=s.loss.kl_loss_type,
+            policy_is_reference=self.policy_is_reference,
+            sdpo_jsd_samples=len(sdpo_samples) if sdpo_jsd else 0,
+            replay_pairs=len(pairs) if replay else 0,
+        ):
             # Every term is exactly 0 here (PPO terms at zero advantage, k2/k3 at the reference).
             zero = {"train/loss": 0.0, "loss/total": 0.0, "combined_advantage": 0.0}
             return {"train/skipped_no_signal": 1.0, **zero, **counts}
         # Pairs that come with their reference log-probs (cached with them) need no start weights.
-        unscored_pairs = replay and any(p.reference_chosen_logp is None or p.reference_rejected_logp is None for p in pairs)
+        unscored_pairs = replay and any(
+            p.reference_chosen_logp is None or p.reference_rejected_logp is None for p in pairs
+        )
         if (kl_on and not self.policy_is_reference) or unscored_pairs:
             # The start weights read once for the step: every sequence's anchor log-probs, the pairs' sums.
             with self._reference_call() as reference:
@@ -419,9 +442,15 @@ class LocalTrainer:
         metrics["train/skipped_no_signal_total"] = float(self.no_signal.total)
         if skipped:  # nothing was computed: the weights, AdamW's moments and the push stay as they were
             elapsed = time.perf_counter() - started
-            metrics.update({"train/grad_norm": 0.0, "train/skipped_nonfinite": 0.0,
-                            "train/skipped_nonfinite_total": float(self.skipped_nonfinite), "train/step_time": elapsed,
-                            "train/tokens_per_s": 0.0})  # fmt: skip
+            metrics.update(
+                {
+                    "train/grad_norm": 0.0,
+                    "train/skipped_nonfinite": 0.0,
+                    "train/skipped_nonfinite_total": float(self.skipped_nonfinite),
+                    "train/step_time": elapsed,
+                    "train/tokens_per_s": 0.0,
+                }
+            )
             metrics.pop("train/tokens")
             return metrics
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.clip_grad).item()
@@ -455,8 +484,13 @@ class LocalTrainer:
             limit = self.settings.max_skipped_steps
             logger.warning(
                 "%s: non-finite loss %s or gradient norm %s: optimizer step skipped, weights unchanged (%d in a row, "
-                "the run stops at --max-skipped-steps %d)", where, loss, grad_norm, self.skipped_in_a_row, limit,
-            )  # fmt: skip
+                "the run stops at --max-skipped-steps %d)",
+                where,
+                loss,
+                grad_norm,
+                self.skipped_in_a_row,
+                limit,
+            )
             if self.skipped_in_a_row >= limit:
                 raise NonFiniteTrainingError(
                     f"{where}: {self.skipped_in_a_row} steps in a row had a non-finite loss or gradient norm "

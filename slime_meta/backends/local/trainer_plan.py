@@ -93,9 +93,13 @@ def choose_trainer_plan(
 
     def estimate(tokens: int, recomputes: bool) -> TrainerEstimate:
         return estimate_trainer(
-            params=params, num_layers=num_layers, hidden_size=hidden_size, micro_batch_tokens=tokens,
-            recompute=recomputes, with_reference=with_reference,
-        )  # fmt: skip
+            params=params,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            micro_batch_tokens=tokens,
+            recompute=recomputes,
+            with_reference=with_reference,
+        )
 
     # In order of preference: the largest budget first; kept activations only when asked for.
     recomputes = True if recompute is None else recompute
@@ -103,8 +107,11 @@ def choose_trainer_plan(
     candidates = [(tokens, recomputes) for tokens in ((max_tokens_per_gpu,) if max_tokens_per_gpu else budgets)]
     fitting = [c for c in candidates if estimate(*c).total_bytes <= budget_bytes]
     tokens, recomputes = fitting[0] if fitting else candidates[-1]
-    given = {name for name, value in (("tokens", max_tokens_per_gpu), ("recompute", recompute),
-                                      ("compile", compile_layers)) if value is not None}  # fmt: skip
+    given = {
+        name
+        for name, value in (("tokens", max_tokens_per_gpu), ("recompute", recompute), ("compile", compile_layers))
+        if value is not None
+    }
     compiled = compile_layers if compile_layers is not None else num_steps >= AUTO_COMPILE_MIN_STEPS
     return TrainerPlan(tokens, recomputes, compiled, estimate(tokens, recomputes), budget_bytes, frozenset(given))
 
@@ -136,12 +143,20 @@ def plan_trainer(cfg, model_dir: str, workers_on_gpu0: int):
     longest_response = max(cfg.sampling.teacher_max_tokens, cfg.sampling.rollout_max_response_len)
     tokens = t.max_tokens_per_gpu if t.use_dynamic_batch_size else t.micro_batch_size * longest_response
     plan = choose_trainer_plan(
-        params=params, num_layers=num_layers, hidden_size=hidden_size, with_reference=cfg.objectives.needs_reference,
-        budget_bytes=budget, num_steps=cfg.meta.num_rollout, recompute=recompute, compile_layers=t.compile_layers,
+        params=params,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        with_reference=cfg.objectives.needs_reference,
+        budget_bytes=budget,
+        num_steps=cfg.meta.num_rollout,
+        recompute=recompute,
+        compile_layers=t.compile_layers,
         max_tokens_per_gpu=tokens,
-    )  # fmt: skip
+    )
     train = dataclasses.replace(
-        t, max_tokens_per_gpu=plan.max_tokens_per_gpu if t.use_dynamic_batch_size else t.max_tokens_per_gpu,
-        compile_layers=plan.compile_layers, recompute_granularity="full" if plan.recompute else "none",
-    )  # fmt: skip
+        t,
+        max_tokens_per_gpu=plan.max_tokens_per_gpu if t.use_dynamic_batch_size else t.max_tokens_per_gpu,
+        compile_layers=plan.compile_layers,
+        recompute_granularity="full" if plan.recompute else "none",
+    )
     return dataclasses.replace(cfg, train=train), plan.line()

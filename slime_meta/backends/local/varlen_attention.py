@@ -51,8 +51,9 @@ class VarlenLayout:
     max_k: int
 
     def to(self, device: torch.device) -> "VarlenLayout":
-        return VarlenLayout(self.key_index.to(device), self.cu_seq_q.to(device), self.cu_seq_k.to(device),
-                            self.max_q, self.max_k)  # fmt: skip
+        return VarlenLayout(
+            self.key_index.to(device), self.cu_seq_q.to(device), self.cu_seq_k.to(device), self.max_q, self.max_k
+        )
 
 
 def varlen_layout(branch_B_T: torch.Tensor) -> VarlenLayout:
@@ -79,8 +80,13 @@ def varlen_layout(branch_B_T: torch.Tensor) -> VarlenLayout:
             q_lengths.append(end - first)
             k_lengths.append(len(keys))
     cumulative = lambda lengths: torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)  # noqa: E731
-    return VarlenLayout(torch.tensor(key_index, dtype=torch.long), cumulative(q_lengths), cumulative(k_lengths),
-                        max(q_lengths), max(k_lengths))  # fmt: skip
+    return VarlenLayout(
+        torch.tensor(key_index, dtype=torch.long),
+        cumulative(q_lengths),
+        cumulative(k_lengths),
+        max(q_lengths),
+        max(k_lengths),
+    )
 
 
 def _keywords(kernel, scaling: float | None, head_dim: int) -> dict:
@@ -101,7 +107,9 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout: 
     if layout is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     return _varlen_attention(query, key, value, layout, scaling), None
 
 
@@ -121,9 +129,15 @@ def _varlen_attention(query, key, value, layout: VarlenLayout, scaling: float | 
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else query.dtype
     q_N_H_D, k_K_H_D, v_K_H_D = (x.to(dtype) for x in (q_N_H_D, k_K_H_D, v_K_H_D))
     out_N_H_D = kernel(
-        q_N_H_D, k_K_H_D, v_K_H_D, layout.cu_seq_q, layout.cu_seq_k,
-        layout.max_q, layout.max_k, **_keywords(kernel, scaling, head_dim),
-    )  # fmt: skip
+        q_N_H_D,
+        k_K_H_D,
+        v_K_H_D,
+        layout.cu_seq_q,
+        layout.cu_seq_k,
+        layout.max_q,
+        layout.max_k,
+        **_keywords(kernel, scaling, head_dim),
+    )
     return out_N_H_D.reshape(batch, width, heads, head_dim)
 
 

@@ -80,7 +80,9 @@ def flat_layout(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[l
     return entries, max(offset, _ALIGNMENT_BYTES)
 
 
-def _pack(flat_bytes: torch.Tensor, tensors: dict[str, torch.Tensor], entries: list[dict[str, Any]], dtype: torch.dtype) -> None:
+def _pack(
+    flat_bytes: torch.Tensor, tensors: dict[str, torch.Tensor], entries: list[dict[str, Any]], dtype: torch.dtype
+) -> None:
     element_size = torch.empty(0, dtype=dtype).element_size()
     with torch.no_grad():
         for entry, tensor in zip(entries, tensors.values()):
@@ -133,13 +135,20 @@ class CudaIpcBuffer:
         size = self.size
         self._flat = torch.empty(size, dtype=torch.uint8, device=device)
         _, fields = reduce_tensor(self._flat)
-        (_, _, _, _, _, _, _, handle, storage_size, storage_offset, _, ref_handle, ref_offset, event, event_sync) = fields
+        (_, _, _, _, _, _, _, handle, storage_size, storage_offset, _, ref_handle, ref_offset, event, event_sync) = (
+            fields
+        )
         encode = lambda raw: None if raw is None else base64.b64encode(raw).decode()  # noqa: E731
         self.descriptor = {
-            "gpu_uuid": gpu_uuid(device), "handle": encode(handle), "storage_size_bytes": int(storage_size),
-            "storage_offset_bytes": int(storage_offset), "ref_counter_handle": encode(ref_handle),
-            "ref_counter_offset": int(ref_offset), "event_handle": encode(event), "event_sync_required": bool(event_sync),
-        }  # fmt: skip
+            "gpu_uuid": gpu_uuid(device),
+            "handle": encode(handle),
+            "storage_size_bytes": int(storage_size),
+            "storage_offset_bytes": int(storage_offset),
+            "ref_counter_handle": encode(ref_handle),
+            "ref_counter_offset": int(ref_offset),
+            "event_handle": encode(event),
+            "event_sync_required": bool(event_sync),
+        }
         if storage_size < size:
             raise RuntimeError(f"CUDA IPC export of a {size}-byte buffer gave a {storage_size}-byte storage")
 
@@ -170,7 +179,9 @@ def choose_mode(requested: str, trainer_device: torch.device, infos: list[dict[s
     if not ours:
         if requested == "auto":
             return "disk"
-        raise UserInputError(f"--weight-sync {requested}: the teacher workers do not accept same-host transfers; use auto or disk")
+        raise UserInputError(
+            f"--weight-sync {requested}: the teacher workers do not accept same-host transfers; use auto or disk"
+        )
     trainer_gpu = gpu_uuid(trainer_device)
     same_gpu = trainer_gpu is not None and all(info.get("gpu_uuid") == trainer_gpu for info in infos)
     if requested == "cuda-ipc" and not same_gpu:
@@ -213,7 +224,9 @@ def make_weight_sync(requested: str, trainer, worker_urls, weights_root: Path, b
     mode = choose_mode(requested, trainer.device, infos)
     if mode != "disk" and (buffer_prefix is None or any(info["buffer_prefix"] != buffer_prefix for info in infos)):
         if requested != "auto":
-            raise UserInputError(f"--weight-sync {requested}: the teacher workers were not started by this run; use auto or disk")
+            raise UserInputError(
+                f"--weight-sync {requested}: the teacher workers were not started by this run; use auto or disk"
+            )
         mode = "disk"
     if mode == "disk":
         return WeightSync("disk", weights_root)
@@ -225,6 +238,8 @@ def make_weight_sync(requested: str, trainer, worker_urls, weights_root: Path, b
         return WeightSync(mode, weights_root, SharedMemoryBuffer(f"{buffer_prefix}-weights", tensors, dtype))
     except OSError as error:
         if requested != "auto":
-            raise UserInputError(f"--weight-sync shared-memory: cannot make the buffer in {SHARED_MEMORY_DIR} ({error}); use disk") from None
+            raise UserInputError(
+                f"--weight-sync shared-memory: cannot make the buffer in {SHARED_MEMORY_DIR} ({error}); use disk"
+            ) from None
         logger.warning("no shared-memory buffer for the weights (%s): pushing them through the disk", error)
         return WeightSync("disk", weights_root)

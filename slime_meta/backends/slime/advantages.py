@@ -43,8 +43,9 @@ def _taus(args: Namespace) -> dict[str, float]:
     }
 
 
-def solver_advantages(args: Namespace, kind: str, reward: float, teacher_logp: torch.Tensor,
-                      rollout_logp: torch.Tensor) -> torch.Tensor:  # fmt: skip
+def solver_advantages(
+    args: Namespace, kind: str, reward: float, teacher_logp: torch.Tensor, rollout_logp: torch.Tensor
+) -> torch.Tensor:
     """One solver sample's token advantages `[R]` (float32); `kind` "distill" or "sdpo"."""
     task = torch.tensor([float(reward)], dtype=torch.float64)
     if kind == "sdpo":  # alpha * (log p_hint - log p), no task term: as the local shaping pass
@@ -52,9 +53,7 @@ def solver_advantages(args: Namespace, kind: str, reward: float, teacher_logp: t
         taus = {"adv_tau": 0.0, "teacher_tau": alpha, "student_tau": alpha}
     else:
         taus = _taus(args)
-    shaped = context_distillation_advantages(
-        task, teacher_logp.double()[None], rollout_logp.double()[None], **taus
-    )  # fmt: skip
+    shaped = context_distillation_advantages(task, teacher_logp.double()[None], rollout_logp.double()[None], **taus)
     return shaped[0].to(torch.float32)
 
 
@@ -71,5 +70,3 @@ def meta_advantages(args: Namespace, rollout_data: dict[str, Any]) -> None:
             advantages.append(torch.full(like.shape, float(rewards[i]), dtype=torch.float32, device=like.device))
     rollout_data["advantages"] = advantages
     rollout_data["returns"] = [a.clone() for a in advantages]
-
-

@@ -47,9 +47,14 @@ def without(argv: Sequence[str], flags: dict[str, bool]) -> list[str]:
 
 # Flags whose relative paths are made absolute: slime's actors do not run in our directory.
 _PATH_FLAGS = (
-    "--prompt-data", "--hf-checkpoint", "--student-checkpoint", "--generator-template", "--grader-template",
-    "--teacher-template", "--teacher-context",
-)  # fmt: skip
+    "--prompt-data",
+    "--hf-checkpoint",
+    "--student-checkpoint",
+    "--generator-template",
+    "--grader-template",
+    "--teacher-template",
+    "--teacher-context",
+)
 
 
 def absolute_paths(argv: Sequence[str]) -> list[str]:

@@ -39,8 +39,12 @@ def missing_slime() -> str | None:
         importlib.import_module("slime")
     except ImportError:
         return f"--backend slime needs slime (THUDM/slime), which is not importable here: {INSTALL_HINT}"
-    for module in ("slime.rollout.base_types", "slime.ray.placement_group", "slime.utils.arguments",
-                   "slime.backends.megatron_utils.arguments"):  # fmt: skip
+    for module in (
+        "slime.rollout.base_types",
+        "slime.ray.placement_group",
+        "slime.utils.arguments",
+        "slime.backends.megatron_utils.arguments",
+    ):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
@@ -48,8 +52,10 @@ def missing_slime() -> str | None:
                 return (
                     f"--backend slime: the importable `slime` is not THUDM/slime (it has no {exc.name}); {INSTALL_HINT}"
                 )
-            return (f"--backend slime: slime is there but {exc.name} is missing (slime runs on Ray, Megatron-LM "
-                    f"and SGLang); {INSTALL_HINT}")  # fmt: skip
+            return (
+                f"--backend slime: slime is there but {exc.name} is missing (slime runs on Ray, Megatron-LM "
+                f"and SGLang); {INSTALL_HINT}"
+            )
     return None
 
 

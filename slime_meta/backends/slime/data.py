@@ -25,8 +25,14 @@ if TYPE_CHECKING:
     from slime_meta.config.arguments import MetaConfig
 
 
-def convert(source: str | Path, target: str | Path, *, input_key: str = "prompt", label_key: str = "label",
-            rubric_key: str = "rubric") -> int:  # fmt: skip
+def convert(
+    source: str | Path,
+    target: str | Path,
+    *,
+    input_key: str = "prompt",
+    label_key: str = "label",
+    rubric_key: str = "rubric",
+) -> int:
     """Write `target` (jsonl: prompt, label, metadata{uid, rubric, other columns}); return the row count."""
     problems = load_problems(source, input_key=input_key, label_key=label_key, rubric_key=rubric_key)
     target = Path(target)
@@ -42,9 +48,12 @@ def convert(source: str | Path, target: str | Path, *, input_key: str = "prompt"
 def batch_plan(cfg: MetaConfig) -> BatchPlan:
     m = cfg.meta
     return plan_batch(
-        rollout_batch_size=m.rollout_batch_size, train_ratio=m.inner_loop_train_ratio, heldout_ipb=m.heldout_ipb,
-        problems_per_prompt=m.n_problems_per_prompt, per_family=cfg.data.group_key is not None,
-    )  # fmt: skip
+        rollout_batch_size=m.rollout_batch_size,
+        train_ratio=m.inner_loop_train_ratio,
+        heldout_ipb=m.heldout_ipb,
+        problems_per_prompt=m.n_problems_per_prompt,
+        per_family=cfg.data.group_key is not None,
+    )
 
 
 def check_eval_sets_disjoint(cfg: MetaConfig) -> None:

@@ -131,7 +131,9 @@ def config_from_slime_args(args: argparse.Namespace, *, default_run_dir: str = "
         values[name] = default if value is None else value
     if values["student_temperature"] is not None:
         values["rollout_temperature"] = values["student_temperature"]
-    values["apply_chat_template"] = {"auto": None, "on": True, "off": False}[values["meta_apply_chat_template"] or "auto"]
+    values["apply_chat_template"] = {"auto": None, "on": True, "off": False}[
+        values["meta_apply_chat_template"] or "auto"
+    ]
     if values["meta_rollout_batch_size"] is not None:
         values["rollout_batch_size"] = values["meta_rollout_batch_size"]
     # slime does checkpoints and wandb here (its --wandb-key, its run); ours would be a second copy.

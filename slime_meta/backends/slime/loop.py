@@ -49,7 +49,9 @@ def train(args) -> None:
     if args.num_rollout == 0 and args.eval_interval is not None:
         ray.get(rollout.eval.remote(0))  # evaluation only
     if getattr(args, "max_async_level", 0):
-        train_one_step_ahead(args, ray, rollout, teacher, rollouts_per_epoch, evaluate_if_due, should_run_periodic_action)
+        train_one_step_ahead(
+            args, ray, rollout, teacher, rollouts_per_epoch, evaluate_if_due, should_run_periodic_action
+        )
         ray.get(rollout.dispose.remote())
         finish_tracking(args)
         return

@@ -117,8 +117,11 @@ def slime_log_prob_functions() -> tuple[tuple[Callable, Callable] | None, str]:
 
 @functools.cache
 def _warn_single_rank(reason: str) -> None:
-    logger.warning("slime's Megatron log-probs do not import (%s): the loss computes them on one rank in "
-                   "plain torch (tensor and context parallel size 1 only)", reason)  # fmt: skip
+    logger.warning(
+        "slime's Megatron log-probs do not import (%s): the loss computes them on one rank in "
+        "plain torch (tensor and context parallel size 1 only)",
+        reason,
+    )
 
 
 def response_logits(batch: dict[str, Any], logits: Tensor) -> list[Tensor]:
@@ -161,9 +164,14 @@ def response_log_probs(args: Namespace, batch: dict[str, Any], logits: Tensor, w
         return single_rank_log_probs(args, batch, logits, with_entropy)
     get_log_probs_and_entropy, get_rollout_top_p_logprob_kwargs = functions
     _, result = get_log_probs_and_entropy(
-        logits, args=args, unconcat_tokens=batch["unconcat_tokens"], total_lengths=batch["total_lengths"],
-        response_lengths=batch["response_lengths"], with_entropy=with_entropy, **get_rollout_top_p_logprob_kwargs(args, batch),
-    )  # fmt: skip
+        logits,
+        args=args,
+        unconcat_tokens=batch["unconcat_tokens"],
+        total_lengths=batch["total_lengths"],
+        response_lengths=batch["response_lengths"],
+        with_entropy=with_entropy,
+        **get_rollout_top_p_logprob_kwargs(args, batch),
+    )
     return result["log_probs"], result.get("entropy")
 
 
@@ -178,8 +186,14 @@ def _kl_per_token(logp: Tensor, ref: Tensor, kind: str) -> Tensor:
     return per_token.clamp(-10, 10) if kind == "low_var_kl" else per_token
 
 
-def grpo_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tensor], entropy: list[Tensor] | None,
-                 reduce: Reducer, like: Tensor) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
+def grpo_channel(
+    args: Namespace,
+    batch: dict[str, Any],
+    log_probs: list[Tensor],
+    entropy: list[Tensor] | None,
+    reduce: Reducer,
+    like: Tensor,
+) -> tuple[Tensor, dict[str, Tensor]]:
     logp = _cat(log_probs, like)
     use_rollout = bool(getattr(args, "use_rollout_logprobs", False))
     anchors = batch.get("rollout_log_probs") if use_rollout else batch.get("log_probs")
@@ -189,11 +203,18 @@ def grpo_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tensor]
     use_tis = bool(getattr(args, "use_tis", False))
     rollout = _cat(batch["rollout_log_probs"], like) if (use_tis or aipo_delta is not None) else None
     out = policy_loss(
-        logp, old, advantages, torch.ones_like(logp, dtype=torch.bool), eps_clip=args.eps_clip,
-        eps_clip_high=getattr(args, "eps_clip_high", None), eps_clip_c=getattr(args, "eps_clip_c", None),
-        rollout_logp=rollout, tis_clip=args.tis_clip if use_tis else None,
-        tis_clip_low=float(getattr(args, "tis_clip_low", 0.0) or 0.0), aipo_delta=aipo_delta,
-    )  # fmt: skip
+        logp,
+        old,
+        advantages,
+        torch.ones_like(logp, dtype=torch.bool),
+        eps_clip=args.eps_clip,
+        eps_clip_high=getattr(args, "eps_clip_high", None),
+        eps_clip_c=getattr(args, "eps_clip_c", None),
+        rollout_logp=rollout,
+        tis_clip=args.tis_clip if use_tis else None,
+        tis_clip_low=float(getattr(args, "tis_clip_low", 0.0) or 0.0),
+        aipo_delta=aipo_delta,
+    )
     trained = _policy_gradient_tokens(batch, like)
     pg_loss = reduce(out.per_token_loss * trained)
 
@@ -285,10 +306,16 @@ def sdpo_channel(args: Namespace, batch: dict[str, Any], logits: Tensor, reduce:
         k = topk_R_2K.shape[1] // 2
         topk_R_2K = topk_R_2K.to(rows_R_V.device)
         out = topk_generalized_jsd(
-            rows_R_V, topk_R_2K[:, :k].round().long(), topk_R_2K[:, k:].float(), None, beta=args.sdpo_beta,
-            temperature=float(getattr(args, "sdpo_temperature", 1.0)), token_clip=getattr(args, "sdpo_token_clip", None),
-            chunk_size=SDPO_CHUNK_TOKENS, shards=shards,
-        )  # fmt: skip
+            rows_R_V,
+            topk_R_2K[:, :k].round().long(),
+            topk_R_2K[:, k:].float(),
+            None,
+            beta=args.sdpo_beta,
+            temperature=float(getattr(args, "sdpo_temperature", 1.0)),
+            token_clip=getattr(args, "sdpo_token_clip", None),
+            chunk_size=SDPO_CHUNK_TOKENS,
+            shards=shards,
+        )
         per_token.append(out.per_token)
         num_samples += 1
     return reduce(torch.cat(per_token)), num_samples
@@ -298,8 +325,13 @@ def _policy_gradient_tokens(batch: dict[str, Any], like: Tensor) -> Tensor:
     """1 on the tokens of samples the policy-gradient channel trains, 0 on SDPO's JSD answers (whose
     only term is the JSD, as the local trainer's SDPO pass)."""
     teachers = batch.get("teacher_log_probs") or [None] * len(batch["response_lengths"])
-    return _cat([torch.full((int(r),), 0.0 if sdpo_topk_of(t) is not None else 1.0)
-                 for r, t in zip(batch["response_lengths"], teachers)], like)  # fmt: skip
+    return _cat(
+        [
+            torch.full((int(r),), 0.0 if sdpo_topk_of(t) is not None else 1.0)
+            for r, t in zip(batch["response_lengths"], teachers)
+        ],
+        like,
+    )
 
 
 def replay_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tensor]) -> tuple[Tensor | None, int]:
@@ -322,9 +354,12 @@ def replay_channel(args: Namespace, batch: dict[str, Any], log_probs: list[Tenso
         return None, 0
     c, r = zip(*pairs)
     out = dpo_loss(
-        torch.stack([sequences[i] for i in c]), torch.stack([sequences[i] for i in r]),
-        torch.stack([references[i] for i in c]), torch.stack([references[i] for i in r]), beta=args.replay_dpo_beta,
-    )  # fmt: skip
+        torch.stack([sequences[i] for i in c]),
+        torch.stack([sequences[i] for i in r]),
+        torch.stack([references[i] for i in c]),
+        torch.stack([references[i] for i in r]),
+        beta=args.replay_dpo_beta,
+    )
     return out.loss * len(pairs), len(pairs)  # a sum over pairs, like every other term
 
 
@@ -348,8 +383,9 @@ def meta_loss(
     replay, num_pairs = replay_channel(args, batch, log_probs)
     out = total_loss(
         ThreeChannelInputs(grpo=grpo, sdpo_jsd=sdpo, replay_dpo=replay),
-        alpha=float(getattr(args, "sdpo_alpha", 0.0) or 0.0), beta=float(getattr(args, "replay_beta", 0.0) or 0.0),
-    )  # fmt: skip
+        alpha=float(getattr(args, "sdpo_alpha", 0.0) or 0.0),
+        beta=float(getattr(args, "replay_beta", 0.0) or 0.0),
+    )
     loss = out.loss
     if sum(lp.numel() for lp in log_probs) == 0:
         loss = loss + 0 * logits.sum()  # no response token on this rank: keep the graph connected (as slime does)
@@ -357,8 +393,14 @@ def meta_loss(
     return loss, {"loss": loss.detach(), **metrics, **channels}
 
 
-def step_metrics(args: Namespace, batch: dict[str, Any], channel_metrics: dict[str, Tensor], sdpo_samples: int,
-                 num_pairs: int, like: Tensor) -> dict[str, Tensor]:  # fmt: skip
+def step_metrics(
+    args: Namespace,
+    batch: dict[str, Any],
+    channel_metrics: dict[str, Tensor],
+    sdpo_samples: int,
+    num_pairs: int,
+    like: Tensor,
+) -> dict[str, Tensor]:
     """The channels' metrics with the same keys, in the same order, for every micro-batch of a run.
 
     slime sums each micro-batch's metric values position by position (train_metric_utils.

@@ -26,12 +26,12 @@ from typing import Sequence
 
 import yaml
 
-from slime_meta.config.arguments import MetaConfig, add_meta_learning_arguments, build_config
+from slime_meta.artifacts.model_files import resolve_checkpoint_argv
 from slime_meta.backends.slime.argv import absolute_paths, given, without, without_slime_defaults
 from slime_meta.backends.slime.data import batch_plan, check_eval_sets_disjoint
 from slime_meta.backends.slime.flags import add_slime_backend_arguments
 from slime_meta.backends.slime.samples import DEFAULT_SDPO_TOPK
-from slime_meta.artifacts.model_files import resolve_checkpoint_argv
+from slime_meta.config.arguments import MetaConfig, add_meta_learning_arguments, build_config
 from slime_meta.errors import UserInputError
 from slime_meta.grading.graders import default_grader_kind
 
@@ -50,13 +50,24 @@ SLIME_DEFAULT_GPUS_PER_NODE = 8  # slime's default --actor-num-gpus-per-node and
 
 # Our flags the translation rewrites: flag -> whether it takes a value.
 _REWRITTEN = {
-    "--backend": True, "--dry-run": False, "--run-dir": True,
-    "--rollout-num-gpus": True, "--actor-num-nodes": True, "--actor-num-gpus-per-node": True,
-    "--rollout-temperature": True, "--student-temperature": True,
-    "--apply-chat-template": False, "--no-apply-chat-template": False, "--meta-apply-chat-template": False,
-    "--input-key": True, "--label-key": True, "--rollout-batch-size": True, "--n-samples-per-prompt": True,
-    "--num-rollout": True, "--meta-rollout-batch-size": True,
-}  # fmt: skip
+    "--backend": True,
+    "--dry-run": False,
+    "--run-dir": True,
+    "--rollout-num-gpus": True,
+    "--actor-num-nodes": True,
+    "--actor-num-gpus-per-node": True,
+    "--rollout-temperature": True,
+    "--student-temperature": True,
+    "--apply-chat-template": False,
+    "--no-apply-chat-template": False,
+    "--meta-apply-chat-template": False,
+    "--input-key": True,
+    "--label-key": True,
+    "--rollout-batch-size": True,
+    "--n-samples-per-prompt": True,
+    "--num-rollout": True,
+    "--meta-rollout-batch-size": True,
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,8 +78,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def meta_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="train.py --backend slime", add_help=False, allow_abbrev=False,
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    parser = _Parser(
+        prog="train.py --backend slime",
+        add_help=False,
+        allow_abbrev=False,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     return add_slime_backend_arguments(add_meta_learning_arguments(parser))
 
 
@@ -201,9 +216,14 @@ def plan_gpus(ns: argparse.Namespace, slime_ns: argparse.Namespace, argv: Sequen
         checkpoint = ns.student_checkpoint or ns.hf_checkpoint
         student = InferencePool(STUDENT_MODEL, checkpoint, student_gpus, per_engine, False)
     return GpuLayout(
-        actor_num_nodes=nodes, actor_num_gpus_per_node=per_node, num_gpus_per_node=slime_ns.num_gpus_per_node,
-        colocate=colocate, teacher=teacher, student=student, user_sglang_config=slime_ns.sglang_config,
-    )  # fmt: skip
+        actor_num_nodes=nodes,
+        actor_num_gpus_per_node=per_node,
+        num_gpus_per_node=slime_ns.num_gpus_per_node,
+        colocate=colocate,
+        teacher=teacher,
+        student=student,
+        user_sglang_config=slime_ns.sglang_config,
+    )
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -246,62 +266,88 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
     if slime_ns.loss_type not in (None, "custom_loss"):
         fail(f"--loss-type {slime_ns.loss_type}: --backend slime trains with its own loss (custom_loss); leave it out")
     if slime_ns.calculate_per_token_loss:
-        fail("--calculate-per-token-loss: the conversion plugin gives each channel its own token mean (as on one "
-             "machine); slime's per-token mode would pool them into one; leave it out")  # fmt: skip
+        fail(
+            "--calculate-per-token-loss: the conversion plugin gives each channel its own token mean (as on one "
+            "machine); slime's per-token mode would pool them into one; leave it out"
+        )
     if slime_ns.custom_tis_function_path:
         fail("--custom-tis-function-path: not supported with --backend slime (use --use-tis / --aipo-delta)")
     if slime_ns.advantage_estimator != "grpo":
-        fail(f"--advantage-estimator {slime_ns.advantage_estimator}: --backend slime computes GRPO advantages over "
-             "holdout rewards in the rollout; leave it at grpo")  # fmt: skip
+        fail(
+            f"--advantage-estimator {slime_ns.advantage_estimator}: --backend slime computes GRPO advantages over "
+            "holdout rewards in the rollout; leave it at grpo"
+        )
     if slime_ns.release_train:
         fail("--release-train: not supported by the slime-meta loop; leave it out")
     if ns.grader == "local":
-        fail("--grader local: the embedded grader pool runs with the local backend; on a cluster serve the grader "
-             "with SGLang (python -m sglang.launch_server --model-path PATH) and give --grader-base-url http://HOST:PORT/v1")
+        fail(
+            "--grader local: the embedded grader pool runs with the local backend; on a cluster serve the grader "
+            "with SGLang (python -m sglang.launch_server --model-path PATH) and give --grader-base-url http://HOST:PORT/v1"
+        )
     if slime_ns.disable_rollout_global_dataset:
         fail("--disable-rollout-global-dataset: the rollout draws its problems from slime's data source; leave it out")
     sdpo_jsd = ns.sdpo_alpha != 0.0 and ns.sdpo_form == "jsd"
     if sdpo_jsd and not ns.sdpo_topk_tail:
-        fail("--no-sdpo-topk-tail: on slime the loss keeps the hint's mass outside its top-k as a tail bucket; "
-             "leave it out, or run the renormalised top-k on the local backend")  # fmt: skip
+        fail(
+            "--no-sdpo-topk-tail: on slime the loss keeps the hint's mass outside its top-k as a tail bucket; "
+            "leave it out, or run the renormalised top-k on the local backend"
+        )
     if sdpo_jsd and ns.sdpo_temperature != 1.0:
-        fail(f"--sdpo-temperature {ns.sdpo_temperature} with --sdpo-form jsd: on slime the hint's top-k log-probs come "
-             "from the scoring call at temperature 1; give --sdpo-temperature 1, or run it on the local backend")  # fmt: skip
+        fail(
+            f"--sdpo-temperature {ns.sdpo_temperature} with --sdpo-form jsd: on slime the hint's top-k log-probs come "
+            "from the scoring call at temperature 1; give --sdpo-temperature 1, or run it on the local backend"
+        )
     if sdpo_jsd and slime_ns.context_parallel_size > 1:
-        fail(f"--context-parallel-size {slime_ns.context_parallel_size} with --sdpo-alpha (JSD form): the loss reads "
-             "each answer's logit rows whole, and context parallelism splits them over ranks; give "
-             "--context-parallel-size 1, or --sdpo-form shaping")  # fmt: skip
+        fail(
+            f"--context-parallel-size {slime_ns.context_parallel_size} with --sdpo-alpha (JSD form): the loss reads "
+            "each answer's logit rows whole, and context parallelism splits them over ranks; give "
+            "--context-parallel-size 1, or --sdpo-form shaping"
+        )
     if ns.replay_beta != 0.0 and (ns.student_num_gpus is None or ns.student_checkpoint or ns.external_student_url):
-        fail("--replay-beta on slime: DPO's reference log-probs are scored on a frozen pool of the start weights; "
-             "give --student-num-gpus N without --student-checkpoint (a frozen student pool of --hf-checkpoint), "
-             "or run channel 3 on the local backend")  # fmt: skip
+        fail(
+            "--replay-beta on slime: DPO's reference log-probs are scored on a frozen pool of the start weights; "
+            "give --student-num-gpus N without --student-checkpoint (a frozen student pool of --hf-checkpoint), "
+            "or run channel 3 on the local backend"
+        )
     if ns.replay_beta != 0.0 and ns.teacher_temperature != 1.0:
-        fail(f"--replay-beta with --teacher-temperature {ns.teacher_temperature}: DPO's log-probs are at temperature "
-             "1 and slime's trainer scores at --teacher-temperature; give --teacher-temperature 1 --rollout-temperature 1")  # fmt: skip
+        fail(
+            f"--replay-beta with --teacher-temperature {ns.teacher_temperature}: DPO's log-probs are at temperature "
+            "1 and slime's trainer scores at --teacher-temperature; give --teacher-temperature 1 --rollout-temperature 1"
+        )
     if ns.adv_tau not in (None, 0.0) and ns.teacher_tau == 0.0 and ns.student_tau == 0.0:
-        fail(f"--adv-tau {ns.adv_tau} without --teacher-tau/--student-tau: the solver-role GRPO term on its own runs on "
-             "the local backend only (on slime --adv-tau weighs the task advantage inside context distillation); "
-             "add --teacher-tau/--student-tau, or leave --adv-tau out")  # fmt: skip
+        fail(
+            f"--adv-tau {ns.adv_tau} without --teacher-tau/--student-tau: the solver-role GRPO term on its own runs on "
+            "the local backend only (on slime --adv-tau weighs the task advantage inside context distillation); "
+            "add --teacher-tau/--student-tau, or leave --adv-tau out"
+        )
     solver_on = ns.teacher_tau != 0.0 or ns.student_tau != 0.0 or ns.sdpo_alpha != 0.0 or ns.replay_beta != 0.0
     student_temperature = ns.rollout_temperature if ns.student_temperature is None else ns.student_temperature
     if solver_on and student_temperature != ns.teacher_temperature:
-        fail(f"--rollout-temperature {student_temperature} with solver samples (distillation, SDPO): slime's trainer scores every "
-             f"sample at one temperature, and the solver samples are drawn at the student's; give --rollout-temperature "
-             f"{ns.teacher_temperature} (= --teacher-temperature), or train on the local backend")  # fmt: skip
+        fail(
+            f"--rollout-temperature {student_temperature} with solver samples (distillation, SDPO): slime's trainer scores every "
+            f"sample at one temperature, and the solver samples are drawn at the student's; give --rollout-temperature "
+            f"{ns.teacher_temperature} (= --teacher-temperature), or train on the local backend"
+        )
     if ns.max_async_level > 1:
-        fail(f"--max-async-level {ns.max_async_level}: slime's pattern for rollouts ahead of training runs one step "
-             "ahead; give --max-async-level 1 (or 0), or run deeper levels on the local backend")  # fmt: skip
+        fail(
+            f"--max-async-level {ns.max_async_level}: slime's pattern for rollouts ahead of training runs one step "
+            "ahead; give --max-async-level 1 (or 0), or run deeper levels on the local backend"
+        )
     if ns.max_async_level and slime_ns.colocate:
-        fail("--max-async-level 1 with --colocate: the next rollout runs while the trainer trains, so they need "
-             "GPUs of their own; leave out --colocate (a split topology) or give --max-async-level 0")  # fmt: skip
+        fail(
+            "--max-async-level 1 with --colocate: the next rollout runs while the trainer trains, so they need "
+            "GPUs of their own; leave out --colocate (a split topology) or give --max-async-level 0"
+        )
     if ns.teacher_temperature <= 0:
         fail(
             f"--teacher-temperature {ns.teacher_temperature}: must be > 0 on slime (the trained policy samples with it)"
         )
     for flag in ("--student-router-ip", "--student-router-port"):
         if getattr(ns, flag[2:].replace("-", "_")) is not None:
-            fail(f"{flag}: slime starts the student router (with --student-num-gpus) at an address it picks itself; "
-                 "leave it out, or give --external-student-url for a student server you run")  # fmt: skip
+            fail(
+                f"{flag}: slime starts the student router (with --student-num-gpus) at an address it picks itself; "
+                "leave it out, or give --external-student-url for a student server you run"
+            )
 
 
 def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> LaunchPlan:
@@ -412,8 +458,11 @@ def describe(plan: LaunchPlan) -> str:
         lines.append(
             f"  {'student inference':<20}{s.num_gpus:>5}  SGLang model '{s.model}': {s.engines} engine(s) x {s.gpus_per_engine} GPU, frozen {s.model_path}"
         )
-    placement = ("colocated: inference shares the training GPUs (offloaded while training runs)" if lay.colocate
-                 else "separate: training GPUs first, inference GPUs after them")  # fmt: skip
+    placement = (
+        "colocated: inference shares the training GPUs (offloaded while training runs)"
+        if lay.colocate
+        else "separate: training GPUs first, inference GPUs after them"
+    )
     lines += [f"  placement: {placement}", ""]
 
     lines.append("pools")
@@ -427,8 +476,14 @@ def describe(plan: LaunchPlan) -> str:
         lines.append("  student  the teacher's router (shared pool: the same, evolving model)")
     lines += [f"  grader   {_grader_line(cfg)}", ""]
     m = cfg.meta
-    lines.append(batch_plan(cfg).describe(samples_per_prompt=m.n_samples_per_prompt, inner_iterations=m.num_inner_iterations,
-                                          inner_samples=m.n_samples_per_inner_prompt, holdout_samples=m.n_holdout_samples))  # fmt: skip
+    lines.append(
+        batch_plan(cfg).describe(
+            samples_per_prompt=m.n_samples_per_prompt,
+            inner_iterations=m.num_inner_iterations,
+            inner_samples=m.n_samples_per_inner_prompt,
+            holdout_samples=m.n_holdout_samples,
+        )
+    )
     lines.append("")
 
     text = plan.sglang_config_yaml()

@@ -40,26 +40,45 @@ class ReplaySample:
     chosen: bool
 
 
-def dpo_weight(policy_chosen: float, policy_rejected: float, ref_chosen: float, ref_rejected: float, beta: float) -> float:
+def dpo_weight(
+    policy_chosen: float, policy_rejected: float, ref_chosen: float, ref_rejected: float, beta: float
+) -> float:
     """w = beta * sigmoid(-beta * margin): DPO's gradient weight of one pair at the current policy."""
     margin = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
     return beta / (1.0 + math.exp(beta * margin))
 
 
-def replay_samples(pairs: Sequence[PreferencePair], policy_logprobs: Sequence[tuple[list[float], list[float]]],
-                   replay_beta: float, dpo_beta: float, first_pair: int = 0) -> list[ReplaySample]:  # fmt: skip
+def replay_samples(
+    pairs: Sequence[PreferencePair],
+    policy_logprobs: Sequence[tuple[list[float], list[float]]],
+    replay_beta: float,
+    dpo_beta: float,
+    first_pair: int = 0,
+) -> list[ReplaySample]:
     """Two samples per pair (chosen, rejected), each pair with its reference log-probs."""
     out = []
     for n, (pair, (chosen_lp, rejected_lp)) in enumerate(zip(pairs, policy_logprobs)):
-        w = dpo_weight(sum(chosen_lp), sum(rejected_lp), pair.reference_chosen_logp, pair.reference_rejected_logp, dpo_beta)
+        w = dpo_weight(
+            sum(chosen_lp), sum(rejected_lp), pair.reference_chosen_logp, pair.reference_rejected_logp, dpo_beta
+        )
         for ids, logps, sign in ((pair.chosen_ids, chosen_lp, 1.0), (pair.rejected_ids, rejected_lp, -1.0)):
-            out.append(ReplaySample(tuple(pair.prompt_ids), tuple(ids), tuple(logps), sign * replay_beta * w,
-                                    first_pair + n, sign > 0))  # fmt: skip
+            out.append(
+                ReplaySample(
+                    tuple(pair.prompt_ids), tuple(ids), tuple(logps), sign * replay_beta * w, first_pair + n, sign > 0
+                )
+            )
     return out
 
 
-async def pairs_by_chain(replayer, chains: Sequence[Chain], solver_by_chain: Sequence[Sequence[SolverSample]], tokenizer,
-                         reference: Scorer, reference_id: str, loop_run: Callable[[Awaitable[Any]], Any]):  # fmt: skip
+async def pairs_by_chain(
+    replayer,
+    chains: Sequence[Chain],
+    solver_by_chain: Sequence[Sequence[SolverSample]],
+    tokenizer,
+    reference: Scorer,
+    reference_id: str,
+    loop_run: Callable[[Awaitable[Any]], Any],
+):
     """The replay pairs of each chain's solver samples, with reference log-probs (cached)."""
     from slime_meta.replay.pairs import ReplayRequest
 
@@ -82,7 +101,9 @@ async def pairs_by_chain(replayer, chains: Sequence[Chain], solver_by_chain: Seq
 
     def score_reference(pairs: list[PreferencePair]) -> list[PreferencePair]:  # runs in a worker thread
         async def one(p: PreferencePair) -> PreferencePair:
-            chosen, rejected = await asyncio.gather(reference(p.prompt_ids, p.chosen_ids), reference(p.prompt_ids, p.rejected_ids))
+            chosen, rejected = await asyncio.gather(
+                reference(p.prompt_ids, p.chosen_ids), reference(p.prompt_ids, p.rejected_ids)
+            )
             return replace(p, reference_chosen_logp=sum(chosen), reference_rejected_logp=sum(rejected))
 
         async def all_pairs() -> list[PreferencePair]:
@@ -90,7 +111,9 @@ async def pairs_by_chain(replayer, chains: Sequence[Chain], solver_by_chain: Seq
 
         return loop_run(all_pairs())
 
-    with_reference = await asyncio.to_thread(replayer.reference_logps_for, [p for _, p in made], score_reference, reference_id)
+    with_reference = await asyncio.to_thread(
+        replayer.reference_logps_for, [p for _, p in made], score_reference, reference_id
+    )
     out: list[list[PreferencePair]] = [[] for _ in chains]
     for (c, _), pair in zip(made, with_reference):
         out[c].append(pair)

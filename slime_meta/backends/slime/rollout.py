@@ -40,12 +40,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Awaitable, Sequence, TypeVar
 
-from slime_meta.config.arguments import MetaConfig
+from slime_meta.backends.slime.data import batch_plan
 from slime_meta.backends.slime.flags import config_from_slime_args
+from slime_meta.backends.slime.replay_samples import ReplaySample, pairs_by_chain, replay_samples
 from slime_meta.backends.slime.samples import (
+    DEFAULT_SDPO_TOPK,
     advantage_of,
     apply_fields,
-    DEFAULT_SDPO_TOPK,
     pack_topk,
     problem_from_sample,
     replay_sample_fields,
@@ -53,8 +54,7 @@ from slime_meta.backends.slime.samples import (
     status_value,
     teacher_sample_fields,
 )
-from slime_meta.backends.slime.data import batch_plan
-from slime_meta.backends.slime.replay_samples import ReplaySample, pairs_by_chain, replay_samples
+from slime_meta.config.arguments import MetaConfig
 from slime_meta.data.problems import ProblemSampler, load_problems
 from slime_meta.rollout.meta_rollout import MetaLearningRollout, RolloutResult, describe_batch
 from slime_meta.rollout.pools import SGLangPool
@@ -127,8 +127,8 @@ _runtimes: dict[int, _Runtime] = {}
 
 
 def _build_runtime(args: Namespace) -> _Runtime:
-    from slime_meta.backends.local import components as C
     from slime_meta.artifacts.tracking import Tracker
+    from slime_meta.backends.local import components as C
 
     cfg = config_from_slime_args(args)
     tokenizer = C.load_tokenizer(cfg.pools.hf_checkpoint)
@@ -159,9 +159,18 @@ def _build_runtime(args: Namespace) -> _Runtime:
     run_dir.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict())
     return _Runtime(
-        args=args, cfg=cfg, loop=loop, tokenizer=tokenizer, rollout=rollout, teacher_pool=teacher_pool,
-        student_pool=student_pool, run_dir=run_dir, tracker=tracker, solver_builder=solver_builder, replayer=replayer,
-    )  # fmt: skip
+        args=args,
+        cfg=cfg,
+        loop=loop,
+        tokenizer=tokenizer,
+        rollout=rollout,
+        teacher_pool=teacher_pool,
+        student_pool=student_pool,
+        run_dir=run_dir,
+        tracker=tracker,
+        solver_builder=solver_builder,
+        replayer=replayer,
+    )
 
 
 def runtime(args: Namespace) -> _Runtime:
@@ -188,8 +197,10 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
         return rt.loop.run(_evaluate(rt, rollout_id))
     plan = batch_plan(rt.cfg)
     if getattr(args, "rollout_batch_size", plan.groups) != plan.groups:
-        raise ValueError(f"slime's --rollout-batch-size is {args.rollout_batch_size}, the plan has {plan.groups} teacher "
-                         "prompts: launch through train.py --backend slime, which sets both")  # fmt: skip
+        raise ValueError(
+            f"slime's --rollout-batch-size is {args.rollout_batch_size}, the plan has {plan.groups} teacher "
+            "prompts: launch through train.py --backend slime, which sets both"
+        )
     groups = data_source.get_samples(plan.problems)
     return rt.loop.run(_train_rollout(rt, rollout_id, groups, plan.train, _family_episodes(rt, rollout_id, plan)))
 
@@ -203,9 +214,13 @@ def _family_episodes(rt: _Runtime, rollout_id: int, plan) -> list[Episode] | Non
     if cfg.data.group_key is None:
         return None
     if rt.family_sampler is None:
-        problems = [replace(p, group=str(p.metadata.get(cfg.data.group_key, "") or "") or None)
-                    for p in _converted_problems(rt, cfg.data.prompt_data)]  # fmt: skip
-        rt.family_sampler = ProblemSampler(problems, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=True)
+        problems = [
+            replace(p, group=str(p.metadata.get(cfg.data.group_key, "") or "") or None)
+            for p in _converted_problems(rt, cfg.data.prompt_data)
+        ]
+        rt.family_sampler = ProblemSampler(
+            problems, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=True
+        )
     while rt.family_draws < rollout_id:
         rt.family_sampler.next_episodes(**plan.draw_sizes)
         rt.family_draws += 1
@@ -239,9 +254,15 @@ def _traces_by_chain(result: RolloutResult) -> dict[tuple[int, int], dict]:
     return {(t["prompt_index"], t["sample_index"]): t for t in result.traces}
 
 
-def _chain_output(rt: _Runtime, base: Any, steps: list[TeacherSample], trace: dict | None,
-                  solver: Sequence[tuple[str, SolverSample, tuple[float, ...]]], counts: dict[str, int],
-                  replay: Sequence[ReplaySample] = ()):  # fmt: skip
+def _chain_output(
+    rt: _Runtime,
+    base: Any,
+    steps: list[TeacherSample],
+    trace: dict | None,
+    solver: Sequence[tuple[str, SolverSample, tuple[float, ...]]],
+    counts: dict[str, int],
+    replay: Sequence[ReplaySample] = (),
+):
     """One group member: the chain's final info, or (--train-all-inner-steps) its K infos as one
     rollout; with solver channels on, the chain's solver samples join that rollout."""
     compact = rt.cfg.meta.train_all_inner_steps
@@ -261,14 +282,21 @@ def _chain_output(rt: _Runtime, base: Any, steps: list[TeacherSample], trace: di
         members.append(apply_fields(base if len(steps) == 1 and not with_solver else copy.deepcopy(base), fields))
     for kind, x, scores in solver:
         fields = solver_sample_fields(
-            x, prompt=rt.tokenizer.decode(x.prompt_ids), response=rt.tokenizer.decode(x.response_ids),
-            teacher_log_probs=scores, index=counts.get(kind, 0), rollout_id=base.index, base_metadata=base.metadata,
+            x,
+            prompt=rt.tokenizer.decode(x.prompt_ids),
+            response=rt.tokenizer.decode(x.response_ids),
+            teacher_log_probs=scores,
+            index=counts.get(kind, 0),
+            rollout_id=base.index,
+            base_metadata=base.metadata,
             kind=kind,
-        )  # fmt: skip
+        )
         counts[kind] = counts.get(kind, 0) + 1
         members.append(apply_fields(copy.deepcopy(base), fields))
     for x in replay:
-        fields = replay_sample_fields(x, index=counts.get("replay", 0), rollout_id=base.index, base_metadata=base.metadata)
+        fields = replay_sample_fields(
+            x, index=counts.get("replay", 0), rollout_id=base.index, base_metadata=base.metadata
+        )
         counts["replay"] = counts.get("replay", 0) + 1
         members.append(apply_fields(copy.deepcopy(base), fields))
     infos, solvers = members[: len(steps)], members[len(steps) :]
@@ -299,8 +327,15 @@ def trained_solver_samples(cfg: MetaConfig, samples: Sequence[SolverSample]) -> 
 
 async def _score(pool: SGLangPool, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
     """log p(response | prompt) per response token at temperature 1, by SGLang's scoring call."""
-    reply = await pool.post("/generate", {"input_ids": [*prompt_ids, *response_ids], "return_logprob": True,
-                                          "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 0}})  # fmt: skip
+    reply = await pool.post(
+        "/generate",
+        {
+            "input_ids": [*prompt_ids, *response_ids],
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "sampling_params": {"max_new_tokens": 0},
+        },
+    )
     entries = reply["meta_info"]["input_token_logprobs"]
     return [float(entry[0]) for entry in entries[len(entries) - len(response_ids) :]]
 
@@ -309,24 +344,37 @@ async def _replay_by_chain(rt: _Runtime, chains, per_chain) -> tuple[dict, dict[
     """Channel 3: each chain's pairs as replay samples (reference: the frozen pool of the start weights)."""
     o = rt.cfg.objectives
     pairs_C = await pairs_by_chain(
-        rt.replayer, chains, per_chain, rt.tokenizer, reference=lambda p, r: _score(rt.student_pool, p, r),
-        reference_id=f"start-weights:{rt.cfg.pools.hf_checkpoint}", loop_run=rt.loop.run,
-    )  # fmt: skip
+        rt.replayer,
+        chains,
+        per_chain,
+        rt.tokenizer,
+        reference=lambda p, r: _score(rt.student_pool, p, r),
+        reference_id=f"start-weights:{rt.cfg.pools.hf_checkpoint}",
+        loop_run=rt.loop.run,
+    )
     out, first = {}, 0
     for chain, pairs in zip(chains, pairs_C):
-        policy = await asyncio.gather(*[
-            asyncio.gather(_score(rt.teacher_pool, p.prompt_ids, p.chosen_ids), _score(rt.teacher_pool, p.prompt_ids, p.rejected_ids))
-            for p in pairs
-        ])  # fmt: skip
-        out[(chain.prompt_index, chain.sample_index)] = replay_samples(pairs, policy, o.replay_beta, o.replay_dpo_beta, first)
+        policy = await asyncio.gather(
+            *[
+                asyncio.gather(
+                    _score(rt.teacher_pool, p.prompt_ids, p.chosen_ids),
+                    _score(rt.teacher_pool, p.prompt_ids, p.rejected_ids),
+                )
+                for p in pairs
+            ]
+        )
+        out[(chain.prompt_index, chain.sample_index)] = replay_samples(
+            pairs, policy, o.replay_beta, o.replay_dpo_beta, first
+        )
         first += len(pairs)
     metrics = {f"replay/{k}": float(v) for k, v in rt.replayer.stats.as_dict().items()}
     metrics["replay/pairs"] = float(first)
     return out, metrics
 
 
-async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int,
-                         family_episodes: list[Episode] | None = None):  # fmt: skip
+async def _train_rollout(
+    rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int, family_episodes: list[Episode] | None = None
+):
     from slime.rollout.base_types import RolloutFnTrainOutput
 
     from slime_meta.backends.local.components import counter_metrics
@@ -341,7 +389,9 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
     episodes = [_episode(problems, num_prompts, k, num_train)]
     if family_episodes is not None:  # --group-key: each prompt's train and holdout problems of one family
         episodes = family_episodes
-        problems = [q for e in episodes for chunk in e.train_chunks_P for q in chunk] + [q for e in episodes for q in e.holdout]
+        problems = [q for e in episodes for chunk in e.train_chunks_P for q in chunk] + [
+            q for e in episodes for q in e.holdout
+        ]
         for p, episode in enumerate(episodes):
             first = episode.train_chunks_P[0][0]
             for base in groups[p * k]:
@@ -375,13 +425,27 @@ async def _train_rollout(rt: _Runtime, rollout_id: int, groups: list[list[Any]],
         steps_P_G[sample.group_index][sample.sample_index].append(sample)
     counts: dict[str, int] = {}  # solver samples so far, per kind: their indices
     output = [
-        [_chain_output(rt, groups[p * k][g], steps, traces.get((p, g)), solver_by_chain.get((p, g), []), counts,
-                       replay_by_chain.get((p, g), []))
-         for g, steps in enumerate(steps_G)]
+        [
+            _chain_output(
+                rt,
+                groups[p * k][g],
+                steps,
+                traces.get((p, g)),
+                solver_by_chain.get((p, g), []),
+                counts,
+                replay_by_chain.get((p, g), []),
+            )
+            for g, steps in enumerate(steps_G)
+        ]
         for p, steps_G in enumerate(steps_P_G)
-    ]  # fmt: skip
+    ]
 
-    metrics = {**result.metrics, **solver_metrics, **baseline, **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader)}
+    metrics = {
+        **result.metrics,
+        **solver_metrics,
+        **baseline,
+        **counter_metrics(rt.teacher_pool, rt.student_pool, rt.rollout.grader),
+    }
     metrics["perf/meta_rollout_time"] = time.perf_counter() - started
     rt.tracker.log(rollout_id, metrics)
     rt.tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
@@ -397,11 +461,16 @@ def _converted_problems(rt: _Runtime, path: str) -> list[Problem]:
     d = rt.cfg.data
     loaded = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
     return [
-        replace(p, rubric=p.rubric or str(p.metadata["metadata"].get("rubric", "")), metadata={**p.metadata, **p.metadata["metadata"]},
-                uid=str(p.metadata["metadata"].get("uid", p.uid)))
-        if isinstance(p.metadata.get("metadata"), dict) else p
+        replace(
+            p,
+            rubric=p.rubric or str(p.metadata["metadata"].get("rubric", "")),
+            metadata={**p.metadata, **p.metadata["metadata"]},
+            uid=str(p.metadata["metadata"].get("uid", p.uid)),
+        )
+        if isinstance(p.metadata.get("metadata"), dict)
+        else p
         for p in loaded
-    ]  # fmt: skip
+    ]
 
 
 def _eval_problems(rt: _Runtime) -> dict[str, list[Problem]]:
@@ -438,20 +507,29 @@ async def _evaluate_set(rt: _Runtime, rollout_id: int, name: str, problems: list
     result = await rt.rollout.run(episodes, rollout_id, seed=cfg.seed)
     finals = [s for s in result.samples if s.inner_iteration == meta.num_inner_iterations - 1]
     with_info = [
-        apply_fields(Sample(group_index=s.group_index, index=i), teacher_sample_fields(
-            s, prompt=rt.tokenizer.decode(s.prompt_ids), response=rt.tokenizer.decode(s.response_ids)))
+        apply_fields(
+            Sample(group_index=s.group_index, index=i),
+            teacher_sample_fields(
+                s, prompt=rt.tokenizer.decode(s.prompt_ids), response=rt.tokenizer.decode(s.response_ids)
+            ),
+        )
         for i, s in enumerate(finals)
-    ]  # fmt: skip
+    ]
 
     async def no_info(problem: Problem, index: int):
         prompt, completion = await rt.rollout.student.solve(problem, "", with_tokens=True)
         grade = await rt.rollout.grader.grade(problem, completion.text)
         return Sample(
-            index=index, prompt=prompt, tokens=[*map(int, completion.prompt_ids), *map(int, completion.output_ids)],
-            response=completion.text, response_length=len(completion.output_ids), label=problem.ground_truth,
-            reward=float(grade.score), status=Sample.Status(status_value(completion.finish_reason)),
+            index=index,
+            prompt=prompt,
+            tokens=[*map(int, completion.prompt_ids), *map(int, completion.output_ids)],
+            response=completion.text,
+            response_length=len(completion.output_ids),
+            label=problem.ground_truth,
+            reward=float(grade.score),
+            status=Sample.Status(status_value(completion.finish_reason)),
             metadata={"problem_uid": problem.uid},
-        )  # fmt: skip
+        )
 
     holdout = [h for e in episodes for h in e.holdout for _ in range(meta.n_holdout_samples)]
     without = list(await asyncio.gather(*[no_info(h, i) for i, h in enumerate(holdout)]))
@@ -466,6 +544,9 @@ async def _evaluate_set(rt: _Runtime, rollout_id: int, name: str, problems: list
     data = {f"{name}/holdout_grade": dataset(with_info), f"{name}/holdout_grade_no_info": dataset(without)}
     with_grade = sum(s.reward for s in with_info) / len(with_info)
     no_info_grade = sum(s.reward for s in without) / len(without)
-    metrics = {f"eval/{name}/holdout_grade": with_grade, f"eval/{name}/holdout_grade_no_info": no_info_grade,
-               f"eval/{name}/gain": with_grade - no_info_grade}  # fmt: skip
+    metrics = {
+        f"eval/{name}/holdout_grade": with_grade,
+        f"eval/{name}/holdout_grade_no_info": no_info_grade,
+        f"eval/{name}/gain": with_grade - no_info_grade,
+    }
     return data, metrics

@@ -84,8 +84,9 @@ def status_value(finish_reason: str | None) -> str:
     return _STATUS_BY_FINISH.get(finish_reason or "stop", "completed")
 
 
-def _token_fields(sample: TeacherSample | SolverSample, prompt: str, response: str,
-                  teacher_log_probs: Sequence[float] | None) -> dict[str, Any]:
+def _token_fields(
+    sample: TeacherSample | SolverSample, prompt: str, response: str, teacher_log_probs: Sequence[float] | None
+) -> dict[str, Any]:
     """The fields every trained sample has: its text, its token ids, its mask and log-probs."""
     fields: dict[str, Any] = {
         "prompt": prompt,
@@ -97,7 +98,9 @@ def _token_fields(sample: TeacherSample | SolverSample, prompt: str, response: s
     }
     if teacher_log_probs is not None:
         if len(teacher_log_probs) != len(sample.response_ids):
-            raise ValueError(f"{len(teacher_log_probs)} teacher log-probs for {len(sample.response_ids)} response tokens")
+            raise ValueError(
+                f"{len(teacher_log_probs)} teacher log-probs for {len(sample.response_ids)} response tokens"
+            )
         packed = isinstance(teacher_log_probs, np.ndarray) and teacher_log_probs.ndim == 2  # SDPO's top-k
         fields["teacher_log_probs"] = teacher_log_probs if packed else [float(x) for x in teacher_log_probs]
     return fields
@@ -171,23 +174,33 @@ def solver_sample_fields(
         "rollout_id": rollout_id,
         "metadata": {
             **dict(base_metadata or {}),
-            META_KEY: {"kind": kind, "advantage": advantage, "problem_uid": sample.problem_uid,
-                       "error_site": bool(sample.is_error_site)},
+            META_KEY: {
+                "kind": kind,
+                "advantage": advantage,
+                "problem_uid": sample.problem_uid,
+                "error_site": bool(sample.is_error_site),
+            },
         },
-    }  # fmt: skip
+    }
 
 
 def kind_of_index(index: Any) -> str:
     index = int(index)
-    bases = ((SDPO_JSD_INDEX_BASE, "sdpo_jsd"), (REPLAY_INDEX_BASE, "replay"), (SDPO_INDEX_BASE, "sdpo"),
-             (SOLVER_INDEX_BASE, "distill"))  # fmt: skip
+    bases = (
+        (SDPO_JSD_INDEX_BASE, "sdpo_jsd"),
+        (REPLAY_INDEX_BASE, "replay"),
+        (SDPO_INDEX_BASE, "sdpo"),
+        (SOLVER_INDEX_BASE, "distill"),
+    )
     for base, kind in bases:
         if index >= base:
             return kind
     return "info"
 
 
-def replay_sample_fields(sample: Any, *, index: int, rollout_id: int, base_metadata: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def replay_sample_fields(
+    sample: Any, *, index: int, rollout_id: int, base_metadata: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The slime `Sample` fields of one side of a replay pair (`replay_samples.ReplaySample`): its
     advantage (+-replay_beta * w) travels as the reward post-process plugin's value."""
     logps = [float(x) for x in sample.policy_logprobs]
@@ -203,9 +216,16 @@ def replay_sample_fields(sample: Any, *, index: int, rollout_id: int, base_metad
         "reward": float(sample.advantage),
         "status": "completed",
         "rollout_id": rollout_id,
-        "metadata": {**dict(base_metadata or {}), META_KEY: {"kind": "replay", "advantage": float(sample.advantage),
-                                                             "pair_index": sample.pair_index, "chosen": sample.chosen}},
-    }  # fmt: skip
+        "metadata": {
+            **dict(base_metadata or {}),
+            META_KEY: {
+                "kind": "replay",
+                "advantage": float(sample.advantage),
+                "pair_index": sample.pair_index,
+                "chosen": sample.chosen,
+            },
+        },
+    }
 
 
 def is_solver_index(index: Any) -> bool:

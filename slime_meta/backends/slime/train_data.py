@@ -54,8 +54,12 @@ def slime_train_data(args: Namespace, samples: Sequence[Any]) -> dict[str, Any]:
     return manager._convert_samples_to_train_data(owner, samples)
 
 
-def channel_token_denominators(rollout_ids: Sequence[int], sample_indices: Sequence[int],
-                               loss_masks: Sequence[Sequence[int]], global_batch_size: int) -> list[float]:  # fmt: skip
+def channel_token_denominators(
+    rollout_ids: Sequence[int],
+    sample_indices: Sequence[int],
+    loss_masks: Sequence[Sequence[int]],
+    global_batch_size: int,
+) -> list[float]:
     """Per sample: the tokens of its kind (info, distillation, SDPO shaping) in its training step."""
     order: dict[int, int] = {}
     for rid in rollout_ids:

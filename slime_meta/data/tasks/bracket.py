@@ -69,8 +69,9 @@ def generate_rows(seed: int = 0, words_per_family: int = 12) -> list[dict[str, s
     Family names are opaque (`b00`..`b63`, keys shuffled by the seed) so the group key does not
     spell the hidden rule; `oracle_hint` holds it for evaluation and reading.
     """
-    return synthetic.generate_family_rows(ALL_HINTS, apply_hint, family_prefix="b", rubric=RUBRIC, seed=seed,
-                                          words_per_family=words_per_family)  # fmt: skip
+    return synthetic.generate_family_rows(
+        ALL_HINTS, apply_hint, family_prefix="b", rubric=RUBRIC, seed=seed, words_per_family=words_per_family
+    )
 
 
 def oracle_hint(problem: Problem) -> str:
@@ -141,8 +142,9 @@ def no_hint_attempt(word: str, rng: random.Random) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m slime_meta.data.tasks.bracket",
-                                     description="Write the bracket task (deterministic for a seed).")
+    parser = argparse.ArgumentParser(
+        prog="python -m slime_meta.data.tasks.bracket", description="Write the bracket task (deterministic for a seed)."
+    )
     parser.add_argument("--out", default="data/bracket.jsonl", help="JSON-lines file to write")
     parser.add_argument("--parquet", default=None, help="also write the rows to this parquet file")
     parser.add_argument("--seed", type=int, default=0)

@@ -32,8 +32,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from slime_meta.errors import UserInputError
 from slime_meta.artifacts.pypi_wheels import download_wheel, installed_file, read_wheel_member
+from slime_meta.errors import UserInputError
 
 DISTRIBUTION, VERSION = "champ-dataset", "1.0.0"
 MEMBER = "champ_dataset/dataset_files/v0.json"
@@ -42,19 +42,21 @@ COLUMNS = ("id", "category", "prompt", "label", "rubric", "oracle_hint", "concep
 # What a full-credit solution must show in each category, written so that it names no answer.
 CATEGORY_REQUIREMENTS = {
     "Number-Theory": "every divisibility, parity or congruence claim is justified and every case is covered, "
-                     "so that the set of values found is exactly the right one",
+    "so that the set of values found is exactly the right one",
     "Inequality": "the bound is proved for every allowed value of the variables, and where the problem asks for "
-                  "a best constant or an extreme value, a case that attains it is exhibited",
+    "a best constant or an extreme value, a case that attains it is exhibited",
     "Polynomial": "each property of the roots or coefficients that is used is stated and justified, and the "
-                  "result is checked against every condition of the problem",
+    "result is checked against every condition of the problem",
     "Sequence": "the closed form, limit or property is derived from the definition of the sequence (by "
-                "induction, bounds or monotonicity where needed), not guessed from its first terms",
+    "induction, bounds or monotonicity where needed), not guessed from its first terms",
     "Combinatorics": "the count is justified: the cases are described, each is counted exactly once, and none "
-                     "is left out",
-}  # fmt: skip
+    "is left out",
+}
 GENERIC_REQUIREMENT = "each step follows from the previous ones or from a stated fact"
-NUMBER_WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-                "sixteen seventeen eighteen nineteen twenty").split()  # fmt: skip
+NUMBER_WORDS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty"
+).split()
 
 
 def load_dataset(cache_dir: Path | None = None) -> dict:
@@ -102,15 +104,17 @@ def convert(dataset: dict) -> list[dict]:
         hint_texts = [hints[key]["_text"] for key in used if key.startswith("H_")]
         concept_lines = [_concept_line(concepts[key]) for key in used if key.startswith("C_")]
         oracle_lines = hint_texts or concept_lines  # problems without hints get their concepts
-        rows.append({
-            "id": identifier,
-            "category": problem["category"],
-            "prompt": problem["_text"],
-            "label": problem["_answer"],
-            "rubric": rubric_for(problem["category"], len(problem["solution"]["steps"])),
-            "oracle_hint": "\n".join(f"{i}. {line}" for i, line in enumerate(oracle_lines, start=1)),
-            "concepts": "\n".join(concept_lines),
-        })  # fmt: skip
+        rows.append(
+            {
+                "id": identifier,
+                "category": problem["category"],
+                "prompt": problem["_text"],
+                "label": problem["_answer"],
+                "rubric": rubric_for(problem["category"], len(problem["solution"]["steps"])),
+                "oracle_hint": "\n".join(f"{i}. {line}" for i, line in enumerate(oracle_lines, start=1)),
+                "concepts": "\n".join(concept_lines),
+            }
+        )
     return rows
 
 
@@ -120,8 +124,10 @@ def jsonl_text(rows: Sequence[dict]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m slime_meta.data.tasks.champ",
-                                     description="Convert CHAMP (champ-dataset==1.0.0) into the project's data format.")
+    parser = argparse.ArgumentParser(
+        prog="python -m slime_meta.data.tasks.champ",
+        description="Convert CHAMP (champ-dataset==1.0.0) into the project's data format.",
+    )
     parser.add_argument("--out", default="data/champ.jsonl", help="JSON-lines file to write")
     parser.add_argument("--cache-dir", default=None, help="where the wheel is kept (default: ~/.cache/slime_meta)")
     args = parser.parse_args(argv)

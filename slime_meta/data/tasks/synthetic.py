@@ -40,7 +40,9 @@ SUFFIX_LENGTH = 2
 WORD_LENGTH = 4
 WORD_ALPHABET = string.ascii_lowercase
 ALL_SUFFIXES: tuple[str, ...] = tuple("".join(p) for p in itertools.product(HINT_ALPHABET, repeat=SUFFIX_LENGTH))
-RUBRIC = "The answer is the word followed by the family's hidden two-letter suffix; full credit only for an exact match."
+RUBRIC = (
+    "The answer is the word followed by the family's hidden two-letter suffix; full credit only for an exact match."
+)
 COLUMNS = ("uid", "family", "prompt", "label", "oracle_hint", "rubric")
 
 ANSWER_END = "."  # the student ends its answer with it; the teacher ends its hint with it
@@ -62,12 +64,23 @@ def generate_rows(seed: int = 0, words_per_family: int = 12) -> list[dict[str, s
     Family names are opaque (`f00`..`f63`, suffixes shuffled by the seed) so the group key does not
     spell the hidden rule; `oracle_hint` holds it for evaluation and reading.
     """
-    return generate_family_rows(ALL_SUFFIXES, lambda word, suffix: word + suffix, family_prefix="f", rubric=RUBRIC,
-                                seed=seed, words_per_family=words_per_family)  # fmt: skip
+    return generate_family_rows(
+        ALL_SUFFIXES,
+        lambda word, suffix: word + suffix,
+        family_prefix="f",
+        rubric=RUBRIC,
+        seed=seed,
+        words_per_family=words_per_family,
+    )
 
 
 def generate_family_rows(
-    hints: Sequence[str], answer: Callable[[str, str], str], *, family_prefix: str, rubric: str, seed: int,
+    hints: Sequence[str],
+    answer: Callable[[str, str], str],
+    *,
+    family_prefix: str,
+    rubric: str,
+    seed: int,
     words_per_family: int,
 ) -> list[dict[str, str]]:
     """One family per hidden hint (in an order shuffled by `seed`), `words_per_family` distinct
@@ -86,8 +99,16 @@ def generate_family_rows(
             if word not in words:  # distinct inside a family: a repeat would leak between train and holdout
                 words.append(word)
         for word_index, word in enumerate(words):
-            rows.append({"uid": f"{family}-{word_index:02d}", "family": family, "prompt": word,
-                         "label": answer(word, hint), "oracle_hint": hint, "rubric": rubric})  # fmt: skip
+            rows.append(
+                {
+                    "uid": f"{family}-{word_index:02d}",
+                    "family": family,
+                    "prompt": word,
+                    "label": answer(word, hint),
+                    "oracle_hint": hint,
+                    "rubric": rubric,
+                }
+            )
     return rows
 
 
@@ -128,7 +149,7 @@ def oracle_hint(problem: Problem) -> str:
     if isinstance(hint, str) and hint:
         return hint
     answer = problem.ground_truth
-    return answer[len(problem.prompt):] if answer.startswith(problem.prompt) else ""
+    return answer[len(problem.prompt) :] if answer.startswith(problem.prompt) else ""
 
 
 def extract_answer(solution: str) -> str:
@@ -288,8 +309,9 @@ class PretrainingSampler:
             word = self.word()
             if word not in words:
                 words.append(word)
-        problems_K = [(w, self.answer(w, hint), [self.attempt(w, hint, previous_info) for _ in range(n_attempts)])
-                      for w in words]  # fmt: skip
+        problems_K = [
+            (w, self.answer(w, hint), [self.attempt(w, hint, previous_info) for _ in range(n_attempts)]) for w in words
+        ]
         prompt = self.formats.teacher_prompt(previous_info, problems_K)
         correct = self.rng.random() < self.teacher_correct_fraction
         return prompt, (hint if correct else self.other_teacher_target(prompt)) + ANSWER_END
@@ -307,8 +329,10 @@ class PretrainingSampler:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m slime_meta.data.tasks.synthetic",
-                                     description="Write the synthetic suffix task (deterministic for a seed).")
+    parser = argparse.ArgumentParser(
+        prog="python -m slime_meta.data.tasks.synthetic",
+        description="Write the synthetic suffix task (deterministic for a seed).",
+    )
     parser.add_argument("--out", default="data/synthetic_suffix.jsonl", help="JSON-lines file to write")
     parser.add_argument("--parquet", default=None, help="also write the rows to this parquet file")
     parser.add_argument("--seed", type=int, default=0)

@@ -30,12 +30,45 @@ COLUMNS = ("id", "category", "prompt", "label", "rubric", "oracle_hint", "bad_hi
 
 # (name, subject pronoun): the pronoun makes the second sentence of a story read naturally.
 PEOPLE = (
-    ("Ana", "She"), ("Ben", "He"), ("Cara", "She"), ("Dan", "He"), ("Eva", "She"), ("Finn", "He"), ("Gina", "She"),
-    ("Hugo", "He"), ("Iris", "She"), ("Jack", "He"), ("Kate", "She"), ("Leo", "He"), ("Mia", "She"), ("Noah", "He"),
-    ("Olga", "She"), ("Pablo", "He"), ("Rosa", "She"), ("Sam", "He"), ("Tara", "She"), ("Omar", "He"),
-)  # fmt: skip
-THINGS = ("marbles", "apples", "stickers", "cards", "books", "pencils", "cookies", "shells", "coins", "balloons",
-          "stamps", "crayons", "oranges", "buttons", "toy cars", "flowers")  # fmt: skip
+    ("Ana", "She"),
+    ("Ben", "He"),
+    ("Cara", "She"),
+    ("Dan", "He"),
+    ("Eva", "She"),
+    ("Finn", "He"),
+    ("Gina", "She"),
+    ("Hugo", "He"),
+    ("Iris", "She"),
+    ("Jack", "He"),
+    ("Kate", "She"),
+    ("Leo", "He"),
+    ("Mia", "She"),
+    ("Noah", "He"),
+    ("Olga", "She"),
+    ("Pablo", "He"),
+    ("Rosa", "She"),
+    ("Sam", "He"),
+    ("Tara", "She"),
+    ("Omar", "He"),
+)
+THINGS = (
+    "marbles",
+    "apples",
+    "stickers",
+    "cards",
+    "books",
+    "pencils",
+    "cookies",
+    "shells",
+    "coins",
+    "balloons",
+    "stamps",
+    "crayons",
+    "oranges",
+    "buttons",
+    "toy cars",
+    "flowers",
+)
 
 
 @dataclass(frozen=True)
@@ -70,12 +103,14 @@ def _two_people(rng: random.Random) -> tuple[tuple[str, str], tuple[str, str]]:
 def _draw_add(rng: random.Random, top: int) -> Story:
     (name, pronoun), things = _person(rng), rng.choice(THINGS)
     first, more = rng.randint(2, top), rng.randint(1, top)  # from 2: "1 marbles" is not English
-    prompt = rng.choice((
-        f"{name} has {first} {things}. {pronoun} gets {more} more. How many {things} does {name} have now?",
-        f"{name} has {first} {things} and finds {more} more. How many {things} does {name} have now?",
-        f"There are {first} {things} in a box. {name} puts {more} more {things} in the box. "
-        f"How many {things} are in the box now?",
-    ))  # fmt: skip
+    prompt = rng.choice(
+        (
+            f"{name} has {first} {things}. {pronoun} gets {more} more. How many {things} does {name} have now?",
+            f"{name} has {first} {things} and finds {more} more. How many {things} does {name} have now?",
+            f"There are {first} {things} in a box. {name} puts {more} more {things} in the box. "
+            f"How many {things} are in the box now?",
+        )
+    )
     return Story(prompt, first + more)
 
 
@@ -83,25 +118,29 @@ def _draw_subtract(rng: random.Random, top: int) -> Story:
     (name, pronoun), things = _person(rng), rng.choice(THINGS)
     taken = rng.randint(1, top)
     start = taken + rng.randint(1, top)
-    prompt = rng.choice((
-        f"{name} has {start} {things}. {pronoun} gives {taken} of them to a friend. "
-        f"How many {things} does {name} have left?",
-        f"{name} has {start} {things} and loses {taken} of them. How many {things} does {name} have left?",
-        f"There are {start} {things} on a table. {name} takes {taken} of them away. "
-        f"How many {things} are left on the table?",
-    ))  # fmt: skip
+    prompt = rng.choice(
+        (
+            f"{name} has {start} {things}. {pronoun} gives {taken} of them to a friend. "
+            f"How many {things} does {name} have left?",
+            f"{name} has {start} {things} and loses {taken} of them. How many {things} does {name} have left?",
+            f"There are {start} {things} on a table. {name} takes {taken} of them away. "
+            f"How many {things} are left on the table?",
+        )
+    )
     return Story(prompt, start - taken)
 
 
 def _draw_multiply(rng: random.Random, top: int) -> Story:
     (name, _), things = _person(rng), rng.choice(THINGS)
     groups, each = rng.randint(2, top), rng.randint(2, top)
-    prompt = rng.choice((
-        f"{name} has {groups} bags with {each} {things} in each bag. How many {things} does {name} have in all?",
-        f"{name} buys {groups} boxes of {things}. Each box holds {each} {things}. "
-        f"How many {things} does {name} buy in all?",
-        f"There are {groups} rows of {things} with {each} {things} in each row. How many {things} are there in all?",
-    ))  # fmt: skip
+    prompt = rng.choice(
+        (
+            f"{name} has {groups} bags with {each} {things} in each bag. How many {things} does {name} have in all?",
+            f"{name} buys {groups} boxes of {things}. Each box holds {each} {things}. "
+            f"How many {things} does {name} buy in all?",
+            f"There are {groups} rows of {things} with {each} {things} in each row. How many {things} are there in all?",
+        )
+    )
     return Story(prompt, groups * each)
 
 
@@ -109,11 +148,13 @@ def _draw_divide(rng: random.Random, top: int) -> Story:
     (name, _), things = _person(rng), rng.choice(THINGS)
     friends, each = rng.randint(2, top), rng.randint(2, top)
     total = friends * each
-    prompt = rng.choice((
-        f"{name} shares {total} {things} equally among {friends} friends. How many {things} does each friend get?",
-        f"{name} puts {total} {things} into {friends} bags with the same number in each bag. "
-        f"How many {things} are in each bag?",
-    ))  # fmt: skip
+    prompt = rng.choice(
+        (
+            f"{name} shares {total} {things} equally among {friends} friends. How many {things} does each friend get?",
+            f"{name} puts {total} {things} into {friends} bags with the same number in each bag. "
+            f"How many {things} are in each bag?",
+        )
+    )
     return Story(prompt, each)
 
 
@@ -122,12 +163,14 @@ def _draw_compare(rng: random.Random, top: int) -> Story:
     things = rng.choice(THINGS)
     fewer = rng.randint(2, top)
     more = fewer + rng.randint(1, top)
-    prompt = rng.choice((
-        f"{name} has {more} {things} and {other} has {fewer} {things}. "
-        f"How many more {things} does {name} have than {other}?",
-        f"{other} has {fewer} {things}. {name} has {more} {things}. "
-        f"How many fewer {things} does {other} have than {name}?",
-    ))  # fmt: skip
+    prompt = rng.choice(
+        (
+            f"{name} has {more} {things} and {other} has {fewer} {things}. "
+            f"How many more {things} does {name} have than {other}?",
+            f"{other} has {fewer} {things}. {name} has {more} {things}. "
+            f"How many fewer {things} does {other} have than {name}?",
+        )
+    )
     return Story(prompt, more - fewer)
 
 
@@ -135,18 +178,22 @@ def _draw_two_step(rng: random.Random, top: int) -> Story:
     (name, pronoun), things = _person(rng), rng.choice(THINGS)
     start, gained = rng.randint(2, top), rng.randint(1, top)
     given = rng.randint(1, start + gained - 1)
-    prompt = rng.choice((
-        f"{name} has {start} {things}. {pronoun} gets {gained} more and then gives {given} away. "
-        f"How many {things} does {name} have now?",
-        f"{name} has {start} {things}, buys {gained} more, and then loses {given}. "
-        f"How many {things} does {name} have now?",
-    ))  # fmt: skip
+    prompt = rng.choice(
+        (
+            f"{name} has {start} {things}. {pronoun} gets {gained} more and then gives {given} away. "
+            f"How many {things} does {name} have now?",
+            f"{name} has {start} {things}, buys {gained} more, and then loses {given}. "
+            f"How many {things} does {name} have now?",
+        )
+    )
     return Story(prompt, start + gained - given)
 
 
 def _rubric(what: str) -> str:
-    return (f"Full credit: {what}, and the result is stated as one final whole number. No credit for a "
-            "different number, for several different final numbers, or for no final number.")
+    return (
+        f"Full credit: {what}, and the result is stated as one final whole number. No credit for a "
+        "different number, for several different final numbers, or for no final number."
+    )
 
 
 def _oracle(rule: str, example: str) -> str:
@@ -161,34 +208,69 @@ def _oracle(rule: str, example: str) -> str:
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (
-        Family("add", _draw_add, _rubric("the amount already there and the amount added are summed"),
-               _oracle("'More' means add. Add the two numbers in the story.",
-                       "Tom has 4 pens and gets 3 more. 4 + 3 = 7.\nAnswer: 7"),
-               "'More' is a trick here. Subtract the smaller number from the larger one."),
-        Family("subtract", _draw_subtract, _rubric("the amount given, lost or taken away is subtracted from the start"),
-               _oracle("Giving away, losing or taking away means subtract. Take the second number from the first.",
-                       "Tom has 9 pens and gives 3 away. 9 - 3 = 6.\nAnswer: 6"),
-               "Add the two numbers in the story."),
-        Family("multiply", _draw_multiply, _rubric("the number of groups is multiplied by the number in each group"),
-               _oracle("Equal groups mean multiply: number of groups times number in each group.",
-                       "Tom has 4 boxes with 3 pens in each box. 4 x 3 = 12.\nAnswer: 12"),
-               "Add the two numbers in the story."),
-        Family("divide", _draw_divide, _rubric("the total is divided by the number of equal shares"),
-               _oracle("Sharing equally means divide: the total divided by the number of shares.",
-                       "Tom shares 12 pens equally among 3 friends. 12 / 3 = 4.\nAnswer: 4"),
-               "Multiply the two numbers in the story."),
-        Family("compare", _draw_compare, _rubric("the smaller amount is subtracted from the larger one"),
-               _oracle("'How many more' or 'how many fewer' means the difference: larger minus smaller.",
-                       "Tom has 9 pens and Sue has 4 pens. Tom has 9 - 4 = 5 more.\nAnswer: 5"),
-               "Add the two numbers in the story."),
+        Family(
+            "add",
+            _draw_add,
+            _rubric("the amount already there and the amount added are summed"),
+            _oracle(
+                "'More' means add. Add the two numbers in the story.",
+                "Tom has 4 pens and gets 3 more. 4 + 3 = 7.\nAnswer: 7",
+            ),
+            "'More' is a trick here. Subtract the smaller number from the larger one.",
+        ),
+        Family(
+            "subtract",
+            _draw_subtract,
+            _rubric("the amount given, lost or taken away is subtracted from the start"),
+            _oracle(
+                "Giving away, losing or taking away means subtract. Take the second number from the first.",
+                "Tom has 9 pens and gives 3 away. 9 - 3 = 6.\nAnswer: 6",
+            ),
+            "Add the two numbers in the story.",
+        ),
+        Family(
+            "multiply",
+            _draw_multiply,
+            _rubric("the number of groups is multiplied by the number in each group"),
+            _oracle(
+                "Equal groups mean multiply: number of groups times number in each group.",
+                "Tom has 4 boxes with 3 pens in each box. 4 x 3 = 12.\nAnswer: 12",
+            ),
+            "Add the two numbers in the story.",
+        ),
+        Family(
+            "divide",
+            _draw_divide,
+            _rubric("the total is divided by the number of equal shares"),
+            _oracle(
+                "Sharing equally means divide: the total divided by the number of shares.",
+                "Tom shares 12 pens equally among 3 friends. 12 / 3 = 4.\nAnswer: 4",
+            ),
+            "Multiply the two numbers in the story.",
+        ),
+        Family(
+            "compare",
+            _draw_compare,
+            _rubric("the smaller amount is subtracted from the larger one"),
+            _oracle(
+                "'How many more' or 'how many fewer' means the difference: larger minus smaller.",
+                "Tom has 9 pens and Sue has 4 pens. Tom has 9 - 4 = 5 more.\nAnswer: 5",
+            ),
+            "Add the two numbers in the story.",
+        ),
         # Not in the shipped file: no hint measured raised this student's grade on it (docs/tasks.md).
-        Family("two_step", _draw_two_step, _rubric("the amount gained is added and the amount given or lost is "
-                                                     "subtracted, in that order"),
-               _oracle("Two steps: first add the amount gained, then subtract the amount given away or lost.",
-                       "Tom has 5 pens, gets 4 more and gives 3 away. 5 + 4 = 9, then 9 - 3 = 6.\nAnswer: 6"),
-               "Add all three numbers in the story."),
+        Family(
+            "two_step",
+            _draw_two_step,
+            _rubric("the amount gained is added and the amount given or lost is subtracted, in that order"),
+            _oracle(
+                "Two steps: first add the amount gained, then subtract the amount given away or lost.",
+                "Tom has 5 pens, gets 4 more and gives 3 away. 5 + 4 = 9, then 9 - 3 = 6.\nAnswer: 6",
+            ),
+            "Add all three numbers in the story.",
+        ),
     )
-}  # fmt: skip
+}
 DEFAULT_FAMILIES = ("add", "subtract", "multiply", "divide", "compare")
 
 
@@ -221,9 +303,17 @@ def generate_rows(n: int, seed: int = 0, families: Sequence[str] | None = None, 
             if story.prompt in seen:
                 continue
             seen.add(story.prompt)
-            rows.append({"id": f"{name}-{len(seen) - 1:03d}", "category": name, "prompt": story.prompt,
-                         "label": story.answer, "rubric": family.rubric, "oracle_hint": family.oracle_hint,
-                         "bad_hint": family.bad_hint})  # fmt: skip
+            rows.append(
+                {
+                    "id": f"{name}-{len(seen) - 1:03d}",
+                    "category": name,
+                    "prompt": story.prompt,
+                    "label": story.answer,
+                    "rubric": family.rubric,
+                    "oracle_hint": family.oracle_hint,
+                    "bad_hint": family.bad_hint,
+                }
+            )
         if len(seen) < n:
             raise UserInputError(f"--n {n}: family {name} has fewer distinct problems; lower --n")
     return rows
@@ -235,13 +325,19 @@ def jsonl_text(rows: Sequence[dict]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m slime_meta.data.tasks.word_problems",
-                                     description="Write the easy word-problem task (deterministic for a seed).")
+    parser = argparse.ArgumentParser(
+        prog="python -m slime_meta.data.tasks.word_problems",
+        description="Write the easy word-problem task (deterministic for a seed).",
+    )
     parser.add_argument("--out", default="data/easy_word_problems.jsonl", help="JSON-lines file to write")
     parser.add_argument("--n", type=int, default=60, help="problems per family")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--families", nargs="+", default=None,
-                        help=f"families to write (default: {' '.join(DEFAULT_FAMILIES)}); any of {' '.join(FAMILIES)}")
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        default=None,
+        help=f"families to write (default: {' '.join(DEFAULT_FAMILIES)}); any of {' '.join(FAMILIES)}",
+    )
     parser.add_argument("--top", type=int, default=None, help="largest starting number (default: each family's, 4)")
     args = parser.parse_args(argv)
     try:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from slime_meta.grading.verifier import labels, reading as reading_rules, text as text_rules
+from slime_meta.grading.verifier import labels
+from slime_meta.grading.verifier import reading as reading_rules
+from slime_meta.grading.verifier import text as text_rules
 from slime_meta.grading.verifier.labels import YES_NO, LabelForm, can_evaluate
 from slime_meta.grading.verifier.text import exact_value, normalize_answer, numbers, plain, without_words, words
 

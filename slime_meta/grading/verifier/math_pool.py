@@ -50,8 +50,11 @@ class _MathChild:
         # Its own session: a Ctrl-C meant for the run reaches the trainer, which ends the children.
         self.process = subprocess.Popen(
             [sys.executable, "-m", "slime_meta.grading.verifier.math_server"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         self._buffer = b""
         reply = self._read_line(time.monotonic() + START_TIMEOUT_S)
         if reply is None or not json.loads(reply).get("ready"):
