@@ -4,7 +4,9 @@
 The training side never imports this package: it reaches workers over HTTP through the router,
 as it would a real SGLang fleet. One module per concern:
 
-- server.py         aiohttp app, routes, request handling, weight updates, process entry point
+- server.py         process entry point: flags, loading the model and engine, serving, exiting
+- routes.py         the aiohttp app, SGLang's native routes, request handling
+- weight_routes.py  weight updates from disk, shared memory and CUDA IPC
 - context.py        what the handlers share; queueing a request's specs on the generation thread
 - openai_routes.py  /v1/completions, /v1/chat/completions, /v1/models
 - protocol.py       request parsing and response shapes of /generate

@@ -471,7 +471,6 @@ class StaticDecoder(LlamaFamilyForward):
             return self._decode(token_ids_B, positions_B, attended)
 
     def _decode(self, token_ids_B: torch.Tensor, positions_B: torch.Tensor, attended: int) -> torch.Tensor:
-        s = self.shape
         rows = token_ids_B.shape[0]
         slots_B = self._slots_S[:rows]
         hidden_B_E, cos_B_1_D, sin_B_1_D, mask_B_1_1_T = self._decode_inputs(token_ids_B, positions_B, attended)
