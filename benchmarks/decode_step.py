@@ -26,6 +26,7 @@ TRITON_INTERPRET=1 there. A smoke test only.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections import Counter
@@ -141,9 +142,9 @@ def run_setting(model, fused: bool, args, device: torch.device) -> list[dict]:
             if graph is not None:
                 step_ms = C.median_replay_ms(graph, args.reps, warmup=10)
             else:
-                step_ms = C.median_eager_ms(lambda: graphs.step(tokens, positions, *more), args.reps)
+                step_ms = C.median_eager_ms(functools.partial(graphs.step, tokens, positions, *more), args.reps)
             inputs_I_B = graphs._inputs_I_S[:, :bucket]
-            eager = kernels_per_step(lambda: decoder.decode(*inputs_I_B, args.attended))
+            eager = kernels_per_step(functools.partial(decoder.decode, *inputs_I_B, args.attended))
             names, eager_us = eager if eager else (None, None)
             kernels = round(sum(names.values())) if names else None
             # Kernel time inside the replayed graph against the replay's wall time: the difference

@@ -48,7 +48,7 @@ from slime_meta.artifacts.plot import plot_run  # noqa: E402
 from slime_meta.artifacts.tracking import read_metrics  # noqa: E402
 
 SYNTHETIC_TASKS = ("synthetic_suffix", "bracket")  # tiny models built by the project (scripts/run_synthetic.sh)
-REAL_TASKS = ("easy_word_problems", "champ")  # SmolLM2-135M-Instruct on real language (scripts/run_real.sh)
+REAL_TASKS = ("easy_word_problems", "house_rules", "champ")  # a real model on real language (scripts/run_real.sh)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> dict:
         env["FROZEN_STUDENT"] = "1"
     if args.model_dir:
         env["MODEL_DIR"] = args.model_dir
+    if args.model:
+        env["MODEL"] = args.model
     started = time.perf_counter()
     # A time limit ends the run early (SIGTERM: its processes stop, the steps so far stay in
     # metrics.jsonl) and the figures are read from the steps it finished.
@@ -121,6 +123,17 @@ def run(args: argparse.Namespace) -> dict:
         }
         for b in blocks
     ]
+    # The fixed eval set of problems never trained on (data/<task>_eval.jsonl), when the run has one.
+    eval_name = f"{name}_eval"
+    eval_curve = [
+        {
+            "step": r["step"],
+            "holdout": r[f"eval/{eval_name}/holdout_grade"],
+            "no_info": r[f"eval/{eval_name}/holdout_grade_no_info"],
+        }
+        for r in records
+        if f"eval/{eval_name}/holdout_grade" in r
+    ]
     curve = [
         {
             "step": r["step"],
@@ -151,7 +164,9 @@ def run(args: argparse.Namespace) -> dict:
         "block_steps": args.block,
         "by_block": by_block,
         "curve": curve,
+        "eval_curve": eval_curve,
         "task": args.task,
+        "model": args.model or ("from --model-dir" if args.model_dir else None),
         "student": "shared" if args.shared_student else "frozen",
         "run_dir": str(run_dir),
         "plot": str(out / "efficacy.png"),
@@ -205,6 +220,12 @@ def main() -> None:
     parser.add_argument(
         "--model-dir", default=None, help="A built tiny checkpoint (default: build or reuse the cached one)."
     )
+    parser.add_argument(
+        "--model",
+        default=None,
+        choices=("smollm2-135m", "qwen2.5-coder-0.5b"),
+        help="The real model of a real task, by name (python -m slime_meta.models.real; default smollm2-135m).",
+    )
     parser.add_argument("--quick", action="store_true", help="3 steps, window 1: checks that it runs.")
     parser.add_argument("extra", nargs="*", help="Extra train.py flags after --, e.g. -- --lr 3e-4")
     args = parser.parse_args()
@@ -220,7 +241,8 @@ def main() -> None:
     print(
         f"{r['steps']:>6} {r['wall_s']:>7.0f} {r['training_s']:>7.0f} {r['r_no_info']:>9.3f} {r['r_oracle']:>8.3f} "
         f"{r['r_first_steps']:>7.3f} {r['r_last_steps']:>7.3f} {r['normalised_gain_first_steps']:>10.3f} "
-        f"{r['normalised_gain_last_steps']:>9.3f} {r['normalised_gain_within_budget']:>14.3f} {r['gain_over_start']:>10.3f}"
+        f"{r['normalised_gain_last_steps']:>9.3f} {r['normalised_gain_within_budget']:>14.3f} "
+        f"{r['gain_over_start']:>10.3f}"
     )
 
 

@@ -24,7 +24,8 @@ pool at those numbers in flight. Each timed phase also says where the workers' t
 (`engine_split`, from their counters before and after: prefill, decode, waiting for requests, the
 prefill batches and decode steps). On a GPU every served figure is also given as a share of the
 decode roofline: rows x HBM bandwidth (a device copy measured in the same run) / the bytes one
-decode step must read (all weights once, plus each row's keys and values at the mean context). Correctness first, and part of `meets.correct`:
+decode step must read (all weights once, plus each row's keys and values at the mean context).
+Correctness first, and part of `meets.correct`:
 - greedy decoding of `--check-prompts` prompts through the served path must give the tokens of
   in-process greedy `generate`, or first differ at a near-tie: at the first difference, the served
   token's logit under HF's own full forward of the shared prefix lies less than

@@ -516,7 +516,8 @@ def print_table(report: dict) -> None:
     print(C.table([[k, v["cpu_ms_per_request"]] for k, v in report["client_cost"].items()], ["call", "CPU ms/req"]))
     print(
         f"\ninner loop: N={st['prompts']} G={st['samples']} K={st['iterations']} m={st['attempts']} "
-        f"k={st['per_prompt']} holdout={st['holdout']}, latency lognormal median {st['median_ms']} ms sigma {st['sigma']}, "
+        f"k={st['per_prompt']} holdout={st['holdout']}, "
+        f"latency lognormal median {st['median_ms']} ms sigma {st['sigma']}, "
         f"{st['workers']} workers/pool, median of {st['repeats']} run(s); baselines' bound/wall: ours' bound"
     )
     print(

@@ -354,7 +354,8 @@ def run(args: argparse.Namespace) -> dict:
     floor_ms = 1000 * 3 * logits_bytes / bandwidth
     report.update(copy_bandwidth_tb_s=bandwidth / 1e12, logits_gb=logits_bytes / 1e9, floor_ms=floor_ms)
     print(
-        f"  copy bandwidth {bandwidth / 1e12:.2f} TB/s; floor {floor_ms:.2f} ms for {logits_bytes / 1e9:.2f} GB of logits",
+        f"  copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
+        f"floor {floor_ms:.2f} ms for {logits_bytes / 1e9:.2f} GB of logits",
         file=sys.stderr,
     )
 

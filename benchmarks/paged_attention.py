@@ -24,6 +24,7 @@ interpreter, `--quick`) the same runs eagerly in float32 with a host clock: a sm
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from dataclasses import dataclass
 
@@ -154,7 +155,9 @@ def run_case(shape: AttentionShape, rows: int, case: str, args, device, dtype) -
         for splits in args.splits:
             num_splits = None if splits == "auto" else int(splits)
             kernel_B_HD = setup.kernel_step(num_splits)[0].float()
-            kernel_ms = median_step_ms(lambda: setup.kernel_step(num_splits), args.reps, device) / setup.layers
+            kernel_ms = (
+                median_step_ms(functools.partial(setup.kernel_step, num_splits), args.reps, device) / setup.layers
+            )
             processors = _processors(device)
             chosen = num_splits or choose_num_splits(rows, shape.kv_heads, attended, shape.head_dim, processors)
             results.append(

@@ -15,8 +15,8 @@ project's `VerifierGrader` against the label. The hints are dataset columns (`--
 is the empty hint), the ones `--eval-baseline --context-key` reads in a training run.
 
 The verifier changes over time; the report names the versions of the files that graded (git
-blob hashes of slime_meta/grading/graders.py and slime_meta/grading/verifier/, and whether they differ from the last commit), and
-every completion is saved, so `--regrade` grades them again with the verifier of the day
+blob hashes of slime_meta/grading/graders.py and slime_meta/grading/verifier/, and whether they differ
+from the last commit), and every completion is saved, so `--regrade` grades them again with the verifier of the day
 without the model. Writes `<out>.json` (settings, machine, grades per family) and
 `<out>_completions.jsonl`.
 """
@@ -38,15 +38,18 @@ from _common import REPO_ROOT, default_out, quiet_transformers, report_header, t
 
 from slime_meta.data.problems import load_problems
 from slime_meta.grading.graders import VerifierGrader
+from slime_meta.models.real import PACKAGE as MODEL_DISTRIBUTION
+from slime_meta.models.real import VERSION as MODEL_VERSION
 from slime_meta.models.real import ensure_real_gguf
 from slime_meta.prompt_templates import GeneratorPromptTemplate
 from slime_meta.types import Problem
 
 NO_HINT = "none"
 DEFAULT_DATA = "data/easy_word_problems.jsonl"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# The code that decides a grade: the verifier package, its old entry point and the grader around it.
-VERIFIER_FILES = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "slime_meta" / "verifier").glob("*.py"))
+# The code that decides a grade: the verifier package and the grader around it.
+VERIFIER_FILES = sorted(
+    str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "slime_meta" / "grading" / "verifier").glob("*.py")
+)
 GRADING_FILES = ("slime_meta/grading/graders.py", *VERIFIER_FILES)
 
 

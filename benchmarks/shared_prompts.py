@@ -7,11 +7,11 @@ The batch is the teacher's part of one outer step of `benchmarks/step.py` at the
 `--groups` problem sets, each the common beginning of `--group-size` samples' prompts of about
 `--prompt-len` tokens (each group's length drawn within +-10%, new lengths every step, as the
 loop's rollouts bring), whose last `--tail-len` tokens are each sample's own (a chain's attempts
-and grades), and responses of `--response-len` tokens. The trainer runs as the loop runs it on a GPU: micro-batches of `--max-tokens`
-tokens, every layer recomputed, a KL term (k3, 0.1) against the start weights (its own log-probs
-before the first update, so no reference pass), learning rate 0 (the weights stay the same, so
-every configuration sees the same model). Configurations: one row per sample or shared rows,
-each with eager and with compiled decoder layers (compiled on CUDA only).
+and grades), and responses of `--response-len` tokens. The trainer runs as the loop runs it on a
+GPU: micro-batches of `--max-tokens` tokens, every layer recomputed, a KL term (k3, 0.1) against
+the start weights (its own log-probs before the first update, so no reference pass), learning
+rate 0 (the weights stay the same, so every configuration sees the same model). Configurations:
+one row per sample or shared rows, each with eager and with compiled decoder layers (compiled on CUDA only).
 
 Per configuration: the median step time over `--steps` steps after `--warmup` (the compile, and
 the recompile for new lengths, fall in the warm-up), the tokens forwarded per step, the peak
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import sys
 import tempfile
@@ -145,7 +146,7 @@ def run(args: argparse.Namespace) -> dict:
                 "graphs_compiled": compiled_graphs() - graphs_before,
             }
             if args.profile and share and compiled == (device.type == "cuda"):
-                entry["profile"] = T.profile_step(lambda: trainer.train_step(batches[-1]), device)
+                entry["profile"] = T.profile_step(functools.partial(trainer.train_step, batches[-1]), device)
             results.append(entry)
             print(f"{name}: {entry['step_s']:.3f} s per step", flush=True)
             del trainer

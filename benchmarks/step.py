@@ -622,12 +622,14 @@ def print_phases(report: dict) -> None:
                 kind: per.get(f"worker/{pool}_{kind}_time", 0.0)
                 for kind in ("prefill", "fast_decode", "dynamic_decode", "idle")
             }
+            decode_steps = per.get(f"worker/{pool}_decode_steps", 0)
+            rows_per_step = per.get(f"worker/{pool}_tokens_generated", 0) / max(decode_steps, 1)
             print(
                 f"{r['shape']}: {pool} worker per step: "
                 + ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items())
                 + f" (busy {per[f'worker/{pool}_busy_share']:.0%} of the step; the rollout waited"
-                f" {per['perf/rollout_wait_time']:.2f}s); {per.get(f'worker/{pool}_decode_steps', 0):.0f} decode"
-                f" steps of {per.get(f'worker/{pool}_tokens_generated', 0) / max(per.get(f'worker/{pool}_decode_steps', 0), 1):.1f}"
+                f" {per['perf/rollout_wait_time']:.2f}s); {decode_steps:.0f} decode"
+                f" steps of {rows_per_step:.1f}"
                 f" rows, {per.get(f'worker/{pool}_prefill_batches', 0):.0f} prefills"
             )
 

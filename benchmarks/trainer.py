@@ -319,13 +319,15 @@ def run(args: argparse.Namespace) -> dict:
             if "profile" in entry:
                 prof = entry["profile"]
                 print(
-                    f"    profiled step: wall {prof['wall_ms_profiled']:.0f} ms, kernels {prof['kernel_ms_total']:.0f} ms: "
+                    f"    profiled step: wall {prof['wall_ms_profiled']:.0f} ms, "
+                    f"kernels {prof['kernel_ms_total']:.0f} ms: "
                     + ", ".join(f"{k} {v:.1f}" for k, v in prof["kernel_ms_by_category"].items()),
                     file=sys.stderr,
                 )
                 for r in prof["top_device"][:6]:
                     print(
-                        f"      {r['self_device_ms']:8.1f} ms dev {r['self_cpu_ms']:8.1f} ms cpu {r['calls']:6d}x  {r['name']}",
+                        f"      {r['self_device_ms']:8.1f} ms dev {r['self_cpu_ms']:8.1f} ms cpu "
+                        f"{r['calls']:6d}x  {r['name']}",
                         file=sys.stderr,
                     )
                 for r in prof["top_cpu"][:3]:
@@ -473,7 +475,8 @@ def run(args: argparse.Namespace) -> dict:
     if firsts:  # every configuration's first step: same weights, same batch
         loss0, norm0 = firsts[0]
         check["configs_first_step_max_rel_diff"] = max(
-            max(abs(l - loss0) / max(abs(loss0), 1e-12), abs(n - norm0) / max(norm0, 1e-12)) for l, n in firsts
+            max(abs(loss - loss0) / max(abs(loss0), 1e-12), abs(norm - norm0) / max(norm0, 1e-12))
+            for loss, norm in firsts
         )
         check["ok"] = check.get("ok", False) and check["configs_first_step_max_rel_diff"] < 2e-2
     report["results"] = results

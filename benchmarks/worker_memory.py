@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     report["runs"] = runs
     path = C.write_json(report, args.out)
     print(
-        f"{'setting':<16} {'running':>8} {'after start GiB':>16} {'peak alloc GiB':>15} {'peak reserved GiB':>18} {'serve s':>8}"
+        f"{'setting':<16} {'running':>8} {'after start GiB':>16} {'peak alloc GiB':>15} "
+        f"{'peak reserved GiB':>18} {'serve s':>8}"
     )
     for name, run in runs.items():
         print(

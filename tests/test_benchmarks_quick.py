@@ -130,7 +130,8 @@ def test_efficacy_quick(tmp_path):
 
 
 def test_efficacy_quick_shared_student_runs_the_shared_student_terms(tmp_path):
-    """Shared weights: the shared-student defaults add the solver GRPO term and k3 KL (docs/performance.md, section 6)."""
+    """Shared weights: the shared-student defaults add the solver GRPO term and k3 KL
+    (docs/performance.md, section 6)."""
     report, _ = _run_train_benchmark("efficacy", tmp_path, "--shared-student")
     assert report["student"] == "shared"
     config = json.loads((Path(report["run_dir"]) / "config.json").read_text())

@@ -186,7 +186,8 @@ def test_with_families_the_holdout_splits_evenly_over_the_teacher_prompts():
         len({p.group for c in e.train_chunks_P for p in c} | {p.group for p in e.holdout}) == 1 for e in episodes
     )
     assert plan.describe(samples_per_prompt=8, inner_iterations=2, inner_samples=2, holdout_samples=1).startswith(
-        "plan per step: 28 problems = 12 train + 16 holdout, 4 holdout per family; 4 teacher prompts (GRPO groups) of 3 x 8 infos = 32 chains"
+        "plan per step: 28 problems = 12 train + 16 holdout, 4 holdout per family; 4 teacher prompts (GRPO groups) of "
+        "3 x 8 infos = 32 chains"
     )
 
 

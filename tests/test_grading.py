@@ -19,9 +19,9 @@ from slime_meta.grading.graders import (
     VerifierGrader,
     build_grader,
     default_grader_kind,
-    extract_answer,
     parse_grade,
 )
+from slime_meta.grading.verifier import extract_answer
 from slime_meta.types import Problem
 
 try:
@@ -186,7 +186,10 @@ def test_openai_grader_needs_a_key_or_a_server(monkeypatch):
 
 
 def test_package_imports_without_openai():
-    code = "import sys; sys.modules['openai'] = None; import slime_meta.grading.graders, slime_meta.data.problems; print('ok')"
+    code = (
+        "import sys; sys.modules['openai'] = None; "
+        "import slime_meta.grading.graders, slime_meta.data.problems; print('ok')"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr
 

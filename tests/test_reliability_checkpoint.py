@@ -39,7 +39,8 @@ SAVER = textwrap.dedent(
     state = {"next_rollout_id": 1, "sampler": {"cursor": 17}}
     ck.save_checkpoint(save_dir, 1, trainer=trainer, tokenizer=tokenizer, state=state)
     # What a resumed run must draw next: the continuation of each stream after the save.
-    print(json.dumps({"python": random.random(), "numpy": float(np.random.rand()), "torch": torch.rand(2).tolist()}), flush=True)
+    draws = {"python": random.random(), "numpy": float(np.random.rand()), "torch": torch.rand(2).tolist()}
+    print(json.dumps(draws), flush=True)
 
     def stall(what):
         print("STALLED " + what, flush=True)
@@ -47,7 +48,8 @@ SAVER = textwrap.dedent(
 
     ck.os.fsync = lambda fd: stall("fsync")
     trainer.steps_done = 2
-    ck.save_checkpoint(save_dir, 2, trainer=trainer, tokenizer=tokenizer, state={"next_rollout_id": 2, "sampler": {"cursor": 99}})
+    state = {"next_rollout_id": 2, "sampler": {"cursor": 99}}
+    ck.save_checkpoint(save_dir, 2, trainer=trainer, tokenizer=tokenizer, state=state)
     print("SAVED 2 (the kill came too late)", flush=True)
     """
 )

@@ -219,7 +219,8 @@ def test_sigkill_between_checkpoints_then_load_resumes_with_the_same_batches(kil
     assert json.loads((final / "state.json").read_text())["next_rollout_id"] == NUM_ROLLOUT
     assert not list((run_dir / "ckpt").glob(".tmp-*"))
     print(
-        f"\nresume: killed after checkpoint {killed_at}; batches of steps 0-{NUM_ROLLOUT - 1} equal the uninterrupted draw"
+        f"\nresume: killed after checkpoint {killed_at}; batches of steps 0-{NUM_ROLLOUT - 1} equal the uninterrupted "
+        "draw"
     )
 
 
@@ -236,7 +237,8 @@ def test_steps_complete_while_the_grader_fails_twenty_percent_of_calls(killed_an
         assert 0.0 <= record["meta_learning/avg_holdout_grade"] <= 1.0
     print(
         f"\ngrader faults seen: {dict(server.fault_counts)}; api retries "
-        f"{sum(r['grader/api_retries'] for r in records):.0f}, parse retries {sum(r['grader/parse_retries'] for r in records):.0f}, "
+        f"{sum(r['grader/api_retries'] for r in records):.0f}, parse retries "
+        f"{sum(r['grader/parse_retries'] for r in records):.0f}, "
         f"parse failures {sum(r['grader/parse_failures'] for r in records):.0f}"
     )
 

@@ -597,7 +597,7 @@ def test_launch_script_grader_switch_keeps_the_key_off_the_command_line(tmp_path
     assert missing.returncode != 0 and "OPENAI_API_KEY" in missing.stderr
 
 
-# ----------------------------------------------------------------------------- the student pool flags of the design document
+# ------------------------------------------------------------------ the student pool flags of the design document
 
 
 def test_student_num_gpus_alone_starts_a_frozen_copy_of_the_teacher_with_the_teachers_engine_size():

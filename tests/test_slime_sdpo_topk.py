@@ -26,15 +26,17 @@ from slime_meta.backends.slime.rollout import trained_solver_samples
 from slime_meta.backends.slime.samples import apply_fields, solver_sample_fields, teacher_sample_fields
 from slime_meta.backends.slime.train_data import convert_samples_to_train_data
 from slime_meta.losses import teacher_topk
-from tests.test_slime_equivalence import (  # noqa: F401  (the `slime` fixture)
+from tests import test_slime_equivalence
+from tests.test_slime_equivalence import (
     TEMPERATURE,
     TIS,
     _ImportOnly,
     assert_same,
     make_step,
-    slime,
     slime_args,
 )
+
+slime = test_slime_equivalence.slime  # the module-scoped fixture that imports slime, shared with that module
 
 K = 8
 ALPHA = 0.5

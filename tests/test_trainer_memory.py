@@ -330,7 +330,8 @@ if __name__ == "__main__":
         )
         if not args.json:
             print(
-                f"{params / 1e6:.1f}M parameters, {args.sequences} x {args.tokens} tokens, {torch.get_num_threads()} threads"
+                f"{params / 1e6:.1f}M parameters, {args.sequences} x {args.tokens} tokens, {torch.get_num_threads()} "
+                "threads"
             )
         for recompute in (True, False) if args.json else (True, False, True, False):
             mib, seconds = measure_step(path, recompute, args.sequences, args.tokens)

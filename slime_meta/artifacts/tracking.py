@@ -124,7 +124,8 @@ def format_eval_line(step: int, metrics: Mapping[str, float]) -> str:
     """One line per evaluation: each fixed eval set's holdout grade with and without the teacher's info."""
     names = sorted({key.split("/")[1] for key in metrics if key.startswith("eval/") and key.endswith("/gain")})
     parts = [
-        f"{name} holdout {metrics[f'eval/{name}/holdout_grade']:.3f} (no info {metrics[f'eval/{name}/holdout_grade_no_info']:.3f}, "
+        f"{name} holdout {metrics[f'eval/{name}/holdout_grade']:.3f} (no info "
+        f"{metrics[f'eval/{name}/holdout_grade_no_info']:.3f}, "
         f"gain {metrics[f'eval/{name}/gain']:+.3f})"
         for name in names
     ]

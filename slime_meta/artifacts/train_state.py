@@ -123,7 +123,8 @@ def _load_trainer_state(path: Path, load_dir: Path) -> dict[str, Any]:
             foreign = "data torch cannot read"
         raise UserInputError(
             f"--load {load_dir}: {path.parent.name}/trainer.pt holds {foreign}, not only tensors and plain values; "
-            "it was not written by slime-meta, so it is not loaded (it could run code); give a --save directory of an earlier run"
+            "it was not written by slime-meta, so it is not loaded (it could run code); give a --save directory of an "
+            "earlier run"
         ) from None
 
 
@@ -172,7 +173,8 @@ def load_checkpoint(load_dir: Path) -> LoadedCheckpoint:
     missing = [name for name in ("trainer.pt", "state.json", "model/config.json") if not (root / name).is_file()]
     if missing:
         raise UserInputError(
-            f"--load {load_dir}: checkpoint {root.name} lacks {', '.join(missing)}; point {POINTER} at a complete iter_* directory"
+            f"--load {load_dir}: checkpoint {root.name} lacks {', '.join(missing)}; point {POINTER} at a complete "
+            "iter_* directory"
         )
     trainer_state = _load_trainer_state(root / "trainer.pt", load_dir)
     state = json.loads((root / "state.json").read_text(encoding="utf-8"))

@@ -228,7 +228,9 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         "--inner-loop-train-ratio",
         type=float,
         default=0.75,
-        help="Share of the --rollout-batch-size problems used as train problems (rounded half up); the rest is holdout.",
+        help=(
+            "Share of the --rollout-batch-size problems used as train problems (rounded half up); the rest is holdout."
+        ),
     )
     add(
         "--heldout-ipb",
@@ -241,7 +243,10 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         "--n-problems-per-prompt",
         type=positive_int,
         default=1,
-        help="k: train problems in one teacher prompt; one info serves all k. Teacher prompts (GRPO groups) = train problems / k.",
+        help=(
+            "k: train problems in one teacher prompt; one info serves all k. Teacher prompts (GRPO groups) = train "
+            "problems / k."
+        ),
     )
     add(
         "--additional-info-position",
@@ -272,7 +277,10 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         "--max-async-level",
         type=int,
         default=0,
-        help="Rollouts may run this many steps ahead of training (0: synchronous; 1: step t+1's rollout overlaps step t's training).",
+        help=(
+            "Rollouts may run this many steps ahead of training (0: synchronous; 1: step t+1's rollout overlaps step "
+            "t's training)."
+        ),
     )
     add(
         "--group-key",
@@ -282,17 +290,26 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add(
         "--generator-template",
         default=None,
-        help="Student prompt: a file, a template text, module.name of a GeneratorPromptTemplate instance, or module.Class (a subclass); default prompt_templates/generator.txt.",
+        help=(
+            "Student prompt: a file, a template text, module.name of a GeneratorPromptTemplate instance, or "
+            "module.Class (a subclass); default prompt_templates/generator.txt."
+        ),
     )
     add(
         "--grader-template",
         default=None,
-        help="Grader prompt: a file, a template text, module.name of a GraderPromptTemplate instance, or module.Class (a subclass); default prompt_templates/grader.txt.",
+        help=(
+            "Grader prompt: a file, a template text, module.name of a GraderPromptTemplate instance, or module.Class "
+            "(a subclass); default prompt_templates/grader.txt."
+        ),
     )
     add(
         "--teacher-template",
         default=None,
-        help="Teacher prompt: a file, a template text, module.name of a TeacherPromptTemplate instance, or module.Class (a subclass); default prompt_templates/teacher.txt.",
+        help=(
+            "Teacher prompt: a file, a template text, module.name of a TeacherPromptTemplate instance, or module.Class "
+            "(a subclass); default prompt_templates/teacher.txt."
+        ),
     )
     add("--trace-sample-rate", type=float, default=0.1, help="Share of chains written in full to traces.jsonl.")
     add(
@@ -321,7 +338,10 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         "--eval-num-batches",
         type=positive_int,
         default=1,
-        help="Batches of --rollout-batch-size problems drawn from each eval set per evaluation (the same ones every time).",
+        help=(
+            "Batches of --rollout-batch-size problems drawn from each eval set per evaluation (the same ones every "
+            "time)."
+        ),
     )
 
     add = groups.group("data (slime-compatible)")
@@ -415,7 +435,11 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         "--verifier-metric",
         choices=VERIFIER_METRICS,
         default="normalized",
-        help="Built-in verifier: how the stated final answer matches the label. normalized (default): math labels by math-verify (60.0 == 60), others as normalised text; numeric: the same; exact: equal text; char: partial credit per character.",
+        help=(
+            "Built-in verifier: how the stated final answer matches the label. normalized (default): math labels by "
+            "math-verify (60.0 == 60), others as normalised text; numeric: the same; exact: equal text; char: partial "
+            "credit per character."
+        ),
     )
 
     add = groups.group("pools and resources (slime-compatible)")
@@ -496,7 +520,10 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         "--local-student-num-workers",
         type=positive_int,
         default=1,
-        help="Local backend: workers of a separate student pool (--student-checkpoint) when --student-num-gpus is not given.",
+        help=(
+            "Local backend: workers of a separate student pool (--student-checkpoint) when --student-num-gpus is not "
+            "given."
+        ),
     )
     add("--device", choices=("auto", "cpu", "cuda"), default="auto", help="Local backend: cuda if available, else cpu.")
     add("--host", default="127.0.0.1", help="Local backend: address workers and routers bind to.")

@@ -259,7 +259,8 @@ def validate_objective_flags(ns: argparse.Namespace) -> None:
     )
     if distill and not sources:
         fail(
-            "--teacher-tau/--student-tau need a context: --teacher-context, --context-key or --distill-context additional_info"
+            "--teacher-tau/--student-tau need a context: --teacher-context, --context-key or --distill-context "
+            "additional_info"
         )
     if len(sources) > 1:
         fail("give one context source: --teacher-context, --context-key or --distill-context additional_info")

@@ -63,7 +63,8 @@ def validate_eval_flags(ns: argparse.Namespace) -> None:
     values = list(ns.eval_prompt_data or ())
     if len(values) % 2:
         raise UserInputError(
-            f"--eval-prompt-data takes NAME PATH pairs (e.g. --eval-prompt-data held data/held.jsonl); got {len(values)} values"
+            "--eval-prompt-data takes NAME PATH pairs (e.g. --eval-prompt-data held data/held.jsonl); got "
+            f"{len(values)} values"
         )
     names = values[0::2]
     for name, path in zip(names, values[1::2]):
@@ -94,7 +95,8 @@ def validate_pool_flags(ns: argparse.Namespace) -> None:
         if starts_student or ns.student_router_port is not None or ns.student_router_ip is not None:
             raise UserInputError(
                 "--external-student-url uses a running student server; --student-checkpoint, --student-num-gpus and "
-                "--student-router-ip/--student-router-port describe a student pool this run starts: give one or the other"
+                "--student-router-ip/--student-router-port describe a student pool this run starts: give one or the "
+                "other"
             )
     if ns.backend == "local":
         if ns.student_router_ip is not None and ns.student_router_ip != ns.host:

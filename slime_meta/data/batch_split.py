@@ -67,8 +67,9 @@ class BatchPlan:
         return (
             f"plan per step: {self.problems} problems = {self.train} train + {self.holdout} holdout{family}; "
             f"{self.groups} teacher prompts (GRPO groups) of {self.problems_per_prompt} x {samples_per_prompt} infos = "
-            f"{chains} chains; requests: {chains * inner_iterations} teacher, {inner} student inner + {holdout} holdout "
-            f"+ {control} no-info control (each graded), in {student_requests} student requests (n = attempts per problem)"
+            f"{chains} chains; requests: {chains * inner_iterations} teacher, {inner} student inner "
+            f"+ {holdout} holdout + {control} no-info control (each graded), in {student_requests} student "
+            "requests (n = attempts per problem)"
         )
 
 
@@ -96,8 +97,8 @@ def _split(
             train,
             holdout,
             (
-                f"with --group-key the {holdout} holdout problems must split evenly over the {train // k} teacher prompts "
-                "(one family each)"
+                f"with --group-key the {holdout} holdout problems must split evenly over the {train // k} teacher "
+                "prompts (one family each)"
             ),
         )
     return train, holdout, None

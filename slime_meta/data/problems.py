@@ -389,9 +389,9 @@ class ProblemSampler:
             name, members = min(self.families.items(), key=lambda item: len(item[1]))
             if len(members) < needed:
                 raise UserInputError(
-                    f"task family '{name}' has {len(members)} problems but each teacher prompt needs {needed} of one family "
-                    f"({problems_per_prompt} train (--n-problems-per-prompt) + {num_holdout} holdout, its share of the "
-                    "--rollout-batch-size split); lower those sizes or drop/merge small families"
+                    f"task family '{name}' has {len(members)} problems but each teacher prompt needs {needed} of one "
+                    f"family ({problems_per_prompt} train (--n-problems-per-prompt) + {num_holdout} holdout, its share "
+                    "of the --rollout-batch-size split); lower those sizes or drop/merge small families"
                 )
             return
         needed = num_prompts * problems_per_prompt + num_holdout
@@ -446,7 +446,8 @@ class ProblemSampler:
         if state["fingerprint"] != self.fingerprint or state["group_key_used"] != self.group_key_used:
             raise UserInputError(
                 f"the checkpoint's sampler state was saved for a different dataset ({state['num_problems']} problems, "
-                f"group_key_used={state['group_key_used']}); resume with the same --data file and --group-key, or start fresh"
+                f"group_key_used={state['group_key_used']}); resume with the same --data file and --group-key, or "
+                "start fresh"
             )
         self.seed, self.shuffle = int(state["seed"]), bool(state["shuffle"])
         self._all = _Cursor(range(len(self.problems)), seed=self.seed, family=None, shuffle=self.shuffle)

@@ -181,7 +181,8 @@ def token_logps_and_jsd(
     _check_jsd_args(student_logits_B_T_V, teacher_logits_B_T_V, beta, temperature, None, token_clip)
     if student_logits_B_T_V.dim() != 3 or tokens_B_T.shape != student_logits_B_T_V.shape[:2]:
         raise ValueError(
-            f"expected logits [B, T, V] and tokens [B, T], got {tuple(student_logits_B_T_V.shape)} and {tuple(tokens_B_T.shape)}"
+            f"expected logits [B, T, V] and tokens [B, T], got {tuple(student_logits_B_T_V.shape)} and "
+            f"{tuple(tokens_B_T.shape)}"
         )
     if not fused.use_fused(backend, True, student_logits_B_T_V, teacher_logits_B_T_V):
         logps = sequence_logps(student_logits_B_T_V, tokens_B_T, mask_B_T, temperature, chunk_size, backend="torch")

@@ -104,7 +104,8 @@ def sequence_logps(
     _check_temperature(temperature)
     if logits_B_T_V.dim() != 3 or tokens_B_T.shape != logits_B_T_V.shape[:2]:
         raise ValueError(
-            f"expected logits [B, T, V] and tokens [B, T], got {tuple(logits_B_T_V.shape)} and {tuple(tokens_B_T.shape)}"
+            f"expected logits [B, T, V] and tokens [B, T], got {tuple(logits_B_T_V.shape)} and "
+            f"{tuple(tokens_B_T.shape)}"
         )
     mask_b = as_bool_mask(mask_B_T, tokens_B_T.shape, logits_B_T_V, name="mask_B_T")
     V = logits_B_T_V.shape[-1]

@@ -300,9 +300,10 @@ def check_flags_fit(limits: ContextLimits, generator_template: Any, teacher_temp
             )
         if template + T > longest_prompt(C, T):
             raise UserInputError(
-                f"--teacher-max-tokens {T}: the teacher's prompt ({template} tokens of template, up to {T} of previous info) "
-                f"plus {T} new tokens do not fit the {C}-token context of {limits.teacher_source}; "
-                f"use --teacher-max-tokens {max(1, (C - template) // 4)} (a quarter of what the template leaves) or less"
+                f"--teacher-max-tokens {T}: the teacher's prompt ({template} tokens of template, up to {T} of previous "
+                f"info) plus {T} new tokens do not fit the {C}-token context of {limits.teacher_source}; "
+                f"use --teacher-max-tokens {max(1, (C - template) // 4)} (a quarter of what the template leaves) "
+                "or less"
             )
     if limits.student_context is not None:
         C = limits.student_context
@@ -390,8 +391,8 @@ def split_rows_by_fit(
     if not kept:
         problem, (need, context, role) = min(skipped, key=lambda item: item[1][0])
         raise UserInputError(
-            f"{path}: every row is too long for the model's context; the shortest ({problem.source or problem.uid}) needs "
-            f"{need} tokens of the {role}'s {context}; lower --teacher-max-tokens / --rollout-max-response-len, "
+            f"{path}: every row is too long for the model's context; the shortest ({problem.source or problem.uid}) "
+            f"needs {need} tokens of the {role}'s {context}; lower --teacher-max-tokens / --rollout-max-response-len, "
             "shorten the problems, or use a model with a longer context"
         )
     return [problem for problem, _ in kept]

@@ -138,7 +138,8 @@ def _draw_multiply(rng: random.Random, top: int) -> Story:
             f"{name} has {groups} bags with {each} {things} in each bag. How many {things} does {name} have in all?",
             f"{name} buys {groups} boxes of {things}. Each box holds {each} {things}. "
             f"How many {things} does {name} buy in all?",
-            f"There are {groups} rows of {things} with {each} {things} in each row. How many {things} are there in all?",
+            f"There are {groups} rows of {things} with {each} {things} in each row. How many {things} are there in "
+            "all?",
         )
     )
     return Story(prompt, groups * each)
