@@ -4,6 +4,10 @@ turns into `--flag: ...` and exit code 2."""
 from __future__ import annotations
 
 import argparse
+from typing import Callable
+
+# One argparse group's add_argument that skips a flag the parser already has (slime's).
+AddFlag = Callable[..., object]
 
 
 def positive_int(text: str) -> int:
