@@ -205,10 +205,12 @@ def test_retries_are_bounded_and_refusals_are_not_retried():
 
 def test_replay_teachers_answer_through_a_fifth_of_failed_calls(tmp_path, monkeypatch):
     replay = pytest.importorskip("slime_meta.replay.pairs")
+    from slime_meta.replay.teachers import parse_replay_teachers
+
     monkeypatch.setenv("REPLAY_TEST_KEY", "sk-replay-test")
     faults = dict(rate_limit=0.05, server_error=0.05, slow=0.05, malformed=0.05, slow_seconds=1.5, seed=5)
     with run_openai_server(reply_fn=lambda messages: "Working.\nAnswer: 42", **faults) as (base_url, server):
-        teachers = replay.parse_replay_teachers([f"t{i}@{base_url}#REPLAY_TEST_KEY" for i in range(3)])
+        teachers = parse_replay_teachers([f"t{i}@{base_url}#REPLAY_TEST_KEY" for i in range(3)])
         pairer = replay.ReplayPairer(
             teachers,
             min_agree=2,

@@ -12,15 +12,9 @@ from typing import Callable, Iterator
 import pytest
 
 from slime_meta.errors import UserInputError
-from slime_meta.replay.pairs import (
-    ReplayPairer,
-    ReplayRequest,
-    ReplayTeacher,
-    _decide,
-    _is_final,
-    parse_replay_teachers,
-    replay_key,
-)
+from slime_meta.replay.pairs import ReplayPairer, ReplayRequest, replay_key
+from slime_meta.replay.teachers import ReplayTeacher, parse_replay_teachers
+from slime_meta.replay.vote import _decide, _is_final
 
 try:
     from tests.openai_server import run_openai_server

@@ -8,7 +8,8 @@ from typing import Iterator
 
 import pytest
 
-from slime_meta.replay.pairs import ReplayPairer, ReplayRequest, parse_replay_teachers
+from slime_meta.replay.pairs import ReplayPairer, ReplayRequest
+from slime_meta.replay.teachers import parse_replay_teachers
 
 try:
     from tests.openai_server import run_openai_server

@@ -1,0 +1,294 @@
+"""The run's pieces built from its config, the same on every backend.
+
+Both backends (`backends/local/`, `backends/slime/`) build their inner loop here: the tokenizer,
+the step's batch plan, the prompt templates and the grader (`build_role_pieces`), the pool
+clients, the roles and the meta-learning rollout (`build_rollout`), the solver-sample builder and
+the replay pair maker of the extra loss channels, the per-step counters of pools and grader, and
+the `--eval-baseline` measurement. What differs per backend (processes, GPUs, the trainer, weight
+transfer) stays in the backend's own package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from slime_meta.config.arguments import MetaConfig
+from slime_meta.config.objectives import read_context
+from slime_meta.data.problems import BatchPlan, plan_batch
+from slime_meta.grading.graders import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
+from slime_meta.prompt_templates import (
+    GeneratorPromptTemplate,
+    GraderPromptTemplate,
+    TeacherPromptTemplate,
+    load_template,
+)
+from slime_meta.replay.pairs import ReplayPairer
+from slime_meta.replay.teachers import parse_replay_teachers
+from slime_meta.rollout.context_budget import context_length_of
+from slime_meta.rollout.meta_rollout import InnerLoopSettings, MetaLearningRollout
+from slime_meta.rollout.pools import SGLangPool
+from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole, chat_setting
+from slime_meta.rollout.solver_samples import SolverSampleBuilder, SolverSettings
+
+
+def load_tokenizer(model_dir: str):
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def batch_plan(cfg: MetaConfig) -> BatchPlan:
+    """The sizes one step draws (problems, train, holdout, teacher prompts) from the config's flags."""
+    m = cfg.meta
+    return plan_batch(
+        rollout_batch_size=m.rollout_batch_size,
+        train_ratio=m.inner_loop_train_ratio,
+        heldout_ipb=m.heldout_ipb,
+        problems_per_prompt=m.n_problems_per_prompt,
+        per_family=cfg.data.group_key is not None,
+    )
+
+
+def external_student_url(cfg: MetaConfig) -> str | None:
+    """The running student server of --external-student-url (no trailing slash); None without one."""
+    url = cfg.pools.external_student_url
+    return url.rstrip("/") if url else None
+
+
+# ----------------------------------------------------------------------------- roles and rollout
+
+
+@dataclass(frozen=True)
+class RolePieces:
+    """What the roles need besides their pools, built before any process starts (bad input fails fast)."""
+
+    generator_template: GeneratorPromptTemplate
+    teacher_template: TeacherPromptTemplate
+    # None with --grader local: the local backend serves that grader and sets it once its pool runs.
+    grader: object
+    grader_template: GraderPromptTemplate | None = None
+
+
+def build_role_pieces(cfg: MetaConfig) -> RolePieces:
+    """The templates and the grader (its choice printed, one line; --grader local: no grader yet)."""
+    grader_template = load_template("grader", cfg.meta.grader_template, "--grader-template")
+    grader = None if cfg.grader.grader == "local" else _api_or_verifier_grader(cfg, grader_template)
+    generator_template = load_template("generator", cfg.meta.generator_template, "--generator-template")
+    teacher_template = load_template("teacher", cfg.meta.teacher_template, "--teacher-template")
+    return RolePieces(generator_template, teacher_template, grader, grader_template)
+
+
+def _api_or_verifier_grader(cfg: MetaConfig, template: GraderPromptTemplate):
+    g = cfg.grader
+    kind = choose_grader_kind(
+        g.grader, model=g.grader_model, api_key_env=g.grader_api_key_env, base_url=g.grader_base_url
+    )
+    line = grader_line(
+        kind,
+        model=g.grader_model,
+        base_url=g.grader_base_url,
+        api_key_env=g.grader_api_key_env,
+        metric=g.verifier_metric,
+        rubric_key=cfg.data.rubric_key,
+    )
+    print(line, flush=True)
+    if kind == "verifier":
+        return build_grader("verifier", metric=g.verifier_metric)
+    return build_grader(
+        "openai",
+        model=g.grader_model or DEFAULT_GRADER_MODEL,
+        base_url=g.grader_base_url,
+        api_key_env=g.grader_api_key_env,
+        temperature=g.grader_temperature,
+        max_tokens=g.grader_max_tokens,
+        concurrency=g.grader_concurrency,
+        request_timeout=g.grader_timeout,
+        template=template,
+    )
+
+
+def make_pool(cfg: MetaConfig, name: str, url: str, concurrency: int) -> SGLangPool:
+    return SGLangPool(
+        name=name,
+        base_url=url,
+        concurrency=concurrency,
+        timeout_s=cfg.sampling.request_timeout,
+        max_retries=cfg.sampling.request_retries,
+    )
+
+
+def build_rollout(
+    cfg: MetaConfig, pieces: RolePieces, teacher_pool: SGLangPool, student_pool: SGLangPool, tokenizer
+) -> MetaLearningRollout:
+    chat = chat_setting(cfg.data.apply_chat_template, pieces.generator_template, pieces.teacher_template)
+    renderer = PromptRenderer(tokenizer, chat)
+    student_dir = cfg.pools.student_checkpoint or cfg.pools.hf_checkpoint
+    # A separate student renders with its own model's tokenizer and chat template (another family's
+    # format); the shared student is the teacher's model.
+    student_renderer = PromptRenderer(load_tokenizer(student_dir), chat) if cfg.pools.student_checkpoint else renderer
+    print(prompt_format_line(renderer, student_renderer), flush=True)
+    student = StudentRole(
+        pool=student_pool,
+        template=pieces.generator_template,
+        renderer=student_renderer,
+        info_position=cfg.meta.additional_info_position,
+        temperature=cfg.sampling.rollout_temperature,
+        max_new_tokens=cfg.sampling.rollout_max_response_len,
+        context_length=context_length_of(student_dir),
+    )
+    teacher = TeacherRole(
+        pool=teacher_pool,
+        template=pieces.teacher_template,
+        renderer=renderer,
+        temperature=cfg.sampling.teacher_temperature,
+        max_new_tokens=cfg.sampling.teacher_max_tokens,
+        context_length=context_length_of(cfg.pools.hf_checkpoint),
+    )
+    settings = InnerLoopSettings(
+        num_inner_iterations=cfg.meta.num_inner_iterations,
+        n_samples_per_inner_prompt=cfg.meta.n_samples_per_inner_prompt,
+        n_samples_per_prompt=cfg.meta.n_samples_per_prompt,
+        train_all_inner_steps=cfg.meta.train_all_inner_steps,
+        holdout_advantage=cfg.meta.holdout_advantage,
+        std_normalize=cfg.train.std_normalize,
+        trace_sample_rate=cfg.meta.trace_sample_rate,
+        control_samples_per_problem=cfg.meta.n_holdout_samples,
+        holdout_samples_per_problem=cfg.meta.n_holdout_samples,
+        keep_solver_attempts=cfg.objectives.needs_solver_samples and not cfg.separate_student,
+        teacher_history=cfg.meta.teacher_history,
+    )
+    return MetaLearningRollout(student=student, grader=pieces.grader, teacher=teacher, settings=settings)
+
+
+def prompt_format_line(teacher: PromptRenderer, student: PromptRenderer) -> str:
+    """One line at start: how each role's prompts are rendered (the default follows each model's tokenizer)."""
+
+    def form(renderer: PromptRenderer) -> str:
+        name = getattr(renderer.tokenizer, "name_or_path", "") or "its tokenizer"
+        if renderer.apply_chat_template:
+            return f"the chat template of {name}"
+        if getattr(renderer.tokenizer, "chat_template", None):
+            return f"plain text (--no-apply-chat-template; {name} has a chat template)"
+        return f"plain text ({name} has no chat template)"
+
+    return f"prompts: teacher in {form(teacher)}; " + (
+        "student the same" if student is teacher else f"student in {form(student)}"
+    )
+
+
+# ----------------------------------------------------------------------------- the extra loss channels
+
+
+def make_solver_builder(cfg: MetaConfig, pieces: RolePieces, teacher_pool: SGLangPool, tokenizer):
+    """The solver-role sample producer, when a channel needs the policy's own solutions."""
+    o = cfg.objectives
+    if not o.needs_solver_samples:
+        return None
+    source = "fixed" if o.teacher_context else "column" if o.context_key else o.distill_context
+    policy_as_student = StudentRole(
+        pool=teacher_pool,
+        template=pieces.generator_template,
+        renderer=PromptRenderer(
+            tokenizer, chat_setting(cfg.data.apply_chat_template, pieces.generator_template, pieces.teacher_template)
+        ),
+        info_position=cfg.meta.additional_info_position,
+        temperature=cfg.sampling.rollout_temperature,
+        max_new_tokens=cfg.sampling.rollout_max_response_len,
+        context_length=context_length_of(cfg.pools.hf_checkpoint),
+    )
+    settings = SolverSettings(
+        attempts_per_problem=cfg.meta.n_samples_per_inner_prompt,
+        reuse_chain_attempts=not cfg.separate_student,
+        distill_context=source,
+        fixed_context=read_context(o.teacher_context),
+        context_key=o.context_key,
+        distill=o.distillation_on,
+        sdpo=o.sdpo_on_any,
+        sdpo_hint=o.sdpo_hint,
+        sdpo_grade_threshold=o.sdpo_grade_threshold,
+        sdpo_on=o.sdpo_on,
+        skip_verification=o.skip_verification,
+        std_normalize=cfg.train.std_normalize,
+        sdpo_shaping=o.sdpo_shaping,
+    )
+    return SolverSampleBuilder(policy_as_student, pieces.grader, settings)
+
+
+def make_replayer(cfg: MetaConfig, run_dir: Path) -> ReplayPairer | None:
+    """Channel 3's pair maker, its decisions cached in the run dir (a resume never pays twice)."""
+    o = cfg.objectives
+    if not o.replay_on:
+        return None
+    return ReplayPairer(
+        parse_replay_teachers(o.replay_teachers),
+        min_agree=o.replay_min_agree,
+        cache_path=run_dir / "replay_pairs.jsonl",
+    )
+
+
+# ----------------------------------------------------------------------------- per-step counters, clean-up
+
+
+def counter_metrics(teacher_pool: SGLangPool, student_pool: SGLangPool, grader) -> dict[str, float]:
+    """Per-step counters of the pools (requests, retries, tokens) and of the grader; reset after reading."""
+    metrics = {f"pool/teacher_{k}": float(v) for k, v in teacher_pool.stats.snapshot_and_reset().items()}
+    metrics.update({f"pool/student_{k}": float(v) for k, v in student_pool.stats.snapshot_and_reset().items()})
+    metrics.update(grader_metrics(grader))
+    return metrics
+
+
+def grader_metrics(grader) -> dict[str, float]:
+    """The grader's counters (API retries, unparseable replies), reset per step."""
+    stats = getattr(grader, "stats", None)
+    if stats is None:
+        return {}
+    values = {f"grader/{k}": float(v) for k, v in vars(stats).items() if isinstance(v, (int, float))}
+    for key in vars(stats):
+        if isinstance(getattr(stats, key), (int, float)):
+            setattr(stats, key, type(getattr(stats, key))(0))
+    return values
+
+
+async def close_clients(*clients) -> None:
+    """Close the HTTP sessions of pools, grader and replay teachers (those that have any)."""
+    for client in clients:
+        for method in ("close", "aclose"):
+            if client is not None and hasattr(client, method):
+                await getattr(client, method)()
+                break
+
+
+# ----------------------------------------------------------------------------- --eval-baseline
+
+
+async def baseline_eval(cfg: MetaConfig, rollout: MetaLearningRollout, problems, limit: int = 32) -> dict[str, float]:
+    """`--eval-baseline`: the student with and without the distillation context, before training.
+
+    Needs a context that exists before training (--teacher-context or --context-key); the
+    meta-teacher's own info (--distill-context additional_info) does not exist yet, so nothing is
+    measured for it.
+    """
+    o = cfg.objectives
+    if not o.eval_baseline or not (o.teacher_context or o.context_key):
+        return {}
+    fixed = read_context(o.teacher_context)
+    chosen = list(problems)[:limit]
+
+    async def graded(problem, context: str) -> float:
+        _, completion = await rollout.student.solve(problem, context)
+        return (await rollout.grader.grade(problem, completion.text)).score
+
+    def context_of(problem) -> str:
+        return fixed if fixed is not None else str(problem.metadata.get(o.context_key, "") or "")
+
+    plain = await asyncio.gather(*[graded(p, "") for p in chosen])
+    with_context = await asyncio.gather(*[graded(p, context_of(p)) for p in chosen])
+    name = Path(cfg.data.prompt_data).stem
+    student, teacher = sum(plain) / len(plain), sum(with_context) / len(with_context)
+    return {
+        f"eval/{name}/baseline_student/avg": student,
+        f"eval/{name}/baseline_teacher/avg": teacher,
+        f"eval/{name}/baseline_diff": teacher - student,
+    }
