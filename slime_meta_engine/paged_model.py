@@ -1,4 +1,4 @@
-"""The Llama/Qwen2 forward of static_model.py over a paged KV cache (paged_cache.py).
+"""The Llama/Qwen2/Qwen3 forward of static_model.py over a paged KV cache (paged_cache.py).
 
 The layers compute what the static forward computes (same projections, norms and MLP in the same
 dtypes); only where keys and values live differs. A row's tokens are found through its page table
@@ -171,7 +171,8 @@ class PagedDecoder(LlamaFamilyForward):
         for index, layer in enumerate(self._layers):
             keys_P_S_K_D = self.cache.keys_L_P_S_K_D[index]
             values_P_S_K_D = self.cache.values_L_P_S_K_D[index]
-            # The rotation and both cache writes: one kernel with the fused kernels, three without.
+            # The rotation and both cache writes: one kernel with the fused kernels, three without
+            # (the product's queries and keys are already head-normalised where the model does so).
             q_B_H_D = fused_ops.rotate_into_cache(
                 self._decode_qkv_product(layer, hidden_B_E),
                 cos_B_1_D,

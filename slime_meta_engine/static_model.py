@@ -1,4 +1,4 @@
-"""A forward pass of the Llama/Qwen2 family that works on a preallocated, slot-indexed KV cache.
+"""A forward pass of the Llama/Qwen2/Qwen3 family that works on a preallocated, slot-indexed KV cache.
 
 Why our own forward: Hugging Face's forward is dozens of small Python-driven kernel launches per
 layer with shapes that change every step, so a decode step is bound by the CPU, not the GPU. This
@@ -8,11 +8,12 @@ a CUDA graph (cuda_graphs.py) and replayed.
 
 It computes what the HF modules compute in the same dtypes (RMSNorm in float32 then cast back
 before the weight, rotary tables in float32 cast to the model dtype, SiLU-gated MLP, q/k/v biases
-where the module has them, grouped-query attention), in fewer kernels, since a replayed step costs
-about one launch latency per kernel: the rotation is a roll against a sign-folded sine table
-(bit-identical to HF's), queries and keys rotate in one pass, the attention mask is built once per
-step, and RMSNorm's float32 part is torch's fused `rms_norm` (on CUDA its float32 sum may round
-differently from HF's, far below bf16 resolution). On CUDA with triton, the norms, the rotation
+where the module has them, Qwen3's RMSNorm of each query and key head before the rotation,
+grouped-query attention), in fewer kernels, since a replayed step costs about one launch latency
+per kernel: the rotation is a roll against a sign-folded sine table (bit-identical to HF's),
+queries and keys rotate in one pass, the attention mask is built once per step, and RMSNorm's
+float32 part is torch's fused `rms_norm` (on CUDA its float32 sum may round differently from
+HF's, far below bf16 resolution). On CUDA with triton, the norms, the rotation
 and SiLU-and-multiply are one Triton kernel each, and each residual add joins the norm after it,
 the MLP's that of the next layer (fused_ops.py, which says how they round: as torch does, but
 for RMSNorm's float32 sum); `SLIME_META_FUSED_OPS=0` or `fused_kernels=False` keeps torch's.
@@ -21,7 +22,7 @@ It reads every weight from the loaded HF modules at call time, so an in-place we
 (`/update_weights_from_disk` copies into the existing parameters) reaches this path, and the
 captured graphs, which hold the same storage, too.
 
-Supported: `model_type` llama or qwen2, SiLU activation, full attention in every layer, rotary
+Supported: `model_type` llama, qwen2 or qwen3, SiLU activation, full attention in every layer, rotary
 types whose frequencies do not depend on the sequence length (default, linear, llama3, yarn).
 Anything else uses the generic DynamicCache path; `unsupported_reason` says why.
 """
@@ -38,7 +39,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from slime_meta_engine import fused_ops
 from slime_meta_engine.static_cache import StaticKVCache
 
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2"})
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3"})
+# Model types whose attention normalises each query and key head (RMSNorm over head_dim) before
+# the rotation: they need these modules in every layer.
+QK_NORM_MODEL_TYPES = frozenset({"qwen3"})
+_QK_NORM_MODULES = ("self_attn.q_norm", "self_attn.k_norm")
 # Rotary types whose inverse frequencies are fixed once the model is built (the "dynamic" and
 # "longrope" types rescale with the sequence length, which a fixed table cannot follow).
 STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
@@ -83,8 +88,9 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         return "lm_head is not a bias-free linear layer"
     if not getattr(inner, "layers", None):
         return "the model has no decoder layers"
+    required = _LAYER_MODULES + (_QK_NORM_MODULES if model_type in QK_NORM_MODEL_TYPES else ())
     for index, layer in enumerate(inner.layers):
-        for name in _LAYER_MODULES:
+        for name in required:
             try:
                 layer.get_submodule(name)
             except AttributeError:
@@ -193,7 +199,7 @@ def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, 
 
 class LlamaFamilyForward:
     """What every cache layout's forward shares: the weights, rotary tables and MLP/head of a
-    loaded HF Llama/Qwen2 model, for positions 0..`max_positions`-1.
+    loaded HF Llama/Qwen2/Qwen3 model, for positions 0..`max_positions`-1.
 
     `fused_kernels`: whether the norms, rotation and gated activation run as Triton kernels
     (fused_ops.py); None: where they can on CUDA, unless SLIME_META_FUSED_OPS=0 (read here, once).
@@ -215,6 +221,7 @@ class LlamaFamilyForward:
         self._inner = model.model
         self._layers = list(model.model.layers)
         self._scaling = self._layers[0].self_attn.scaling
+        self._qk_norm = getattr(model.config, "model_type", None) in QK_NORM_MODEL_TYPES
         for layer in self._layers:  # q/k/v in one product, gate/up in one (views: see _fused_rows)
             attention, mlp = layer.self_attn, layer.mlp
             _fuse_linear(attention, "_fused_qkv", (attention.q_proj, attention.k_proj, attention.v_proj))
@@ -280,8 +287,25 @@ class LlamaFamilyForward:
         q_N_H_C_D, k_N_K_C_D, v_N_K_C_D = qkv_N_C_X_D.transpose(1, 2).split(
             (s.num_heads, s.num_kv_heads, s.num_kv_heads), dim=1
         )
+        q_N_H_C_D, k_N_K_C_D = self._normed_qk(layer, q_N_H_C_D, k_N_K_C_D)
         q_N_H_C_D = _apply_rotary(q_N_H_C_D, cos_C_D, sin_C_D, self.fused_kernels)
         return q_N_H_C_D, _apply_rotary(k_N_K_C_D, cos_C_D, sin_C_D, self.fused_kernels), v_N_K_C_D
+
+    def _normed_qk(self, layer: torch.nn.Module, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries and keys (..., D) through the layer's per-head RMSNorm (`q_norm`, `k_norm`: Qwen3),
+        as HF applies it, before the rotation; unchanged for models without one.
+
+        It is `fused_ops.rms_norm` over the last dimension, the layers' own norm, so with
+        `fused_kernels` it is the Triton RMSNorm kernel on (rows x heads, D) and its output then
+        enters the rotation kernels (`rotary`, `rotate_into_cache`) like any q/k/v product. That
+        GPU path was written by reading the kernels and was not run on a CPU (Triton does not run
+        there without its interpreter); the torch path is checked against HF (tests/test_qwen3_engine.py).
+        """
+        if not self._qk_norm:
+            return q, k
+        attention = layer.self_attn
+        use_kernel = self.fused_kernels
+        return _rms_norm(q, attention.q_norm, use_kernel), _rms_norm(k, attention.k_norm, use_kernel)
 
     def _prefill_mask(self, start: int, end: int, lengths_N: torch.Tensor) -> torch.Tensor | None:
         """The attention mask of prefill columns start..end-1 of right-padded prompts, or None when
@@ -315,12 +339,18 @@ class LlamaFamilyForward:
         return self._inner.embed_tokens(token_ids_B), cos_B_1_D, sin_B_1_D, mask_B_1_1_T
 
     def _decode_qkv_product(self, layer: torch.nn.Module, hidden_B_E: torch.Tensor) -> torch.Tensor:
-        """The new token's q/k/v product before the rotation, (B, H + 2K, D): queries, keys, values."""
+        """The new token's q/k/v product before the rotation, (B, H + 2K, D): queries, keys, values
+        (queries and keys head-normalised where the model does so, ready for the rotation)."""
         s = self.shape
         rows = hidden_B_E.shape[0]
-        return self._qkv(layer, self._input_norm(layer, hidden_B_E)).view(
+        qkv_B_X_D = self._qkv(layer, self._input_norm(layer, hidden_B_E)).view(
             rows, s.num_heads + 2 * s.num_kv_heads, s.head_dim
         )
+        if not self._qk_norm:
+            return qkv_B_X_D
+        q_B_H_D, k_B_K_D, v_B_K_D = qkv_B_X_D.split((s.num_heads, s.num_kv_heads, s.num_kv_heads), dim=1)
+        # Put back side by side: the rotation (and the paged cache write) reads them from one product.
+        return torch.cat((*self._normed_qk(layer, q_B_H_D, k_B_K_D), v_B_K_D), dim=1)
 
     def _decode_qkv(self, layer: torch.nn.Module, hidden_B_E: torch.Tensor, cos_B_1_D, sin_B_1_D):
         """The new token's query (B, H, D), key and value (B, K, D), rotated as HF rotates them."""
@@ -377,7 +407,7 @@ class LlamaFamilyForward:
 
 
 class StaticDecoder(LlamaFamilyForward):
-    """Prefill and single-token decode of a loaded HF Llama/Qwen2 model over a `StaticKVCache`."""
+    """Prefill and single-token decode of a loaded HF Llama/Qwen2/Qwen3 model over a `StaticKVCache`."""
 
     step_inputs = 2  # decode inputs per row that DecodeGraphs keeps in persistent buffers: token, position
 
