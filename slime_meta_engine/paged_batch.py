@@ -90,45 +90,69 @@ class PagedBatch(SlotBatch):
     # ----- admission -------------------------------------------------------------------------
 
     def prefill(self, jobs: Sequence[GenerationJob]) -> tuple[list[RowState], torch.Tensor, int]:
-        """Give `jobs` rows and pages and run their prompts: (rows, first-token logits, prompts run)."""
+        """Give `jobs` rows and pages and run their prompts: (rows, first-token logits, prompts run).
+
+        If anything fails on the way (a reservation, the forward), the rows never start, so every
+        page they took or reserved goes back to the pool before the error propagates; otherwise
+        those pages would stay in use for good and shrink what later requests can be given.
+        """
         free = [slot for slot, row in enumerate(self._row_by_slot) if row is None]
         if len(jobs) > len(free):
             raise RuntimeError(f"{len(jobs)} rows for {len(free)} free page-table rows")
         slots = free[: len(jobs)]
         prompt_of_row, prompt_jobs = shared_prompts(jobs)
         lengths = [len(job.spec.input_ids) for job in prompt_jobs]
-        prompt_slots: list[int] = [-1] * len(prompt_jobs)
-        copies: list[tuple[int, int]] = []  # (prompt's partial page, a sharing row's copy of it)
-        for row_index, (job, slot) in enumerate(zip(jobs, slots)):
-            prompt = prompt_of_row[row_index]
-            shares = prompt_slots[prompt] >= 0
-            self.pool.reserve(self.pages_needed(job.spec, shares))
-            self._budget_by_slot[slot] = self.pages_needed(job.spec, shares)
-            full_pages, partial = divmod(lengths[prompt], self._page_size)
-            if shares:
-                owner_pages = self._pages_by_slot[prompt_slots[prompt]]
-                pages = owner_pages[:full_pages]
-                for page in pages:
-                    self.pool.share(page)
-                pages = list(pages)
-                if partial:
-                    pages.append(self._take_page(slot))
-                    copies.append((owner_pages[full_pages], pages[-1]))
-            else:
-                prompt_slots[prompt] = slot
-                pages = [self._take_page(slot) for _ in range(full_pages + (1 if partial else 0))]
-            self._pages_by_slot[slot] = pages
-        self._write_page_tables(slots)
-        logits_P_V = self._run_prompts(prompt_jobs, lengths, prompt_slots)
-        if copies:
-            self._decoder.cache.copy_pages([source for source, _ in copies], [target for _, target in copies])
-        logits_N_V = logits_P_V.index_select(0, torch.tensor(prompt_of_row, dtype=torch.int64).to(self._device))
+        try:
+            prompt_slots, copies = self._place_rows(jobs, slots, prompt_of_row, lengths)
+            self._write_page_tables(slots)
+            logits_P_V = self._run_prompts(prompt_jobs, lengths, prompt_slots)
+            if copies:
+                self._decoder.cache.copy_pages([source for source, _ in copies], [target for _, target in copies])
+            prompt_of_row_N = torch.tensor(prompt_of_row, dtype=torch.int64).to(self._device)
+            logits_N_V = logits_P_V.index_select(0, prompt_of_row_N)
+        except BaseException:
+            for slot in slots:  # free before this call: holding nothing but what it gave them
+                self._free_slot(slot)
+            raise
         rows = [RowState(job) for job in jobs]
         for slot, row, prompt in zip(slots, rows, prompt_of_row):
             self._row_by_slot[slot] = row
             self._length_by_slot[slot] = lengths[prompt]
         self._membership_changed()
         return rows, logits_N_V, len(prompt_jobs)
+
+    def _place_rows(
+        self, jobs: Sequence[GenerationJob], slots: list[int], prompt_of_row: list[int], lengths: list[int]
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Reserve each row's pages and take those of its prompt; the first row of each prompt
+        owns its pages, the others share its full pages and get a copy of its partial one.
+
+        Returns each prompt's slot and the (prompt's partial page, a sharing row's copy) pairs.
+        """
+        prompt_slots: list[int] = [-1] * len(lengths)
+        copies: list[tuple[int, int]] = []
+        for row_index, (job, slot) in enumerate(zip(jobs, slots)):
+            prompt = prompt_of_row[row_index]
+            shares = prompt_slots[prompt] >= 0
+            needed = self.pages_needed(job.spec, shares)
+            self.pool.reserve(needed)
+            self._budget_by_slot[slot] = needed
+            full_pages, partial = divmod(lengths[prompt], self._page_size)
+            if shares:
+                owner_pages = self._pages_by_slot[prompt_slots[prompt]]
+                pages = list(owner_pages[:full_pages])
+                for page in pages:
+                    self.pool.share(page)
+                self._pages_by_slot[slot] = pages  # held from here on: released with the slot
+                if partial:
+                    pages.append(self._take_page(slot))
+                    copies.append((owner_pages[full_pages], pages[-1]))
+            else:
+                prompt_slots[prompt] = slot
+                pages = self._pages_by_slot[slot] = []
+                for _ in range(full_pages + (1 if partial else 0)):
+                    pages.append(self._take_page(slot))
+        return prompt_slots, copies
 
     def _take_page(self, slot: int) -> int:
         self._budget_by_slot[slot] -= 1
