@@ -37,7 +37,8 @@ import torch
 import trainer as T  # the trainer benchmark's model shapes and helpers
 
 from slime_meta.backends.local.channels import LossSettings
-from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+from slime_meta.backends.local.trainer import LocalTrainer
+from slime_meta.backends.local.trainer_settings import TrainerSettings
 from slime_meta.types import TeacherSample
 
 

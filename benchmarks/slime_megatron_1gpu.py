@@ -505,7 +505,8 @@ def local_trainer_loss(args, checkpoint: Path, local_inputs: dict) -> dict:
     import torch
 
     from slime_meta.backends.local.channels import LossSettings
-    from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+    from slime_meta.backends.local.trainer import LocalTrainer
+    from slime_meta.backends.local.trainer_settings import TrainerSettings
 
     loss = LossSettings(
         eps_clip=args.eps_clip,

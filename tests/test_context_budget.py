@@ -22,7 +22,8 @@ from helpers_context import (
 )
 
 import train
-from slime_meta.backends.local import components as C
+from slime_meta.assembly import load_tokenizer
+from slime_meta.backends.local.run_data import check_context_fits, load_data
 from slime_meta.config.arguments import parse_config
 from slime_meta.prompt_templates import TeacherPromptTemplate
 from slime_meta.rollout.context_budget import ELISION_MARKER, TokenCounter, context_length_of, metrics_of
@@ -39,7 +40,7 @@ def long_checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def long_tokenizer(long_checkpoint):
-    return C.load_tokenizer(str(long_checkpoint))
+    return load_tokenizer(str(long_checkpoint))
 
 
 def problems_and_attempts(k: int, m: int, solution_chars: int, iterations: int = 1, explanation_chars: int = 40):
@@ -136,7 +137,7 @@ def test_long_grader_explanations_are_cut(long_tokenizer):
 
 
 def test_problems_alone_over_the_budget_are_shortened_as_a_last_resort(tiny_checkpoint):
-    tokenizer = C.load_tokenizer(str(tiny_checkpoint))  # one token a character, 256 positions
+    tokenizer = load_tokenizer(str(tiny_checkpoint))  # one token a character, 256 positions
     template = TeacherPromptTemplate("T {problem} R {rubric} A {attempts_and_grades} P {previous_info}")
     teacher = TeacherRole(
         pool=None,
@@ -216,7 +217,7 @@ def test_flags_that_can_never_fit_exit_2_naming_the_flag(extra, flag, tmp_path, 
         student = ("--rollout-max-response-len", "8") if flag == "--teacher-max-tokens" else ()
         fixed = (*extra, flag, fit.group(1), *student)
         cfg = parse_config(base_args(tiny_checkpoint, data, tmp_path / "run", *fixed))
-        C.check_context_fits(cfg)
+        check_context_fits(cfg)
 
 
 def test_rows_too_long_are_reported_and_skipped_and_all_too_long_exits_2(tmp_path, tiny_checkpoint, capsys):
@@ -234,7 +235,7 @@ def test_rows_too_long_are_reported_and_skipped_and_all_too_long_exits_2(tmp_pat
         "Q: {problem}",
     )
     cfg = parse_config(base_args(tiny_checkpoint, data, tmp_path / "run", *flags))
-    loaded = C.load_data(cfg)
+    loaded = load_data(cfg)
     err = capsys.readouterr().err
     assert [p.prompt for p in loaded.sampler.problems] == [r["prompt"] for r in rows if len(r["prompt"]) < 400]
     assert f"{data}: line 3:" in err and "skipped 1 of 7 rows" in err, err
@@ -284,5 +285,5 @@ def test_the_demo_flags_pass_the_checks(tmp_path, tiny_checkpoint):
             str(tmp_path / "run"),
         ]
     )
-    C.check_context_fits(cfg)
-    assert len(C.load_data(cfg).sampler.problems) == 64 * 12  # no row skipped
+    check_context_fits(cfg)
+    assert len(load_data(cfg).sampler.problems) == 64 * 12  # no row skipped

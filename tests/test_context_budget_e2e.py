@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from helpers_context import CONTEXT_LENGTH, make_long_context_checkpoint, pseudo_text, pseudo_words, write_jsonl
 
-from slime_meta.backends.local.components import load_tokenizer
+from slime_meta.assembly import load_tokenizer
 from slime_meta.rollout.context_budget import ELISION_MARKER
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_meta.backends.local import components
 from slime_meta.backends.local.gpu_split import (
     check_shared_gpu,
     default_worker_fraction,
@@ -22,6 +21,7 @@ from slime_meta.backends.local.gpu_split import (
     workers_on_first_gpu,
 )
 from slime_meta.backends.local.launcher import LocalProcessGroup
+from slime_meta.backends.local.worker_pools import start_pools
 from slime_meta.config.arguments import parse_config
 from slime_meta.errors import UserInputError
 from slime_meta_engine.server import parse_args as parse_worker_args
@@ -183,7 +183,7 @@ def test_start_pools_passes_the_memory_flags_to_its_workers(tiny_checkpoint: Pat
         ]
     )
     with LocalProcessGroup(startup_timeout_s=120) as group:
-        teacher, _, _ = components.start_pools(cfg, group, str(tiny_checkpoint), tmp_path, None)
+        teacher, _, _ = start_pools(cfg, group, str(tiny_checkpoint), tmp_path)
         body = {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
         request = urllib.request.Request(
             f"{teacher.router_url}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.backends.local.launcher import LaunchError, LocalProcessGroup
+from slime_meta.backends.local.launcher import LocalProcessGroup
+from slime_meta.backends.local.processes import LaunchError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.backends.local.launcher import LocalProcessGroup
-from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings
+from slime_meta.backends.local.trainer import LocalTrainer
+from slime_meta.backends.local.trainer_settings import DistillSettings, TrainerSettings
 from slime_meta.prompt_templates import GeneratorPromptTemplate
 from slime_meta.rollout.pools import SGLangPool
 from slime_meta.rollout.roles import PromptRenderer, StudentRole

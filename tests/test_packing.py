@@ -19,7 +19,8 @@ from slime_meta.backends.local.packing import (
     pack_micro_batches,
     shared_prompt_mask,
 )
-from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+from slime_meta.backends.local.trainer import LocalTrainer
+from slime_meta.backends.local.trainer_settings import TrainerSettings
 from slime_meta.types import TeacherSample
 
 

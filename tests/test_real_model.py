@@ -194,7 +194,8 @@ def test_worker_serves_chat_completions_as_hf_greedy(
 
 
 def test_gguf_flag_is_converted_once_and_every_consumer_sees_the_directory(tmp_path, monkeypatch, capsys) -> None:
-    from slime_meta.backends.local.components import check_model_dir, load_tokenizer
+    from slime_meta.assembly import load_tokenizer
+    from slime_meta.backends.local.inputs import check_model_dir
     from slime_meta.backends.slime.plan import translate
     from slime_meta.config.arguments import parse_config
     from slime_meta.rollout.context_budget import context_length_of

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from openai_server import run_openai_server
 
-from slime_meta.backends.local import components as C
+from slime_meta.backends.local.run_data import load_data
 from slime_meta.config.arguments import parse_config
 from slime_meta.rollout.meta_rollout import describe_batch
 
@@ -182,7 +182,7 @@ def killed_and_resumed(tiny_checkpoint, tmp_path_factory):
 def uninterrupted_batches(args: list[str]) -> list[dict]:
     """The batches an uninterrupted run draws: the same config, the same sampler, every step."""
     cfg = parse_config(args)
-    data = C.load_data(cfg)
+    data = load_data(cfg)
     return [
         describe_batch(
             data.sampler.next_episodes(**data.draw_sizes),

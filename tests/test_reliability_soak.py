@@ -189,8 +189,8 @@ def test_the_trainers_work_runs_on_one_thread_of_its_own(tiny_checkpoint, tmp_pa
     executor (a new thread there under contention kept its own arena: the +24% above)."""
     from test_train_e2e import synthetic_args
 
-    from slime_meta.backends.local import components
     from slime_meta.backends.local import run as local_run
+    from slime_meta.backends.local import weight_sync
     from slime_meta.backends.local.trainer import LocalTrainer
     from slime_meta.config.arguments import parse_config
 
@@ -204,7 +204,7 @@ def test_the_trainers_work_runs_on_one_thread_of_its_own(tiny_checkpoint, tmp_pa
         return wrapper
 
     monkeypatch.setattr(LocalTrainer, "train_step", recording("train_step", LocalTrainer.train_step))
-    monkeypatch.setattr(components, "push_weights", recording("push_weights", components.push_weights))
+    monkeypatch.setattr(weight_sync, "push_weights", recording("push_weights", weight_sync.push_weights))
     monkeypatch.setattr(local_run, "save_checkpoint", recording("save_checkpoint", local_run.save_checkpoint))
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     run_dir = tmp_path / "run"

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.backends.local import components as C
+from slime_meta.assembly import build_role_pieces, build_rollout, load_tokenizer, make_pool
 from slime_meta.backends.local.launcher import LocalProcessGroup
+from slime_meta.backends.local.run_data import load_data
 from slime_meta.config.arguments import parse_config
 from slime_meta.rollout.pools import SGLangPool
 
@@ -148,18 +149,18 @@ def test_sigkill_of_a_worker_mid_step_loses_no_sample_and_the_worker_comes_back(
     assert len(group.update_weights(POOL, str(weights_v1), 1)) == NUM_WORKERS
 
     cfg = synthetic_config(tiny_checkpoint, root / "run")
-    tokenizer = C.load_tokenizer(str(tiny_checkpoint))
-    data = C.load_data(cfg)
+    tokenizer = load_tokenizer(str(tiny_checkpoint))
+    data = load_data(cfg)
     episodes = data.sampler.next_episodes(**data.draw_sizes)
     pid_before = group.child_pids()
     router_retries_before = group.router_retries(POOL)
     killed = {}
 
     async def step_with_a_kill():
-        teacher_pool = C.make_pool(cfg, "teacher", endpoints.router_url, cfg.sampling.teacher_concurrency)
-        student_pool = C.make_pool(cfg, "student", endpoints.router_url, cfg.sampling.student_concurrency)
+        teacher_pool = make_pool(cfg, "teacher", endpoints.router_url, cfg.sampling.teacher_concurrency)
+        student_pool = make_pool(cfg, "student", endpoints.router_url, cfg.sampling.student_concurrency)
         try:
-            rollout = C.build_rollout(cfg, C.build_role_pieces(cfg), teacher_pool, student_pool, tokenizer)
+            rollout = build_rollout(cfg, build_role_pieces(cfg), teacher_pool, student_pool, tokenizer)
             step = asyncio.create_task(rollout.run(episodes, rollout_id=0, seed=cfg.seed))
             while teacher_pool.stats.requests + student_pool.stats.requests < 60:  # well into the step
                 assert not step.done(), "the rollout ended before the kill: make it longer"

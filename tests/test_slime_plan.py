@@ -20,9 +20,10 @@ import pytest
 import yaml
 
 from slime_meta.backends.slime import cli
+from slime_meta.backends.slime.argv import absolute_paths, without
 from slime_meta.backends.slime.data import convert
 from slime_meta.backends.slime.flags import config_from_slime_args, meta_arguments_skipping
-from slime_meta.backends.slime.plan import PLUGINS, absolute_paths, meta_parser, translate, without
+from slime_meta.backends.slime.plan import PLUGINS, meta_parser, translate
 from slime_meta.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -359,7 +360,7 @@ def test_slimes_rollout_batch_is_our_teacher_prompts_and_one_optimizer_step(flag
 
 
 def cli_dry_run_text(flags) -> str:
-    from slime_meta.backends.slime.plan import describe
+    from slime_meta.backends.slime.dry_run import describe
 
     return describe(plan_of("--colocate", *flags))
 

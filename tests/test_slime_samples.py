@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from slime_meta.backends.slime.rollout import post_process_rewards, router_urls
+from slime_meta.backends.slime.rollout import post_process_rewards
+from slime_meta.backends.slime.runtime import router_urls
 from slime_meta.backends.slime.samples import (
     META_KEY,
     is_solver_index,

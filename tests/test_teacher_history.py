@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from helpers_context import CONTEXT_LENGTH, make_long_context_checkpoint, pseudo_text, pseudo_words
 
-from slime_meta.backends.local.components import load_tokenizer
+from slime_meta.assembly import load_tokenizer
 from slime_meta.grading.graders import VerifierGrader
 from slime_meta.prompt_templates import ATTEMPTS_LEFT_OUT, GeneratorPromptTemplate, TeacherPromptTemplate
 from slime_meta.rollout.context_budget import metrics_of

@@ -18,7 +18,8 @@ from test_trainer_memory import moved_reference
 from slime_meta.artifacts.tracking import format_step_line
 from slime_meta.backends.local.channels import LossSettings, policy_gradient_pass
 from slime_meta.backends.local.no_signal import NoSignalStreak, RolloutSummary, zero_gradient_step
-from slime_meta.backends.local.trainer import DistillSettings, LocalTrainer, TrainerSettings, teacher_sequences
+from slime_meta.backends.local.trainer import LocalTrainer, teacher_sequences
+from slime_meta.backends.local.trainer_settings import DistillSettings, TrainerSettings
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
 # The shared student's default objective: solver-role GRPO (--adv-tau 1) and k3 KL to the start weights.

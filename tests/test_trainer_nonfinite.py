@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings
+from slime_meta.backends.local.trainer import LocalTrainer
+from slime_meta.backends.local.trainer_settings import TrainerSettings
 from slime_meta.errors import NonFiniteTrainingError
 from slime_meta.types import TeacherSample
 

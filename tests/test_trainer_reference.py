@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from slime_meta.backends.local.channels import LossSettings, reference_token_logps
 from slime_meta.backends.local.reference import safetensors_files, start_weights_like
-from slime_meta.backends.local.trainer import LocalTrainer, TrainerSettings, teacher_sequences
+from slime_meta.backends.local.trainer import LocalTrainer, teacher_sequences
+from slime_meta.backends.local.trainer_settings import TrainerSettings
 from slime_meta.types import TeacherSample
 
 KL = TrainerSettings(

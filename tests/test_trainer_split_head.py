@@ -9,12 +9,9 @@ import dataclasses
 import torch
 
 from slime_meta.backends.local.channels import LossSettings
-from slime_meta.backends.local.trainer import (
-    DistillSettings,
-    LocalTrainer,
-    SplitModelCall,
-    TrainerSettings,
-)
+from slime_meta.backends.local.model_call import SplitModelCall
+from slime_meta.backends.local.trainer import LocalTrainer
+from slime_meta.backends.local.trainer_settings import DistillSettings, TrainerSettings
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
 

@@ -28,23 +28,23 @@ OOM killer, a crash, a GPU fault; several of a pool at once are restarted togeth
   1. removed from its router at once (`DELETE /workers/{id}`), so nothing is routed to it (the
      router's own retries already moved the requests that were in flight to another worker);
   2. started again with the same command on the same port, and waited for until `/health` is 200;
-  3. given the pool's current weights (the last `update_weights` call), so it never serves the
-     starting checkpoint next to trained workers;
+  3. given the pool's current weights (its `ServedWeights`, weight_sync.py: the last push), so it
+     never serves the starting checkpoint next to trained workers;
   4. registered with the router again (`POST /workers`): a fresh entry, so the circuit breaker the
      dead worker opened (60 s by default) does not keep the healthy new process idle;
   5. counted: `restarts(pool_name)`.
 A worker that died by SIGINT/SIGTERM/SIGHUP is restarted only after a 2 s grace period: those
 signals usually reach the whole process group (Ctrl-C, a job scheduler), and this process then
 stops the group itself (workers end by the signal they got, so their exit says so). While a group
-runs, SIGINT to this process first stops all restarts, then runs the handler it had before. A worker that dies more than `max_restarts` times within
-`restart_window_s` is left down (an error is logged; the router keeps using the others). Routers
-are not restarted. `stop()` first tells the supervisor to stop, waits for it (a restart in
-progress is abandoned, its process terminated with the rest), so nothing is restarted during or
-after `stop()`.
+runs, SIGINT to this process first stops all restarts, then runs the handler it had before. A
+worker that dies more than `max_restarts` times within `restart_window_s` is left down (an error
+is logged; the router keeps using the others). Routers are not restarted. `stop()` first tells
+the supervisor to stop, waits for it (a restart in progress is abandoned, its process terminated
+with the rest), so nothing is restarted during or after `stop()`.
 
 Thread safety: `start_pool`, `restart_worker`, `stop` belong to one thread (normally the main
-one); `update_weights`, `restarts`, `router_retries`, `pool`, `child_pids` may be called from
-any thread (the run loop calls `update_weights` from a worker thread).
+one); `update_weights`, `served_weights`, `restarts`, `router_retries`, `pool`, `child_pids` may
+be called from any thread (the run loop pushes weights from its trainer thread).
 """
 
 from __future__ import annotations
@@ -62,31 +62,20 @@ import urllib.error
 from collections.abc import Sequence
 from pathlib import Path
 
-from slime_meta.backends.local.processes import (  # noqa: F401 - re-exported: importable from here as before
-    _LOG_TAIL_LINES,
+from slime_meta.backends.local.processes import (
     _OPENER,
-    _PACKAGE_PARENT,
-    _POLL_INTERVAL_S,
-    _PR_SET_PDEATHSIG,
     _ROUTER_CALL_TIMEOUT_S,
     LaunchError,
     PoolEndpoints,
     _Child,
     _ChildProcesses,
-    _describe_exit,
     _die_with_parent_hook,
-    _http_json,
-    _http_ok,
-    _log_tail,
     _Pool,
     _Stopping,
 )
-from slime_meta.backends.local.supervisor import (  # noqa: F401 - re-exported: importable from here as before
-    _POLITE_DEATH_GRACE_S,
-    _POLITE_SIGNALS,
-    _ROUTER_SYNC_TIMEOUT_S,
-    _Supervision,
-)
+from slime_meta.backends.local.supervisor import _Supervision
+from slime_meta.backends.local.weight_sync import ServedWeights, WeightUpdate, disk_update
+from slime_meta_engine.weights import remove_buffers
 
 logger = logging.getLogger(__name__)
 
@@ -267,6 +256,7 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
             workers,
             router,
             metrics_url=f"http://{self._host}:{metrics_port}/metrics",
+            served=ServedWeights(workers, self._lock),
         )
         started_at = time.monotonic()
         try:
@@ -326,47 +316,20 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
             process.send_signal(signal_number)
             process.wait()
 
-    def update_weights(self, pool_name: str, weights, weight_version: str | int) -> list[str]:
+    def update_weights(self, pool_name: str, weights: str | WeightUpdate, weight_version: str | int) -> list[str]:
         """Load new weights into every live worker of the pool; returns the URLs updated now.
 
-        `weights`: a `save_pretrained` directory (`/update_weights_from_disk`), a `WeightUpdate`, or
-        a function returning one, called under the lock the supervisor holds while it gives a
-        restarted worker the current weights (so a shared buffer is never rewritten while a
-        restarted worker reads it). The update is remembered first: a worker that is down or
-        restarting is skipped and gets these weights when it is back, before the router sends it
-        anything. Raises RuntimeError when a live worker refuses the update.
+        `weights`: a `save_pretrained` directory (`/update_weights_from_disk`) or a `WeightUpdate`;
+        the pool's `ServedWeights` (weight_sync.py) remember it and reach the workers, so a worker
+        that is down or restarting gets it when it is back. Raises RuntimeError when a live worker
+        refuses the update.
         """
-        from slime_meta.backends.local.weight_sync import WeightUpdate, disk_update
+        update = weights if isinstance(weights, WeightUpdate) else disk_update(str(weights))
+        return self._pools[pool_name].served.push(update, weight_version)
 
-        with self._lock:
-            pool = self._pools[pool_name]
-            update = weights() if callable(weights) else weights
-            update = update if isinstance(update, WeightUpdate) else disk_update(str(update))
-            previous, pool.weights = pool.weights, (update, str(weight_version))
-            updated = []
-            try:
-                for worker in pool.workers:
-                    if worker.restarting or worker.process is None or worker.process.poll() is not None:
-                        logger.warning("%s is down: it gets weights %s when it is back", worker.role, weight_version)
-                        continue
-                    try:
-                        self._load_weights(worker, pool.weights)
-                    except (urllib.error.URLError, OSError) as error:
-                        if worker.process.poll() is None:
-                            time.sleep(0.2)  # a worker dying right now: let its exit show
-                        if worker.process.poll() is not None:
-                            logger.warning(
-                                "%s died during a weight update: it gets the weights when it is back", worker.role
-                            )
-                            continue
-                        raise RuntimeError(f"weight update of {worker.url} failed: {error}") from None
-                    updated.append(worker.url)
-            except RuntimeError:
-                # A refused update is not what restarted workers should load (a shared buffer holds
-                # the refused weights by now, but the run stops on this error anyway).
-                pool.weights = previous
-                raise
-            return updated
+    def served_weights(self, pool_name: str) -> ServedWeights:
+        """The weights the pool's workers serve (what a push updates and a restarted worker loads)."""
+        return self._pools[pool_name].served
 
     def restarts(self, pool_name: str) -> int:
         """Worker restarts of this pool so far (automatic and `restart_worker`)."""
@@ -415,8 +378,6 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         finally:
             if locked:
                 self._lock.release()
-            from slime_meta_engine.weights import remove_buffers
-
             remove_buffers(self.weight_buffer_prefix)
         self._restore_sigterm_handler()
 

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from typing import Any, Awaitable, Callable
+from typing import Awaitable, Callable
+
+from slime_meta.backends.local.step import StepBatch
+from slime_meta.types import Episode
 
 
 class RolloutPipeline:
     def __init__(
         self,
-        produce: Callable[[int, list], Awaitable[Any]],
-        draw: Callable[[], list],
+        produce: Callable[[int, list[Episode]], Awaitable[StepBatch]],
+        draw: Callable[[], list[Episode]],
         sampler_state: Callable[[], dict],
         *,
         max_async_level: int,
@@ -31,7 +34,7 @@ class RolloutPipeline:
         self.max_async_level = max_async_level
         self._next_to_launch = start_step
         self._end_step = end_step
-        self._tasks: dict[int, asyncio.Task] = {}
+        self._tasks: dict[int, asyncio.Task[StepBatch]] = {}
         self._state_before_draw: dict[int, dict] = {}
 
     def _launch_ready(self, weights_version: int, up_to: int) -> None:
@@ -45,8 +48,8 @@ class RolloutPipeline:
             self._tasks[step] = asyncio.create_task(self._produce(step, episodes))
             self._next_to_launch += 1
 
-    async def result(self, rollout_id: int, weights_version: int) -> Any:
-        """The outputs of step `rollout_id`'s rollout; launches what the staleness bound allows."""
+    async def result(self, rollout_id: int, weights_version: int) -> StepBatch:
+        """Step `rollout_id`'s batch; launches the rollouts the staleness bound allows."""
         self._launch_ready(weights_version, rollout_id)
         output = await self._tasks.pop(rollout_id)
         self._launch_ready(weights_version, rollout_id + self.max_async_level)

@@ -22,7 +22,10 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slime_meta.backends.local.weight_sync import ServedWeights
 
 # The launcher's logger: records keep the name they had before this module was split out of it.
 logger = logging.getLogger("slime_meta.backends.local.launcher")
@@ -66,6 +69,14 @@ class _Child:
     restart_times: list[float] = field(default_factory=list)
     given_up: bool = False
 
+    def serving(self) -> bool:
+        """Up and not restarting (a weight push reaches it now)."""
+        return not self.restarting and not self.exited()
+
+    def exited(self) -> bool:
+        """Not started, or its process has ended."""
+        return self.process is None or self.process.poll() is not None
+
 
 @dataclass
 class _Pool:
@@ -73,8 +84,8 @@ class _Pool:
     workers: list[_Child]
     router: _Child
     metrics_url: str
+    served: ServedWeights  # the weights its workers serve (a restarted worker loads them first)
     restarts: int = 0
-    weights: tuple[str, str] | None = None  # (model_path, weight_version) of the last update
     router_dead_logged: bool = False
 
 

@@ -5,18 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transformers import AutoTokenizer
-
+from slime_meta.assembly import batch_plan, load_tokenizer
 from slime_meta.config.arguments import MetaConfig
-from slime_meta.data.problems import BatchPlan, ProblemSampler, load_problems, plan_batch, without_eval_problems
+from slime_meta.data.problems import BatchPlan, ProblemSampler, load_problems, without_eval_problems
 from slime_meta.errors import UserInputError
 from slime_meta.prompt_templates import load_template
 from slime_meta.rollout.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit
 from slime_meta.rollout.roles import PromptRenderer, chat_setting
-
-
-def load_tokenizer(model_dir: str):
-    return AutoTokenizer.from_pretrained(model_dir)
 
 
 @dataclass
@@ -40,13 +35,7 @@ def load_data(cfg: MetaConfig) -> Data:
 
     problems = load(cfg.data.prompt_data)
     meta = cfg.meta
-    plan = plan_batch(
-        rollout_batch_size=meta.rollout_batch_size,
-        train_ratio=meta.inner_loop_train_ratio,
-        heldout_ipb=meta.heldout_ipb,
-        problems_per_prompt=meta.n_problems_per_prompt,
-        per_family=cfg.data.group_key is not None,
-    )
+    plan = batch_plan(cfg)
     eval_paths = dict(zip(meta.eval_prompt_data[0::2], meta.eval_prompt_data[1::2]))
     eval_problems = {name: rows_that_fit_context(cfg, load(path), path) for name, path in eval_paths.items()}
     # An eval problem is never drawn for training: the same text (case, spacing and Unicode forms

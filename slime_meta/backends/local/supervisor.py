@@ -137,42 +137,29 @@ class _Supervision:
 
     def _finish_restart(self, pool: _Pool, worker: _Child) -> None:
         """A restarted worker is up: current weights in, back into its router, counted."""
-        loaded = None
+        served, loaded = pool.served, None
         while True:
-            with self._lock:  # the same lock as update_weights: never a directory being replaced
+            with self._lock:  # the same lock as a weight push: never a buffer being rewritten
                 if self._stopping.is_set():
                     raise _Stopping
-                if pool.weights is not None and pool.weights != loaded:
+                if served.current is not None and served.current != loaded:
                     try:
-                        self._load_weights(worker, pool.weights)
+                        served.load_current(worker)
                     except (urllib.error.URLError, OSError, RuntimeError) as error:
                         raise LaunchError(
-                            f"{worker.role} came back but did not take weights {pool.weights[0]}: {error}"
+                            f"{worker.role} came back but did not take weights {served.current[0]}: {error}"
                         )
-                    loaded = pool.weights
+                    loaded = served.current
             self._register(pool, worker)  # router calls: outside the lock
             with self._lock:
-                if pool.weights is None or pool.weights == loaded:
-                    worker.restarting = False  # from here on, update_weights reaches it directly
+                if served.current is None or served.current == loaded:
+                    worker.restarting = False  # from here on, a weight push reaches it directly
                     pool.restarts += 1
                     break
-            # update_weights moved on while the worker was registered: load the newer weights too
+            # a push moved on while the worker was registered: load the newer weights too
         logger.warning(
             "%s is back on %s (restart %d of pool %s)", worker.role, worker.url, pool.restarts, pool.endpoints.name
         )
-
-    @staticmethod
-    def _load_weights(worker: _Child, weights: tuple) -> None:
-        """`weights`: (WeightUpdate, version): the pool's last update, from disk or a same-host buffer."""
-        update, version = weights
-        status, reply = _http_json(
-            "POST",
-            worker.url + update.endpoint,
-            {**update.body, "weight_version": version},
-            timeout_s=600.0,
-        )
-        if status != 200 or not (reply or {}).get("success"):
-            raise RuntimeError(f"weight update of {worker.url} failed: {(reply or {}).get('message', status)}")
 
     # Router registration. sglang-router 0.3.x manages workers through `/workers` (list, POST to
     # add, DELETE /workers/{id} to remove; both are queued, so each call waits until the listing

@@ -25,14 +25,11 @@ with them. Until the first update the policy *is* the start weights, and its own
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import logging
 import math
-import os
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -41,7 +38,6 @@ from transformers import AutoModelForCausalLM
 
 from slime_meta.backends.local.batching import PolicySequence
 from slime_meta.backends.local.channels import (
-    LossSettings,
     ModelCall,
     policy_gradient_pass,
     reference_logp_sums,
@@ -50,106 +46,21 @@ from slime_meta.backends.local.channels import (
     sdpo_pass,
     sdpo_shaping_sequences,
 )
-from slime_meta.backends.local.model_call import SPLIT_HEAD_MODEL_TYPES, SplitModelCall, compile_decoder_layers
+from slime_meta.backends.local.model_call import SplitModelCall, compile_decoder_layers
 from slime_meta.backends.local.no_signal import NoSignalStreak, RolloutSummary, zero_gradient_step
 from slime_meta.backends.local.reference import StartWeights
 from slime_meta.backends.local.step_timing import NoTimer, StepTimer
+from slime_meta.backends.local.trainer_settings import (
+    DistillSettings,
+    TrainerSettings,
+    release_freed_memory_promptly,
+    resolve_device,
+)
 from slime_meta.errors import NonFiniteTrainingError
 from slime_meta.losses import ThreeChannelInputs, context_distillation_advantages, total_loss
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
-__all__ = ["SPLIT_HEAD_MODEL_TYPES", "SplitModelCall", "compile_decoder_layers", "LocalTrainer", "TrainerSettings"]
-
 logger = logging.getLogger(__name__)
-
-
-def release_freed_memory_promptly() -> bool:
-    """glibc: blocks of 1 MiB and more mapped on their own and unmapped when freed, at a fixed size.
-
-    By default glibc raises that size (up to 32 MiB) after each such block is freed, so the next
-    step's activations come from the heap, where freed memory stays resident: measured on the real
-    model, the second step's peak was 2 GB above the first for 1 GB of AdamW state. With a fixed
-    size, resident memory follows the live tensors. False where this is not glibc, or where the
-    environment sets the size itself (MALLOC_MMAP_THRESHOLD_, which then stays as set).
-    """
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 20))
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-@dataclass(frozen=True)
-class DistillSettings:
-    """Context distillation of the policy's own solutions (the solver side of channel 1).
-
-    `adv_tau` weights the solver samples' task advantage (a GRPO term on the solver's tokens): 0
-    unless asked, so that turning distillation on adds only the distillation signal. `adv_tau`
-    alone (both taus 0) is a solver-role GRPO term of its own: it needs no context's log-probs.
-    """
-
-    adv_tau: float = 0.0
-    teacher_tau: float = 0.0
-    student_tau: float = 0.0
-
-    @property
-    def on(self) -> bool:
-        return self.adv_tau != 0.0 or self.teacher_tau != 0.0 or self.student_tau != 0.0
-
-
-@dataclass(frozen=True)
-class TrainerSettings:
-    lr: float
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    clip_grad: float = 1.0
-    micro_batch_size: int = 8
-    temperature: float = 1.0  # the teacher's sampling temperature
-    device: str = "auto"
-    loss: LossSettings = field(default_factory=LossSettings)
-    distill: DistillSettings = field(default_factory=DistillSettings)
-    # Output projection on the loss rows only (response tokens), from the decoder's hidden states,
-    # for model types whose logits are exactly lm_head(hidden) (SPLIT_HEAD_MODEL_TYPES); others,
-    # or False, take the full logits. Same function either way, up to float rounding.
-    split_head: bool = True
-    # torch.compile of each decoder layer (CUDA only; identical layers share one compiled graph).
-    # Fuses the elementwise work between the matmuls (RMSNorm, rotary, SiLU, residual adds, the
-    # autocast casts). Measured on an H100, Qwen2.5-0.5B shape, 8 x 2,048 tokens: MFU 0.31 -> 0.50,
-    # peak memory 38 -> 29 GB, about 8 s of compile in the first step (benchmarks/trainer.py).
-    # New sequence lengths recompile once into a dynamic-shape graph. Ignored on CPU. Off unless
-    # asked (--compile-layers): the compile is a cost a short or small-model run does not earn back.
-    compile_layers: bool = False
-    # Sequences with the same prompt (a GRPO group) as one row: the prompt once, each response after
-    # it (`packing.py`). Same loss and gradient up to float rounding, the prompt computed once.
-    share_prompt_forward: bool = True
-    # Steps in a row with a non-finite loss or gradient norm (each skipped) before the run stops.
-    max_skipped_steps: int = 3
-    # Dynamic batch size: micro-batches packed by padded tokens (rows x longest row) up to this
-    # many, `micro_batch_size` then unused; None: `micro_batch_size` sequences each. The loss is
-    # the same either way (each micro-batch weighted by its share of the step's tokens).
-    max_tokens_per_gpu: int | None = None
-    # Activation checkpointing of every decoder layer (slime's --recompute-granularity full): the
-    # backward recomputes each layer's forward instead of keeping its activations.
-    recompute_layers: bool = False
-    # On the CPU, recompute whatever `recompute_layers` says: kept activations cost about 1.4 MB per
-    # token of SmolLM2-135M in float32 (a 2k-token teacher sequence alone: 3 GB), the recompute
-    # +22% of the step's CPU time (docs/performance.md, "Trainer memory on CPU with a real model").
-    recompute_on_cpu: bool = True
-    # The start weights as a second resident model (True) or read from the checkpoint once per
-    # step (False, `reference.py`); None: resident on CUDA, read per step on the CPU.
-    reference_resident: bool | None = None
-    # Steps in a row without a training signal (each skipped) before one console line says so.
-    no_signal_warn_after: int = 3
 
 
 def teacher_sequences(samples: Sequence[TeacherSample], temperature: float) -> list[PolicySequence]:
@@ -234,8 +145,8 @@ class LocalTrainer:
         self.skipped_in_a_row = 0
         self.no_signal = NoSignalStreak(settings.no_signal_warn_after)
         # The reference runs through the policy's own modules (its parameters swapped in for the
-        # call, or the policy itself before its first update), and the run scores replay pairs in
-        # another thread while a step trains (--max-async-level): one user of the model at a time.
+        # call, or the policy itself before its first update): one user of the model at a time,
+        # whichever thread calls.
         self._model_lock = threading.RLock()
 
     @property

@@ -17,6 +17,12 @@ supervisor holds while it gives a restarted worker the current weights, so a res
 reads the current buffer whole, never half of the next version. The group removes every file
 with its prefix when it stops (also on SIGTERM); a worker whose launching process died removes
 them on its way out (SIGKILL of the trainer).
+
+The version a pool serves is kept here too (`ServedWeights`, one per pool of the process group):
+a push publishes, remembers the update with its version and loads it into every live worker
+over HTTP; the group's supervisor loads the remembered update into a restarted worker before the
+router sends it anything. A push reads: run -> `push_weights` -> `WeightSync.push` ->
+`ServedWeights.push` -> each worker's weight-update route.
 """
 
 from __future__ import annotations
@@ -26,14 +32,18 @@ import logging
 import mmap
 import os
 import shutil
+import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from slime_meta.backends.local.processes import _http_json
+from slime_meta.config.arguments import MetaConfig
 from slime_meta.errors import UserInputError
 from slime_meta_engine.weights import SHARED_MEMORY_DIR, gpu_uuid
 
@@ -187,11 +197,108 @@ def choose_mode(requested: str, trainer_device: torch.device, infos: list[dict[s
     if requested == "cuda-ipc" and not same_gpu:
         raise UserInputError(
             "--weight-sync cuda-ipc needs the trainer and every teacher worker on one and the same GPU "
-            f"(trainer on {trainer_device}, workers on {sorted({str(i.get('device')) for i in infos})}); use auto or shared-memory"
+            f"(trainer on {trainer_device}, workers on {sorted({str(i.get('device')) for i in infos})}); "
+            "use auto or shared-memory"
         )
     if requested == "auto":
         return "cuda-ipc" if same_gpu else "shared-memory"
     return requested
+
+
+class WeightTarget(Protocol):
+    """A worker a push reaches: its URL, a name for messages, and whether its process is up."""
+
+    url: str
+    role: str
+
+    def serving(self) -> bool:
+        """Up and not restarting: it takes the update now (else it gets it when it is back)."""
+
+    def exited(self) -> bool:
+        """Its process has ended: a failed call was its death, not a refusal."""
+
+
+@dataclass(frozen=True)
+class RemoteWorker:
+    """A worker this process did not start (no process to watch): taken to be up."""
+
+    url: str
+
+    @property
+    def role(self) -> str:
+        return f"worker {self.url}"
+
+    def serving(self) -> bool:
+        return True
+
+    def exited(self) -> bool:
+        return False
+
+
+def load_update(url: str, update: WeightUpdate, version: str) -> None:
+    """One worker's weight-update call; RuntimeError when it refuses (URLError/OSError when it is gone)."""
+    status, reply = _http_json("POST", url + update.endpoint, {**update.body, "weight_version": version}, 600.0)
+    if status != 200 or not (reply or {}).get("success"):
+        raise RuntimeError(f"weight update of {url} failed: {(reply or {}).get('message', status)}")
+
+
+class ServedWeights:
+    """What a pool's workers serve: the last weight update and its version.
+
+    A push remembers the update first, then loads it into every worker that is up; a worker that
+    is down or restarting is skipped and loads `current` when it is back (the process group's
+    supervisor calls `load_current` under `lock` before the router sends it anything). `lock` is
+    the process group's: no restarted worker reads a buffer while a push rewrites it.
+    """
+
+    def __init__(self, workers: Sequence[WeightTarget], lock: threading.RLock | None = None):
+        self.workers = tuple(workers)
+        self.lock = lock if lock is not None else threading.RLock()
+        self.current: tuple[WeightUpdate, str] | None = None
+
+    @classmethod
+    def of_urls(cls, urls: Sequence[str]) -> ServedWeights:
+        return cls([RemoteWorker(url.rstrip("/")) for url in urls])
+
+    @property
+    def version(self) -> str | None:
+        return self.current[1] if self.current is not None else None
+
+    def load_current(self, worker: WeightTarget) -> None:
+        update, version = self.current
+        load_update(worker.url, update, version)
+
+    def push(self, update: WeightUpdate | Callable[[], WeightUpdate], version: str | int) -> list[str]:
+        """Remember `update` (or what the function returns, called under the lock) as weights
+        `version` and load it into every worker that is up; the URLs updated now. RuntimeError when
+        a live worker refuses it (the previous update is then kept for restarts)."""
+        with self.lock:
+            update = update() if callable(update) else update
+            previous, self.current = self.current, (update, str(version))
+            updated = []
+            try:
+                for worker in self.workers:
+                    if not worker.serving():
+                        logger.warning("%s is down: it gets weights %s when it is back", worker.role, version)
+                        continue
+                    try:
+                        self.load_current(worker)
+                    except (urllib.error.URLError, OSError) as error:
+                        if not worker.exited():
+                            time.sleep(0.2)  # a worker dying right now: let its exit show
+                        if worker.exited():
+                            logger.warning(
+                                "%s died during a weight update: it gets the weights when it is back", worker.role
+                            )
+                            continue
+                        raise RuntimeError(f"weight update of {worker.url} failed: {error}") from None
+                    updated.append(worker.url)
+            except RuntimeError:
+                # A refused update is not what restarted workers should load (a shared buffer holds
+                # the refused weights by now, but the run stops on this error anyway).
+                self.current = previous
+                raise
+            return updated
 
 
 class WeightSync:
@@ -199,6 +306,22 @@ class WeightSync:
 
     def __init__(self, mode: str, weights_root: Path, buffer: SharedMemoryBuffer | CudaIpcBuffer | None = None):
         self.mode, self.weights_root, self.buffer = mode, weights_root, buffer
+
+    def push(self, trainer, version: int, served: ServedWeights) -> None:
+        """Publish the trainer's weights as `version` and load them into the workers of `served`.
+
+        The publication runs under the served pool's lock, so a restarted worker never reads a
+        half-written buffer. Older weight directories are removed once every worker has moved on.
+        """
+        update = None
+
+        def publish() -> WeightUpdate:
+            nonlocal update
+            update = self.publish(trainer, version)
+            return update
+
+        served.push(publish, version)
+        self.after_push(update)
 
     def publish(self, trainer, version: int) -> WeightUpdate:
         if self.buffer is None:
@@ -243,3 +366,24 @@ def make_weight_sync(requested: str, trainer, worker_urls, weights_root: Path, b
             ) from None
         logger.warning("no shared-memory buffer for the weights (%s): pushing them through the disk", error)
         return WeightSync("disk", weights_root)
+
+
+def weight_sync_for_run(cfg: MetaConfig, trainer, worker_urls, weights_root: Path, buffer_prefix: str) -> WeightSync:
+    """The run's weight transfer (--weight-sync), its buffer allocated once; the caller closes it."""
+    sync = make_weight_sync(cfg.train.weight_sync, trainer, worker_urls, weights_root, buffer_prefix)
+    print(f"weights reach the teacher workers through {sync.mode} (--weight-sync {cfg.train.weight_sync})", flush=True)
+    return sync
+
+
+def push_weights(trainer, worker_urls: list[str], weights_root: Path, version: int, processes=None, sync=None) -> None:
+    """Publish the trainer's weights and load them into every teacher worker.
+
+    `sync` (the run's `WeightSync`) picks the transfer; without one, the weights go through the
+    disk. The router does not forward weight updates, so each worker is called directly (as slime
+    does). With `processes` (the run's LocalProcessGroup) the teacher pool's `ServedWeights` it
+    holds are updated: a worker that is down or restarting is skipped and loads the same weights
+    when the supervisor brings it back (never the starting checkpoint next to trained workers).
+    """
+    sync = sync if sync is not None else WeightSync("disk", weights_root)
+    served = processes.served_weights("teacher") if processes is not None else ServedWeights.of_urls(worker_urls)
+    sync.push(trainer, version, served)

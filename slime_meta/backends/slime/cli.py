@@ -12,7 +12,8 @@ import sys
 import time
 from typing import Sequence
 
-from slime_meta.backends.slime.plan import LaunchPlan, describe, meta_parser, translate
+from slime_meta.backends.slime.dry_run import describe
+from slime_meta.backends.slime.plan import LaunchPlan, meta_parser, translate
 from slime_meta.errors import EXIT_USER_ERROR, UserInputError
 
 INSTALL_HINT = (

@@ -15,14 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from slime_meta.data.problems import BatchPlan, load_problems, plan_batch, problem_key
+from slime_meta.data.problems import load_problems, problem_key
 from slime_meta.errors import EXIT_USER_ERROR, UserInputError
 
 if TYPE_CHECKING:
     from slime_meta.config.arguments import MetaConfig
+    from slime_meta.types import Problem
 
 
 def convert(
@@ -45,15 +47,22 @@ def convert(
     return len(problems)
 
 
-def batch_plan(cfg: MetaConfig) -> BatchPlan:
-    m = cfg.meta
-    return plan_batch(
-        rollout_batch_size=m.rollout_batch_size,
-        train_ratio=m.inner_loop_train_ratio,
-        heldout_ipb=m.heldout_ipb,
-        problems_per_prompt=m.n_problems_per_prompt,
-        per_family=cfg.data.group_key is not None,
-    )
+def converted_problems(cfg: MetaConfig, path: str) -> list[Problem]:
+    """The problems of a data file, also one converted for slime's data source (rubric, id and
+    other columns under `metadata`, moved back up here)."""
+    d = cfg.data
+    loaded = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
+    return [
+        replace(
+            p,
+            rubric=p.rubric or str(p.metadata["metadata"].get("rubric", "")),
+            metadata={**p.metadata, **p.metadata["metadata"]},
+            uid=str(p.metadata["metadata"].get("uid", p.uid)),
+        )
+        if isinstance(p.metadata.get("metadata"), dict)
+        else p
+        for p in loaded
+    ]
 
 
 def check_eval_sets_disjoint(cfg: MetaConfig) -> None:

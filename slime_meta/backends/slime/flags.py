@@ -41,7 +41,10 @@ def add_slime_backend_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add(
         "--dry-run",
         action="store_true",
-        help="--backend slime: print the slime arguments, the generated --sglang-config and the GPUs per role; start nothing.",
+        help=(
+            "--backend slime: print the slime arguments, the generated --sglang-config and the GPUs per role; "
+            "start nothing."
+        ),
     )
     add(
         "--student-temperature",

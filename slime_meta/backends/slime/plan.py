@@ -1,25 +1,14 @@
-"""From our command line to slime's: the plugin flags, the pools as --sglang-config, GPU accounting.
+"""From our command line to slime's: the plugin flags, what this backend refuses, the pools as
+--sglang-config.
 
 `translate(argv)` needs no slime: it parses our flags (slime's pass through untouched), checks
-them, works out how many GPUs each role gets and writes nothing. The result is what a real run
-hands to slime's `parse_args` and what `--dry-run` prints.
-
-GPU facts this follows (slime, `slime/ray/placement_group.py` and `slime/ray/rollout.py`):
-  - training (Megatron) takes actor_num_nodes x actor_num_gpus_per_node GPUs;
-  - slime's --rollout-num-gpus is the sum over every SGLang model of --sglang-config (it asserts
-    that), so with a separate student it is teacher GPUs + student GPUs;
-  - --colocate: one placement group of max(training, rollout) GPUs, inference on the training
-    GPUs first (offloaded while training runs); otherwise training + rollout GPUs, rollout after;
-  - the first model of --sglang-config gets the router at --sglang-router-port and receives the
-    weight updates (`update_weights: true`); a frozen model gets its own router.
+them, works out how many GPUs each role gets (`gpus.py`) and writes nothing. The result is what a
+real run hands to slime's `parse_args` and what `--dry-run` prints (`dry_run.py`).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -27,13 +16,14 @@ from typing import Sequence
 import yaml
 
 from slime_meta.artifacts.model_files import resolve_checkpoint_argv
+from slime_meta.assembly import batch_plan
 from slime_meta.backends.slime.argv import absolute_paths, given, without, without_slime_defaults
-from slime_meta.backends.slime.data import batch_plan, check_eval_sets_disjoint
+from slime_meta.backends.slime.data import check_eval_sets_disjoint
 from slime_meta.backends.slime.flags import add_slime_backend_arguments
+from slime_meta.backends.slime.gpus import SLIME_DEFAULT_GPUS_PER_NODE, GpuLayout, plan_gpus
 from slime_meta.backends.slime.samples import DEFAULT_SDPO_TOPK
 from slime_meta.config.arguments import MetaConfig, add_meta_learning_arguments, build_config
 from slime_meta.errors import UserInputError
-from slime_meta.grading.graders import default_grader_kind
 
 PLUGINS = {
     "--rollout-function-path": "slime_meta.backends.slime.rollout.generate_rollout",
@@ -43,10 +33,7 @@ PLUGINS = {
     "--custom-convert-samples-to-train-data-path": "slime_meta.backends.slime.train_data.convert_samples_to_train_data",
     "--rollout-data-postprocess-path": "slime_meta.backends.slime.loss.hold_sdpo_topk",
 }
-TEACHER_MODEL = "actor"  # slime's name for the trained model's pool in its own examples
-STUDENT_MODEL = "student"
 SGLANG_CONFIG_NAME = "sglang_config.yaml"
-SLIME_DEFAULT_GPUS_PER_NODE = 8  # slime's default --actor-num-gpus-per-node and --num-gpus-per-node
 
 # Our flags the translation rewrites: flag -> whether it takes a value.
 _REWRITTEN = {
@@ -107,123 +94,6 @@ def _slime_side_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-epoch", type=int, default=None)
     parser.add_argument("--context-parallel-size", type=int, default=1)
     return parser
-
-
-# ----------------------------------------------------------------------------- GPUs
-
-
-@dataclass(frozen=True)
-class InferencePool:
-    model: str  # the model's name in --sglang-config (its router's key in args.sglang_model_routers)
-    model_path: str | None
-    num_gpus: int
-    gpus_per_engine: int
-    update_weights: bool
-
-    @property
-    def engines(self) -> int:
-        return self.num_gpus // self.gpus_per_engine
-
-    def as_sglang_model(self) -> dict:
-        return {
-            "name": self.model,
-            "model_path": self.model_path,
-            "update_weights": self.update_weights,
-            "server_groups": [
-                {"worker_type": "regular", "num_gpus": self.num_gpus, "num_gpus_per_engine": self.gpus_per_engine}
-            ],
-        }
-
-
-@dataclass(frozen=True)
-class GpuLayout:
-    actor_num_nodes: int
-    actor_num_gpus_per_node: int
-    num_gpus_per_node: int
-    colocate: bool
-    teacher: InferencePool
-    student: InferencePool | None  # a separate pool slime starts; None: shared or external
-    user_sglang_config: str | None = None  # the user's own --sglang-config: not generated, not split by role
-
-    @property
-    def training_gpus(self) -> int:
-        return self.actor_num_nodes * self.actor_num_gpus_per_node
-
-    @property
-    def rollout_gpus(self) -> int:
-        return self.teacher.num_gpus + (self.student.num_gpus if self.student else 0)
-
-    @property
-    def total_gpus(self) -> int:
-        if self.colocate:
-            return max(self.training_gpus, self.rollout_gpus)
-        return self.training_gpus + self.rollout_gpus
-
-    @property
-    def nodes(self) -> int:
-        return math.ceil(self.total_gpus / self.num_gpus_per_node)
-
-    def sglang_config(self) -> dict | None:
-        """The --sglang-config we generate: only for a separate student pool (else slime's default)."""
-        if self.student is None or self.user_sglang_config:
-            return None
-        return {"sglang": [self.teacher.as_sglang_model(), self.student.as_sglang_model()]}
-
-
-def _positive(value: int | None, flag: str, what: str) -> int:
-    if value is None or value < 1:
-        raise UserInputError(f"{flag} {value}: {what} must be >= 1")
-    return value
-
-
-def _divisible(gpus: int, per_engine: int, gpus_flag: str, engine_flag: str) -> None:
-    if gpus % per_engine:
-        raise UserInputError(
-            f"{gpus_flag} {gpus} is not a multiple of {engine_flag} {per_engine}: every engine needs all its GPUs"
-        )
-
-
-def plan_gpus(ns: argparse.Namespace, slime_ns: argparse.Namespace, argv: Sequence[str]) -> GpuLayout:
-    nodes = _positive(ns.actor_num_nodes, "--actor-num-nodes", "training nodes")
-    per_node = ns.actor_num_gpus_per_node if given(argv, "--actor-num-gpus-per-node") else SLIME_DEFAULT_GPUS_PER_NODE
-    per_node = _positive(per_node, "--actor-num-gpus-per-node", "training GPUs per node")
-    colocate = slime_ns.colocate
-    if given(argv, "--rollout-num-gpus"):
-        teacher_gpus = ns.rollout_num_gpus
-    elif colocate:
-        teacher_gpus = nodes * per_node  # slime's own default under --colocate
-    else:
-        raise UserInputError(
-            "--rollout-num-gpus is required without --colocate: the teacher's inference GPUs "
-            "(training and inference then use separate GPUs)"
-        )
-    teacher_gpus = _positive(teacher_gpus, "--rollout-num-gpus", "the teacher's inference GPUs")
-    _divisible(teacher_gpus, ns.rollout_num_gpus_per_engine, "--rollout-num-gpus", "--rollout-num-gpus-per-engine")
-    teacher = InferencePool(TEACHER_MODEL, ns.hf_checkpoint, teacher_gpus, ns.rollout_num_gpus_per_engine, True)
-
-    student = None
-    if ns.student_checkpoint or ns.student_num_gpus:
-        # A separate, frozen student pool; its checkpoint defaults to the teacher's starting one.
-        flag = "--student-checkpoint" if ns.student_checkpoint else "--student-num-gpus"
-        if slime_ns.sglang_config:
-            raise UserInputError(
-                f"--sglang-config and {flag}: give one; the student pool is generated from "
-                "--student-num-gpus (and --student-checkpoint), or name a 'student' model in your own --sglang-config"
-            )
-        student_gpus = _positive(ns.student_num_gpus, "--student-num-gpus", "the separate student pool's GPUs")
-        per_engine = ns.student_num_gpus_per_engine or ns.rollout_num_gpus_per_engine
-        _divisible(student_gpus, per_engine, "--student-num-gpus", "--student-num-gpus-per-engine")
-        checkpoint = ns.student_checkpoint or ns.hf_checkpoint
-        student = InferencePool(STUDENT_MODEL, checkpoint, student_gpus, per_engine, False)
-    return GpuLayout(
-        actor_num_nodes=nodes,
-        actor_num_gpus_per_node=per_node,
-        num_gpus_per_node=slime_ns.num_gpus_per_node,
-        colocate=colocate,
-        teacher=teacher,
-        student=student,
-        user_sglang_config=slime_ns.sglang_config,
-    )
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -312,7 +182,8 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
     if ns.replay_beta != 0.0 and ns.teacher_temperature != 1.0:
         fail(
             f"--replay-beta with --teacher-temperature {ns.teacher_temperature}: DPO's log-probs are at temperature "
-            "1 and slime's trainer scores at --teacher-temperature; give --teacher-temperature 1 --rollout-temperature 1"
+            "1 and slime's trainer scores at --teacher-temperature; give --teacher-temperature 1 "
+            "--rollout-temperature 1"
         )
     if ns.adv_tau not in (None, 0.0) and ns.teacher_tau == 0.0 and ns.student_tau == 0.0:
         fail(
@@ -324,9 +195,9 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
     student_temperature = ns.rollout_temperature if ns.student_temperature is None else ns.student_temperature
     if solver_on and student_temperature != ns.teacher_temperature:
         fail(
-            f"--rollout-temperature {student_temperature} with solver samples (distillation, SDPO): slime's trainer scores every "
-            f"sample at one temperature, and the solver samples are drawn at the student's; give --rollout-temperature "
-            f"{ns.teacher_temperature} (= --teacher-temperature), or train on the local backend"
+            f"--rollout-temperature {student_temperature} with solver samples (distillation, SDPO): slime's trainer "
+            "scores every sample at one temperature, and the solver samples are drawn at the student's; give "
+            f"--rollout-temperature {ns.teacher_temperature} (= --teacher-temperature), or train on the local backend"
         )
     if ns.max_async_level > 1:
         fail(
@@ -423,93 +294,3 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     if o.distillation_on or o.sdpo_on_any or o.replay_on:  # solver and replay samples: advantages per kind
         out += ["--custom-advantage-function-path", PLUGINS["--custom-advantage-function-path"]]
     return LaunchPlan(tuple(out), config, layout, run_dir, ns.dry_run)
-
-
-# ----------------------------------------------------------------------------- the dry run
-
-
-def _grader_line(cfg: MetaConfig) -> str:
-    g = cfg.grader
-    kind = g.grader if g.grader != "auto" else default_grader_kind(g.grader_api_key_env, g.grader_base_url)
-    if kind == "verifier":
-        return f"built-in verifier against the label ({g.verifier_metric})"
-    where = f"self-hosted OpenAI-compatible server {g.grader_base_url}" if g.grader_base_url else "the OpenAI API"
-    key = "set" if os.environ.get(g.grader_api_key_env) else "NOT set"
-    return f"{g.grader_model or 'gpt-4'} on {where} (key from ${g.grader_api_key_env}: {key} here)"
-
-
-def describe(plan: LaunchPlan) -> str:
-    """What --dry-run prints: GPUs per role, where each pool is, the sglang-config, slime's flags."""
-    lay, cfg = plan.layout, plan.config
-    t, s = lay.teacher, lay.student
-    lines = [f"slime-meta --backend slime: dry run, nothing started (run dir {plan.run_dir})", ""]
-    lines.append(f"GPUs: {lay.total_gpus} in the Ray placement group, {lay.nodes} node(s) of {lay.num_gpus_per_node}")
-    lines.append(f"  {'role':<20}{'GPUs':>5}  layout")
-    lines.append(
-        f"  {'teacher training':<20}{lay.training_gpus:>5}  Megatron, {lay.actor_num_nodes} node(s) x {lay.actor_num_gpus_per_node}"
-    )
-    if lay.user_sglang_config:
-        lines.append(f"  {'inference':<20}{lay.rollout_gpus:>5}  as your --sglang-config {lay.user_sglang_config} says")
-    else:
-        lines.append(
-            f"  {'teacher inference':<20}{t.num_gpus:>5}  SGLang model '{t.model}': {t.engines} engine(s) x {t.gpus_per_engine} GPU, weights follow training"
-        )
-    if s is not None:
-        lines.append(
-            f"  {'student inference':<20}{s.num_gpus:>5}  SGLang model '{s.model}': {s.engines} engine(s) x {s.gpus_per_engine} GPU, frozen {s.model_path}"
-        )
-    placement = (
-        "colocated: inference shares the training GPUs (offloaded while training runs)"
-        if lay.colocate
-        else "separate: training GPUs first, inference GPUs after them"
-    )
-    lines += [f"  placement: {placement}", ""]
-
-    lines.append("pools")
-    first = "the first model's router (args.sglang_router_ip/port)"
-    lines.append(f"  teacher  {first}" + (f", port {cfg.pools.teacher_port}" if cfg.pools.teacher_port else ""))
-    if cfg.pools.external_student_url:
-        lines.append(f"  student  external server {cfg.pools.external_student_url}")
-    elif s is not None or lay.user_sglang_config:
-        lines.append(f"  student  router of model '{STUDENT_MODEL}' (args.sglang_model_routers['{STUDENT_MODEL}'])")
-    else:
-        lines.append("  student  the teacher's router (shared pool: the same, evolving model)")
-    lines += [f"  grader   {_grader_line(cfg)}", ""]
-    m = cfg.meta
-    lines.append(
-        batch_plan(cfg).describe(
-            samples_per_prompt=m.n_samples_per_prompt,
-            inner_iterations=m.num_inner_iterations,
-            inner_samples=m.n_samples_per_inner_prompt,
-            holdout_samples=m.n_holdout_samples,
-        )
-    )
-    lines.append("")
-
-    text = plan.sglang_config_yaml()
-    if text:
-        lines.append(f"--sglang-config {plan.sglang_config_path} (written when the run starts)")
-        lines += ["  " + line for line in text.rstrip().splitlines()] + [""]
-    else:
-        lines += [
-            "--sglang-config: none generated ("
-            + ("yours" if lay.user_sglang_config else "one shared pool: slime's default")
-            + ")",
-            "",
-        ]
-
-    lines.append("slime arguments")
-    argv = list(plan.slime_argv)
-    groups, current = [], []
-    for token in argv:
-        if token.startswith("--") and current:
-            groups.append(current)
-            current = []
-        current.append(token)
-    if current:
-        groups.append(current)
-    lines += [
-        "  " + " ".join(shlex.quote(x) for x in group) + (" \\" if i < len(groups) - 1 else "")
-        for i, group in enumerate(groups)
-    ]
-    return "\n".join(lines)

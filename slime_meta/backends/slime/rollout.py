@@ -4,179 +4,57 @@
         -> RolloutFnTrainOutput | RolloutFnEvalOutput
 
 Training: draws our --rollout-batch-size problems from slime's data source (carried as
---meta-rollout-batch-size), splits them into train and holdout, and runs our inner loop against slime's routers and returns one group of
-n_samples_per_prompt samples per teacher prompt (train / k groups: slime's own
---rollout-batch-size, as its trainer expects): each the teacher's final info, its reward the
-mean holdout grade. With --train-all-inner-steps each member of a group is the list of that
-chain's K infos, one rollout (they share `Sample.rollout_id`, so slime counts it once).
-
-Pools: the teacher is the first SGLang model (`args.sglang_router_ip/port`; --teacher-port
-becomes --sglang-router-port); the student is --student-router-ip/port, else the 'student' model
-of --sglang-config, else the teacher's router (shared pool).
+--meta-rollout-batch-size), splits them into train and holdout, and runs our inner loop against
+slime's routers and returns one group of n_samples_per_prompt samples per teacher prompt (train /
+k groups: slime's own --rollout-batch-size, as its trainer expects): each the teacher's final
+info, its reward the mean holdout grade. With --train-all-inner-steps each member of a group is
+the list of that chain's K infos, one rollout (they share `Sample.rollout_id`, so slime counts it
+once).
 
 With --group-key the problems come from our per-family sampler instead of the data source's
 order (`_family_episodes`). Solver samples (distillation, SDPO shaping) and replay pairs join
 the rollout of the chain they came from (samples.py).
 
-Evaluation (slime's --eval-interval, --eval-prompt-data NAME PATH ...): the same loop on a fixed
-draw of each set (--eval-num-batches batches of the step's split, the run's seed), no training,
-reported per set as two data sets, NAME/holdout_grade (each final info's reward) and
-NAME/holdout_grade_no_info (the control), which slime logs as eval/NAME/holdout_grade and
-eval/NAME/holdout_grade_no_info, plus eval/NAME/gain.
-
-slime's rollout manager is one long-lived Ray actor calling this function once per step, so the
-pieces (tokenizer, templates, grader, pool clients) are built on the first call and kept with
-an event loop of their own, keyed by the `args` object they were built from.
+Evaluation (`evaluation=True`): `evaluation.py`. The pieces kept between calls, keyed by the
+`args` object they were built from: `runtime.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import threading
 import time
 from argparse import Namespace
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Awaitable, Sequence, TypeVar
+from dataclasses import replace
+from typing import Any, Sequence
 
-from slime_meta.backends.slime.data import batch_plan
-from slime_meta.backends.slime.flags import config_from_slime_args
+from slime_meta.assembly import baseline_eval, batch_plan, counter_metrics
+from slime_meta.backends.slime.data import converted_problems
+from slime_meta.backends.slime.evaluation import evaluate
 from slime_meta.backends.slime.replay_samples import ReplaySample, pairs_by_chain, replay_samples
+from slime_meta.backends.slime.runtime import Runtime, build_runtime
 from slime_meta.backends.slime.samples import (
-    DEFAULT_SDPO_TOPK,
     advantage_of,
     apply_fields,
     pack_topk,
     problem_from_sample,
     replay_sample_fields,
     solver_sample_fields,
-    status_value,
     teacher_sample_fields,
 )
 from slime_meta.config.arguments import MetaConfig
-from slime_meta.data.problems import ProblemSampler, load_problems
-from slime_meta.rollout.meta_rollout import MetaLearningRollout, RolloutResult, describe_batch
+from slime_meta.data.problems import ProblemSampler
+from slime_meta.rollout.meta_rollout import RolloutResult, describe_batch
 from slime_meta.rollout.pools import SGLangPool
 from slime_meta.types import Episode, Problem, SolverSample, TeacherSample
 
-T = TypeVar("T")
-STUDENT_MODEL = "student"
+_runtimes: dict[int, Runtime] = {}
 
 
-class _LoopThread:
-    """An asyncio loop in a daemon thread: pool sessions and grader clients live across calls."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="slime-meta-rollout", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Awaitable[T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        self.loop.close()
-
-
-def router_urls(args: Namespace, cfg: MetaConfig) -> tuple[str, str]:
-    """(teacher URL, student URL) from what slime wrote into `args` after starting its routers."""
-    teacher = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-    if cfg.pools.external_student_url:
-        return teacher, cfg.pools.external_student_url.rstrip("/")
-    routers = getattr(args, "sglang_model_routers", None) or {}
-    if STUDENT_MODEL in routers:
-        ip, port = routers[STUDENT_MODEL]
-        return teacher, f"http://{ip}:{port}"
-    return teacher, teacher  # shared pool: the student is the evolving teacher
-
-
-@dataclass
-class _Runtime:
-    args: Namespace
-    cfg: MetaConfig
-    loop: _LoopThread
-    tokenizer: Any
-    rollout: MetaLearningRollout
-    teacher_pool: SGLangPool
-    student_pool: SGLangPool
-    run_dir: Path
-    tracker: Any
-    solver_builder: Any  # SolverSampleBuilder when a solver channel is on, else None
-    baseline_done: bool = False  # --eval-baseline: measured once, at the first step of this run
-    replayer: Any = None  # ReplayPairer with --replay-beta
-    family_sampler: Any = None  # --group-key: our own per-family sampler over --prompt-data
-    family_draws: int = 0
-    eval_problems: dict[str, list[Problem]] | None = None
-
-    def close(self) -> None:
-        async def close_pools() -> None:
-            await self.teacher_pool.close()
-            await self.student_pool.close()
-            aclose = getattr(self.rollout.grader, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-        self.loop.run(close_pools())
-        self.loop.stop()
-
-
-_runtimes: dict[int, _Runtime] = {}
-
-
-def _build_runtime(args: Namespace) -> _Runtime:
-    from slime_meta.artifacts.tracking import Tracker
-    from slime_meta.backends.local import components as C
-
-    cfg = config_from_slime_args(args)
-    tokenizer = C.load_tokenizer(cfg.pools.hf_checkpoint)
-    pieces = C.build_role_pieces(cfg)
-    teacher_url, student_url = router_urls(args, cfg)
-    loop = _LoopThread()
-
-    async def make_pools() -> tuple[SGLangPool, SGLangPool]:
-        # Two clients even for a shared pool, as on one machine: each role keeps its own bound on
-        # requests in flight and its own counters.
-        teacher = C.make_pool(cfg, "teacher", teacher_url, cfg.sampling.teacher_concurrency)
-        return teacher, C.make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
-
-    teacher_pool, student_pool = loop.run(make_pools())
-    rollout = C.build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
-    # The solver samples (context distillation, SDPO shaping) come from the same builder as on one
-    # machine: the context goes where `distillation_prompt_ids` puts it, on both backends. No
-    # progress bar inside a Ray actor's log.
-    rollout.settings = replace(rollout.settings, show_progress=False)
-    solver_builder = C.make_solver_builder(cfg, pieces, teacher_pool, tokenizer)
-    if solver_builder is not None and cfg.objectives.sdpo_on_any and cfg.objectives.sdpo_form == "jsd":
-        # SDPO's JSD: slime's trainer has no hinted forward, so the pool scores each error site's
-        # answer under the hint prompt once, returning its top-k per token (one prefill, no generation).
-        topk = replace(solver_builder.settings, sdpo_topk_scoring=cfg.objectives.sdpo_topk or DEFAULT_SDPO_TOPK)
-        solver_builder.settings = topk
-    replayer = C.make_replayer(cfg, Path(cfg.tracking.run_dir)) if cfg.objectives.replay_on else None
-    run_dir = Path(cfg.tracking.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict())
-    return _Runtime(
-        args=args,
-        cfg=cfg,
-        loop=loop,
-        tokenizer=tokenizer,
-        rollout=rollout,
-        teacher_pool=teacher_pool,
-        student_pool=student_pool,
-        run_dir=run_dir,
-        tracker=tracker,
-        solver_builder=solver_builder,
-        replayer=replayer,
-    )
-
-
-def runtime(args: Namespace) -> _Runtime:
+def runtime(args: Namespace) -> Runtime:
     found = _runtimes.get(id(args))
     if found is None or found.args is not args:
-        found = _runtimes[id(args)] = _build_runtime(args)
+        found = _runtimes[id(args)] = build_runtime(args)
     return found
 
 
@@ -194,7 +72,7 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
     """slime's --rollout-function-path: our meta-learning rollout over slime's pools."""
     rt = runtime(args)
     if evaluation:
-        return rt.loop.run(_evaluate(rt, rollout_id))
+        return rt.loop.run(evaluate(rt, rollout_id))
     plan = batch_plan(rt.cfg)
     if getattr(args, "rollout_batch_size", plan.groups) != plan.groups:
         raise ValueError(
@@ -205,7 +83,7 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
     return rt.loop.run(_train_rollout(rt, rollout_id, groups, plan.train, _family_episodes(rt, rollout_id, plan)))
 
 
-def _family_episodes(rt: _Runtime, rollout_id: int, plan) -> list[Episode] | None:
+def _family_episodes(rt: Runtime, rollout_id: int, plan) -> list[Episode] | None:
     """--group-key: slime's data source hands out rows in its own order, not per task family, so
     the problems come from our own seeded per-family sampler over --prompt-data (the one the local
     backend uses; a resumed run replays the draws before its step). The data source still hands
@@ -216,7 +94,7 @@ def _family_episodes(rt: _Runtime, rollout_id: int, plan) -> list[Episode] | Non
     if rt.family_sampler is None:
         problems = [
             replace(p, group=str(p.metadata.get(cfg.data.group_key, "") or "") or None)
-            for p in _converted_problems(rt, cfg.data.prompt_data)
+            for p in converted_problems(cfg, cfg.data.prompt_data)
         ]
         rt.family_sampler = ProblemSampler(
             problems, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=True
@@ -255,7 +133,7 @@ def _traces_by_chain(result: RolloutResult) -> dict[tuple[int, int], dict]:
 
 
 def _chain_output(
-    rt: _Runtime,
+    rt: Runtime,
     base: Any,
     steps: list[TeacherSample],
     trace: dict | None,
@@ -340,7 +218,7 @@ async def _score(pool: SGLangPool, prompt_ids: Sequence[int], response_ids: Sequ
     return [float(entry[0]) for entry in entries[len(entries) - len(response_ids) :]]
 
 
-async def _replay_by_chain(rt: _Runtime, chains, per_chain) -> tuple[dict, dict[str, float]]:
+async def _replay_by_chain(rt: Runtime, chains, per_chain) -> tuple[dict, dict[str, float]]:
     """Channel 3: each chain's pairs as replay samples (reference: the frozen pool of the start weights)."""
     o = rt.cfg.objectives
     pairs_C = await pairs_by_chain(
@@ -373,11 +251,9 @@ async def _replay_by_chain(rt: _Runtime, chains, per_chain) -> tuple[dict, dict[
 
 
 async def _train_rollout(
-    rt: _Runtime, rollout_id: int, groups: list[list[Any]], num_train: int, family_episodes: list[Episode] | None = None
+    rt: Runtime, rollout_id: int, groups: list[list[Any]], num_train: int, family_episodes: list[Episode] | None = None
 ):
     from slime.rollout.base_types import RolloutFnTrainOutput
-
-    from slime_meta.backends.local.components import counter_metrics
 
     cfg, started = rt.cfg, time.perf_counter()
     k = cfg.meta.n_problems_per_prompt
@@ -400,8 +276,6 @@ async def _train_rollout(
     if cfg.objectives.eval_baseline and not rt.baseline_done and rollout_id == 0:  # not after a resume, as locally
         # The student with and without the distillation context, before any training: on slime the
         # first step's problems (the data source hands out rows one step at a time).
-        from slime_meta.backends.local.evaluation import baseline_eval
-
         baseline = await baseline_eval(cfg, rt.rollout, problems)
     rt.baseline_done = True
     result = await rt.rollout.run(episodes, rollout_id, seed=cfg.seed)
@@ -450,103 +324,3 @@ async def _train_rollout(
     rt.tracker.log(rollout_id, metrics)
     rt.tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
     return RolloutFnTrainOutput(samples=output, metrics=metrics)
-
-
-# ----------------------------------------------------------------------------- evaluation
-
-
-def _converted_problems(rt: _Runtime, path: str) -> list[Problem]:
-    """The problems of a data file, also one converted for slime's data source (rubric, id and
-    other columns under `metadata`, moved back up here)."""
-    d = rt.cfg.data
-    loaded = load_problems(path, input_key=d.input_key, label_key=d.label_key, rubric_key=d.rubric_key)
-    return [
-        replace(
-            p,
-            rubric=p.rubric or str(p.metadata["metadata"].get("rubric", "")),
-            metadata={**p.metadata, **p.metadata["metadata"]},
-            uid=str(p.metadata["metadata"].get("uid", p.uid)),
-        )
-        if isinstance(p.metadata.get("metadata"), dict)
-        else p
-        for p in loaded
-    ]
-
-
-def _eval_problems(rt: _Runtime) -> dict[str, list[Problem]]:
-    """NAME -> problems of each --eval-prompt-data pair (slime keeps them as a flat NAME PATH list)."""
-    if rt.eval_problems is None:
-        values = list(getattr(rt.args, "eval_prompt_data", None) or rt.cfg.meta.eval_prompt_data)
-        rt.eval_problems = {name: _converted_problems(rt, path) for name, path in zip(values[0::2], values[1::2])}
-    return rt.eval_problems
-
-
-async def _evaluate(rt: _Runtime, rollout_id: int):
-    from slime.rollout.base_types import RolloutFnEvalOutput
-
-    data, metrics = {}, {}
-    for name, problems in _eval_problems(rt).items():
-        set_data, set_metrics = await _evaluate_set(rt, rollout_id, name, problems)
-        data.update(set_data)
-        metrics.update(set_metrics)
-    rt.tracker.log(rollout_id, metrics)  # our metrics.jsonl, for the plot
-    return RolloutFnEvalOutput(data=data, metrics=metrics)
-
-
-async def _evaluate_set(rt: _Runtime, rollout_id: int, name: str, problems: list[Problem]):
-    from slime.utils.types import Sample
-
-    cfg, meta = rt.cfg, rt.cfg.meta
-    plan = batch_plan(cfg)
-    # A fresh sampler with the run's seed: every evaluation sees the same problems, split the same way.
-    key = cfg.data.group_key  # per family with --group-key, as the training draws and the local backend
-    if key is not None:
-        problems = [replace(p, group=str(p.metadata.get(key, "") or "") or None) for p in problems]
-    sampler = ProblemSampler(problems, seed=cfg.seed, shuffle=True, group_key_used=key is not None)
-    episodes = [e for _ in range(meta.eval_num_batches) for e in sampler.next_episodes(**plan.draw_sizes)]
-    result = await rt.rollout.run(episodes, rollout_id, seed=cfg.seed)
-    finals = [s for s in result.samples if s.inner_iteration == meta.num_inner_iterations - 1]
-    with_info = [
-        apply_fields(
-            Sample(group_index=s.group_index, index=i),
-            teacher_sample_fields(
-                s, prompt=rt.tokenizer.decode(s.prompt_ids), response=rt.tokenizer.decode(s.response_ids)
-            ),
-        )
-        for i, s in enumerate(finals)
-    ]
-
-    async def no_info(problem: Problem, index: int):
-        prompt, completion = await rt.rollout.student.solve(problem, "", with_tokens=True)
-        grade = await rt.rollout.grader.grade(problem, completion.text)
-        return Sample(
-            index=index,
-            prompt=prompt,
-            tokens=[*map(int, completion.prompt_ids), *map(int, completion.output_ids)],
-            response=completion.text,
-            response_length=len(completion.output_ids),
-            label=problem.ground_truth,
-            reward=float(grade.score),
-            status=Sample.Status(status_value(completion.finish_reason)),
-            metadata={"problem_uid": problem.uid},
-        )
-
-    holdout = [h for e in episodes for h in e.holdout for _ in range(meta.n_holdout_samples)]
-    without = list(await asyncio.gather(*[no_info(h, i) for i, h in enumerate(holdout)]))
-
-    def dataset(samples):
-        return {
-            "rewards": [s.reward for s in samples],
-            "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
-            "samples": samples,
-        }
-
-    data = {f"{name}/holdout_grade": dataset(with_info), f"{name}/holdout_grade_no_info": dataset(without)}
-    with_grade = sum(s.reward for s in with_info) / len(with_info)
-    no_info_grade = sum(s.reward for s in without) / len(without)
-    metrics = {
-        f"eval/{name}/holdout_grade": with_grade,
-        f"eval/{name}/holdout_grade_no_info": no_info_grade,
-        f"eval/{name}/gain": with_grade - no_info_grade,
-    }
-    return data, metrics

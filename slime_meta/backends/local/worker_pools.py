@@ -1,0 +1,129 @@
+"""The local run's pools of embedded workers: where each pool's workers go (GPU layouts), starting
+the teacher pool, a separate student pool and the --grader local pool, and that grader.
+
+The teacher's router listens on --teacher-port, the student's on --student-router-port (free
+ports without them); the workers behind each router take free ports. A separate student starts
+from --student-checkpoint, which defaults to the teacher's *starting* checkpoint (--hf-checkpoint,
+also when the teacher resumes from trained weights) and stays frozen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from slime_meta.assembly import RolePieces, external_student_url
+from slime_meta.backends.local import local_grader
+from slime_meta.backends.local.gpu_split import check_shared_gpu, worker_memory_args
+from slime_meta.backends.local.inputs import check_model_dir
+from slime_meta.backends.local.launcher import LocalProcessGroup, PortInUse
+from slime_meta.backends.local.processes import PoolEndpoints
+from slime_meta.config.arguments import MetaConfig
+from slime_meta.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class WorkerLayout:
+    num_workers: int
+    gpu_ids: tuple[int, ...] | None  # None: every worker sees the machine's devices as they are
+
+
+def worker_layouts(cfg: MetaConfig) -> tuple[WorkerLayout, WorkerLayout]:
+    """Teacher and student workers: from the slime GPU flags on GPUs, else the local counts.
+
+    The local worker runs one engine per GPU, so a pool of G GPUs with E GPUs per engine gets
+    G // E workers (E defaults to the teacher's for the student); the student's GPUs follow the
+    teacher's. Without GPU flags, workers share whatever device they find (CPU, or one GPU with
+    the trainer): --local-num-workers teacher workers, and for a separate student pool given by
+    --student-checkpoint alone, --local-student-num-workers. The student layout matters only when
+    `cfg.separate_student` (a shared student uses the teacher's workers).
+    """
+    p = cfg.pools
+    if p.rollout_num_gpus > 0:
+        teacher_engines = max(1, p.rollout_num_gpus // p.rollout_num_gpus_per_engine)
+        teacher = WorkerLayout(teacher_engines, tuple(range(0, p.rollout_num_gpus, p.rollout_num_gpus_per_engine)))
+    else:
+        teacher = WorkerLayout(p.local_num_workers, None)
+    if p.student_num_gpus:
+        first = p.rollout_num_gpus
+        engines = max(1, p.student_num_gpus // p.student_num_gpus_per_engine)
+        student = WorkerLayout(engines, tuple(range(first, first + p.student_num_gpus, p.student_num_gpus_per_engine)))
+    else:
+        student = WorkerLayout(p.local_student_num_workers, None)
+    return teacher, student
+
+
+def pool_layouts(cfg: MetaConfig, student_pool: bool, grader_pool: bool) -> list[tuple[int, tuple[int, ...] | None]]:
+    """`(num_workers, gpu_ids)` of each pool the run starts: the teacher's, a separate student's, the local grader's."""
+    teacher_layout, student_layout = worker_layouts(cfg)
+    layouts = [(teacher_layout.num_workers, teacher_layout.gpu_ids)]
+    layouts += [(student_layout.num_workers, student_layout.gpu_ids)] if student_pool else []
+    layouts += [(cfg.grader.grader_num_workers, None)] if grader_pool else []  # shares the device
+    return layouts
+
+
+class StartedPools(NamedTuple):
+    teacher: PoolEndpoints
+    student_url: str  # the student's router: its own pool, an external server, or the teacher's
+    grader_url: str | None  # --grader local: its OpenAI-compatible base URL; else None
+
+
+def start_pools(cfg: MetaConfig, processes: LocalProcessGroup, teacher_model: str, run_dir: Path) -> StartedPools:
+    """Start the teacher pool, a separate student pool and the --grader local pool when asked."""
+    p, logs, (teacher_layout, student_layout) = cfg.pools, str(run_dir / "logs"), worker_layouts(cfg)
+    external_student = external_student_url(cfg)
+    student_model = None
+    if cfg.separate_student and not external_student:
+        student_model = check_model_dir(p.student_checkpoint or p.hf_checkpoint, "--student-checkpoint")
+    grader_model = local_grader.grader_checkpoint(cfg) if cfg.grader.grader == "local" else None
+    layouts = pool_layouts(cfg, student_model is not None, grader_model is not None)
+    # exit 2 before anything starts when they cannot fit; without the flag, the workers' share of the trainer's GPU
+    worker_fraction = check_shared_gpu(cfg, teacher_model, layouts)
+    worker_args = worker_memory_args(
+        worker_fraction, p.sglang_chunked_prefill_size, p.sglang_context_length, p.sglang_page_size, p.local_kv_cache
+    )
+
+    def start(name: str, model: str, layout: WorkerLayout, weights_root, router_port, port_flag) -> PoolEndpoints:
+        try:
+            return processes.start_pool(
+                name,
+                model,
+                layout.num_workers,
+                device=p.device,
+                gpu_ids=layout.gpu_ids,
+                weights_root=weights_root,
+                log_dir=logs,
+                router_port=router_port,
+                worker_args=worker_args,
+            )
+        except PortInUse as error:
+            raise UserInputError(
+                f"{port_flag} {error.port}: cannot listen there on {p.host} (in use?); give a free port, "
+                "or leave the flag out for a free one"
+            ) from None
+
+    teacher = start(
+        "teacher", teacher_model, teacher_layout, str(run_dir / "weights"), p.teacher_port, "--teacher-port"
+    )
+    grader_url = (
+        local_grader.start_grader_pool(processes, cfg, grader_model, logs, worker_args) if grader_model else None
+    )
+    if external_student:
+        return StartedPools(teacher, external_student, grader_url)
+    if student_model is not None:
+        student = start("student", student_model, student_layout, None, p.student_router_port, "--student-router-port")
+        return StartedPools(teacher, student.router_url, grader_url)
+    return StartedPools(teacher, teacher.router_url, grader_url)  # shared pool: the student is the evolving model
+
+
+def with_local_grader(cfg: MetaConfig, pieces: RolePieces, grader_url: str | None) -> RolePieces:
+    """--grader local: the pieces with the LLM grader over the pool `start_pools` started, built
+    here once (other graders: the pieces as they are)."""
+    if pieces.grader is not None or grader_url is None:
+        return pieces
+    grader = local_grader.build_local_grader(
+        cfg, pieces.grader_template, grader_url, local_grader.grader_checkpoint(cfg)
+    )
+    return dataclasses.replace(pieces, grader=grader)
