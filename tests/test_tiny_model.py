@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from slime_meta.data.tasks import synthetic
-from slime_meta.models import tiny
+from slime_meta.models import tiny, tiny_tokenizer
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 FEW_STEPS = 4
@@ -30,7 +30,7 @@ def small_data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(small_data):
-    return tiny.train_char_tokenizer(tiny.tokenizer_corpus(tiny.read_rows(small_data)))
+    return tiny_tokenizer.train_char_tokenizer(tiny.tokenizer_corpus(tiny.read_rows(small_data)))
 
 
 @pytest.fixture(scope="session")

@@ -15,10 +15,9 @@ minute on 2 CPU cores, a 0.6M-parameter Llama on the synthetic suffix task
     temperature 1 gives it only a quarter to a third of the time (0.27-0.33 measured): a
     behaviour that RL can sharpen.
 
-The tokenizer is character-level (a BPE model with no merges, trained with `tokenizers` on the
-shipped data, printable ASCII always in the vocabulary, byte fallback for anything else), so every
-character is one token and `decode(encode(s)) == s` for any text. Encoding adds no special tokens:
-no BOS is prepended (the post-processor is explicit about it); EOS ends every completion.
+The tokenizer and the model's shape are in `tiny_tokenizer`, the pretraining loop and decoding in
+`tiny_training`; this module holds the tasks' recipes and formats, the build, its checks, the cache
+and the CLI.
 
 Checkpoints are cached by `ensure_tiny_checkpoint`, keyed by the build settings, the data file's
 content and BUILD_VERSION; a build goes to a temporary directory renamed into place at the end,
@@ -38,11 +37,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
-import string
 import sys
 import tempfile
 import time
@@ -53,6 +50,17 @@ from typing import Any, Callable, Sequence
 import torch
 
 from slime_meta.data.tasks import bracket, synthetic
+from slime_meta.models.tiny_tokenizer import new_model, train_char_tokenizer
+from slime_meta.models.tiny_training import (
+    EMPTY_HINT_FRACTION,
+    LEARNING_RATE,
+    STUDENT_BATCH,
+    STUDENT_ONLY_FRACTION,
+    TEACHER_BATCH,
+    Log,
+    generate,
+    pretrain,
+)
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 BUILD_VERSION = 1  # bump when the build recipe changes, so cached checkpoints are rebuilt
@@ -60,32 +68,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TASK = "synthetic_suffix"
 DEFAULT_DATA = "data/synthetic_suffix.jsonl"
 DEFAULT_STEPS = 200
-BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
-# Printable ASCII (less \v, \f and \r, which byte fallback still covers exactly): ordinary text,
-# the math sample included, is one token a character and never <unk>.
-ALPHABET = [ch for ch in string.printable if ch not in "\x0b\x0c\r"]
-MODEL_SHAPE = dict(
-    hidden_size=96,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    intermediate_size=384,
-    tie_word_embeddings=True,
-    max_position_embeddings=256,
-    # Sequences are short (17 tokens for the student): a small RoPE base spends the rotary
-    # frequencies on the distances that matter (copy the word from 4 back), which the prototype's
-    # 10000 left to the slowest dimensions; runs here reached exact copying in fewer steps.
-    rope_parameters={"rope_type": "default", "rope_theta": 100.0},
-)
-STUDENT_BATCH, TEACHER_BATCH = 96, 32  # per step, as in the prototype
-EMPTY_HINT_FRACTION = synthetic.PretrainingSampler.empty_hint_fraction  # both tasks' samplers use it
-# The first quarter of the steps trains the student alone. Measured here: with both roles from
-# step 0, the teacher's longer sequences delayed the student's copying (0 to 0.5 exact after 250
-# steps on 2 of 3 seeds); after 50 student-only steps the copy mechanism exists, and the teacher,
-# which copies the suffix out of `!{expected};`, picks it up within another 50-100 steps.
-STUDENT_ONLY_FRACTION = 0.25
-LEARNING_RATE = 2e-3
-Log = Callable[[str], None]
 
 
 def _stderr(message: str) -> None:
@@ -169,47 +151,6 @@ TASKS: dict[str, TaskRecipe] = {
 }
 
 
-# ---------------------------------------------------------------------------- tokenizer and model
-
-
-def train_char_tokenizer(texts: Sequence[str]):
-    """A character-level PreTrainedTokenizerFast trained on `texts` (plus printable ASCII).
-
-    BPE with exactly as many tokens as specials + characters, hence no merges: one token per
-    character, fixed-length prompts. No normaliser or pre-tokeniser, so spaces and newlines are
-    kept as they are; byte fallback (<0xNN> tokens) covers any other character exactly.
-    """
-    from tokenizers import Tokenizer, decoders, models, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = [BOS, EOS, PAD, UNK]
-    probe = Tokenizer(models.BPE(unk_token=UNK))
-    seen = sorted(set(ALPHABET) | {ch for text in texts for ch in text})
-    trainer = trainers.BpeTrainer(
-        vocab_size=len(specials) + len(seen), special_tokens=specials, initial_alphabet=ALPHABET, show_progress=False
-    )
-    probe.train_from_iterator(texts, trainer=trainer)
-    characters = sorted(token for token in probe.get_vocab() if token not in specials)
-    # An explicit order (specials, characters, bytes) makes ids independent of trainer internals.
-    vocab = {token: index for index, token in enumerate(specials + characters)}
-    for byte in range(256):
-        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, byte_fallback=True))
-    tokenizer.add_special_tokens(specials)
-    tokenizer.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B")  # adds no BOS/EOS
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        unk_token=UNK,
-        add_bos_token=False,
-        add_eos_token=False,
-        model_max_length=MODEL_SHAPE["max_position_embeddings"],
-    )
-
-
 def tokenizer_corpus(rows: Sequence[dict[str, str]], task: str = DEFAULT_TASK) -> list[str]:
     """Every rendered string of the shipped data: student sequences and one teacher prompt a family."""
     formats = Formats(task)
@@ -221,108 +162,10 @@ def tokenizer_corpus(rows: Sequence[dict[str, str]], task: str = DEFAULT_TASK) -
     return texts
 
 
-def new_model(tokenizer):
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    ids = dict(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), **MODEL_SHAPE, **ids))
-    model.generation_config = GenerationConfig(**ids)
-    return model
-
-
 # ---------------------------------------------------------------------------- training
 
 
-def encode_batch(tokenizer, pairs: Sequence[tuple[str, str]], device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids_B_T and labels_B_T: loss on completion + EOS only, right-padded.
-
-    Right padding needs no attention mask: causal attention never lets a real token see the pads.
-    """
-    prompts = tokenizer([p for p, _ in pairs], add_special_tokens=False)["input_ids"]
-    completions = tokenizer([c for _, c in pairs], add_special_tokens=False)["input_ids"]
-    length = max(len(p) + len(c) + 1 for p, c in zip(prompts, completions))
-    input_ids_B_T = torch.full((len(pairs), length), tokenizer.pad_token_id, dtype=torch.long)
-    labels_B_T = torch.full((len(pairs), length), -100, dtype=torch.long)
-    for row, (prompt, completion) in enumerate(zip(prompts, completions)):
-        target = completion + [tokenizer.eos_token_id]
-        input_ids_B_T[row, : len(prompt) + len(target)] = torch.tensor(prompt + target)
-        labels_B_T[row, len(prompt) : len(prompt) + len(target)] = torch.tensor(target)
-    return input_ids_B_T.to(device), labels_B_T.to(device)
-
-
-def pretrain(model, tokenizer, sampler: Any, steps: int, device: str, log: Log) -> float:
-    """Supervised pretraining of both roles; returns the last step's loss."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
-    warmup = max(1, steps // 20)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
-    )
-    student_only_steps = int(steps * STUDENT_ONLY_FRACTION)
-    model.train()
-    loss_value = float("nan")
-    for step in range(steps):
-        batches = [[sampler.student() for _ in range(STUDENT_BATCH)]]
-        if step >= student_only_steps:
-            batches.append(sampler.teacher_batch(TEACHER_BATCH))
-        loss = torch.zeros((), device=device)
-        for pairs in batches:  # each role's mean token loss, summed: equal weight per role
-            input_ids_B_T, labels_B_T = encode_batch(tokenizer, pairs, device)
-            loss = loss + model(input_ids=input_ids_B_T, labels=labels_B_T).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        loss_value = loss.item()
-        if step % 50 == 0 or step == steps - 1:
-            log(f"step {step + 1}/{steps} loss {loss_value:.4f}")
-    model.eval()
-    return loss_value
-
-
 # ---------------------------------------------------------------------------- evaluation
-
-
-@torch.no_grad()
-def generate(
-    model,
-    tokenizer,
-    prompts: Sequence[str],
-    max_new_tokens: int,
-    device: str,
-    temperature: float = 0.0,
-    generator: torch.Generator | None = None,
-) -> list[str]:
-    """Greedy (temperature 0) or sampled completions, decoded up to EOS, with a KV cache.
-
-    Prompts are grouped by length so no batch needs padding.
-    """
-    by_length: dict[int, list[int]] = {}
-    encoded = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
-    for index, ids in enumerate(encoded):
-        by_length.setdefault(len(ids), []).append(index)
-    texts = [""] * len(prompts)
-    for indices in by_length.values():
-        input_ids_B_T = torch.tensor([encoded[i] for i in indices], device=device)
-        out = model(input_ids=input_ids_B_T, use_cache=True)
-        new_tokens = []
-        for _ in range(max_new_tokens):
-            logits_B_V = out.logits[:, -1, :].float()
-            if temperature > 0:
-                probs_B_V = torch.softmax(logits_B_V / temperature, dim=-1)
-                next_B = torch.multinomial(probs_B_V.cpu(), 1, generator=generator).squeeze(1).to(device)
-            else:
-                next_B = logits_B_V.argmax(dim=-1)
-            new_tokens.append(next_B)
-            out = model(input_ids=next_B[:, None], past_key_values=out.past_key_values, use_cache=True)
-        for row, index in enumerate(indices):
-            ids = [int(t[row]) for t in new_tokens]
-            if tokenizer.eos_token_id in ids:
-                ids = ids[: ids.index(tokenizer.eos_token_id)]
-            texts[index] = tokenizer.decode(ids, skip_special_tokens=True)
-    return texts
 
 
 def evaluate(
