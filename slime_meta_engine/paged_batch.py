@@ -22,12 +22,12 @@ from collections.abc import Sequence
 import torch
 
 from slime_meta_engine.cuda_graphs import DecodeGraphs
+from slime_meta_engine.model_support import model_shape, unsupported_reason
 from slime_meta_engine.paged_cache import SCRATCH_PAGE, PagedKVCache, PagePool, pages_for
 from slime_meta_engine.paged_model import PagedDecoder
 from slime_meta_engine.protocol import GenerationSpec
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
 from slime_meta_engine.slot_batch import SlotBatch
-from slime_meta_engine.static_model import model_shape, unsupported_reason
 
 logger = logging.getLogger("slime_meta.worker")
 

@@ -20,13 +20,12 @@ own keys (in windows, with the earlier windows' keys gathered by slot).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from slime_meta_engine import fused_ops
+from slime_meta_engine.family_forward import _ATTENTION_BACKENDS, LlamaFamilyForward
 from slime_meta_engine.paged_attention import paged_attention_unavailable_reason, paged_decode_attention
 from slime_meta_engine.paged_cache import SCRATCH_PAGE, PagedKVCache
-from slime_meta_engine.static_model import _ATTENTION_BACKENDS, LlamaFamilyForward
 
 ATTENTION_CHOICES = ("auto", "kernel", "gather")
 
@@ -86,61 +85,36 @@ class PagedDecoder(LlamaFamilyForward):
         logits after each prompt's last real token, (N, V). Padding columns write to the scratch
         page. `chunk_tokens`: column windows over all rows, as in `StaticDecoder.prefill`.
         """
-        num_rows, width = input_ids_N_L.shape
+        width = input_ids_N_L.shape[1]
         if width > self.capacity:
             raise ValueError(f"prompt of {width} tokens exceeds the longest row ({self.capacity})")
-        device = input_ids_N_L.device
         columns_W = self._positions_T[:width]
         pages_N_W = self.page_table_R_M[rows_N][:, columns_W // self.page_size]
         offsets_W = columns_W % self.page_size
         real_N_W = columns_W[None, :] < lengths_N[:, None]
         # Flat token index into (pages * page_size); padding goes to the scratch page.
         token_slots_N_W = torch.where(real_N_W, pages_N_W * self.page_size + offsets_W, offsets_W)
-        window = width if chunk_tokens is None else max(1, chunk_tokens // num_rows)
-        last_positions_N = lengths_N - 1
-        row_index_N = torch.arange(num_rows, device=device)
-        last_N_E = None
-        with sdpa_kernel(_ATTENTION_BACKENDS):
-            for start in range(0, width, window):
-                end = min(width, start + window)
-                hidden_N_C_E = self._prefill_columns(input_ids_N_L[:, start:end], start, lengths_N, token_slots_N_W)
-                in_window_N = (last_positions_N >= start) & (last_positions_N < end)
-                picked_N_E = hidden_N_C_E[row_index_N, (last_positions_N - start).clamp(0, end - start - 1)]
-                last_N_E = picked_N_E if last_N_E is None else torch.where(in_window_N[:, None], picked_N_E, last_N_E)
-        return self._logits(last_N_E)
+        return self._prefill_windows(input_ids_N_L, lengths_N, token_slots_N_W, chunk_tokens)
 
-    def _prefill_columns(
-        self, input_ids_N_C: torch.Tensor, start: int, lengths_N: torch.Tensor, token_slots_N_W: torch.Tensor
-    ) -> torch.Tensor:
-        s = self.shape
-        num_rows, columns = input_ids_N_C.shape
-        end = start + columns
-        cos_C_D, sin_C_D = self.cos_P_D[start:end], self.signed_sin_P_D[start:end]
-        mask_N_1_C_T = self._prefill_mask(start, end, lengths_N)
-        hidden_N_C_E = self._inner.embed_tokens(input_ids_N_C)
-        for index, layer in enumerate(self._layers):
-            q_N_H_C_D, k_N_K_C_D, v_N_K_C_D = self._project_qkv(layer, hidden_N_C_E, cos_C_D, sin_C_D)
-            keys_X_K_D = self.cache.keys_L_P_S_K_D[index].flatten(0, 1)  # X = pages * page_size
-            values_X_K_D = self.cache.values_L_P_S_K_D[index].flatten(0, 1)
-            window_slots_N_C = token_slots_N_W[:, start:end]
-            keys_X_K_D[window_slots_N_C] = k_N_K_C_D.transpose(1, 2)
-            values_X_K_D[window_slots_N_C] = v_N_K_C_D.transpose(1, 2)
-            if start > 0:  # earlier windows' keys and values, with this window's just written
-                k_N_K_C_D = keys_X_K_D[token_slots_N_W[:, :end]].transpose(1, 2)
-                v_N_K_C_D = values_X_K_D[token_slots_N_W[:, :end]].transpose(1, 2)
-            k_N_H_T_D = k_N_K_C_D.repeat_interleave(s.group_size, dim=1)
-            v_N_H_T_D = v_N_K_C_D.repeat_interleave(s.group_size, dim=1)
-            attended_N_H_C_D = F.scaled_dot_product_attention(
-                q_N_H_C_D,
-                k_N_H_T_D,
-                v_N_H_T_D,
-                attn_mask=mask_N_1_C_T,
-                is_causal=mask_N_1_C_T is None,
-                scale=self._scaling,
-            )
-            attended_N_C_HD = attended_N_H_C_D.transpose(1, 2).reshape(num_rows, columns, s.num_heads * s.head_dim)
-            hidden_N_C_E = self._finish_layer(layer, hidden_N_C_E, attended_N_C_HD)
-        return hidden_N_C_E
+    def _cache_prefill_columns(
+        self,
+        layer_index: int,
+        k_N_K_C_D: torch.Tensor,
+        v_N_K_C_D: torch.Tensor,
+        start: int,
+        token_slots_N_W: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys_X_K_D = self.cache.keys_L_P_S_K_D[layer_index].flatten(0, 1)  # X = pages * page_size
+        values_X_K_D = self.cache.values_L_P_S_K_D[layer_index].flatten(0, 1)
+        end = start + k_N_K_C_D.shape[2]
+        window_slots_N_C = token_slots_N_W[:, start:end]
+        keys_X_K_D[window_slots_N_C] = k_N_K_C_D.transpose(1, 2)
+        values_X_K_D[window_slots_N_C] = v_N_K_C_D.transpose(1, 2)
+        if start == 0:
+            return k_N_K_C_D, v_N_K_C_D
+        # Earlier windows' keys and values, with this window's just written.
+        earlier_slots_N_T = token_slots_N_W[:, :end]
+        return keys_X_K_D[earlier_slots_N_T].transpose(1, 2), values_X_K_D[earlier_slots_N_T].transpose(1, 2)
 
     # ----- decode ----------------------------------------------------------------------------
 

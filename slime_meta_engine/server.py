@@ -17,7 +17,7 @@ local Hugging Face causal LM behind the same endpoints (routes.py), so the rest 
 rows share one prefill of the prompt (see engine.py).
 
 The model runs in a single generation thread (see engine.py); the asyncio event loop
-only parses, queues and answers. On CUDA, for Llama/Qwen2-family models, decoding runs
+only parses, queues and answers. On CUDA, for Llama/Qwen2/Qwen3-family models, decoding runs
 through a static or paged KV cache and CUDA graphs (`--cuda-graphs`, static_batch.py);
 `/get_server_info` says which path is active (`engine.decode_path`). The line
 `worker ready on http://HOST:PORT` goes to stdout once the socket is listening; logs go to stderr.

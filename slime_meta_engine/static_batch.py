@@ -20,12 +20,13 @@ from collections.abc import Sequence
 import torch
 
 from slime_meta_engine.cuda_graphs import DecodeGraphs
+from slime_meta_engine.model_support import model_shape, unsupported_reason
 from slime_meta_engine.paged_batch import DEFAULT_PAGE_SIZE, PagedBatch, build_paged_batch
 from slime_meta_engine.protocol import GenerationSpec
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
 from slime_meta_engine.slot_batch import SlotBatch
 from slime_meta_engine.static_cache import StaticKVCache, bytes_per_token, fit_capacity
-from slime_meta_engine.static_model import StaticDecoder, model_shape, unsupported_reason
+from slime_meta_engine.static_model import StaticDecoder
 
 logger = logging.getLogger("slime_meta.worker")
 

@@ -235,8 +235,9 @@ def greedy_both_ways(model, prompt_lengths: list[int], steps: int, graphs: bool,
     path on its own tokens. Returns (tokens with, tokens without, largest logit difference over the
     largest logit while the tokens agree)."""
     from slime_meta_engine.cuda_graphs import DecodeGraphs
+    from slime_meta_engine.model_support import model_shape
     from slime_meta_engine.static_cache import StaticKVCache
-    from slime_meta_engine.static_model import StaticDecoder, model_shape
+    from slime_meta_engine.static_model import StaticDecoder
 
     shape, rows = model_shape(model), len(prompt_lengths)
     generator = torch.Generator().manual_seed(5)
@@ -274,9 +275,9 @@ def greedy_both_ways(model, prompt_lengths: list[int], steps: int, graphs: bool,
 
 def paged_greedy_both_ways(model, prompt_lengths: list[int], steps: int) -> tuple[list, list]:
     """The same over a paged cache of 4-token pages (eager): greedy tokens with the kernels and without."""
+    from slime_meta_engine.model_support import model_shape
     from slime_meta_engine.paged_cache import PagedKVCache
     from slime_meta_engine.paged_model import PagedDecoder
-    from slime_meta_engine.static_model import model_shape
 
     shape, rows, page_size, row_tokens = model_shape(model), len(prompt_lengths), 4, 64
     pages_per_row = row_tokens // page_size

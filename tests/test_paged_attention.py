@@ -162,7 +162,7 @@ def decode_both_ways(
     leader's greedy token. Per path: the largest logit difference from the leader over the leader's
     largest logit, and the (step, row) pairs whose greedy token differs from the leader's."""
     from slime_meta_engine.cuda_graphs import DecodeGraphs
-    from slime_meta_engine.static_model import model_shape
+    from slime_meta_engine.model_support import model_shape
 
     shape, rows = model_shape(model), len(prompt_lengths)
     max_row_tokens = 256

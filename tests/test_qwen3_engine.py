@@ -3,7 +3,9 @@ no q/k/v bias, and a head_dim of its own (32 here, where hidden / heads would be
 
 On CPU in float32, for the static and the paged cache, with tied and untied heads: greedy tokens
 equal HF `generate`'s and every returned log-prob equals HF's log-softmax of a full forward,
-with whole and chunked prefill; a weight update of the q/k norms reaches the fast path.
+with whole and chunked prefill; a weight update of the q/k norms reaches the fast path. With
+CUDA, through captured graphs and the fused Triton kernels (where the q/k norm is the RMSNorm
+kernel ahead of the rotation kernels): float32 exact to HF's tokens, bf16 within near-ties.
 """
 
 from __future__ import annotations
@@ -13,12 +15,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_worker_static_decode import full_logprobs, greedy_spec, hf_greedy, random_prompts, submit_all
+from test_worker_static_decode import (
+    first_divergence_gap,
+    full_logprobs,
+    greedy_spec,
+    hf_greedy,
+    needs_cuda,
+    random_prompts,
+    submit_all,
+)
 
 from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.model_support import model_shape, unsupported_reason
 from slime_meta_engine.paged_batch import build_paged_batch
 from slime_meta_engine.static_batch import build_static_batch
-from slime_meta_engine.static_model import model_shape, unsupported_reason
 from slime_meta_engine.weights import copy_into_model, read_checkpoint
 
 VOCAB = 300
@@ -60,24 +70,30 @@ def tiny_qwen3_checkpoint(directory: Path, *, tie: bool, seed: int = 0) -> Path:
     return directory
 
 
-def load(directory: Path):
-    """The checkpoint as the worker loads it (float32 on CPU), generating to full length like ignore_eos."""
+def load(directory: Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """The checkpoint as the worker loads it, generating to full length like ignore_eos."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(device).eval()
     model.requires_grad_(False)
     model.generation_config.eos_token_id = None
     return model
 
 
-def fast_path_engine(model, kv_cache: str, chunk_tokens: int | None = None):
+def fast_path_engine(model, kv_cache: str, chunk_tokens: int | None = None, graphs: bool = False):
     if kv_cache == "static":
         batch = build_static_batch(
-            model, num_slots=4, requested_capacity=256, pad_token_id=0, use_graphs=False, chunk_tokens=chunk_tokens
+            model, num_slots=4, requested_capacity=256, pad_token_id=0, use_graphs=graphs, chunk_tokens=chunk_tokens
         )
     else:
         batch = build_paged_batch(
-            model, num_rows=4, pool_tokens=512, pad_token_id=0, use_graphs=False, page_size=4, chunk_tokens=chunk_tokens
+            model,
+            num_rows=4,
+            pool_tokens=512,
+            pad_token_id=0,
+            use_graphs=graphs,
+            page_size=4,
+            chunk_tokens=chunk_tokens,
         )
     engine = GenerationEngine(
         model,
@@ -88,7 +104,8 @@ def fast_path_engine(model, kv_cache: str, chunk_tokens: int | None = None):
         max_batch_size=4,
         static_batch=batch,
     )
-    assert engine.decode_path == "static_eager" and engine.fast_path_info["kv_cache"] == kv_cache
+    assert engine.decode_path == ("cuda_graphs" if graphs else "static_eager")
+    assert engine.fast_path_info["kv_cache"] == kv_cache
     return engine
 
 
@@ -112,7 +129,7 @@ def generate_greedy(engine: GenerationEngine, prompts: list[list[int]], lengths:
 def assert_equals_hf(model, prompts: list[list[int]], lengths: list[int], results: list) -> None:
     for prompt, length, result in zip(prompts, lengths, results):
         assert result.output_ids == hf_greedy(model, prompt, length)
-        expected = full_logprobs(model, prompt + result.output_ids)
+        expected = full_logprobs(model, prompt + result.output_ids).cpu()
         reference = [float(expected[len(prompt) - 1 + step, token]) for step, token in enumerate(result.output_ids)]
         assert result.output_logprobs == pytest.approx(reference, abs=LOGPROB_TOLERANCE)
 
@@ -161,3 +178,28 @@ def test_qwen3_norm_weight_update_reaches_the_fast_path(qwen3_directory: Path, k
         after = generate_greedy(engine, prompts, NEW_TOKENS[:2])
     assert [result.output_logprobs for result in after] != [result.output_logprobs for result in before]
     assert_equals_hf(model, prompts, NEW_TOKENS[:2], after)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kv_cache", ["static", "paged"])
+def test_qwen3_cuda_graphs_with_fused_kernels_float32_equal_hf(qwen3_directory: Path, kv_cache: str) -> None:
+    model = load(qwen3_directory, torch.float32, "cuda")
+    engine = fast_path_engine(model, kv_cache, graphs=True)
+    assert engine._static._decoder.fused_kernels  # the Triton kernels, q/k norm included
+    prompts = random_prompts(PROMPT_LENGTHS, seed=5)
+    lengths = [30, 8, 17, 3]
+    with running(engine):
+        results = generate_greedy(engine, prompts, lengths)
+    assert_equals_hf(model, prompts, lengths, results)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kv_cache", ["static", "paged"])
+def test_qwen3_cuda_graphs_bf16_follow_hf_generate(qwen3_directory: Path, kv_cache: str) -> None:
+    """bf16 rounds differently in fused and HF kernels: tokens may part only at near-ties."""
+    model = load(qwen3_directory, torch.bfloat16, "cuda")
+    prompts = random_prompts([12, 30, 7, 21], seed=6)
+    with running(fast_path_engine(model, kv_cache, graphs=True)) as engine:
+        results = generate_greedy(engine, prompts, [24] * len(prompts))
+    gaps = [first_divergence_gap(model, p, r.output_ids, hf_greedy(model, p, 24)) for p, r in zip(prompts, results)]
+    assert max(gaps) < 0.1, gaps
