@@ -323,6 +323,42 @@ def test_varlen_attention_through_the_model_gives_the_dense_mask_s_values_and_gr
         torch.testing.assert_close(g, e, rtol=1e-3, atol=1e-5)
 
 
+def test_the_varlen_path_builds_no_dense_mask(tiny_checkpoint, monkeypatch):
+    """Variable-length attention ignores any mask: transformers must build none for it (a dense
+    `[B, 1, T, T]` boolean mask, about 268 MB per 16k-token micro-batch), nor look for packed
+    sequences in the position ids (a host sync)."""
+    from transformers import AutoModelForCausalLM, masking_utils
+
+    from slime_meta.backends.local import varlen_attention
+    from slime_meta.backends.local.model_call import SplitModelCall
+
+    monkeypatch.setattr(varlen_attention, "varlen_kernel", lambda: reference_varlen)
+    seqs = [sequence((5, 9, 12, 7, 3), (8, 3, 4)), sequence((5, 9, 12, 7, 3, 6, 2), (10, 11)), sequence((4, 6), (13,))]
+    (batch,) = pack_micro_batches(seqs, True, 8, 0)
+    assert batch.shares_prompts
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32)
+    call = SplitModelCall(model, autocast=False, split_head=True)
+    assert varlen_attention.install(model)
+    call.varlen = True
+    built = []
+
+    def recording(name, function):
+        def wrapper(*args, **kwargs):
+            built.append(name)
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    masks = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+    name = varlen_attention.ATTENTION_NAME
+    monkeypatch.setitem(masks, name, recording("mask", masks[name]))
+    search = masking_utils.find_packed_sequence_indices
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", recording("packed search", search))
+    hidden = call.packed_hidden_states(batch)
+    assert hidden.shape[:2] == batch.tokens_B_T.shape
+    assert built == []
+
+
 def test_rows_are_shared_only_where_every_layer_attends_to_all_earlier_tokens():
     """A sliding window would be dropped by the shared rows' own masks: such models keep one row per sequence."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config

@@ -67,6 +67,7 @@ class SplitModelCall:
             with self._autocast():
                 out = model(
                     input_ids=batch.tokens_B_T,
+                    attention_mask=varlen_attention.no_mask(batch.tokens_B_T.device),  # none built
                     position_ids=batch.positions_B_T,
                     use_cache=False,
                     shared_prefix_layout=layout,
