@@ -10,7 +10,7 @@ Each function takes `use_kernel`; without it (the CPU, or triton missing) it run
 expression, which is also the reference the kernels are held to:
 - `rms_norm`:      `weight * F.rms_norm(x.float(), (E,), eps=eps).to(x.dtype)` (HF's RMSNorm)
 - `add_rms_norm`:  `hidden = hidden + delta`, then `rms_norm(hidden)`; returns both
-- `rotary`:        `x * cos + x.roll(D // 2, dims=-1) * signed_sin` (static_model._apply_rotary)
+- `rotary`:        `x * cos + x.roll(D // 2, dims=-1) * signed_sin` (family_forward._apply_rotary)
 - `silu_mul`:      `F.silu(gate) * up` with `gate, up = gate_up.chunk(2, dim=-1)`
 - `rotate_into_cache`: a decode step's `rotary` of queries and keys from the q/k/v product, the
   keys and values stored at each row's cache slot (a paged layer: three kernels become one)

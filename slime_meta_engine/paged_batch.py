@@ -96,10 +96,7 @@ class PagedBatch(SlotBatch):
         page they took or reserved goes back to the pool before the error propagates; otherwise
         those pages would stay in use for good and shrink what later requests can be given.
         """
-        free = [slot for slot, row in enumerate(self._row_by_slot) if row is None]
-        if len(jobs) > len(free):
-            raise RuntimeError(f"{len(jobs)} rows for {len(free)} free page-table rows")
-        slots = free[: len(jobs)]
+        slots = self._slots_for(jobs)
         prompt_of_row, prompt_jobs = shared_prompts(jobs)
         lengths = [len(job.spec.input_ids) for job in prompt_jobs]
         try:
@@ -108,18 +105,12 @@ class PagedBatch(SlotBatch):
             logits_P_V = self._run_prompts(prompt_jobs, lengths, prompt_slots)
             if copies:
                 self._decoder.cache.copy_pages([source for source, _ in copies], [target for _, target in copies])
-            prompt_of_row_N = torch.tensor(prompt_of_row, dtype=torch.int64).to(self._device)
-            logits_N_V = logits_P_V.index_select(0, prompt_of_row_N)
+            logits_N_V = self._logits_by_row(logits_P_V, prompt_of_row)
         except BaseException:
             for slot in slots:  # free before this call: holding nothing but what it gave them
                 self._free_slot(slot)
             raise
-        rows = [RowState(job) for job in jobs]
-        for slot, row, prompt in zip(slots, rows, prompt_of_row):
-            self._row_by_slot[slot] = row
-            self._length_by_slot[slot] = lengths[prompt]
-        self._membership_changed()
-        return rows, logits_N_V, len(prompt_jobs)
+        return self._start_rows(jobs, slots, prompt_of_row, lengths), logits_N_V, len(prompt_jobs)
 
     def _place_rows(
         self, jobs: Sequence[GenerationJob], slots: list[int], prompt_of_row: list[int], lengths: list[int]
@@ -168,10 +159,7 @@ class PagedBatch(SlotBatch):
         self._decoder.page_table_R_M[slots_N] = table_N_M.to(self._device)
 
     def _run_prompts(self, prompt_jobs: list[GenerationJob], lengths: list[int], prompt_slots: list[int]):
-        width = max(lengths)
-        padded = [list(job.spec.input_ids) + [self._pad_token_id] * (width - n) for job, n in zip(prompt_jobs, lengths)]
-        input_ids_P_L = torch.tensor(padded, dtype=torch.int64).to(self._device)
-        lengths_P = torch.tensor(lengths, dtype=torch.int64).to(self._device)
+        input_ids_P_L, lengths_P = self._prompt_tensors(prompt_jobs, lengths)
         rows_P = torch.tensor(prompt_slots, dtype=torch.int64).to(self._device)
         return self._decoder.prefill(input_ids_P_L, lengths_P, rows_P, self._chunk_tokens)
 

@@ -1,4 +1,4 @@
-"""The Llama/Qwen2/Qwen3 forward of static_model.py over a paged KV cache (paged_cache.py).
+"""The Llama/Qwen2/Qwen3 forward (family_forward.py) over a paged KV cache (paged_cache.py).
 
 The layers compute what the static forward computes (same projections, norms and MLP in the same
 dtypes); only where keys and values live differs. A row's tokens are found through its page table

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from slime_meta_engine.cuda_graphs import DecodeGraphs
-from slime_meta_engine.rows import RowState
+from slime_meta_engine.rows import GenerationJob, RowState
 from slime_meta_engine.sampling import RowSampling
 
 
@@ -43,6 +43,39 @@ class SlotBatch:
 
     def free_slots(self) -> int:
         return sum(row is None for row in self._row_by_slot)
+
+    # ----- prefill's shared steps --------------------------------------------------------------
+
+    def _slots_for(self, jobs: Sequence[GenerationJob]) -> list[int]:
+        """The lowest free slots, one per job (rows kept low keep decode's row bucket small)."""
+        free = [slot for slot, row in enumerate(self._row_by_slot) if row is None]
+        if len(jobs) > len(free):
+            raise RuntimeError(f"{len(jobs)} rows for {len(free)} free slots")
+        return free[: len(jobs)]
+
+    def _prompt_tensors(
+        self, prompt_jobs: Sequence[GenerationJob], lengths: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prompts right-padded to the longest, (P, L), and their lengths (P,), on the device."""
+        width = max(lengths)
+        padded = [list(job.spec.input_ids) + [self._pad_token_id] * (width - n) for job, n in zip(prompt_jobs, lengths)]
+        input_ids_P_L = torch.tensor(padded, dtype=torch.int64).to(self._device)
+        return input_ids_P_L, torch.tensor(lengths, dtype=torch.int64).to(self._device)
+
+    def _logits_by_row(self, logits_P_V: torch.Tensor, prompt_of_row: list[int]) -> torch.Tensor:
+        """Each row's first-token logits, (N, V), from those of its prompt."""
+        return logits_P_V.index_select(0, torch.tensor(prompt_of_row, dtype=torch.int64).to(self._device))
+
+    def _start_rows(
+        self, jobs: Sequence[GenerationJob], slots: list[int], prompt_of_row: list[int], lengths: list[int]
+    ) -> list[RowState]:
+        """Rows for `jobs`, placed in `slots` holding their prompts' tokens: once the prefill is done."""
+        rows = [RowState(job) for job in jobs]
+        for slot, row, prompt in zip(slots, rows, prompt_of_row):
+            self._row_by_slot[slot] = row
+            self._length_by_slot[slot] = lengths[prompt]
+        self._membership_changed()
+        return rows
 
     def _membership_changed(self) -> None:
         self._rows = None

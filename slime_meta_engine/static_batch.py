@@ -66,18 +66,12 @@ class StaticBatch(SlotBatch):
         The samples of one `n` request run their common prompt once, in the first sample's slot;
         its keys and values are then copied into the other samples' slots.
         """
-        free = [slot for slot, row in enumerate(self._row_by_slot) if row is None]
-        if len(jobs) > len(free):
-            raise RuntimeError(f"{len(jobs)} rows for {len(free)} free cache slots")
-        slots = free[: len(jobs)]
+        slots = self._slots_for(jobs)
         prompt_of_row, prompt_jobs = shared_prompts(jobs)
         first_row_of_prompt = {prompt: row for row, prompt in reversed(list(enumerate(prompt_of_row)))}
         prompt_slots = [slots[first_row_of_prompt[prompt]] for prompt in range(len(prompt_jobs))]
         lengths = [len(job.spec.input_ids) for job in prompt_jobs]
-        width = max(lengths)
-        padded = [list(job.spec.input_ids) + [self._pad_token_id] * (width - n) for job, n in zip(prompt_jobs, lengths)]
-        input_ids_P_L = torch.tensor(padded, dtype=torch.int64).to(self._device)
-        lengths_P = torch.tensor(lengths, dtype=torch.int64).to(self._device)
+        input_ids_P_L, lengths_P = self._prompt_tensors(prompt_jobs, lengths)
         slots_P = torch.tensor(prompt_slots, dtype=torch.int64).to(self._device)
         logits_P_V = self._decoder.prefill(input_ids_P_L, lengths_P, slots_P, self._chunk_tokens)
         copies = [
@@ -86,18 +80,14 @@ class StaticBatch(SlotBatch):
             if first_row_of_prompt[prompt] != row
         ]
         if copies:
+            width = input_ids_P_L.shape[1]
             source_C = torch.tensor([source for source, _ in copies], dtype=torch.int64).to(self._device)
             target_C = torch.tensor([target for _, target in copies], dtype=torch.int64).to(self._device)
             cache = self._decoder.cache
             for tensor_L_S_K_T_D in (cache.keys_L_S_K_T_D, cache.values_L_S_K_T_D):
                 tensor_L_S_K_T_D[:, target_C, :, :width] = tensor_L_S_K_T_D[:, source_C, :, :width]
-        logits_N_V = logits_P_V.index_select(0, torch.tensor(prompt_of_row, dtype=torch.int64).to(self._device))
-        rows = [RowState(job) for job in jobs]
-        for slot, row, prompt in zip(slots, rows, prompt_of_row):
-            self._row_by_slot[slot] = row
-            self._length_by_slot[slot] = lengths[prompt]
-        self._membership_changed()
-        return rows, logits_N_V, len(prompt_jobs)
+        logits_N_V = self._logits_by_row(logits_P_V, prompt_of_row)
+        return self._start_rows(jobs, slots, prompt_of_row, lengths), logits_N_V, len(prompt_jobs)
 
     def decode(self) -> torch.Tensor:
         """One token for every running row; returns logits (len(rows), V) in `rows` order."""
