@@ -41,16 +41,12 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
 import torch.nn.functional as F
 
-from slime_meta.losses import (
-    ThreeChannelInputs,
-    dpo_loss,
-    fused,
-    generalized_jsd,
-    policy_loss,
-    sequence_logps,
-    token_logps_and_jsd,
-    total_loss,
-)
+from slime_meta.losses import fused
+from slime_meta.losses.combine import ThreeChannelInputs, total_loss
+from slime_meta.losses.distill import generalized_jsd, token_logps_and_jsd
+from slime_meta.losses.policy import policy_loss
+from slime_meta.losses.preference import dpo_loss
+from slime_meta.losses.token_stats import sequence_logps
 
 BETA_JSD, TEMPERATURE = 0.5, 1.0
 ALPHA_SDPO, BETA_DPO, DPO_BETA = 1.0, 0.1, 0.1

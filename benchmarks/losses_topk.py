@@ -28,8 +28,8 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import losses as L
 import torch
 
-from slime_meta.losses import generalized_jsd, teacher_topk, topk_generalized_jsd
-from slime_meta.losses.distill import divergence_from_logps
+from slime_meta.losses.distill import divergence_from_logps, generalized_jsd
+from slime_meta.losses.topk_distill import teacher_topk, topk_generalized_jsd
 
 BETA = 0.5
 

@@ -238,7 +238,7 @@ def timed(
 
 def reference_step(model: torch.nn.Module, samples, device: torch.device, micro: int) -> dict[str, float]:
     """The PPO loss and pre-clip gradient norm the textbook way: full float32 logits / temperature."""
-    from slime_meta.losses import policy_loss
+    from slime_meta.losses.policy import policy_loss
 
     total = sum(len(s.response_ids) for s in samples)
     loss_sum = 0.0

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from slime_meta.config.arguments import MetaConfig
 from slime_meta.config.objectives import read_context
-from slime_meta.data.problems import BatchPlan, plan_batch
+from slime_meta.data.batch_split import BatchPlan, plan_batch
 from slime_meta.grading.graders import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
 from slime_meta.prompt_templates import (
     GeneratorPromptTemplate,

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from slime_meta.data.problems import ProblemSampler, load_problems, plan_batch
+from slime_meta.data.batch_split import plan_batch
+from slime_meta.data.problems import ProblemSampler, load_problems
 from slime_meta.errors import UserInputError
 from slime_meta.types import Problem
 

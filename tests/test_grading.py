@@ -19,8 +19,8 @@ from slime_meta.grading.graders import (
     VerifierGrader,
     build_grader,
     default_grader_kind,
-    parse_grade,
 )
+from slime_meta.grading.llm_reply import parse_grade
 from slime_meta.grading.verifier import extract_answer
 from slime_meta.types import Problem
 

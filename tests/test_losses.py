@@ -8,18 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from slime_meta.losses import (
-    ThreeChannelInputs,
-    context_distillation_advantages,
-    dpo_loss,
-    entropy_from_logits,
-    generalized_jsd,
-    grpo_advantages,
-    kl_penalty,
-    policy_loss,
-    sequence_logps,
-    total_loss,
-)
+from slime_meta.losses.advantages import context_distillation_advantages, grpo_advantages
+from slime_meta.losses.combine import ThreeChannelInputs, total_loss
+from slime_meta.losses.distill import generalized_jsd
+from slime_meta.losses.policy import kl_penalty, policy_loss
+from slime_meta.losses.preference import dpo_loss
+from slime_meta.losses.token_stats import entropy_from_logits, sequence_logps
 
 
 @pytest.fixture(autouse=True)

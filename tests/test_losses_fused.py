@@ -13,14 +13,9 @@ import os
 import pytest
 import torch
 
-from slime_meta.losses import (
-    entropy_from_logits,
-    fused,
-    generalized_jsd,
-    sequence_logps,
-    token_logps,
-    token_logps_and_jsd,
-)
+from slime_meta.losses import fused
+from slime_meta.losses.distill import generalized_jsd, token_logps_and_jsd
+from slime_meta.losses.token_stats import entropy_from_logits, sequence_logps, token_logps
 
 
 def _kernel_device() -> str | None:

@@ -13,7 +13,7 @@ from test_arguments import BASE
 
 from slime_meta.backends.local.channels import LossSettings
 from slime_meta.config.arguments import parse_config
-from slime_meta.losses import kl_penalty
+from slime_meta.losses.policy import kl_penalty
 
 V = 7
 

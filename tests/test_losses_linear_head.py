@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime_meta.losses import linear_token_logps, token_logps
+from slime_meta.losses.linear_head import linear_token_logps
+from slime_meta.losses.token_stats import token_logps
 
 
 def inputs(dtype=torch.float64, rows=11, hidden=6, vocab=37):

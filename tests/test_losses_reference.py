@@ -9,7 +9,9 @@ import zlib
 import pytest
 import torch
 
-from slime_meta.losses import dpo_loss, generalized_jsd, policy_loss
+from slime_meta.losses.distill import generalized_jsd
+from slime_meta.losses.policy import policy_loss
+from slime_meta.losses.preference import dpo_loss
 
 SHAPES = [(2, 5, 11), (17, 7), (1, 3, 3)]
 

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from slime_meta.losses import ProcessGroupShards, generalized_jsd, teacher_topk, topk_generalized_jsd
-from slime_meta.losses.distill import divergence_from_logps
+from slime_meta.losses.distill import divergence_from_logps, generalized_jsd
+from slime_meta.losses.topk_distill import ProcessGroupShards, teacher_topk, topk_generalized_jsd
 
 N, V = 12, 96
 

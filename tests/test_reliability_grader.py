@@ -18,7 +18,8 @@ import asyncio
 import pytest
 from openai_server import run_openai_server, scripted_reply
 
-from slime_meta.grading.graders import OpenAIGrader, VerifierGrader, parse_grade
+from slime_meta.grading.graders import OpenAIGrader, VerifierGrader
+from slime_meta.grading.llm_reply import parse_grade
 from slime_meta.prompt_templates import GeneratorPromptTemplate, GraderPromptTemplate, TeacherPromptTemplate
 from slime_meta.rollout.roles import PromptRenderer
 from slime_meta.types import Grade, GradedAttempt, Problem

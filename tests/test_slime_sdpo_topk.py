@@ -26,7 +26,7 @@ from slime_meta.backends.slime.loss import hold_sdpo_topk, slime_log_prob_functi
 from slime_meta.backends.slime.rollout import trained_solver_samples
 from slime_meta.backends.slime.samples import apply_fields, solver_sample_fields, teacher_sample_fields
 from slime_meta.backends.slime.train_data import convert_samples_to_train_data
-from slime_meta.losses import teacher_topk
+from slime_meta.losses.topk_distill import teacher_topk
 from tests import test_slime_equivalence
 from tests.test_slime_equivalence import (
     TEMPERATURE,

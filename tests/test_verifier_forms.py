@@ -15,7 +15,7 @@ import time
 import pytest
 
 from slime_meta.grading.graders import VerifierGrader
-from slime_meta.grading.verifier import CheckTimeout, MathPool
+from slime_meta.grading.verifier.math_pool import CheckTimeout, MathPool
 from slime_meta.types import Problem
 
 # rule -> [(label, solution)]: each solution states the label once, in a form a careful grader accepts.

@@ -37,9 +37,9 @@ from typing import Any
 
 from slime_meta.errors import UserInputError
 from slime_meta.grading import verifier
-
-# parse_grade and UNPARSEABLE_EXPLANATION are re-exported: callers import them from here.
-from slime_meta.grading.llm_reply import UNPARSEABLE_EXPLANATION, parse_grade, read_verdict  # noqa: F401
+from slime_meta.grading.llm_reply import parse_grade, read_verdict
+from slime_meta.grading.verifier.judge import Verdict
+from slime_meta.grading.verifier.math_pool import CheckTimeout
 from slime_meta.prompt_templates import GraderPromptTemplate
 from slime_meta.rollout.chat_api import (
     ChatAPIConnectionError,
@@ -68,7 +68,7 @@ class GraderStats:
     parse_retries: int = 0  # re-asks after an unparseable reply
     parse_failures: int = 0  # solutions scored 0: no reply could be parsed
     replies: int = 0  # grader replies read (re-asked ones included)
-    unparseable_replies: int = 0  # of those, replies without a verdict (grader_reply.read_verdict)
+    unparseable_replies: int = 0  # of those, replies without a verdict (llm_reply.read_verdict)
     request_errors: int = 0  # solutions scored 0: the API refused that one request (400/413/422)
     timeouts: int = 0  # solutions scored 0: checking the answer took longer than the verifier's time bound
 
@@ -86,7 +86,7 @@ class VerifierGrader:
     (partial credit: equal characters position by position over the longer length).
 
     Off the event loop: `grade` reads the answer in a worker thread (linear in its length) and
-    math-verify runs in child processes (`verifier.MathPool`, shared by the process), so sympy
+    math-verify runs in child processes (`verifier.math_pool.MathPool`, shared by the process), so sympy
     never holds the loop or the trainer's GIL. Each answer gets `timeout_s` seconds of math;
     over it, the answer scores 0, `stats.timeouts` counts it, and a child stuck in one C-level
     operation is killed; other answers keep being graded meanwhile.
@@ -129,15 +129,15 @@ class VerifierGrader:
         self.stats.calls += 1
         return self._grade_of(self._verdict(problem, solution))
 
-    def _verdict(self, problem: Problem, solution: str) -> verifier.Verdict | None:
+    def _verdict(self, problem: Problem, solution: str) -> Verdict | None:
         try:
             return verifier.check(
                 solution or "", problem.ground_truth.strip(), self.metric, timeout_s=self.timeout_s, pool=self.math_pool
             )
-        except verifier.CheckTimeout:
+        except CheckTimeout:
             return None
 
-    def _grade_of(self, verdict: verifier.Verdict | None) -> Grade:
+    def _grade_of(self, verdict: Verdict | None) -> Grade:
         if verdict is None:
             self.stats.timeouts += 1
             explanation = (
@@ -198,7 +198,7 @@ class OpenAIGrader:
     made), never kept in this object's own fields, shown by repr or put in an error. With
     `base_url` (a self-hosted server) and no key set, the dummy key "EMPTY" is sent.
 
-    A single bad reply never raises: an unparseable one (`grader_reply.read_verdict`) is re-asked
+    A single bad reply never raises: an unparseable one (`llm_reply.read_verdict`) is re-asked
     up to `parse_retries` times, then scored 0 (parsed=False); `stats` counts replies, unparseable
     replies, re-asks and solutions scored 0 that way. API errors (429, 5xx, timeouts, connection
     errors, malformed bodies) are retried `max_api_retries` times; after that `GraderUnavailable`

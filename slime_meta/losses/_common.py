@@ -1,6 +1,6 @@
 """Shared helpers for the loss functions: masks, masked reductions, chunked per-row compute.
 
-Nothing here is public API; `slime_meta.losses` re-exports what callers need.
+Nothing here is public API; callers import the loss modules that use it.
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from slime_meta.errors import UserInputError
-from slime_meta.grading.verifier import extract_answer, normalize_answer
+from slime_meta.grading.verifier import extract_answer
+from slime_meta.grading.verifier.text import normalize_answer
 from slime_meta.replay.cache import (
     append_replay_records,
     load_reference_logps,

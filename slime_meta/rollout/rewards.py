@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from slime_meta.losses import grpo_advantages
+from slime_meta.losses.advantages import grpo_advantages
 
 
 def group_rewards_and_advantages(

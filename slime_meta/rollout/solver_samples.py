@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from slime_meta.losses import grpo_advantages
+from slime_meta.losses.advantages import grpo_advantages
 from slime_meta.rollout.roles import Grader, StudentRole
 from slime_meta.types import Chain, GradedAttempt, Problem, SolverSample
 

@@ -19,10 +19,10 @@ The rules, why each exists and the attack it stops: docs/reliability.md, "The bu
 
 from __future__ import annotations
 
-from slime_meta.grading.verifier.judge import MAX_DISTINCT_ANSWERS, Verdict, judge
-from slime_meta.grading.verifier.math_pool import CheckTimeout, MathPool, MathSession
+from slime_meta.grading.verifier.judge import Verdict, judge
+from slime_meta.grading.verifier.math_pool import MathPool, MathSession
 from slime_meta.grading.verifier.reading import final_value, read
-from slime_meta.grading.verifier.text import clean, normalize_answer
+from slime_meta.grading.verifier.text import clean
 
 DEFAULT_TIMEOUT_S = 2.0
 
@@ -35,7 +35,7 @@ def check(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     pool: MathPool | None = None,
 ) -> Verdict:
-    """The verdict on one solution; raises CheckTimeout when its math took longer than `timeout_s`."""
+    """The verdict on one solution; raises `math_pool.CheckTimeout` when its math took longer than `timeout_s`."""
     return judge(solution or "", label, metric, MathSession(pool or MathPool.shared(), timeout_s))
 
 
@@ -53,19 +53,3 @@ def extract_answer(solution: str) -> str:
     reading = read(solution or "")
     value = clean(final_value(reading.last_sentence))
     return value if value else reading.last_line
-
-
-__all__ = [
-    "CheckTimeout",
-    "DEFAULT_TIMEOUT_S",
-    "MAX_DISTINCT_ANSWERS",
-    "MathPool",
-    "MathSession",
-    "Verdict",
-    "check",
-    "extract_answer",
-    "judge",
-    "normalize_answer",
-    "read",
-    "stated_answers",
-]
