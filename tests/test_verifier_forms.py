@@ -10,13 +10,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from slime_meta.grading.graders import VerifierGrader
 from slime_meta.grading.verifier.math_pool import CheckTimeout, MathPool
 from slime_meta.types import Problem
+
+REPO = Path(__file__).resolve().parent.parent
 
 # rule -> [(label, solution)]: each solution states the label once, in a form a careful grader accepts.
 SCORES_ONE = {
@@ -322,6 +327,28 @@ def test_a_hundred_thousand_character_answer_grades_within_a_second(name):
         verdict = grader.grade_now(problem(label), ADVERSARIAL_100K[name])
         assert time.perf_counter() - started < 1.0, (name, label)
         assert verdict.score == 0.0, (name, label, verdict.explanation)
+
+
+def test_a_long_run_of_dots_after_the_answer_is_read_in_linear_time():
+    # A number then 200k dots after the stated answer: each piece of the text after it is checked
+    # for a bare competing value, and a scan that backtracks over the dots would take minutes here.
+    # In a child process, so a scan gone quadratic ends in the timeout instead of hanging the suite.
+    code = (
+        "import time\n"
+        "from slime_meta.grading import verifier\n"
+        "solution = 'Answer: 60\\n1' + '.' * 200_000 + 'x'\n"
+        "started = time.perf_counter()\n"
+        "verdict = verifier.check(solution, '60')\n"
+        "print(verdict.score, time.perf_counter() - started)\n"
+    )
+    try:
+        result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the verifier took over 60 s on 200k dots after the answer (a quadratic scan)")
+    assert result.returncode == 0, result.stderr[-2000:]
+    score, seconds = result.stdout.split()
+    assert float(score) == 1.0  # the text after the answer holds no competing answer
+    assert float(seconds) < 5.0, seconds
 
 
 def test_a_slow_answer_does_not_block_the_event_loop_or_other_answers():

@@ -33,7 +33,11 @@ _ALTERNATIVE = re.compile(
     r"\b(?:maybe|perhaps|possibly|alternatively|otherwise|either|or(?=\s+(?:maybe\s+|perhaps\s+)?[$\\(]*[-+−]?\d))\b",
     re.IGNORECASE,
 )
-_BARE_VALUE = re.compile(r"[\s$\\(*_]*[-+−]?\d[\d,./]*[\s$\\)*_.]*")
+# A piece that is only a number, with markup around it. The dots that end the number belong to the
+# number's own class, so the closing markup starts with a character the number cannot hold: the
+# same texts as `[\d,./]*[\s$\\)*_.]*`, without the two dot-holding runs that backtracked over each
+# other (quadratic on a long run of dots).
+_BARE_VALUE = re.compile(r"[\s$\\(*_]*[-+−]?\d[\d,./]*(?:[\s$\\)*_][\s$\\)*_.]*)?")
 _TRAILING_PIECES = re.compile(r"(?<=[.!?])\s+|\n")
 
 
