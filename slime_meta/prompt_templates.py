@@ -1,4 +1,4 @@
-"""Prompt templates for the three roles: generator (student), grader and teacher.
+"""Prompt templates for the three roles: student (the generator template), grader and teacher.
 
 A template is a text with `{placeholder}` slots. Rendering is one pass over the template, so a
 value is inserted verbatim: braces, quotes and template-like strings inside a problem or a
@@ -20,7 +20,7 @@ Customise a role for a run in one of four ways (`--generator-template`, `--grade
 
 Every slot in a template must be one of its role's (`{typo}` is refused at construction). A
 template a run uses must also have the role's required slots (`required`: the problem for the
-generator, the solution for the grader, the graded attempts for the teacher); a bad template
+student, the solution for the grader, the graded attempts for the teacher); a bad template
 ends the run before it starts, in one line naming the slot and the allowed ones.
 """
 

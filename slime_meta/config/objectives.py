@@ -4,9 +4,10 @@
   regularisers           --kl-loss-coef / --kl-loss-type (k3) against a frozen reference, --entropy-coef
   context distillation   --teacher-tau / --student-tau / --adv-tau with a context: --teacher-context,
                          --context-key, or the meta-teacher's own info (--distill-context additional_info)
-  channel 2 (SDPO)       --sdpo-alpha ...: JSD to the same model with the hint in its prompt, or
-                         (--sdpo-form shaping) token advantages alpha * (log p_hint - log p) at error sites
-  channel 3 (replay)     --replay-beta ...: DPO on pairs where N external teachers agree
+  JSD self-distillation  --sdpo-alpha ...: JSD to the hint-conditioned self (SDPO: the same model with
+                         the teacher's final info, or --sdpo-hint, in its prompt), or (--sdpo-form shaping)
+                         token advantages alpha * (log p_hint - log p) at error sites
+  DPO on replay pairs    --replay-beta ...: DPO on trace-replay pairs where N external teachers agree
 
 Every weight at zero leaves the plain GRPO loss unchanged. The defaults are zero except where the
 student shares the teacher's weights on the local backend: there --adv-tau 1 (solver-role GRPO) and
@@ -41,7 +42,7 @@ class ObjectivesConfig:
     student_tau: float
     skip_verification: bool
     eval_baseline: bool
-    # channel 2: hint self-distillation
+    # JSD self-distillation to the hint-conditioned self (SDPO)
     sdpo_alpha: float
     sdpo_beta: float
     sdpo_temperature: float
@@ -52,7 +53,7 @@ class ObjectivesConfig:
     sdpo_on: str
     sdpo_hint: str | None
     sdpo_form: str  # "jsd" | "shaping"
-    # channel 3: N-teacher trace replay
+    # DPO on trace-replay pairs (N external teachers)
     replay_beta: float
     replay_teachers: tuple[str, ...]
     replay_min_agree: int
@@ -160,7 +161,7 @@ def add_objective_arguments(add_group) -> None:
     add("--skip-verification", action="store_true", help="Pure distillation: the solver samples get no task advantage.")
     add("--eval-baseline", action="store_true", help="Before training, grade the student with and without the context.")
 
-    add = add_group("objectives: channel 2, hint self-distillation (SDPO)")
+    add = add_group("objectives: JSD self-distillation to the hint-conditioned self (SDPO)")
     add(
         "--sdpo-alpha",
         type=float,
@@ -201,7 +202,7 @@ def add_objective_arguments(add_group) -> None:
     add("--sdpo-on", choices=("errors", "all"), default="errors")
     add("--sdpo-hint", default=None, help="A fixed hint text instead of the meta-teacher's final info.")
 
-    add = add_group("objectives: channel 3, N-teacher trace replay (DPO)")
+    add = add_group("objectives: DPO on N-teacher trace-replay pairs")
     add("--replay-beta", type=float, default=0.0, help="Weight of the DPO term.")
     add(
         "--replay-teachers", nargs="*", default=[], help="OpenAI-compatible teachers, each name@base_url[#KEY_ENV_VAR]."

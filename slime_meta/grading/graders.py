@@ -93,7 +93,7 @@ class VerifierGrader:
 
     The explanation says whether the answer is right and what is wrong with it, and never quotes
     the label: the teacher reads it, and a teacher shown the train answers could copy them into
-    its hints (the reward would then measure copying, not teaching).
+    its infos (the reward would then measure copying, not teaching).
     """
 
     METRICS = ("exact", "normalized", "numeric", "char")

@@ -1,5 +1,5 @@
 """Trace replay pairs: N teacher models vote on a replayed sample; a confident vote against the
-policy's answer becomes a DPO pair (channel 3 of the trainer's loss, `--replay-beta`).
+policy's answer becomes a pair for the trainer's DPO on trace-replay pairs (`--replay-beta`).
 
 For each replayed sample (the solver prompt as plain text and the policy's solution) every teacher
 of `--replay-teachers` answers the same prompt, as one user message, in parallel. Each reply's

@@ -1,4 +1,4 @@
-"""The three roles over their pools: student (generator), grader and teacher.
+"""The three roles over their pools: student, grader and teacher.
 
 Each role turns domain values (problems, attempts, infos) into prompts through its template and
 into requests to its pool. The teacher's prompt is tokenised here and sent as `input_ids`, so the
