@@ -11,6 +11,12 @@ How batching works (continuous batching on top of HF's `DynamicCache`):
 - Each loop turn first admits waiting requests (up to `max_batch_size` rows): they are prefilled
   together in a fresh cache, sample their first token, and are then joined to the running batch
   by left-padding the shorter cache. Then every row decodes one token.
+- The admission window (`prefill_window_s`): a request is admitted once the oldest waiting one has
+  waited that long, or at once when the waiting ones fill the free rows or the prefill token budget.
+  Requests of independent clients arrive a few milliseconds apart, and each prefill costs about the
+  same whatever its row count (its time goes to launching kernels), so prompts that arrive within
+  the window share one forward. Rows already decoding keep decoding meanwhile (a waiting request
+  never holds a decode step back); only an idle engine sleeps, for at most the window.
 - The k samples of one `n = k` request share one prefill: their prompt is computed once and its
   KV cache rows are copied into the k decode rows (`shared_prompts`).
 - Rows that finish (EOS, stop token, stop string, max_new_tokens, client gone) leave the batch at
@@ -79,7 +85,7 @@ class GenerationEngine(_Prefill):
         pad_token_id: int,
         max_batch_size: int = 64,
         max_prefill_tokens: int = 16384,
-        batch_wait_s: float = 0.002,
+        prefill_window_s: float = 0.003,
         seed: int = 0,
         weight_version: str = "default",
         static_batch: StaticBatch | None = None,
@@ -95,7 +101,7 @@ class GenerationEngine(_Prefill):
         self._max_batch_size = max_batch_size
         self._max_prefill_tokens = max_prefill_tokens
         self._chunked_prefill_size = chunked_prefill_size  # DynamicCache prefill; the static batch has its own
-        self._batch_wait_s = batch_wait_s
+        self._prefill_window_s = prefill_window_s
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         self._generator = torch.Generator(device=device).manual_seed(seed)
         # Where the fused kernels run, a batch without top-p/top-k cuts picks its tokens with Triton
@@ -242,26 +248,51 @@ class GenerationEngine(_Prefill):
         self._shut_down(running)
 
     def _take_work(self, rows_in_batch: int) -> tuple[list[GenerationJob], _ControlOp | None, str | None]:
-        """Block until there is work; returns (jobs to admit, op to run now, abort message)."""
+        """Block until there is work; returns (jobs to admit, op to run now, abort message).
+
+        No jobs while the admission window is open (see the module docstring): with rows running,
+        the caller decodes a step and asks again; idle, this waits for the window's end or a new
+        arrival, whichever comes first.
+        """
         with self._condition:
-            while not (self._stopping or self._waiting or self._control_ops or rows_in_batch or self._abort_message):
-                self._condition.wait()
-            abort_message, self._abort_message = self._abort_message, None
-            if self._stopping:
-                return [], None, abort_message
-            if self._control_ops:
-                if rows_in_batch and abort_message is None:
-                    return [], None, None  # let the running batch drain; admit nothing meanwhile
-                return [], self._control_ops.popleft(), abort_message
-            starting_from_idle = rows_in_batch == 0 and bool(self._waiting)
-        if starting_from_idle and self._batch_wait_s > 0:
-            # Requests sent together arrive a few hundred microseconds apart; a short wait lets
-            # them share one prefill instead of trickling in one by one.
-            time.sleep(self._batch_wait_s)
-        with self._condition:
-            if rows_in_batch and not self._can_join:
-                return [], None, abort_message
-            return self._pop_admissible(rows_in_batch), None, abort_message
+            while True:
+                while not (
+                    self._stopping or self._waiting or self._control_ops or rows_in_batch or self._abort_message
+                ):
+                    self._condition.wait()
+                abort_message, self._abort_message = self._abort_message, None
+                if self._stopping:
+                    return [], None, abort_message
+                if self._control_ops:
+                    if rows_in_batch and abort_message is None:
+                        return [], None, None  # let the running batch drain; admit nothing meanwhile
+                    return [], self._control_ops.popleft(), abort_message
+                if rows_in_batch and not self._can_join:
+                    return [], None, abort_message
+                window_left_s = self._window_left_s(rows_in_batch)
+                if window_left_s <= 0:
+                    return self._pop_admissible(rows_in_batch), None, abort_message
+                if rows_in_batch or abort_message is not None:
+                    return [], None, abort_message
+                self._condition.wait(window_left_s)
+
+    def _window_left_s(self, rows_in_batch: int) -> float:
+        """How much longer the waiting requests should wait for company (<= 0: admit now)."""
+        if not self._waiting or self._prefill_window_s <= 0 or self._waiting_fill_a_prefill(rows_in_batch):
+            return 0.0
+        return self._waiting[0].received_at + self._prefill_window_s - time.monotonic()
+
+    def _waiting_fill_a_prefill(self, rows_in_batch: int) -> bool:
+        """Whether the waiting requests already take every free row or the prefill token budget:
+        waiting longer could add no prompt to their prefill."""
+        if len(self._waiting) >= self._max_batch_size - rows_in_batch:
+            return True
+        prompts: set[str | int] = set()
+        longest = 0
+        for job in self._waiting:
+            prompts.add(job.spec.shared_prefill if job.spec.shared_prefill is not None else id(job))
+            longest = max(longest, len(job.spec.input_ids))
+        return longest * len(prompts) >= self._max_prefill_tokens
 
     def _pop_admissible(self, rows_in_batch: int) -> list[GenerationJob]:
         taken: list[GenerationJob] = []

@@ -8,7 +8,7 @@ local Hugging Face causal LM behind the same endpoints (routes.py), so the rest 
     python -m slime_meta_engine --model-path DIR --host 127.0.0.1 --port P \
         [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16] [--weights-root DIR] \
         [--weight-buffer-prefix NAME] \
-        [--max-batch-size 64] [--max-prefill-tokens 16384] [--batch-wait-ms 2] [--seed 0] \
+        [--max-batch-size 64] [--max-prefill-tokens 16384] [--prefill-window-ms 3] [--seed 0] \
         [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info] \
         [--cuda-graphs auto|on|off] [--kv-cache static|paged] [--page-size 16] [--max-total-tokens N] \
         [--static-cache-len 4096] [--mem-fraction-static F] [--chunked-prefill-size N]
@@ -46,6 +46,13 @@ from slime_meta_engine.weights import release_cuda_ipc_buffers, remove_buffers
 
 logger = logging.getLogger("slime_meta.worker")
 
+# The admission window's default (engine.py), and the variable that sets it for workers a launcher
+# starts without the flag. 3 ms: requests sent together (asyncio.gather behind the router) arrive
+# within about a millisecond of each other, and a lone request (a client waiting for each answer)
+# pays at most 3 ms more, about 1% of a 128-token answer at a few milliseconds a decode step.
+PREFILL_WINDOW_ENV = "SLIME_META_PREFILL_WINDOW_MS"
+DEFAULT_PREFILL_WINDOW_MS = 3.0
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -68,7 +75,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-prefill-tokens", type=int, default=16384, help="padded prompt tokens per prefill")
     parser.add_argument(
-        "--batch-wait-ms", type=float, default=2.0, help="gather time before an idle worker starts a batch"
+        "--prefill-window-ms",
+        "--batch-wait-ms",
+        dest="prefill_window_ms",
+        type=float,
+        default=float(os.environ.get(PREFILL_WINDOW_ENV, DEFAULT_PREFILL_WINDOW_MS)),
+        help="admission window: a request waits up to this long (or until the waiting requests fill the free rows "
+        "or the prefill token budget) for others to share its prefill, since a prefill costs about the same for one "
+        "prompt as for several; rows already decoding keep decoding meanwhile, so only the new request waits. "
+        f"0: admit at once. Default: ${PREFILL_WINDOW_ENV}, else {DEFAULT_PREFILL_WINDOW_MS:g} (requests sent "
+        "together arrive within it; it adds at most that much to a lone request)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
@@ -120,6 +136,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     args = parser.parse_args(argv)
+    if args.prefill_window_ms < 0:
+        parser.error(f"--prefill-window-ms {args.prefill_window_ms}: give milliseconds >= 0 (0: no window)")
     if args.max_batch_size < 1 or args.max_prefill_tokens < 1 or args.static_cache_len < 1:
         parser.error("--max-batch-size, --max-prefill-tokens and --static-cache-len must be >= 1")
     if args.max_total_tokens is not None and args.max_total_tokens < 1:
@@ -210,7 +228,7 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
         pad_token_id=pad_token_id,
         max_batch_size=max_batch_size,
         max_prefill_tokens=max_prefill_tokens,
-        batch_wait_s=args.batch_wait_ms / 1000.0,
+        prefill_window_s=args.prefill_window_ms / 1000.0,
         seed=args.seed,
         weight_version=args.weight_version,
         static_batch=build_fast_path(

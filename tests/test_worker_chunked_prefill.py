@@ -41,7 +41,7 @@ def engine_for(model, *, static: bool, chunk: int | None, graphs: bool = False) 
         max_batch_size=8,
         static_batch=static_batch,
         chunked_prefill_size=chunk,
-        batch_wait_s=0.05,  # all prompts in one prefill, the case chunking is for
+        prefill_window_s=0.05,  # all prompts in one prefill, the case chunking is for
     )
 
 

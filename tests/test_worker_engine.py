@@ -86,7 +86,7 @@ def test_eos_ids_come_from_tokenizer_and_generation_config(reference_model, toke
 def test_requests_joining_a_running_batch_match_running_alone(reference_model, tokenizer) -> None:
     """Continuous batching: rows joined mid-generation (cache re-padded) and rows leaving early
     (cache trimmed) must not change anyone's tokens or log-probs."""
-    engine = make_engine(reference_model, tokenizer, frozenset(), batch_wait_s=0.0)
+    engine = make_engine(reference_model, tokenizer, frozenset(), prefill_window_s=0.0)
     long_spec = GenerationSpec(
         "long",
         tuple(tokenizer.encode("a long one")),
