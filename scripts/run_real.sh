@@ -61,6 +61,7 @@ DATA_ARGS=(
 # without the teacher's info before training, every 10 steps and after the last.
 if [ -f "data/${DATA}_eval.jsonl" ]; then
   DATA_ARGS+=(--eval-prompt-data "${DATA}_eval" "data/${DATA}_eval.jsonl" --eval-interval 10)
+  if [ -n "$ON_GPU" ]; then DATA_ARGS+=(--eval-num-batches 2); fi   # 48 eval problems a time on a GPU
 fi
 if [ -n "$ON_GPU" ]; then
   META_ARGS=(

@@ -116,7 +116,12 @@ def _rubric(place: str, rule: str) -> str:
 
 
 def _oracle(rule: str, example: str) -> str:
-    return f"{rule} Finish with one line: Answer: <number>.\nExample: {example}"
+    """The rule, a worked example of another problem, then the answer format.
+
+    The example states its result in a sentence, never as an `Answer:` line: a small student copies
+    a final-answer line it has just read as its own.
+    """
+    return f"{rule} For example: {example} End your solution with one line: Answer: <number>."
 
 
 RULES: dict[str, HouseRule] = {
@@ -128,7 +133,7 @@ RULES: dict[str, HouseRule] = {
             _rubric("Nora's shop", "an order under 20 dollars pays a 4-dollar packing fee; 20 or more pays none."),
             _oracle(
                 "At Nora's shop an order under 20 dollars costs 4 dollars more (packing fee); 20 or more has no fee.",
-                "3 cups at 5 dollars: 3 x 5 = 15, under 20, so 15 + 4 = 19.\nAnswer: 19",
+                "3 cups at 5 dollars each cost 3 x 5 = 15 dollars, under 20, so the order costs 15 + 4 = 19 dollars.",
             ),
             "At Nora's shop every order gets 4 dollars off.",
         ),
@@ -138,7 +143,7 @@ RULES: dict[str, HouseRule] = {
             _rubric("Lia's bakery", "every fifth box is free (5 to 9 boxes: one box free)."),
             _oracle(
                 "At Lia's bakery every fifth box is free: pay for one box fewer when buying 5 to 9 boxes.",
-                "6 boxes at 3 dollars: one is free, 5 x 3 = 15.\nAnswer: 15",
+                "for 6 boxes at 3 dollars a box one box is free, so the order costs 5 x 3 = 15 dollars.",
             ),
             "At Lia's bakery every box costs 1 dollar extra.",
         ),
@@ -148,7 +153,7 @@ RULES: dict[str, HouseRule] = {
             _rubric("the Sunny cinema", "a group of 5 or more people gets one ticket free."),
             _oracle(
                 "At the Sunny cinema a group of 5 or more people pays for one ticket fewer.",
-                "6 friends, tickets 4 dollars: 6 - 1 = 5 tickets, 5 x 4 = 20.\nAnswer: 20",
+                "6 friends with 4-dollar tickets pay for 6 - 1 = 5 tickets, so 5 x 4 = 20 dollars.",
             ),
             "At the Sunny cinema groups pay double.",
         ),
@@ -158,7 +163,7 @@ RULES: dict[str, HouseRule] = {
             _rubric("Bo's market", "on Mondays every item costs 1 dollar less than its price."),
             _oracle(
                 "At Bo's market every item costs 1 dollar less on Mondays; other days the price is as stated.",
-                "Monday, 3 pears at 4 dollars: 4 - 1 = 3, 3 x 3 = 9.\nAnswer: 9",
+                "on a Monday 3 pears priced 4 dollars cost 4 - 1 = 3 dollars each, so 3 x 3 = 9 dollars.",
             ),
             "At Bo's market every item costs 1 dollar more on Mondays.",
         ),
@@ -168,7 +173,7 @@ RULES: dict[str, HouseRule] = {
             _rubric("the Elm Street garage", "a stay of 3 hours or less is free; a longer stay pays for every hour."),
             _oracle(
                 "At the Elm Street garage 3 hours or less is free (0 dollars); a longer stay pays every hour.",
-                "2 hours at 4 dollars an hour: free.\nAnswer: 0",
+                "2 hours at 4 dollars an hour are free, so the stay costs 0 dollars.",
             ),
             "At the Elm Street garage the first hour costs double.",
         ),
