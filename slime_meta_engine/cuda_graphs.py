@@ -82,6 +82,7 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.use_graphs = use_graphs
         self.capture_s = 0.0
+        self.pool = None  # the graphs' memory pool, which the prefill graphs share (prefill_graphs.py)
         if use_graphs:
             self._capture_all()
 
@@ -95,7 +96,7 @@ class DecodeGraphs:
 
     def _capture_all(self) -> None:
         started = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
+        pool = self.pool = torch.cuda.graph_pool_handle()
         self._inputs_I_S.zero_()
         with torch.inference_mode():
             for attended in self.length_buckets:

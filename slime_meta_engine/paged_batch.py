@@ -25,6 +25,7 @@ from slime_meta_engine.cuda_graphs import DecodeGraphs
 from slime_meta_engine.model_support import model_shape, unsupported_reason
 from slime_meta_engine.paged_cache import SCRATCH_PAGE, PagedKVCache, PagePool, pages_for
 from slime_meta_engine.paged_model import PagedDecoder
+from slime_meta_engine.prefill_graphs import PrefillGraphs, build_prefill_graphs, prefill_graph_tokens_for
 from slime_meta_engine.protocol import GenerationSpec
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
 from slime_meta_engine.slot_batch import SlotBatch
@@ -42,8 +43,9 @@ class PagedBatch(SlotBatch):
         pool: PagePool,
         pad_token_id: int,
         chunk_tokens: int | None = None,
+        prefill_graphs: PrefillGraphs | None = None,
     ):
-        super().__init__(decoder.num_rows, graphs, pad_token_id, decoder.shape.device, chunk_tokens)
+        super().__init__(decoder.num_rows, graphs, pad_token_id, decoder.shape.device, chunk_tokens, prefill_graphs)
         self._decoder = decoder
         self.pool = pool
         self._page_size = decoder.page_size
@@ -68,6 +70,7 @@ class PagedBatch(SlotBatch):
             "pages_peak": pool.peak_in_use,
             "graphs": self._graphs.num_graphs,
             "graph_capture_s": round(self._graphs.capture_s, 3),
+            **self.prefill_graph_info(),
         }
 
     def can_serve(self, spec: GenerationSpec) -> bool:
@@ -158,10 +161,9 @@ class PagedBatch(SlotBatch):
         slots_N = torch.tensor(slots, dtype=torch.int64).to(self._device)
         self._decoder.page_table_R_M[slots_N] = table_N_M.to(self._device)
 
-    def _run_prompts(self, prompt_jobs: list[GenerationJob], lengths: list[int], prompt_slots: list[int]):
-        input_ids_P_L, lengths_P = self._prompt_tensors(prompt_jobs, lengths)
-        rows_P = torch.tensor(prompt_slots, dtype=torch.int64).to(self._device)
-        return self._decoder.prefill(input_ids_P_L, lengths_P, rows_P, self._chunk_tokens)
+    def _padding_where(self, where: list[int]) -> int:
+        """Any page-table row: a padding row has length 0, so all its columns go to the scratch page."""
+        return 0
 
     # ----- decode ----------------------------------------------------------------------------
 
@@ -226,13 +228,16 @@ def build_paged_batch(
     use_graphs: bool,
     page_size: int = DEFAULT_PAGE_SIZE,
     chunk_tokens: int | None = None,
+    prefill_graph_tokens: int | None = None,
 ) -> PagedBatch:
     """Allocate a pool of `pool_tokens` tokens (rounded up to pages, plus the scratch page), build
     the paged decoder for `num_rows` running rows and (with `use_graphs`) capture its graphs.
 
     A row may grow to the pool's size or the model's positions, whichever is smaller. Graphs are
     captured for (rows, attended) pairs that gather at most twice the pool's tokens per layer.
-    Raises ValueError when the model is not supported.
+    `prefill_graph_tokens`: the largest prefill graph's rows x length (prefill_graphs.py; None: the
+    default with `use_graphs`, none without; with it but without `use_graphs`, the prompts run
+    eagerly at the graphs' bucketed shapes). Raises ValueError when the model is not supported.
     """
     reason = unsupported_reason(model)
     if reason is not None:
@@ -257,6 +262,12 @@ def build_paged_batch(
     # keep, so it captures only pairs near the pool's size; the kernel copies nothing.
     max_graph_tokens = None if decoder.attention == "kernel" else max(2 * (num_pages - 1) * page_size, num_rows * 128)
     graphs = DecodeGraphs(decoder, use_graphs=use_graphs, max_graph_tokens=max_graph_tokens)
+    prefill_graphs = build_prefill_graphs(
+        decoder,
+        use_graphs=use_graphs,
+        max_tokens=prefill_graph_tokens_for(use_graphs, prefill_graph_tokens, chunk_tokens),
+        pool=graphs.pool,
+    )
     logger.info(
         "paged KV cache: %d pages of %d tokens (%.2f GB), rows up to %d tokens, %d running rows",
         num_pages - 1,
@@ -265,4 +276,4 @@ def build_paged_batch(
         decoder.capacity,
         num_rows,
     )
-    return PagedBatch(decoder, graphs, PagePool(num_pages), pad_token_id, chunk_tokens)
+    return PagedBatch(decoder, graphs, PagePool(num_pages), pad_token_id, chunk_tokens, prefill_graphs)

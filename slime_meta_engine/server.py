@@ -8,10 +8,11 @@ local Hugging Face causal LM behind the same endpoints (routes.py), so the rest 
     python -m slime_meta_engine --model-path DIR --host 127.0.0.1 --port P \
         [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16] [--weights-root DIR] \
         [--weight-buffer-prefix NAME] \
-        [--max-batch-size 64] [--max-prefill-tokens 16384] [--prefill-window-ms 3] [--seed 0] \
+        [--max-batch-size 64] [--max-prefill-tokens 16384] [--seed 0] \
         [--num-threads N] [--tokenizer-path DIR] [--weight-version default] [--log-level info] \
         [--cuda-graphs auto|on|off] [--kv-cache static|paged] [--page-size 16] [--max-total-tokens N] \
-        [--static-cache-len 4096] [--mem-fraction-static F] [--chunked-prefill-size N]
+        [--static-cache-len 4096] [--mem-fraction-static F] [--chunked-prefill-size N] \
+        [--prefill-window-ms 3] [--prefill-graph-tokens 4096]
 
 `sampling_params.n = k` returns k completions of the prompt as a list (SGLang's shape); the k
 rows share one prefill of the prompt (see engine.py).
@@ -39,6 +40,7 @@ from aiohttp import web
 from slime_meta_engine.context import WorkerContext
 from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.memory_budget import plan_for_device
+from slime_meta_engine.prefill_graphs import DEFAULT_MAX_TOKENS
 from slime_meta_engine.protocol import RouterHttp2ProbeFilter
 from slime_meta_engine.routes import build_app
 from slime_meta_engine.static_batch import build_fast_path
@@ -52,6 +54,7 @@ logger = logging.getLogger("slime_meta.worker")
 # pays at most 3 ms more, about 1% of a 128-token answer at a few milliseconds a decode step.
 PREFILL_WINDOW_ENV = "SLIME_META_PREFILL_WINDOW_MS"
 DEFAULT_PREFILL_WINDOW_MS = 3.0
+PREFILL_GRAPH_TOKENS_ENV = "SLIME_META_PREFILL_GRAPH_TOKENS"  # the default of --prefill-graph-tokens
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -134,10 +137,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tokens per prefill forward (SGLang's name): admitted prompts are prefilled in windows of about "
         "this many tokens over all rows, same outputs, bounded activations. Default (or -1): whole prompts at once",
     )
+    parser.add_argument(
+        "--prefill-graph-tokens",
+        type=int,
+        default=int(os.environ[PREFILL_GRAPH_TOKENS_ENV]) if os.environ.get(PREFILL_GRAPH_TOKENS_ENV) else None,
+        help="with CUDA graphs on: prefills of up to 8 prompts whose rows x length bucket (64, 128, ... tokens) is "
+        "at most this many run as captured graphs, since a small prefill's time goes to launching its kernels "
+        f"from Python. 0: every prefill eager. Default: ${PREFILL_GRAPH_TOKENS_ENV}, else {DEFAULT_MAX_TOKENS}",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     args = parser.parse_args(argv)
     if args.prefill_window_ms < 0:
         parser.error(f"--prefill-window-ms {args.prefill_window_ms}: give milliseconds >= 0 (0: no window)")
+    if args.prefill_graph_tokens is not None and args.prefill_graph_tokens < 0:
+        parser.error(f"--prefill-graph-tokens {args.prefill_graph_tokens}: give tokens >= 0 (0: no prefill graphs)")
     if args.max_batch_size < 1 or args.max_prefill_tokens < 1 or args.static_cache_len < 1:
         parser.error("--max-batch-size, --max-prefill-tokens and --static-cache-len must be >= 1")
     if args.max_total_tokens is not None and args.max_total_tokens < 1:
@@ -243,6 +256,7 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
             kv_cache=args.kv_cache,
             pool_tokens=plan.pool_tokens if plan is not None else None,
             page_size=args.page_size,
+            prefill_graph_tokens=args.prefill_graph_tokens,
         ),
         chunked_prefill_size=args.chunked_prefill_size,
     )

@@ -1,5 +1,6 @@
 """What the static and the paged fast path share: running rows held in slots, each slot with the
-number of tokens its row holds, and one decode step's logits handed back in the rows' order."""
+number of tokens its row holds, prompts run through a captured prefill graph when one holds them
+(prefill_graphs.py), and one decode step's logits handed back in the rows' order."""
 
 from __future__ import annotations
 
@@ -8,15 +9,23 @@ from collections.abc import Sequence
 import torch
 
 from slime_meta_engine.cuda_graphs import DecodeGraphs
+from slime_meta_engine.prefill_graphs import PrefillGraphs
 from slime_meta_engine.rows import GenerationJob, RowState
 from slime_meta_engine.sampling import RowSampling
 
 
 class SlotBatch:
     def __init__(
-        self, num_slots: int, graphs: DecodeGraphs, pad_token_id: int, device: torch.device, chunk_tokens: int | None
+        self,
+        num_slots: int,
+        graphs: DecodeGraphs,
+        pad_token_id: int,
+        device: torch.device,
+        chunk_tokens: int | None,
+        prefill_graphs: PrefillGraphs | None = None,
     ):
         self._graphs = graphs
+        self._prefill_graphs = prefill_graphs
         self._pad_token_id = pad_token_id
         self._device = device
         self._chunk_tokens = chunk_tokens  # chunked prefill: tokens per prefill forward; None: whole prompts
@@ -61,6 +70,36 @@ class SlotBatch:
         padded = [list(job.spec.input_ids) + [self._pad_token_id] * (width - n) for job, n in zip(prompt_jobs, lengths)]
         input_ids_P_L = torch.tensor(padded, dtype=torch.int64).to(self._device)
         return input_ids_P_L, torch.tensor(lengths, dtype=torch.int64).to(self._device)
+
+    def _run_prompts(self, prompt_jobs: Sequence[GenerationJob], lengths: list[int], where: list[int]) -> torch.Tensor:
+        """Run the prompts, each prompt's keys going to its `where` (the cache layout's index: a
+        slot, a page-table row): the logits after each prompt's last token, (P, V).
+
+        Through a prefill graph when one holds them (a view its next run overwrites), else eagerly.
+        """
+        if self._prefill_graphs is not None:
+            prompts = [job.spec.input_ids for job in prompt_jobs]
+            logits_P_V = self._prefill_graphs.run(prompts, where, self._padding_where(where))
+            if logits_P_V is not None:
+                return logits_P_V
+        input_ids_P_L, lengths_P = self._prompt_tensors(prompt_jobs, lengths)
+        where_P = torch.tensor(where, dtype=torch.int64).to(self._device)
+        return self._decoder.prefill(input_ids_P_L, lengths_P, where_P, self._chunk_tokens)
+
+    def _padding_where(self, where: list[int]) -> int | None:
+        """Where a prefill graph's padding rows (length 0) may write, given the prompts' `where`;
+        None: nowhere, the prompts then run eagerly. Up to the cache layout."""
+        raise NotImplementedError
+
+    def prefill_graph_info(self) -> dict:
+        graphs = self._prefill_graphs
+        if graphs is None:
+            return {"prefill_graphs": 0}
+        return {
+            "prefill_graphs": graphs.num_graphs,
+            "prefill_graph_capture_s": round(graphs.capture_s, 3),
+            "prefill_graph_runs": graphs.runs,
+        }
 
     def _logits_by_row(self, logits_P_V: torch.Tensor, prompt_of_row: list[int]) -> torch.Tensor:
         """Each row's first-token logits, (N, V), from those of its prompt."""

@@ -22,6 +22,7 @@ import torch
 from slime_meta_engine.cuda_graphs import DecodeGraphs
 from slime_meta_engine.model_support import model_shape, unsupported_reason
 from slime_meta_engine.paged_batch import DEFAULT_PAGE_SIZE, PagedBatch, build_paged_batch
+from slime_meta_engine.prefill_graphs import PrefillGraphs, build_prefill_graphs, prefill_graph_tokens_for
 from slime_meta_engine.protocol import GenerationSpec
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
 from slime_meta_engine.slot_batch import SlotBatch
@@ -33,9 +34,16 @@ logger = logging.getLogger("slime_meta.worker")
 
 class StaticBatch(SlotBatch):
     def __init__(
-        self, decoder: StaticDecoder, graphs: DecodeGraphs, pad_token_id: int, chunk_tokens: int | None = None
+        self,
+        decoder: StaticDecoder,
+        graphs: DecodeGraphs,
+        pad_token_id: int,
+        chunk_tokens: int | None = None,
+        prefill_graphs: PrefillGraphs | None = None,
     ):
-        super().__init__(decoder.cache.num_slots, graphs, pad_token_id, decoder.shape.device, chunk_tokens)
+        super().__init__(
+            decoder.cache.num_slots, graphs, pad_token_id, decoder.shape.device, chunk_tokens, prefill_graphs
+        )
         self._decoder = decoder
 
     @property
@@ -50,6 +58,7 @@ class StaticBatch(SlotBatch):
             "capacity": self.capacity,
             "graphs": graphs.num_graphs,
             "graph_capture_s": round(graphs.capture_s, 3),
+            **self.prefill_graph_info(),
         }
 
     def can_serve(self, spec: GenerationSpec) -> bool:
@@ -71,16 +80,14 @@ class StaticBatch(SlotBatch):
         first_row_of_prompt = {prompt: row for row, prompt in reversed(list(enumerate(prompt_of_row)))}
         prompt_slots = [slots[first_row_of_prompt[prompt]] for prompt in range(len(prompt_jobs))]
         lengths = [len(job.spec.input_ids) for job in prompt_jobs]
-        input_ids_P_L, lengths_P = self._prompt_tensors(prompt_jobs, lengths)
-        slots_P = torch.tensor(prompt_slots, dtype=torch.int64).to(self._device)
-        logits_P_V = self._decoder.prefill(input_ids_P_L, lengths_P, slots_P, self._chunk_tokens)
+        logits_P_V = self._run_prompts(prompt_jobs, lengths, prompt_slots)
         copies = [
             (prompt_slots[prompt], slots[row])
             for row, prompt in enumerate(prompt_of_row)
             if first_row_of_prompt[prompt] != row
         ]
         if copies:
-            width = input_ids_P_L.shape[1]
+            width = max(lengths)
             source_C = torch.tensor([source for source, _ in copies], dtype=torch.int64).to(self._device)
             target_C = torch.tensor([target for _, target in copies], dtype=torch.int64).to(self._device)
             cache = self._decoder.cache
@@ -88,6 +95,13 @@ class StaticBatch(SlotBatch):
                 tensor_L_S_K_T_D[:, target_C, :, :width] = tensor_L_S_K_T_D[:, source_C, :, :width]
         logits_N_V = self._logits_by_row(logits_P_V, prompt_of_row)
         return self._start_rows(jobs, slots, prompt_of_row, lengths), logits_N_V, len(prompt_jobs)
+
+    def _padding_where(self, where: list[int]) -> int | None:
+        """A free slot this prefill does not fill: a padding row writes a whole prompt's columns
+        into its slot, which only a later prefill of that slot (rewriting them) makes readable."""
+        taken = set(where)
+        free = [slot for slot, row in enumerate(self._row_by_slot) if row is None and slot not in taken]
+        return free[-1] if free else None
 
     def decode(self) -> torch.Tensor:
         """One token for every running row; returns logits (len(rows), V) in `rows` order."""
@@ -118,12 +132,14 @@ def build_static_batch(
     use_graphs: bool,
     chunk_tokens: int | None = None,
     budgeted: bool = False,
+    prefill_graph_tokens: int | None = None,
 ) -> StaticBatch:
     """Allocate the static cache, build the decoder and (with `use_graphs`) capture the graphs.
 
     `budgeted`: the slots and capacity come from a memory budget (memory_budget.py) and are
     allocated as they are; otherwise the capacity is capped to a share of the free memory.
-    Raises ValueError when the model is not supported or the cache does not fit in memory.
+    `prefill_graph_tokens`: as in `build_paged_batch`. Raises ValueError when the model is not
+    supported or the cache does not fit in memory.
     """
     reason = unsupported_reason(model)
     if reason is not None:
@@ -145,7 +161,14 @@ def build_static_batch(
         device=shape.device,
     )
     decoder = StaticDecoder(model, cache)
-    return StaticBatch(decoder, DecodeGraphs(decoder, use_graphs=use_graphs), pad_token_id, chunk_tokens)
+    graphs = DecodeGraphs(decoder, use_graphs=use_graphs)
+    prefill_graphs = build_prefill_graphs(
+        decoder,
+        use_graphs=use_graphs,
+        max_tokens=prefill_graph_tokens_for(use_graphs, prefill_graph_tokens, chunk_tokens),
+        pool=graphs.pool,
+    )
+    return StaticBatch(decoder, graphs, pad_token_id, chunk_tokens, prefill_graphs)
 
 
 def build_fast_path(
@@ -161,13 +184,15 @@ def build_fast_path(
     kv_cache: str = "static",
     pool_tokens: int | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
+    prefill_graph_tokens: int | None = None,
 ) -> StaticBatch | PagedBatch | None:
     """The fast decode path for `--cuda-graphs`, or None for the DynamicCache path.
 
     `kv_cache` "static": `num_slots` slots of `cache_len` tokens (`chunk_tokens` and `budgeted`:
     see `StaticBatch` and `build_static_batch`). "paged": one pool of `pool_tokens` tokens (None:
     as many as the static cache would hold, `num_slots` x `cache_len`, capped at the same share
-    of free memory) in pages of `page_size`, for `num_slots` running rows.
+    of free memory) in pages of `page_size`, for `num_slots` running rows. `prefill_graph_tokens`:
+    the largest captured prefill's rows x length (None: the default; 0: prefills run eagerly).
     """
     if mode == "off":
         return None
@@ -185,6 +210,7 @@ def build_fast_path(
                     use_graphs=True,
                     page_size=page_size,
                     chunk_tokens=chunk_tokens,
+                    prefill_graph_tokens=prefill_graph_tokens,
                 )
             return build_static_batch(
                 model,
@@ -194,6 +220,7 @@ def build_fast_path(
                 use_graphs=True,
                 chunk_tokens=chunk_tokens,
                 budgeted=budgeted,
+                prefill_graph_tokens=prefill_graph_tokens,
             )
         except (ValueError, RuntimeError) as error:  # unsupported model, no memory, failed capture
             problem = str(error)
