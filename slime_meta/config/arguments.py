@@ -105,9 +105,30 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
     add_checkpoint_and_tracking_flags(groups.group("checkpoints and tracking"))
 
     add = groups.group("program")
-    add("--backend", choices=("local", "slime"), default="local")
-    add("--seed", type=int, default=1234)
+    add(
+        "--backend",
+        choices=("local", "slime"),
+        default="local",
+        help="local: one machine, embedded workers behind sglang-router and a torch trainer; slime: a GPU "
+        "cluster through slime (Ray + Megatron + SGLang), docs/cluster.md.",
+    )
+    add(
+        "--seed",
+        type=int,
+        default=1234,
+        help="Seed of the problem draws, their train/holdout split and the choice of traced chains.",
+    )
     return parser
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default, except a None default: such a flag's help says what not giving
+    it means (computed from other flags, off, or required)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None:
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -121,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineErrorParser(
         prog="train.py",
         description="Train a teacher LLM to write additional_info, rewarded by a student's holdout grades.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     return add_meta_learning_arguments(parser)
 

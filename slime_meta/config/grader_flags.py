@@ -49,12 +49,19 @@ def add_grader_flags(add: AddFlag) -> None:
         "with --grader auto and no key or --grader-base-url the run stops instead of using the verifier.",
     )
     add(
-        "--grader-base-url", default=None, help="A self-hosted OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."
+        "--grader-base-url",
+        default=None,
+        help="A self-hosted OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1; default: the OpenAI API.",
     )
     add("--grader-api-key-env", default="OPENAI_API_KEY", help="Name of the environment variable holding the API key.")
-    add("--grader-temperature", type=float, default=0.0)
-    add("--grader-max-tokens", type=positive_int, default=512)
-    add("--grader-concurrency", type=positive_int, default=32)
+    add("--grader-temperature", type=float, default=0.0, help="Sampling temperature of the LLM grader's replies.")
+    add(
+        "--grader-max-tokens",
+        type=positive_int,
+        default=512,
+        help="Most tokens of one LLM grader reply (room for its GRADE line and explanation).",
+    )
+    add("--grader-concurrency", type=positive_int, default=32, help="LLM grader requests in flight at once.")
     add(
         "--grader-timeout",
         type=positive_seconds,

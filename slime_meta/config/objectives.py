@@ -109,9 +109,9 @@ def add_objective_arguments(add_group) -> None:
         "--aipo-delta",
         type=float,
         default=None,
-        help="AIPO: loss = -min(pi/mu, delta) * A instead of the PPO clip (e.g. 8).",
+        help="AIPO: loss = -min(pi/mu, delta) * A instead of the PPO clip (e.g. 8); default: off.",
     )
-    add("--eps-clip-c", type=float, default=None, help="Dual-clip bound (> 1) for negative advantages.")
+    add("--eps-clip-c", type=float, default=None, help="Dual-clip bound (> 1) for negative advantages; default: off.")
     add(
         "--kl-loss-coef",
         type=float,
@@ -135,9 +135,9 @@ def add_objective_arguments(add_group) -> None:
     add(
         "--teacher-context",
         default=None,
-        help="Context for the teacher distribution: a text, or @path to read it from a file.",
+        help="Context for the teacher distribution: a text, or @path to read it from a file; default: none.",
     )
-    add("--context-key", default=None, help="Dataset column holding a per-row context.")
+    add("--context-key", default=None, help="Dataset column holding a per-row context; default: none.")
     add(
         "--distill-context",
         choices=("none", "additional_info"),
@@ -179,7 +179,12 @@ def add_objective_arguments(add_group) -> None:
         "call; its own token mean.",
     )
     add("--sdpo-beta", type=float, default=0.5, help="JSD mixture: 0 forward KL(teacher||student), 1 reverse KL.")
-    add("--sdpo-temperature", type=float, default=1.0)
+    add(
+        "--sdpo-temperature",
+        type=float,
+        default=1.0,
+        help="Temperature of both distributions in the hint self-distillation JSD.",
+    )
     add(
         "--sdpo-topk",
         type=int,
@@ -197,10 +202,20 @@ def add_objective_arguments(add_group) -> None:
         "renormalises both sides over the K ids instead (local backend only).",
     )
     add("--sdpo-top-k", type=int, default=None, help=argparse.SUPPRESS)  # the old name: refused with the new one
-    add("--sdpo-token-clip", type=float, default=None, help="Cap each token's divergence.")
+    add("--sdpo-token-clip", type=float, default=None, help="Cap each token's divergence; default: no cap.")
     add("--sdpo-grade-threshold", type=float, default=1.0, help="Error sites: attempts graded below this.")
-    add("--sdpo-on", choices=("errors", "all"), default="errors")
-    add("--sdpo-hint", default=None, help="A fixed hint text instead of the meta-teacher's final info.")
+    add(
+        "--sdpo-on",
+        choices=("errors", "all"),
+        default="errors",
+        help="Which solver attempts get the hint self-distillation term: errors (graded below "
+        "--sdpo-grade-threshold) or all.",
+    )
+    add(
+        "--sdpo-hint",
+        default=None,
+        help="A fixed hint text instead of the meta-teacher's final info; default: none (the info).",
+    )
 
     add = add_group("objectives: DPO on N-teacher trace-replay pairs")
     add("--replay-beta", type=float, default=0.0, help="Weight of the DPO term.")

@@ -37,8 +37,9 @@ def add_pool_flags(add: AddFlag) -> None:
     add(
         "--hf-checkpoint",
         default=None,
-        help="Teacher model: a local HF checkpoint directory, or a .gguf file (converted once into an HF directory "
-        "cached under $SLIME_META_CACHE, default ~/.cache/slime-meta; needs the packages gguf and accelerate).",
+        help="Required. Teacher model: a local HF checkpoint directory, or a .gguf file (converted once into an HF "
+        "directory cached under $SLIME_META_CACHE, default ~/.cache/slime-meta; needs the packages gguf and "
+        "accelerate).",
     )
     add(
         "--rollout-num-gpus",
@@ -52,8 +53,13 @@ def add_pool_flags(add: AddFlag) -> None:
         default=1,
         help="GPUs per inference engine (the local worker uses one GPU per engine).",
     )
-    add("--actor-num-nodes", type=positive_int, default=1)
-    add("--actor-num-gpus-per-node", type=int, default=0)
+    add("--actor-num-nodes", type=positive_int, default=1, help="slime backend: nodes of the trainer (Megatron).")
+    add(
+        "--actor-num-gpus-per-node",
+        type=int,
+        default=0,
+        help="slime backend: trainer GPUs per node (the local backend trains on its one device).",
+    )
     add(
         "--teacher-port",
         type=int,

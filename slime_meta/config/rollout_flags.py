@@ -63,7 +63,7 @@ class SamplingConfig:
 
 def add_meta_learning_flags(add: AddFlag) -> None:
     """The outer and inner loop's sizes, the info's placement, templates, evaluation."""
-    add("--use-meta-learning", action="store_true", help="Train a teacher with the meta-learning rollout.")
+    add("--use-meta-learning", action="store_true", help="Required: train a teacher with the meta-learning rollout.")
     add(
         "--num-inner-iterations", type=positive_int, default=3, help="K: student -> grader -> teacher rounds per chain."
     )
@@ -86,7 +86,7 @@ def add_meta_learning_flags(add: AddFlag) -> None:
         type=positive_int,
         default=None,
         help="Holdout problems per batch, out of --rollout-batch-size (instead of --inner-loop-train-ratio); "
-        "with --group-key split evenly over the teacher prompts.",
+        "with --group-key split evenly over the teacher prompts. Default: from --inner-loop-train-ratio.",
     )
     add(
         "--n-problems-per-prompt",
@@ -134,7 +134,8 @@ def add_meta_learning_flags(add: AddFlag) -> None:
     add(
         "--group-key",
         default=None,
-        help="Dataset column of task families: each teacher prompt and its holdout come from one family.",
+        help="Dataset column of task families: each teacher prompt and its holdout come from one family; "
+        "default: none (problems drawn across families).",
     )
     add(
         "--generator-template",
@@ -174,7 +175,8 @@ def add_meta_learning_flags(add: AddFlag) -> None:
         default=None,
         metavar="NAME PATH",
         help="Fixed evaluation sets as NAME PATH pairs, never drawn for training: the same meta-learning rollout "
-        "without training, logged as eval/NAME/holdout_grade, eval/NAME/holdout_grade_no_info and eval/NAME/gain.",
+        "without training, logged as eval/NAME/holdout_grade, eval/NAME/holdout_grade_no_info and eval/NAME/gain. "
+        "Default: none.",
     )
     add(
         "--eval-interval",
@@ -196,7 +198,7 @@ def add_meta_learning_flags(add: AddFlag) -> None:
 
 def add_data_flags(add: AddFlag) -> None:
     """The dataset's columns and the draw per outer step (slime's names)."""
-    add("--prompt-data", default=None, help="Dataset: .parquet, .jsonl or .json.")
+    add("--prompt-data", default=None, help="Required. Dataset: .parquet, .jsonl or .json.")
     add("--input-key", default="prompt", help="Column with the problem text (a `messages` chat column also works).")
     add(
         "--label-key",
@@ -233,7 +235,7 @@ def add_data_flags(add: AddFlag) -> None:
 
 def add_sampling_flags(add: AddFlag) -> None:
     """Teacher sampling and the inference requests' concurrency, timeouts and retries."""
-    add("--teacher-temperature", type=float, default=0.7)
+    add("--teacher-temperature", type=float, default=0.7, help="Sampling temperature of the teacher's infos.")
     add(
         "--teacher-max-tokens",
         type=positive_int,

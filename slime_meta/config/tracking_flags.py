@@ -25,13 +25,18 @@ class TrackingConfig:
 
 def add_checkpoint_and_tracking_flags(add: AddFlag) -> None:
     """Checkpoint directories and intervals, the run directory, wandb."""
-    add("--save", default=None, help="Checkpoint directory.")
-    add("--load", default=None, help="Resume from this checkpoint directory.")
-    add("--save-interval", type=positive_int, default=None, help="Save every N outer steps (and at the end).")
+    add("--save", default=None, help="Checkpoint directory; default: no checkpoints.")
+    add("--load", default=None, help="Resume from this checkpoint directory; default: start from --hf-checkpoint.")
+    add(
+        "--save-interval",
+        type=positive_int,
+        default=None,
+        help="Save every N outer steps (and at the end); default: at the end only.",
+    )
     add("--run-dir", default=None, help="Where metrics, traces, config and plot go (default runs/<time>).")
-    add("--use-wandb", action="store_true")
-    add("--wandb-project", default="slime-meta")
-    add("--wandb-group", default=None)
+    add("--use-wandb", action="store_true", help="Also log to wandb (pip install -e '.[wandb]').")
+    add("--wandb-project", default="slime-meta", help="wandb project.")
+    add("--wandb-group", default=None, help="wandb group of the run; default: none.")
     add(
         "--wandb-mode",
         choices=("offline", "online", "disabled"),

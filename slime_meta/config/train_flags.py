@@ -30,13 +30,18 @@ class TrainConfig:
 
 def add_train_flags(add: AddFlag) -> None:
     """The optimizer step, micro-batches, memory and how weights reach the workers."""
-    add("--lr", type=float, default=1e-5)
-    add("--weight-decay", type=float, default=0.0)
-    add("--adam-beta1", type=float, default=0.9)
-    add("--adam-beta2", type=float, default=0.999)
-    add("--clip-grad", type=float, default=1.0)
-    add("--eps-clip", type=float, default=0.2)
-    add("--eps-clip-high", type=float, default=None)
+    add("--lr", type=float, default=1e-5, help="AdamW learning rate.")
+    add("--weight-decay", type=float, default=0.0, help="AdamW weight decay.")
+    add("--adam-beta1", type=float, default=0.9, help="AdamW beta1.")
+    add("--adam-beta2", type=float, default=0.999, help="AdamW beta2.")
+    add("--clip-grad", type=float, default=1.0, help="Clip the gradient's global norm to this.")
+    add("--eps-clip", type=float, default=0.2, help="PPO clip: the ratio pi/pi_old is kept within [1 - eps, 1 + eps].")
+    add(
+        "--eps-clip-high",
+        type=float,
+        default=None,
+        help="Upper PPO clip (1 + eps_high), e.g. 0.28 (DAPO's clip-higher); default: --eps-clip.",
+    )
     add("--micro-batch-size", type=positive_int, default=8, help="Sequences per forward pass (gradients accumulate).")
     add(
         "--std-normalize",

@@ -17,10 +17,15 @@ def validate_flags(ns: argparse.Namespace) -> None:
     def fail(message: str) -> None:
         raise UserInputError(message)
 
-    if not ns.use_meta_learning:
-        fail("--use-meta-learning is required: it is the training mode this program runs")
-    if not ns.prompt_data:
-        fail("--prompt-data is required: a .parquet, .jsonl or .json dataset (e.g. data/math_word_problems.jsonl)")
+    if not ns.use_meta_learning or not ns.prompt_data:
+        # Every missing required flag in one message, not one per attempt.
+        required = (
+            (ns.use_meta_learning, "--use-meta-learning (the training mode this program runs)"),
+            (ns.prompt_data, "--prompt-data (a .parquet, .jsonl or .json dataset, e.g. data/math_word_problems.jsonl)"),
+            (ns.hf_checkpoint, "--hf-checkpoint (the teacher model: an HF checkpoint directory or a .gguf file)"),
+        )
+        missing = [flag for given, flag in required if not given]
+        fail(f"{'these flags are' if len(missing) > 1 else 'this flag is'} required: " + "; ".join(missing))
     if not 0.0 < ns.inner_loop_train_ratio < 1.0:
         fail(f"--inner-loop-train-ratio {ns.inner_loop_train_ratio}: must be strictly between 0 and 1 (e.g. 0.75)")
     plan_batch(
