@@ -8,15 +8,22 @@ With fixed eval sets (--eval-prompt-data) a third panel shows their holdout grad
 without the info: problems the teacher never trained on.
 
     python -m slime_meta.artifacts.plot RUN_DIR      # writes RUN_DIR/holdout.png
+
+A run writes the plot itself: every `PlotRefresher.interval_s` seconds of steps while it runs,
+and once more however it ends (the last step, an error, Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import time
 from pathlib import Path
 
 from slime_meta.artifacts.tracking import read_metrics
+
+logger = logging.getLogger(__name__)
 
 
 def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
@@ -80,6 +87,33 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def write_plot(run_dir: Path) -> Path | None:
+    """`plot_run` for a run in progress or ending: nothing to draw before the first step's record,
+    and a plot that fails (a full disk, a broken font cache) is a warning, never the run's error."""
+    if not (Path(run_dir) / "metrics.jsonl").is_file():
+        return None
+    try:
+        return plot_run(run_dir)
+    except Exception as error:  # noqa: BLE001 - the plot must never end or mask the run's own outcome
+        logger.warning("could not write %s/holdout.png: %s", run_dir, error)
+        return None
+
+
+class PlotRefresher:
+    """Redraws a run's holdout.png during the run, at most once per `interval_s` seconds (a redraw
+    takes about a tenth of a second on a small CPU, after matplotlib's first import)."""
+
+    def __init__(self, run_dir: Path, interval_s: float = 30.0):
+        self.run_dir, self.interval_s = Path(run_dir), interval_s
+        self._last = time.monotonic()
+
+    def after_step(self) -> Path | None:
+        if time.monotonic() - self._last < self.interval_s:
+            return None
+        self._last = time.monotonic()
+        return write_plot(self.run_dir)
 
 
 def reference_grades(records: list[dict]) -> dict[str, float]:

@@ -83,24 +83,76 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in jsonl_lines(path.read_text(encoding="utf-8"))]
 
 
-def format_step_line(step: int, metrics: Mapping[str, float]) -> str:
-    """A one-line summary of an outer step for the console."""
+def format_step_line(
+    step: int,
+    metrics: Mapping[str, float],
+    *,
+    total: int | None = None,
+    elapsed_s: float | None = None,
+    eta_s: float | None = None,
+    oracle: float | None = None,
+) -> str:
+    """A one-line summary of an outer step for the console, e.g.
+
+    `step 3/20 [0:09 elapsed, ETA 0:51] holdout 0.875 (no info 0.688, oracle 0.969, gain 0.67) inner 0.812
+    loss -0.0123 grad_norm 0.456 kl 0.0012 entropy 1.23 info_len 3.0 | rollout 2.1s train 0.50s step 3.0s`
+
+    `step` is the 0-based rollout id, shown 1-based out of `total` (the run's --num-rollout).
+    `oracle` is the student's grade with the reference context (--eval-baseline); with it the line
+    shows the normalised gain (holdout - no info) / (oracle - no info). KL, entropy and the mean
+    length of the teacher's final info appear when the step's metrics have them.
+    """
 
     def get(key: str) -> float:
         return float(metrics.get(key, float("nan")))
 
+    position = f"step {step + 1}/{total}" if total else f"step {step + 1}"
+    if elapsed_s is not None:
+        timing = f"{format_duration(elapsed_s)} elapsed"
+        if eta_s is not None:
+            timing += f", ETA {format_duration(eta_s)}"
+        position += f" [{timing}]"
+    holdout, no_info = get("meta_learning/avg_holdout_grade"), get("meta_learning/holdout_grade_no_info")
+    control = f"no info {no_info:.3f}"
+    if oracle is not None:
+        control += f", oracle {oracle:.3f}, gain {format_gain(normalised_gain(holdout, no_info, oracle))}"
     if metrics.get("train/skipped_no_signal"):  # nothing was trained: no loss to show
-        trained = f"no signal, update skipped ({get('train/skipped_no_signal_total'):.0f} so far) "
+        trained = f"no signal, update skipped ({get('train/skipped_no_signal_total'):.0f} so far)"
     else:
-        trained = f"loss {get('train/loss'):+.4f} grad_norm {get('train/grad_norm'):.3f} "
+        trained = f"loss {get('train/loss'):+.4f} grad_norm {get('train/grad_norm'):.3f}"
+    optional = [
+        ("kl", "train/kl_ref", "{:.4f}"),  # KL to the start weights (--kl-loss-coef); 0 when off: not shown
+        ("entropy", "train/entropy", "{:.3f}"),
+        ("info_len", "meta_learning/info_tokens", "{:.1f}"),  # tokens of the teacher's final info
+    ]
+    for label, key, form in optional:
+        value = metrics.get(key)
+        if value is not None and math.isfinite(float(value)) and (key != "train/kl_ref" or value):
+            trained += f" {label} {form.format(float(value))}"
     return (
-        f"step {step}: holdout {get('meta_learning/avg_holdout_grade'):.3f} "
-        f"(no info {get('meta_learning/holdout_grade_no_info'):.3f}) "
-        f"inner {get('meta_learning/avg_inner_grade'):.3f} "
-        f"{trained}"
+        f"{position} holdout {holdout:.3f} ({control}) inner {get('meta_learning/avg_inner_grade'):.3f} "
+        f"{trained} | "
         f"rollout {get('meta_learning/inner_loop_time'):.1f}s train {get('train/step_time'):.2f}s "
         f"step {get('perf/step_time'):.1f}s"
     ) + grader_parse_note(metrics)
+
+
+def normalised_gain(holdout: float, no_info: float, oracle: float) -> float:
+    """(holdout - no info) / (oracle - no info): 0 is the no-info control, 1 the reference context;
+    NaN when the reference is no better than no info (nothing to measure against)."""
+    return (holdout - no_info) / (oracle - no_info) if oracle > no_info else float("nan")
+
+
+def format_gain(gain: float) -> str:
+    return f"{gain:.2f}" if math.isfinite(gain) else "n/a"
+
+
+def format_duration(seconds: float) -> str:
+    """`m:ss` below an hour, `h:mm:ss` above."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def grader_parse_note(metrics: Mapping[str, float]) -> str:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
+from typing import Mapping
 
-from slime_meta.artifacts.plot import plot_run
-from slime_meta.artifacts.tracking import Tracker, format_eval_line, format_step_line
+from slime_meta.artifacts.plot import PlotRefresher, reference_grades, write_plot
+from slime_meta.artifacts.tracking import Tracker, format_eval_line, format_step_line, read_metrics
 from slime_meta.artifacts.train_state import load_checkpoint, save_checkpoint, set_rng_state
 from slime_meta.assembly import (
     baseline_eval,
@@ -31,7 +34,7 @@ from slime_meta.backends.local.launcher import LocalProcessGroup
 from slime_meta.backends.local.pipeline import RolloutPipeline
 from slime_meta.backends.local.run_data import describe_plan, load_data
 from slime_meta.backends.local.step import batch_producer, train_on_batch
-from slime_meta.backends.local.step_metrics import StepClock, StepCounters, staleness_metrics
+from slime_meta.backends.local.step_metrics import RunProgress, StepClock, StepCounters, staleness_metrics
 from slime_meta.backends.local.trainer_setup import make_trainer, with_trainer_plan
 from slime_meta.backends.local.worker_pools import start_pools, with_local_grader
 from slime_meta.config.arguments import MetaConfig
@@ -56,14 +59,23 @@ async def _run(cfg: MetaConfig) -> Path:
     check_servers(cfg)  # --grader local's checkpoint, --external-student-url answering
     cfg = with_trainer_plan(cfg, teacher_model)  # on a GPU: micro-batch tokens, recompute, compile (one line)
     run_dir = prepare_run_dir(cfg)  # only once the input is known to be good
-    weights_root = run_dir / "weights"
+    try:
+        await _train(cfg, data, resume, start_step, teacher_model, tokenizer, pieces, run_dir)
+    finally:  # however the run ends: the last step, an error, Ctrl-C or SIGTERM
+        write_plot(run_dir)
+    return run_dir
 
+
+async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: str, tokenizer, pieces, run_dir: Path):
+    weights_root = run_dir / "weights"
     with LocalProcessGroup(host=cfg.pools.host) as processes:
         pools = start_pools(cfg, processes, teacher_model, run_dir)
         pieces = with_local_grader(cfg, pieces, pools.grader_url)
         teacher_pool = make_pool(cfg, "teacher", pools.teacher.router_url, cfg.sampling.teacher_concurrency)
         student_pool = make_pool(cfg, "student", pools.student_url, cfg.sampling.student_concurrency)
         rollout = build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
+        # Progress bars only on a terminal: in a log file they would be glued to the step lines.
+        rollout.settings = replace(rollout.settings, show_progress=sys.stdout.isatty())
         solver_builder = make_solver_builder(cfg, pieces, teacher_pool, tokenizer)
         replayer = make_replayer(cfg, run_dir)
         trainer = make_trainer(cfg, teacher_model, tokenizer)
@@ -75,6 +87,7 @@ async def _run(cfg: MetaConfig) -> Path:
         tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict(), start_step=start_step)
         counters = StepCounters(processes, teacher_pool, student_pool, rollout)
         baseline = await baseline_eval(cfg, rollout, data.sampler.problems) if start_step == 0 else {}
+        oracle = oracle_grade(baseline, run_dir)
         # Fixed eval sets: before training (merged into step 0's record), every --eval-interval steps, at the end.
         evaluation = await evaluate(cfg, rollout, data.eval_sets, 0) if start_step == 0 and data.eval_sets else {}
         print_eval(0, evaluation)
@@ -92,6 +105,7 @@ async def _run(cfg: MetaConfig) -> Path:
         # asks while the last one is still winding down, as it does under CPU contention: each such
         # thread that trained kept 60-90 MB (the trainer +190 MB in 40 steps, 850 -> 1,040 MB).
         trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
+        progress, plot = RunProgress(start_step, cfg.meta.num_rollout), PlotRefresher(run_dir)
         try:
             for rollout_id in range(start_step, cfg.meta.num_rollout):
                 clock = StepClock()
@@ -116,7 +130,16 @@ async def _run(cfg: MetaConfig) -> Path:
                 metrics.update(evaluation)
                 tracker.log(rollout_id, metrics)
                 tracker.write_traces([describe_batch(batch.episodes, rollout_id), *batch.result.traces])
-                print(format_step_line(rollout_id, metrics), flush=True)
+                line = format_step_line(
+                    rollout_id,
+                    metrics,
+                    total=cfg.meta.num_rollout,
+                    elapsed_s=progress.elapsed_s(),
+                    eta_s=progress.eta_s(rollout_id),
+                    oracle=oracle,
+                )
+                print(line, flush=True)
+                plot.after_step()
                 done, evaluation = rollout_id + 1, {}
                 if eval_due(cfg, done) and data.eval_sets:
                     # Weights `done` are on the workers: logged with step `done` (the end: a record of its own).
@@ -143,8 +166,15 @@ async def _run(cfg: MetaConfig) -> Path:
             sync.close()  # its /dev/shm file; the process group removes it too, also on SIGTERM
             tracker.finish()
             trainer_thread.shutdown(wait=False)  # a step in flight (an interrupt) still finishes on it
-    plot_run(run_dir)
-    return run_dir
+
+
+def oracle_grade(baseline: Mapping[str, float], run_dir: Path) -> float | None:
+    """R_oracle: the student's grade with the reference context (--eval-baseline, measured before
+    step 0; a resumed run reads it from the run's earlier records). None when not measured."""
+    grades = reference_grades([dict(baseline)])
+    if not grades and (run_dir / "metrics.jsonl").is_file():
+        grades = reference_grades(read_metrics(run_dir))
+    return next(iter(grades.values()), None)
 
 
 def should_save(cfg: MetaConfig, rollout_id: int) -> bool:
