@@ -128,18 +128,51 @@ def group_samples(prompt_length: int, vocab: int, seed: int) -> list[TeacherSamp
     return out
 
 
-def compare_shared_and_separate(checkpoint, batch, settings: TrainerSettings, pad_id: int, rtol: float, atol: float):
+@pytest.fixture(scope="module")
+def moved_reference(tiny_checkpoint, tmp_path_factory):
+    """The tiny checkpoint with every weight moved a little: a KL anchor the policy differs from, so
+    the KL term and the reference log-probs (computed through the same rows) count in the loss."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("moved-reference")
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_checkpoint), dtype=torch.float32)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=g) * 0.02)
+    model.save_pretrained(out)
+    for path in tiny_checkpoint.iterdir():
+        if "token" in path.name or path.name == "special_tokens_map.json":
+            shutil.copy(path, out / path.name)
+    return out
+
+
+def compare_shared_and_separate(
+    checkpoint, batch, settings: TrainerSettings, pad_id: int, rtol: float, atol: float, reference_path=None
+):
+    """Loss, metrics and gradient with shared-prompt rows against one row per sequence. With
+    `reference_path` (and --kl-loss-coef) the KL term runs: its reference log-probs come through
+    the same rows, and it must be non-zero (the reference differs from the policy)."""
     results = []
     for share in (True, False):
         trainer = LocalTrainer(
-            str(checkpoint), dataclasses.replace(settings, share_prompt_forward=share), pad_token_id=pad_id
+            str(checkpoint),
+            dataclasses.replace(settings, share_prompt_forward=share),
+            pad_token_id=pad_id,
+            reference_path=None if reference_path is None else str(reference_path),
         )
         assert trainer._forward(trainer.model).shares_prompts == share
         metrics = trainer.compute_gradients(batch)
         results.append(([p.grad.detach().clone() for p in trainer.model.parameters()], metrics))
     (shared_grads, shared), (separate_grads, separate) = results
+    kl_runs = reference_path is not None and bool(settings.loss.kl_loss_coef)
+    assert (separate["train/kl_ref"] > 0) == kl_runs
     for key in ("train/loss", "train/pg_loss", "train/kl_ref", "train/entropy", "train/logprob_abs_diff"):
         assert shared[key] == pytest.approx(separate[key], rel=rtol, abs=atol), key
+    if kl_runs:  # the KL term is part of the loss compared above
+        assert separate["train/loss"] != pytest.approx(separate["train/pg_loss"], rel=1e-6, abs=1e-9)
     # Every group's prompt once instead of once per sample.
     assert shared["train/forward_tokens"] < separate["train/forward_tokens"]
     assert separate["train/forward_tokens"] == sum(len(x.prompt_ids) + len(x.response_ids) for x in batch)
@@ -148,7 +181,8 @@ def compare_shared_and_separate(checkpoint, batch, settings: TrainerSettings, pa
         torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
 
 
-def test_shared_prompt_rows_give_the_loss_and_gradient_of_one_row_per_sequence(tiny_checkpoint):
+def test_shared_prompt_rows_give_the_loss_and_gradient_of_one_row_per_sequence(tiny_checkpoint, moved_reference):
+    """The policy-gradient and entropy terms, and the KL term to a reference the policy differs from."""
     settings = TrainerSettings(
         lr=1e-3,
         device="cpu",
@@ -157,11 +191,16 @@ def test_shared_prompt_rows_give_the_loss_and_gradient_of_one_row_per_sequence(t
         loss=LossSettings(kl_loss_coef=0.1, entropy_coef=1e-3),
     )
     batch = group_samples(24, 60, seed=0)
-    compare_shared_and_separate(tiny_checkpoint, batch, settings, 0, rtol=1e-5, atol=1e-6)
+    compare_shared_and_separate(tiny_checkpoint, batch, settings, 0, 1e-5, 1e-6, reference_path=moved_reference)
     # Split by a token budget (each row of the 4-sample group over 24 + 24 tokens is cut in two).
-    compare_shared_and_separate(
-        tiny_checkpoint, batch, dataclasses.replace(settings, max_tokens_per_gpu=40), 0, 1e-5, 1e-6
-    )
+    budget = dataclasses.replace(settings, max_tokens_per_gpu=40)
+    compare_shared_and_separate(tiny_checkpoint, batch, budget, 0, 1e-5, 1e-6, reference_path=moved_reference)
+
+
+def test_without_a_reference_the_kl_coefficient_adds_nothing(tiny_checkpoint):
+    """--kl-loss-coef with no start weights to anchor to (the trainer has no reference_path): no KL term."""
+    settings = TrainerSettings(lr=1e-3, device="cpu", temperature=1.0, loss=LossSettings(kl_loss_coef=0.1))
+    compare_shared_and_separate(tiny_checkpoint, group_samples(24, 60, seed=0), settings, 0, 1e-5, 1e-6)
 
 
 def test_shared_prompt_rows_on_the_real_model(real_checkpoint):
@@ -195,7 +234,9 @@ def test_shared_prompt_rows_on_the_real_model(real_checkpoint):
                 inner_iteration=0,
             )
         )
-    settings = TrainerSettings(lr=1e-4, device="cpu", temperature=1.0, loss=LossSettings(kl_loss_coef=0.1))
+    # The policy-gradient and entropy terms only (no reference model: a second 135M copy); the
+    # reference log-probs through shared rows are compared below, and the KL term on the tiny model.
+    settings = TrainerSettings(lr=1e-4, device="cpu", temperature=1.0, loss=LossSettings())
     pad = tokenizer.pad_token_id
     compare_shared_and_separate(real_checkpoint, batch, settings, pad, rtol=2e-4, atol=2e-6)
     trainer = LocalTrainer(str(real_checkpoint), settings, pad_token_id=pad)
@@ -213,7 +254,7 @@ def test_shared_prompt_rows_on_the_real_model(real_checkpoint):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_shared_prompt_rows_on_cuda_with_compiled_layers(tiny_checkpoint):
+def test_shared_prompt_rows_on_cuda_with_compiled_layers(tiny_checkpoint, moved_reference):
     """bf16 autocast, the fused loss kernels and compiled decoder layers, where the shared rows
     take SDPA's masked kernel and rows of one sequence its causal one."""
     settings = TrainerSettings(
@@ -222,8 +263,13 @@ def test_shared_prompt_rows_on_cuda_with_compiled_layers(tiny_checkpoint):
     batch = group_samples(48, 60, seed=1)
     results = []
     for share in (True, False):
-        trainer = LocalTrainer(str(tiny_checkpoint), dataclasses.replace(settings, share_prompt_forward=share))
+        trainer = LocalTrainer(
+            str(tiny_checkpoint),
+            dataclasses.replace(settings, share_prompt_forward=share),
+            reference_path=str(moved_reference),  # the KL term runs, its reference through the same rows
+        )
         metrics = trainer.compute_gradients(batch)
+        assert metrics["train/kl_ref"] > 0
         flat = torch.cat([p.grad.detach().float().flatten() for p in trainer.model.parameters()])
         results.append((flat, metrics))
     (shared, shared_metrics), (separate, separate_metrics) = results
