@@ -7,10 +7,13 @@ slime's modules is raised as it is, not hidden behind the fallback.
 
 slime's Megatron backend cannot be installed here: the `slime` packages below are stand-ins
 written to a temporary directory (fakes, named as such), each with one way its import can go.
+The real slime and Megatron are hidden from these tests (an import finder that says they are not
+installed), so they test the same thing where slime's source is on the path.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import logging
 import sys
 
@@ -36,9 +39,28 @@ FAKE_LOSS_MODULES = {
 }
 
 
+class NotInstalled(importlib.abc.MetaPathFinder):
+    """Imports of the `hidden` top-level packages fail as they do where the package is not installed."""
+
+    def __init__(self, *hidden: str):
+        self.hidden = set(hidden)
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.hidden:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def _loaded(top: str) -> list[str]:
+    return [m for m in sys.modules if m == top or m.startswith(top + ".")]
+
+
 @pytest.fixture
 def fake_slime(tmp_path, monkeypatch):
-    """Install a stand-in `slime` whose megatron_utils.loss is one of FAKE_LOSS_MODULES."""
+    """slime and Megatron not installed, whatever this machine has; `install(kind)` then puts a
+    stand-in `slime` whose megatron_utils.loss is one of FAKE_LOSS_MODULES on the path."""
+    not_installed = NotInstalled("slime", "megatron")
+    monkeypatch.setattr(sys, "meta_path", [not_installed, *sys.meta_path])
 
     def install(kind: str) -> None:
         package = tmp_path / kind / "slime" / "backends" / "megatron_utils"
@@ -47,13 +69,14 @@ def fake_slime(tmp_path, monkeypatch):
             (directory / "__init__.py").write_text("")
         (package / "loss.py").write_text(FAKE_LOSS_MODULES[kind])
         monkeypatch.syspath_prepend(str(tmp_path / kind))
+        not_installed.hidden.discard("slime")  # the stand-in, first on the path; Megatron stays absent
 
-    for name in [m for m in sys.modules if m == "slime" or m.startswith("slime.")]:
+    for name in _loaded("slime") + _loaded("megatron"):
         monkeypatch.delitem(sys.modules, name)
     slime_loss.slime_log_prob_functions.cache_clear()
     slime_loss._warn_single_rank.cache_clear()
     yield install
-    for name in [m for m in sys.modules if m == "slime" or m.startswith("slime.")]:
+    for name in _loaded("slime") + _loaded("megatron"):
         del sys.modules[name]
     slime_loss.slime_log_prob_functions.cache_clear()
     slime_loss._warn_single_rank.cache_clear()
@@ -96,6 +119,17 @@ def test_a_real_import_error_inside_slime_is_raised_not_hidden(fake_slime, kind,
     with pytest.raises(error) as raised:  # before: the single-rank path, silently
         slime_loss.meta_loss(slime_args(), batch, logits, sum_of_sample_mean(batch))
     assert "transformer_engine_of_a_broken_install" in str(raised.value) or "get_rollout_top_p" in str(raised.value)
+
+
+def test_slime_is_absent_within_these_tests_even_where_it_is_on_the_path(fake_slime, tmp_path, monkeypatch):
+    """A `slime` package on sys.path (as where slime's source is checked out) is not found."""
+    real = tmp_path / "on-path" / "slime"
+    real.mkdir(parents=True)
+    (real / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(real.parent))
+    with pytest.raises(ModuleNotFoundError, match="No module named 'slime'"):
+        __import__("slime")
+    assert slime_loss.slime_log_prob_functions()[0] is None
 
 
 def test_slimes_own_log_probs_are_used_where_they_import(fake_slime, caplog):
