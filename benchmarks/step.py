@@ -3,9 +3,21 @@
     python benchmarks/step.py                          # GPU: both shapes
     python benchmarks/step.py --shape 0.5b --steps 4   # one shape
     python benchmarks/step.py --quick                  # CPU, a tiny shape, 2 steps (the test suite runs this)
+    python benchmarks/step.py --shape smollm2          # GPU: the real SmolLM2-135M-Instruct at run_real.sh's settings
+    python benchmarks/step.py --shape qwen0.5b         # GPU: the real Qwen2.5-Coder-0.5B-Instruct, house rules
+    python benchmarks/step.py --shape smollm2 --quick  # CPU: the real model, run_real.sh's CPU step, 2 steps
     python benchmarks/step.py -- --compile-layers      # extra train.py flags after --
 
-Per shape: a random-init Qwen2 model (bf16 on a GPU), a character tokenizer padded to the model's
+Real shapes (`smollm2`, `qwen0.5b`): the pretrained model from `python -m slime_meta.models.real NAME`
+(converted once into the cache, $SLIME_META_CACHE; offline, from the GGUF placed in its gguf/), its
+own tokenizer and chat template, and scripts/run_real.sh's GPU settings: 24 problems a step (16
+holdout), k = 2, G = 8, K = 2, m = 2, teacher / student temperatures 1.0 / 0.5, the verifier grader;
+SmolLM2 on data/easy_word_problems.jsonl with 128 teacher and 192 student tokens, lr 1e-5; the 0.5B
+on data/house_rules.jsonl with 192 and 320 tokens, two holdout attempts a problem, lr 3e-6 (the
+eval sets and the before-training baseline left out: they are not part of a step). With --quick,
+on the CPU: run_real.sh's CPU step (6 problems, 4 holdout, k = 1, G = 4, K = 1, m = 2), 8 new tokens.
+
+Synthetic shapes: a random-init Qwen2 model (bf16 on a GPU), a character tokenizer padded to the model's
 151,936 ids (one token per character: prompt lengths are text lengths; each sampled id decodes to
 one character), a generated set of long word problems (`--problem-chars` each, 8 topics; holdout
 problems share the teacher prompt's topic). The real loop: train.py with its trainer, one
@@ -70,6 +82,7 @@ TARGETS = {
     "step_s_1.5b": 9.0,
     "weight_push_share": 0.05,
     "step_vs_bound": 1.5,
+    "step_vs_floor_real": 3.0,  # the real models' step within 3x of its physical floor
 }
 COMMON = dict(
     max_position_embeddings=32768,
@@ -108,6 +121,30 @@ SHAPES = {
         **dict(COMMON, max_position_embeddings=8192),
     ),
 }
+# The real models and run_real.sh's settings for them (see the module docstring).
+REAL_SHAPES = {
+    "smollm2": dict(
+        model="smollm2-135m",
+        data="data/easy_word_problems.jsonl",
+        teacher_tokens=128,
+        student_tokens=192,
+        lr="1e-5",
+        flags=(),
+    ),
+    "qwen0.5b": dict(
+        model="qwen2.5-coder-0.5b",
+        data="data/house_rules.jsonl",
+        teacher_tokens=192,
+        student_tokens=320,
+        lr="3e-6",
+        flags=("--n-holdout-samples", "2"),
+    ),
+}
+# run_real.sh's step on a GPU and on the CPU: rollout batch, holdout, k, G, K, m.
+REAL_GPU_STEP = dict(rollout_batch_size=24, heldout_ipb=16, k=2, g=8, inner_iterations=2, m=2)
+REAL_CPU_STEP = dict(rollout_batch_size=6, heldout_ipb=4, k=1, g=4, inner_iterations=1, m=2)
+SYNTHETIC_STEP = dict(rollout_batch_size=8, heldout_ipb=4, k=2, g=8, inner_iterations=2, m=2)
+STEP_KEYS = tuple(SYNTHETIC_STEP)
 TRAINER_MEMORY_SHAPE = {"0.5b": "0.5B", "1.5b": "1.5B", "tiny": "tiny"}  # the shape names trainer_memory.py writes
 WORDS = (
     "the farmer market basket apples crate river boat morning evening price coins bag sold bought each "
@@ -256,7 +293,43 @@ class GpuMemorySampler(threading.Thread):
 # ----------------------------------------------------------------------------- one run
 
 
-def train_command(args: argparse.Namespace, model_dir: Path, data: Path, run_dir: Path, device: str) -> list[str]:
+def shape_settings(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The step's settings for a shape: the meta-learning sizes (a flag given on the command line
+    wins), teacher and student tokens, learning rate, the data's group key and further flags."""
+    real = REAL_SHAPES.get(name)
+    step = SYNTHETIC_STEP if real is None else (REAL_CPU_STEP if args.quick else REAL_GPU_STEP)
+    settings: dict[str, Any] = {
+        key: getattr(args, key) if getattr(args, key) is not None else step[key] for key in STEP_KEYS
+    }
+    if real is None:
+        tokens = args.new_tokens or 64
+        # A random-init model grades every attempt 0: a step without signal trains nothing (the
+        # trainer skips it), and a small entropy term leaves a step that trains, to measure.
+        return dict(
+            settings,
+            teacher_tokens=tokens,
+            student_tokens=tokens,
+            lr="1e-6",
+            group_key="topic",
+            flags=("--entropy-coef", "1e-4"),
+        )
+    teacher, student = (
+        (args.new_tokens, args.new_tokens) if args.new_tokens else (real["teacher_tokens"], real["student_tokens"])
+    )
+    temperatures = ("--teacher-temperature", "1.0", "--rollout-temperature", "0.5")
+    return dict(
+        settings,
+        teacher_tokens=teacher,
+        student_tokens=student,
+        lr=real["lr"],
+        group_key="category",
+        flags=(*real["flags"], *temperatures),
+    )
+
+
+def train_command(
+    args: argparse.Namespace, settings: dict[str, Any], model_dir: Path, data: Path, run_dir: Path, device: str
+) -> list[str]:
     return [
         sys.executable,
         str(C.REPO_ROOT / "train.py"),
@@ -273,62 +346,89 @@ def train_command(args: argparse.Namespace, model_dir: Path, data: Path, run_dir
         "--rubric-key",
         "rubric",
         "--group-key",
-        "topic",
+        settings["group_key"],
         "--rollout-shuffle",
         "--use-meta-learning",
         "--rollout-batch-size",
-        str(args.rollout_batch_size),
+        str(settings["rollout_batch_size"]),
         "--heldout-ipb",
-        str(args.heldout_ipb),
+        str(settings["heldout_ipb"]),
         "--n-problems-per-prompt",
-        str(args.k),
+        str(settings["k"]),
         "--n-samples-per-prompt",
-        str(args.g),
+        str(settings["g"]),
         "--num-inner-iterations",
-        str(args.inner_iterations),
+        str(settings["inner_iterations"]),
         "--n-samples-per-inner-prompt",
-        str(args.m),
+        str(settings["m"]),
         "--num-rollout",
         str(args.steps),
         "--rollout-max-response-len",
-        str(args.new_tokens),
+        str(settings["student_tokens"]),
         "--teacher-max-tokens",
-        str(args.new_tokens),
+        str(settings["teacher_tokens"]),
         "--grader",
         "verifier",
         "--local-num-workers",
         "1",
         "--lr",
-        "1e-6",
+        settings["lr"],
         "--trace-sample-rate",
         "1",
         "--run-dir",
         str(run_dir),
         *(["--max-tokens-per-gpu", str(args.max_tokens_per_gpu)] if args.max_tokens_per_gpu else []),
-        # A random-init model grades every attempt 0: a step without signal trains nothing (the
-        # trainer skips it), and a small entropy term leaves a step that trains, to measure.
-        "--entropy-coef",
-        "1e-4",
+        *settings["flags"],
         *args.extra,
     ]
+
+
+def real_model_inputs(name: str) -> tuple[dict[str, Any], Any, Path, Path]:
+    """(config shape, tokenizer, HF directory, data file) of a real shape; the directory comes from
+    `python -m slime_meta.models.real`, which converts the model once into its cache."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    real = REAL_SHAPES[name]
+    paths = os.pathsep.join(p for p in (str(C.REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    found = subprocess.run(
+        [sys.executable, "-m", "slime_meta.models.real", real["model"]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": paths},
+        cwd=C.REPO_ROOT,
+    )
+    if found.returncode != 0 or not found.stdout.strip():
+        raise RuntimeError(f"python -m slime_meta.models.real {real['model']} failed: {found.stderr[-2000:]}")
+    model_dir = Path(found.stdout.strip().splitlines()[-1])
+    config = AutoConfig.from_pretrained(model_dir)
+    text = config.get_text_config()
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    shape = {key: getattr(text, key) for key in keys}
+    shape["num_key_value_heads"] = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    shape["tie_word_embeddings"] = bool(getattr(config, "tie_word_embeddings", False))
+    return shape, AutoTokenizer.from_pretrained(model_dir), model_dir, C.REPO_ROOT / real["data"]
 
 
 def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, result: dict[str, Any]) -> None:
     """Fills `result` as it goes: what was measured stays when a later part fails."""
     from slime_meta.backends.local.launcher import LocalProcessGroup
 
-    shape = SHAPES[name]
-    rows = make_rows(args.problems, args.problem_chars, seed=0)
-    data = work / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tokenizer = padded_char_tokenizer([r["prompt"] + r["rubric"] for r in rows], shape["vocab_size"])
     started = time.perf_counter()
-    model_dir = build_model_dir(shape, tokenizer, work / "model", device)
-    result.update(model=shape, build_s=time.perf_counter() - started)
+    if name in REAL_SHAPES:
+        shape, tokenizer, model_dir, data = real_model_inputs(name)
+    else:
+        shape = SHAPES[name]
+        rows = make_rows(args.problems, args.problem_chars, seed=0)
+        data = work / "data.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        tokenizer = padded_char_tokenizer([r["prompt"] + r["rubric"] for r in rows], shape["vocab_size"])
+        model_dir = build_model_dir(shape, tokenizer, work / "model", device)
+    settings = shape_settings(name, args)
+    result.update(model=shape, settings=settings, build_s=time.perf_counter() - started)
     run_dir = work / "run"
     sampler = GpuMemorySampler(args.sample_s)
     log = open(work / "train.log", "wb")
-    command = train_command(args, model_dir, data, run_dir, device)
+    command = train_command(args, settings, model_dir, data, run_dir, device)
     result["train_command"] = " ".join(command[1:])
     paths = os.pathsep.join(p for p in (str(C.REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": paths}
@@ -403,7 +503,9 @@ def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, resu
         per,
         requests_by_step,
         recompute=plan.get("recompute_granularity") == "full" or device == "cpu",
-        decode_steps=(2 * args.inner_iterations + 1) * args.new_tokens,
+        # K rounds of student then teacher, then the holdout attempts (see step_floor.py).
+        decode_steps=settings["inner_iterations"] * (settings["student_tokens"] + settings["teacher_tokens"])
+        + settings["student_tokens"],
         peak_tflops=args.peak_tflops,
         bandwidth_tbs=args.bandwidth_tbs,
         bytes_per_param=2 if device == "cuda" else 4,
@@ -497,6 +599,8 @@ def verdicts(result: dict) -> dict[str, Any]:
     target = TARGETS.get(f"peak_gpu_gib_{result['shape']}")
     if mem.get("available") and target:
         out["meets"]["peak_gpu_gib"] = mem["peak_device_gib"] <= target
+    if result["shape"] in REAL_SHAPES and result.get("floor", {}).get("step_vs_floor"):
+        out["meets"]["step_vs_floor"] = result["floor"]["step_vs_floor"] <= TARGETS["step_vs_floor_real"]
     if f"step_s_{result['shape']}" in TARGETS:
         out["meets"]["step_s"] = per["perf/step_time"] <= TARGETS[f"step_s_{result['shape']}"]
     return out
@@ -636,18 +740,32 @@ def print_phases(report: dict) -> None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", choices=("0.5b", "1.5b", "both", "tiny"), default="both", help="tiny: --quick's model")
+    p.add_argument(
+        "--shape",
+        choices=("0.5b", "1.5b", "both", "tiny", *REAL_SHAPES),
+        default="both",
+        help="synthetic 0.5b / 1.5b (both), tiny (--quick's model), or a real model: smollm2 (SmolLM2-135M-Instruct), "
+        "qwen0.5b (Qwen2.5-Coder-0.5B-Instruct)",
+    )
     p.add_argument("--steps", type=int, default=4, help="outer steps per shape; the first is the warm-up")
     p.add_argument("--device", default="auto")
     p.add_argument("--problems", type=int, default=64, help="rows of the generated data set (8 topics)")
     p.add_argument("--problem-chars", type=int, default=1200, help="characters (= tokens) of each problem")
-    p.add_argument("--rollout-batch-size", type=int, default=8)
-    p.add_argument("--heldout-ipb", type=int, default=4)
-    p.add_argument("--k", type=int, default=2, help="problems per teacher prompt")
-    p.add_argument("--g", type=int, default=8, help="infos per teacher prompt")
-    p.add_argument("--m", type=int, default=2, help="attempts per inner prompt")
-    p.add_argument("--inner-iterations", type=int, default=2)
-    p.add_argument("--new-tokens", type=int, default=64, help="student and teacher output tokens")
+    shape_default = "default: the shape's (synthetic / real on a GPU / real with --quick)"
+    p.add_argument("--rollout-batch-size", type=int, default=None, help=f"problems a step; {shape_default}: 8 / 24 / 6")
+    p.add_argument(
+        "--heldout-ipb", type=int, default=None, help=f"holdout problems a step; {shape_default}: 4 / 16 / 4"
+    )
+    p.add_argument("--k", type=int, default=None, help=f"problems per teacher prompt; {shape_default}: 2 / 2 / 1")
+    p.add_argument("--g", type=int, default=None, help=f"infos per teacher prompt; {shape_default}: 8 / 8 / 4")
+    p.add_argument("--m", type=int, default=None, help=f"attempts per inner prompt; {shape_default}: 2 / 2 / 2")
+    p.add_argument("--inner-iterations", type=int, default=None, help=f"K; {shape_default}: 2 / 2 / 1")
+    p.add_argument(
+        "--new-tokens",
+        type=int,
+        default=None,
+        help="student and teacher output tokens; default: 64 for a synthetic shape, run_real.sh's for a real one",
+    )
     p.add_argument(
         "--max-tokens-per-gpu",
         type=int,
@@ -683,12 +801,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--generation-json", default=str(C.REPO_ROOT / "benchmarks/results/generation_h100.json"))
     p.add_argument("--trainer-json", default=str(C.REPO_ROOT / "benchmarks/results/trainer_memory_h200.json"))
-    p.add_argument("--quick", action="store_true", help="CPU, a tiny shape, 2 steps, short problems")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="CPU, 2 steps, 8 new tokens: the tiny shape with short problems, or a real --shape at run_real.sh's "
+        "CPU step",
+    )
     p.add_argument("--out", default=None)
     p.add_argument("extra", nargs="*", help="extra train.py flags after --, e.g. -- --compile-layers")
     args = p.parse_args(argv)
     if args.quick:
         args.device, args.steps, args.problem_chars, args.new_tokens, args.g = "cpu", 2, 200, 8, 4
+        if args.shape not in REAL_SHAPES:
+            args.shape = "tiny"
         args.served = [16, 16, 4, 8]
     return args
 
@@ -701,10 +826,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if args.bandwidth_tbs is None:
         args.bandwidth_tbs = default_bandwidth_tbs(torch.cuda.get_device_name() if device == "cuda" else "")
-    names = ["tiny"] if args.quick else (["0.5b", "1.5b"] if args.shape == "both" else [args.shape])
+    names = ["0.5b", "1.5b"] if args.shape == "both" else [args.shape]
     report = C.report_header("step", {k: v for k, v in vars(args).items() if k != "out"})
     report.update(device=device, targets=TARGETS, shapes=[])
-    out = args.out or C.default_out("step" + ("_quick" if args.quick else ""))
+    real = f"_{args.shape}" if args.shape in REAL_SHAPES else ""
+    out = args.out or C.default_out("step" + real + ("_quick" if args.quick else ""))
     for name in names:
         with tempfile.TemporaryDirectory(prefix=f"bench-step-{name}-") as tmp:
             print(f"  {name}: running {args.steps} steps", file=sys.stderr, flush=True)

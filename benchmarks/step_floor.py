@@ -12,8 +12,8 @@ at peak: no schedule reaches it; it says how far the parts are from the hardware
         (KL anchor, replay DPO); causal attention counted at half (2 L d T^2 per forward); the
         output projection on the response tokens only (the trainer projects no prompt token)
     prefill FLOPs = 2 x P x prefilled tokens + 2 x L x d x sum over requests of T^2 + 2 x d x V x requests
-    decode steps = (2 K + 1) x max new tokens (K inner rounds of student then teacher, then the
-        holdout: dependent phases of at most that many tokens each)
+    decode steps = K x (student + teacher max new tokens) + student max new tokens (K inner rounds
+        of student then teacher, then the holdout: dependent phases of at most that many tokens each)
     weight bytes = all parameters x bytes per parameter (bf16: 2)
 The sum of T^2 over the trained sequences is taken as trained tokens^2 / sequences (equal
 lengths: at most the true sum, so the floor stays a floor).
