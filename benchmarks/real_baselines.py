@@ -186,7 +186,7 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     for decoding in args.decodings:
         for hint in args.hints:
             infos = ["" if hint == NO_HINT else str(p.metadata.get(hint) or "") for p in problems]
-            prompts = [renderer.text(template.build(p, info, "prefix")) for p, info in zip(problems, infos)]
+            prompts = [renderer.text(template.build(p, info, args.position)) for p, info in zip(problems, infos)]
             started = time.perf_counter()
             outputs = generate(
                 tokenizer,
@@ -222,7 +222,7 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
         "device": args.device,
         "dtype": args.dtype,
         "model": f"{MODEL_DISTRIBUTION}=={MODEL_VERSION} {gguf.name}",
-        "template": "prompt_templates/generator.txt, hint as prefix, chat template applied",
+        "template": f"prompt_templates/generator.txt, hint as {args.position}, chat template applied",
         "load_s": round(load_s, 1),
         "generate_s": timings,
     }
@@ -244,6 +244,12 @@ def main(argv: list[str] | None = None) -> None:
         help=f"hint columns of the data; '{NO_HINT}' is the empty hint",
     )
     parser.add_argument("--decodings", nargs="+", choices=("greedy", "sample"), default=["greedy", "sample"])
+    parser.add_argument(
+        "--position",
+        default="prefix",
+        choices=("prefix", "suffix", "system"),
+        help="where the hint goes in the student's prompt (train.py's --additional-info-position; default prefix)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)

