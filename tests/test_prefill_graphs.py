@@ -190,7 +190,7 @@ def test_cuda_prefill_graphs_float32_match_hf(kv_cache: str) -> None:
     engine.start()
     try:
         prompts = random_prompts([6, 70, 3, 33], seed=5)
-        results = submit_all(engine, [greedy_spec(f"g{i}", p, 20) for i, p in enumerate(prompts)])
+        results = submit_together(engine, [greedy_spec(f"g{i}", p, 20) for i, p in enumerate(prompts)])
         alone = [submit_all(engine, [greedy_spec(f"s{i}", p, 20)])[0] for i, p in enumerate(prompts)]
     finally:
         engine.stop()
