@@ -80,9 +80,13 @@ def run(plan: LaunchPlan) -> None:
     plan.config.save(plan.run_dir / "config.json")
     args = parse_slime_args(plan.slime_argv)
 
+    from slime_meta.artifacts.plot import write_plot
     from slime_meta.backends.slime.loop import train
 
-    train(args)
+    try:
+        train(args)
+    finally:  # the rollout manager redraws it every 30 s; once more however the run ends
+        write_plot(plan.run_dir)
 
 
 def print_help() -> None:

@@ -323,4 +323,6 @@ async def _train_rollout(
     metrics["perf/meta_rollout_time"] = time.perf_counter() - started
     rt.tracker.log(rollout_id, metrics)
     rt.tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
+    if rt.plot is not None:
+        rt.plot.after_step()
     return RolloutFnTrainOutput(samples=output, metrics=metrics)

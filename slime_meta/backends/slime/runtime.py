@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Awaitable, TypeVar
 
+from slime_meta.artifacts.plot import PlotRefresher
 from slime_meta.artifacts.tracking import Tracker
 from slime_meta.assembly import (
     build_role_pieces,
@@ -85,6 +86,7 @@ class Runtime:
     family_sampler: Any = None  # --group-key: our own per-family sampler over --prompt-data
     family_draws: int = 0
     eval_problems: dict[str, list[Problem]] | None = None
+    plot: PlotRefresher | None = None  # holdout.png, redrawn while the run goes
 
     def close(self) -> None:
         async def close_pools() -> None:
@@ -139,4 +141,5 @@ def build_runtime(args: Namespace) -> Runtime:
         tracker=tracker,
         solver_builder=solver_builder,
         replayer=replayer,
+        plot=PlotRefresher(run_dir),
     )
