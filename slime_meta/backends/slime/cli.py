@@ -85,7 +85,7 @@ def run(plan: LaunchPlan) -> None:
 
     try:
         train(args)
-    finally:  # the rollout manager redraws it every 30 s; once more however the run ends
+    finally:  # the rollout manager redraws it every minute; once more however the run ends
         write_plot(plan.run_dir)
 
 
