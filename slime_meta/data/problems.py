@@ -25,7 +25,6 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Sequence
 
-from slime_meta.data.batch_split import BatchPlan  # noqa: F401 (slime_meta.backends.local.run_data imports it from here)
 from slime_meta.errors import UserInputError
 from slime_meta.types import Episode, Problem, label_text
 

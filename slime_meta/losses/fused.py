@@ -171,7 +171,9 @@ class _Divergence(torch.autograd.Function):
     """Per selected row the generalised JSD and (optionally) the student's target log-prob."""
 
     @staticmethod
-    def forward(ctx, student_N_V, teacher_N_V, rows_n, targets_n, beta: float, temperature: float):  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, student_N_V, teacher_N_V, rows_n, targets_n, beta: float, temperature: float
+    ):
         n = rows_n.numel()
         with_target = targets_n is not None
         div_n = torch.empty(n, dtype=torch.float32, device=student_N_V.device)

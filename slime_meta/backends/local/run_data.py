@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from slime_meta.assembly import batch_plan, load_tokenizer
 from slime_meta.config.arguments import MetaConfig
-from slime_meta.data.problems import BatchPlan, ProblemSampler, load_problems, without_eval_problems
+from slime_meta.data.batch_split import BatchPlan
+from slime_meta.data.problems import ProblemSampler, load_problems, without_eval_problems
 from slime_meta.errors import UserInputError
 from slime_meta.prompt_templates import load_template
 from slime_meta.rollout.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit

@@ -59,6 +59,11 @@ class VarlenLayout:
         )
 
 
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    """Each sequence's start in the packed tokens, and the total last (the varlen kernels' cu_seqlens)."""
+    return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+
 def varlen_layout(branch_B_T: torch.Tensor) -> VarlenLayout:
     """The sequences of a packed batch's branch layout (host tensor): per row, the leading run of
     0s (the prefix, or the whole sequence), each branch, the padding."""
@@ -82,11 +87,10 @@ def varlen_layout(branch_B_T: torch.Tensor) -> VarlenLayout:
             key_index.extend(keys)
             q_lengths.append(end - first)
             k_lengths.append(len(keys))
-    cumulative = lambda lengths: torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)  # noqa: E731
     return VarlenLayout(
         torch.tensor(key_index, dtype=torch.long),
-        cumulative(q_lengths),
-        cumulative(k_lengths),
+        _offsets(q_lengths),
+        _offsets(k_lengths),
         max(q_lengths),
         max(k_lengths),
     )

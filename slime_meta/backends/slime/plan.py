@@ -152,7 +152,8 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
     if ns.grader == "local":
         fail(
             "--grader local: the embedded grader pool runs with the local backend; on a cluster serve the grader "
-            "with SGLang (python -m sglang.launch_server --model-path PATH) and give --grader-base-url http://HOST:PORT/v1"
+            "with SGLang (python -m sglang.launch_server --model-path PATH) "
+            "and give --grader-base-url http://HOST:PORT/v1"
         )
     if slime_ns.disable_rollout_global_dataset:
         fail("--disable-rollout-global-dataset: the rollout draws its problems from slime's data source; leave it out")

@@ -34,7 +34,12 @@ _GSM8K = re.compile(r"^[ \t]*####[ \t]*(?P<value>[^\n]*)", re.MULTILINE)
 _PHRASE = re.compile(
     r"\b(?:final[ \t]+|correct[ \t]+)?answer[ \t]+(?:is|would[ \t]+be|will[ \t]+be)\b[*_ \t]*:?[*_ \t$]*", re.IGNORECASE
 )
-_VALUE_START = re.compile(r"[\d\-−+.$\\({\[√π]|(?:yes|no|true|false)\b|(?![aAI]\b)[A-Za-z](?![A-Za-z])", re.IGNORECASE)
+_VALUE_START = re.compile(
+    r"[\d\-−+.$\\({\[√π]"  # a number, a sign, a currency or a bracket
+    r"|(?:yes|no|true|false)\b"
+    r"|(?![aAI]\b)[A-Za-z](?![A-Za-z])",  # one letter alone (a variable), not the words a / A / I
+    re.IGNORECASE,
+)
 # Where a stated value ends: the end of its sentence (not `3.5`, `i.e.`, `e.g.`), or a clause.
 _SENTENCE_END = re.compile(r"(?<!\bi\.e)(?<!\be\.g)(?<!\betc)(?<!\bapprox)[.!?](?=\s)", re.IGNORECASE)
 _CLAUSE = re.compile(
