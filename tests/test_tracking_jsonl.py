@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from slime_meta.artifacts.tracking import Tracker, jsonl_lines, read_metrics
-from slime_meta.config.tracking_flags import TrackingConfig
+from slime_meta.config.tracking import TrackingConfig
 
 # Line separators that JSON leaves raw with ensure_ascii=False and str.splitlines() splits at.
 ODD_TEXT = "a\u2028b\u2029c\x85d\x1ce\x0bf"

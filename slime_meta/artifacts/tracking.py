@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from slime_meta.config.tracking_flags import TrackingConfig
+from slime_meta.config.tracking import TrackingConfig
 
 
 def _jsonable(value: float) -> float | None:

@@ -5,8 +5,8 @@ takes: it adds our groups and skips any flag the parser already has, so the flag
 defines (`--prompt-data`, `--rollout-batch-size`, `--hf-checkpoint`, `--lr`, `--save`, ...) keep
 slime's definition on a cluster and get ours when run on one machine. Names and meanings follow
 slime's where both exist. Each concern's flags and config section live in their own module:
-`rollout_flags` (loop sizes, data, sampling), `grader_flags`, `pool_flags`, `train_flags`,
-`objectives`, `tracking_flags` (checkpoints and tracking).
+`rollout` (loop sizes, data, sampling), `grading`, `pools`, `training`, `objectives`,
+`tracking` (checkpoints and tracking).
 
 After parsing, `build_config(namespace)` makes a `MetaConfig` once; nothing mutates it.
 """
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from slime_meta.artifacts.model_files import resolve_checkpoint_flags
-from slime_meta.config.grader_flags import GraderConfig, add_grader_flags
+from slime_meta.config.grading import GraderConfig, add_grader_flags
 from slime_meta.config.objectives import ObjectivesConfig, add_objective_arguments, shared_student_objective_defaults
-from slime_meta.config.pool_flags import PoolConfig, add_pool_flags
-from slime_meta.config.rollout_flags import (
+from slime_meta.config.pools import PoolConfig, add_pool_flags
+from slime_meta.config.rollout import (
     DataConfig,
     MetaLearningConfig,
     SamplingConfig,
@@ -32,8 +32,8 @@ from slime_meta.config.rollout_flags import (
     add_meta_learning_flags,
     add_sampling_flags,
 )
-from slime_meta.config.tracking_flags import CheckpointConfig, TrackingConfig, add_checkpoint_and_tracking_flags
-from slime_meta.config.train_flags import TrainConfig, add_train_flags
+from slime_meta.config.tracking import CheckpointConfig, TrackingConfig, add_checkpoint_and_tracking_flags
+from slime_meta.config.training import TrainConfig, add_train_flags
 from slime_meta.config.validation import student_pool_defaults, validate_flags
 
 # ----------------------------------------------------------------------------- config
