@@ -203,6 +203,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path, flag: str = "checkpoint") -> di
     plain.generation_config = copy.deepcopy(loaded.generation_config)
     with _no_progress_bars():
         plain.save_pretrained(out_dir, safe_serialization=True)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        # Some transformers versions read no pad token from a GGUF; every consumer pads with one, and
+        # EOS is what the worker falls back to anyway: written once here, all readers agree.
+        tokenizer.pad_token = tokenizer.eos_token
     tokenizer.save_pretrained(out_dir)
     return {
         "model_type": config.model_type,
