@@ -177,7 +177,8 @@ def test_cpu_worker_accepts_the_budget_and_chunks_its_prefill(tiny_checkpoint: P
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_worker_sizes_its_cache_from_the_budget(tiny_checkpoint: Path, tmp_path: Path) -> None:
-    """The log line states the sizing, the slot count caps running requests, and more requests than
+    """The static cache (`--kv-cache static`; the default is paged, whose pages the paged tests size):
+    the log line states the sizing, the slot count caps running requests, and more requests than
     slots queue and are all answered."""
     from transformers import AutoModelForCausalLM
 
@@ -186,7 +187,8 @@ def test_cuda_worker_sizes_its_cache_from_the_budget(tiny_checkpoint: Path, tmp_
     cache_len = model.config.max_position_embeddings  # 256
     # Room for the weights and 5.5 rows of the full length: 5 slots.
     fraction = (model_bytes(model) + 5.5 * cache_len * row_token_bytes(model)) / total
-    extra = ["--mem-fraction-static", repr(fraction), "--static-cache-len", "4096", "--chunked-prefill-size", "64"]
+    extra = ["--kv-cache", "static", "--mem-fraction-static", repr(fraction), "--static-cache-len", "4096"]
+    extra += ["--chunked-prefill-size", "64"]
     process, url = start_worker(tiny_checkpoint, "cuda", extra, tmp_path / "budget.log")
     try:
         info = server_info(url)
