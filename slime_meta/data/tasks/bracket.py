@@ -34,12 +34,11 @@ Select the templates with:
 
 from __future__ import annotations
 
-import argparse
 import random
 from typing import Sequence
 
 from slime_meta.data.tasks import synthetic
-from slime_meta.data.tasks.synthetic import HINT_ALPHABET, WORD_LENGTH, write_jsonl, write_parquet
+from slime_meta.data.tasks.synthetic import HINT_ALPHABET, WORD_LENGTH
 from slime_meta.types import Problem
 
 NAME = "bracket"
@@ -142,18 +141,8 @@ def no_hint_attempt(word: str, rng: random.Random) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m slime_meta.data.tasks.bracket", description="Write the bracket task (deterministic for a seed)."
-    )
-    parser.add_argument("--out", default="data/bracket.jsonl", help="JSON-lines file to write")
-    parser.add_argument("--parquet", default=None, help="also write the rows to this parquet file")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--words-per-family", type=int, default=12)
-    args = parser.parse_args(argv)
-    rows = generate_rows(seed=args.seed, words_per_family=args.words_per_family)
-    print(write_jsonl(rows, args.out))
-    if args.parquet:
-        print(write_parquet(rows, args.parquet))
+    description = "Write the bracket task (deterministic for a seed)."
+    synthetic.family_task_main(argv, NAME, "data/bracket.jsonl", description, generate_rows)
 
 
 if __name__ == "__main__":

@@ -27,12 +27,12 @@ Columns written (data/champ.jsonl; `--input-key prompt --label-key label --rubri
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Sequence
 
 from slime_meta.artifacts.pypi_wheels import download_wheel, installed_file, read_wheel_member
+from slime_meta.data.tasks import writer
 from slime_meta.errors import UserInputError
 
 DISTRIBUTION, VERSION = "champ-dataset", "1.0.0"
@@ -120,25 +120,20 @@ def convert(dataset: dict) -> list[dict]:
 
 def jsonl_text(rows: Sequence[dict]) -> str:
     """The rows as JSON lines with a fixed key order: the same data set gives the same bytes."""
-    return "".join(json.dumps({key: row[key] for key in COLUMNS}, ensure_ascii=False) + "\n" for row in rows)
+    return writer.jsonl_text(rows, COLUMNS)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m slime_meta.data.tasks.champ",
-        description="Convert CHAMP (champ-dataset==1.0.0) into the project's data format.",
-    )
-    parser.add_argument("--out", default="data/champ.jsonl", help="JSON-lines file to write")
+    description = "Convert CHAMP (champ-dataset==1.0.0) into the project's data format."
+    parser = writer.task_parser("champ", description, out="data/champ.jsonl", seed=False)
     parser.add_argument("--cache-dir", default=None, help="where the wheel is kept (default: ~/.cache/slime_meta)")
-    args = parser.parse_args(argv)
-    try:
-        rows = convert(load_dataset(Path(args.cache_dir) if args.cache_dir else None))
-    except UserInputError as error:
-        parser.exit(2, f"error: {error}\n")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(jsonl_text(rows), encoding="utf-8")
-    print(f"{out}: {len(rows)} problems")
+    writer.write_task(
+        parser,
+        argv,
+        lambda args: convert(load_dataset(Path(args.cache_dir) if args.cache_dir else None)),
+        COLUMNS,
+        "category",
+    )
 
 
 if __name__ == "__main__":

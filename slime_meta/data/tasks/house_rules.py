@@ -20,14 +20,12 @@ Generate the shipped data (training pool and a separate evaluation set) with:
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
-from slime_meta.data.tasks.word_problems import PEOPLE, Story, jsonl_text
+from slime_meta.data.tasks import writer
+from slime_meta.data.tasks.word_problems import COLUMNS, PEOPLE, Story
 from slime_meta.errors import UserInputError
 
 GOODS = ("notebooks", "pens", "candles", "mugs", "socks", "soaps", "plates", "cups", "brushes", "tins")
@@ -225,22 +223,11 @@ def generate_rows(n: int, seed: int = 0, families: Sequence[str] | None = None) 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m slime_meta.data.tasks.house_rules",
-        description="Write the house-rules task: problems whose answer needs a rule only the rubric and hint state.",
-    )
-    parser.add_argument("--out", required=True, help="the JSONL file to write")
+    description = "Write the house-rules task: problems whose answer needs a rule only the rubric and hint state."
+    parser = writer.task_parser("house_rules", description)
     parser.add_argument("--n", type=int, default=40, help="problems per family (default: 40)")
-    parser.add_argument("--seed", type=int, default=0, help="draw seed: another seed gives other problems")
     parser.add_argument("--families", nargs="+", default=None, help=f"families (default: all: {', '.join(RULES)})")
-    args = parser.parse_args(argv)
-    try:
-        rows = generate_rows(args.n, args.seed, args.families)
-    except UserInputError as error:
-        parser.exit(2, f"{error}\n")
-    Path(args.out).write_text(jsonl_text(rows))
-    counts = {name: sum(row["category"] == name for row in rows) for name in dict.fromkeys(r["category"] for r in rows)}
-    print(f"wrote {len(rows)} problems to {args.out}: {json.dumps(counts)}")
+    writer.write_task(parser, argv, lambda args: generate_rows(args.n, args.seed, args.families), COLUMNS, "category")
 
 
 if __name__ == "__main__":

@@ -24,14 +24,13 @@ Select the templates with:
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import random
 import string
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from slime_meta.data.tasks import writer
 from slime_meta.prompt_templates import GeneratorPromptTemplate, Message, TeacherPromptTemplate
 from slime_meta.types import GradedAttempt, Problem
 
@@ -114,26 +113,11 @@ def generate_family_rows(
 
 def jsonl_text(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as JSON lines, with a fixed key order, so the same rows give the same bytes."""
-    return "".join(json.dumps({key: row[key] for key in COLUMNS}, ensure_ascii=False) + "\n" for row in rows)
+    return writer.jsonl_text(rows, COLUMNS)
 
 
 def write_jsonl(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(jsonl_text(rows), encoding="utf-8")
-    return path
-
-
-def write_parquet(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """The rows as parquet through pyarrow directly (no pandas index column in the file)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.table({key: [row[key] for row in rows] for key in COLUMNS})
-    pq.write_table(table, path)
-    return path
+    return writer.write_jsonl(rows, path, COLUMNS)
 
 
 # ---------------------------------------------------------------------------- evaluation helpers
@@ -328,20 +312,21 @@ class PretrainingSampler:
 # ---------------------------------------------------------------------------- CLI
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m slime_meta.data.tasks.synthetic",
-        description="Write the synthetic suffix task (deterministic for a seed).",
-    )
-    parser.add_argument("--out", default="data/synthetic_suffix.jsonl", help="JSON-lines file to write")
-    parser.add_argument("--parquet", default=None, help="also write the rows to this parquet file")
-    parser.add_argument("--seed", type=int, default=0)
+def family_task_main(
+    argv: Sequence[str] | None, name: str, out: str, description: str, generate: Callable[..., list[dict[str, str]]]
+) -> None:
+    """The command line of a family task (this one, bracket.py): the rows of `generate(seed=, words_per_family=)`
+    to `--out` (default `out`), and to parquet as well with `--parquet`."""
+    parser = writer.task_parser(name, description, out=out, parquet=True)
     parser.add_argument("--words-per-family", type=int, default=12)
-    args = parser.parse_args(argv)
-    rows = generate_rows(seed=args.seed, words_per_family=args.words_per_family)
-    print(write_jsonl(rows, args.out))
-    if args.parquet:
-        print(write_parquet(rows, args.parquet))
+    writer.write_task(
+        parser, argv, lambda args: generate(seed=args.seed, words_per_family=args.words_per_family), COLUMNS, "family"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    description = "Write the synthetic suffix task (deterministic for a seed)."
+    family_task_main(argv, "synthetic", "data/synthetic_suffix.jsonl", description, generate_rows)
 
 
 if __name__ == "__main__":

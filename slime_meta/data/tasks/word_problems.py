@@ -17,13 +17,11 @@ Generate the shipped data with:
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
+from slime_meta.data.tasks import writer
 from slime_meta.errors import UserInputError
 
 COLUMNS = ("id", "category", "prompt", "label", "rubric", "oracle_hint", "bad_hint")
@@ -322,17 +320,13 @@ def generate_rows(n: int, seed: int = 0, families: Sequence[str] | None = None, 
 
 def jsonl_text(rows: Sequence[dict]) -> str:
     """The rows as JSON lines with a fixed key order: the same rows give the same bytes."""
-    return "".join(json.dumps({key: row[key] for key in COLUMNS}, ensure_ascii=False) + "\n" for row in rows)
+    return writer.jsonl_text(rows, COLUMNS)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m slime_meta.data.tasks.word_problems",
-        description="Write the easy word-problem task (deterministic for a seed).",
-    )
-    parser.add_argument("--out", default="data/easy_word_problems.jsonl", help="JSON-lines file to write")
+    description = "Write the easy word-problem task (deterministic for a seed)."
+    parser = writer.task_parser("word_problems", description, out="data/easy_word_problems.jsonl")
     parser.add_argument("--n", type=int, default=60, help="problems per family")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--families",
         nargs="+",
@@ -340,15 +334,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help=f"families to write (default: {' '.join(DEFAULT_FAMILIES)}); any of {' '.join(FAMILIES)}",
     )
     parser.add_argument("--top", type=int, default=None, help="largest starting number (default: each family's, 4)")
-    args = parser.parse_args(argv)
-    try:
-        rows = generate_rows(args.n, seed=args.seed, families=args.families, top=args.top)
-    except UserInputError as error:
-        parser.exit(2, f"error: {error}\n")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(jsonl_text(rows), encoding="utf-8")
-    print(f"{out}: {len(rows)} problems")
+    writer.write_task(
+        parser,
+        argv,
+        lambda args: generate_rows(args.n, seed=args.seed, families=args.families, top=args.top),
+        COLUMNS,
+        "category",
+    )
 
 
 if __name__ == "__main__":
