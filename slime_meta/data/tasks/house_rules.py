@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from slime_meta.data.tasks import writer
-from slime_meta.data.tasks.word_problems import COLUMNS, PEOPLE, Story
-from slime_meta.errors import UserInputError
+from slime_meta.data.tasks.word_problems import COLUMNS, PEOPLE, Story, choose_families, family_rows
 
 GOODS = ("notebooks", "pens", "candles", "mugs", "socks", "soaps", "plates", "cups", "brushes", "tins")
 FRUITS = ("apples", "pears", "melons", "lemons", "peaches", "mangoes")
@@ -186,39 +185,17 @@ def generate_rows(n: int, seed: int = 0, families: Sequence[str] | None = None) 
     problems unchanged. Rows alternate between families, so any leading slice of the file (a
     baseline measured on its first problems, say) holds every family.
     """
-    chosen = list(families) if families else list(RULES)
-    unknown = [name for name in chosen if name not in RULES]
-    if unknown:
-        raise UserInputError(f"--families: unknown {', '.join(unknown)}; choose from {', '.join(RULES)}")
-    if n < 1:
-        raise UserInputError(f"--n {n}: give at least 1 problem per family")
-    rows_by_family = []
-    for name in chosen:
-        rule = RULES[name]
-        rows = []
-        rng = random.Random(f"slime_meta.house_rules/{seed}/{name}")
-        seen: set[str] = set()
-        for _ in range(100 * n):
-            if len(seen) == n:
-                break
-            story = rule.draw(rng, len(seen) % 2 == 0)
-            if story.prompt in seen:
-                continue
-            seen.add(story.prompt)
-            rows.append(
-                {
-                    "id": f"{name}-s{seed}-{len(seen) - 1:03d}",
-                    "category": name,
-                    "prompt": story.prompt,
-                    "label": story.answer,
-                    "rubric": rule.rubric,
-                    "oracle_hint": rule.oracle_hint,
-                    "bad_hint": rule.bad_hint,
-                }
-            )
-        if len(seen) < n:
-            raise UserInputError(f"--n {n}: family {name} has fewer distinct problems; lower --n")
-        rows_by_family.append(rows)
+    chosen = choose_families(families, RULES, RULES, n)
+    rows_by_family = [
+        family_rows(
+            RULES[name],
+            n,
+            f"slime_meta.house_rules/{seed}/{name}",
+            f"{name}-s{seed}-",
+            lambda rng, index: RULES[name].draw(rng, index % 2 == 0),
+        )
+        for name in chosen
+    ]
     return [row for same_index in zip(*rows_by_family) for row in same_index]
 
 

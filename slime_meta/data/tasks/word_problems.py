@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Collection, Protocol, Sequence
 
 from slime_meta.data.tasks import writer
 from slime_meta.errors import UserInputError
@@ -276,45 +276,72 @@ DEFAULT_FAMILIES = ("add", "subtract", "multiply", "divide", "compare")
 # ---------------------------------------------------------------------------- data generation
 
 
+class FamilyTexts(Protocol):
+    """What every problem of a family shares in its row."""
+
+    name: str
+    rubric: str
+    oracle_hint: str
+    bad_hint: str
+
+
+def choose_families(
+    families: Sequence[str] | None, default: Sequence[str], known: Collection[str], n: int
+) -> list[str]:
+    """The families to write (`default` when none are named), checked with `n` as their flags are."""
+    chosen = list(families) if families else list(default)
+    unknown = [name for name in chosen if name not in known]
+    if unknown:
+        raise UserInputError(f"--families: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+    if n < 1:
+        raise UserInputError(f"--n {n}: give at least 1 problem per family")
+    return chosen
+
+
+def family_rows(
+    family: FamilyTexts, n: int, stream: str, id_prefix: str, draw: Callable[[random.Random, int], Story]
+) -> list[dict]:
+    """The rows of `n` problems with distinct prompts, `draw(rng, i)` drawing the i-th from the seeded `stream`."""
+    rng = random.Random(stream)
+    seen: set[str] = set()
+    rows = []
+    for _ in range(100 * n):  # distinct prompts; the number space is far larger than any sensible n
+        if len(seen) == n:
+            break
+        story = draw(rng, len(seen))
+        if story.prompt in seen:
+            continue
+        seen.add(story.prompt)
+        rows.append(
+            {
+                "id": f"{id_prefix}{len(seen) - 1:03d}",
+                "category": family.name,
+                "prompt": story.prompt,
+                "label": story.answer,
+                "rubric": family.rubric,
+                "oracle_hint": family.oracle_hint,
+                "bad_hint": family.bad_hint,
+            }
+        )
+    if len(seen) < n:
+        raise UserInputError(f"--n {n}: family {family.name} has fewer distinct problems; lower --n")
+    return rows
+
+
 def generate_rows(n: int, seed: int = 0, families: Sequence[str] | None = None, top: int | None = None) -> list[dict]:
     """`n` distinct problems of each family, family by family; the same seed gives the same rows.
 
     Each family draws from its own seeded stream, so adding or dropping a family leaves the others'
     problems unchanged.
     """
-    chosen = list(families) if families else list(DEFAULT_FAMILIES)
-    unknown = [name for name in chosen if name not in FAMILIES]
-    if unknown:
-        raise UserInputError(f"--families: unknown {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
-    if n < 1:
-        raise UserInputError(f"--n {n}: give at least 1 problem per family")
+    chosen = choose_families(families, DEFAULT_FAMILIES, FAMILIES, n)
     if top is not None and top < 2:
         raise UserInputError(f"--top {top}: give 2 or more (a story starts from at least 2 things)")
     rows = []
     for name in chosen:
         family = FAMILIES[name]
-        rng = random.Random(f"slime_meta.word_problems/{seed}/{name}")
-        seen: set[str] = set()
-        for _ in range(100 * n):  # distinct prompts; the number space is far larger than any sensible n
-            if len(seen) == n:
-                break
-            story = family.draw(rng, top or family.top)
-            if story.prompt in seen:
-                continue
-            seen.add(story.prompt)
-            rows.append(
-                {
-                    "id": f"{name}-{len(seen) - 1:03d}",
-                    "category": name,
-                    "prompt": story.prompt,
-                    "label": story.answer,
-                    "rubric": family.rubric,
-                    "oracle_hint": family.oracle_hint,
-                    "bad_hint": family.bad_hint,
-                }
-            )
-        if len(seen) < n:
-            raise UserInputError(f"--n {n}: family {name} has fewer distinct problems; lower --n")
+        stream = f"slime_meta.word_problems/{seed}/{name}"
+        rows += family_rows(family, n, stream, f"{name}-", lambda rng, _: family.draw(rng, top or family.top))
     return rows
 
 
