@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
@@ -60,6 +61,20 @@ def smallest_bucket(buckets: Sequence[int], needed: int) -> int:
         if bucket >= needed:
             return bucket
     raise ValueError(f"{needed} exceeds the largest bucket {buckets[-1]}")
+
+
+def capture_graph(step: Callable[[], None], pool) -> torch.cuda.CUDAGraph:
+    """`step` captured as a CUDA graph in `pool`, after one warm-up run on a side stream outside the
+    capture: lazily initialised kernels and library handles must exist before capturing."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+        step()
+    return graph
 
 
 class DecodeGraphs:
@@ -103,17 +118,8 @@ class DecodeGraphs:
                 for rows in self.row_buckets:
                     if self._max_graph_tokens is not None and rows * attended > self._max_graph_tokens:
                         continue
-                    # Warm-up outside the capture: lazily initialised kernels and library handles
-                    # must exist before capturing.
-                    side = torch.cuda.Stream()
-                    side.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(side):
-                        self._step_into_buffer(rows, attended)
-                    torch.cuda.current_stream().wait_stream(side)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                        self._step_into_buffer(rows, attended)
-                    self._graphs[(rows, attended)] = graph
+                    step = partial(self._step_into_buffer, rows, attended)
+                    self._graphs[(rows, attended)] = capture_graph(step, pool)
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - started
         logger.info(

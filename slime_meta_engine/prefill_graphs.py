@@ -33,8 +33,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import torch
+
+from slime_meta_engine.cuda_graphs import capture_graph
 
 logger = logging.getLogger(__name__)
 
@@ -120,15 +123,7 @@ class PrefillGraphs:
                 self._input_ids_R_L.zero_()
                 self._lengths_and_where_2_R[0].fill_(length)
                 self._lengths_and_where_2_R[1].copy_(torch.arange(self._lengths_and_where_2_R.shape[1]))
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):  # lazily made kernels and handles exist before capturing
-                    self._prefill_into_buffer(rows, length)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                    self._prefill_into_buffer(rows, length)
-                self._graphs[(rows, length)] = graph
+                self._graphs[(rows, length)] = capture_graph(partial(self._prefill_into_buffer, rows, length), pool)
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - started
         logger.info(
