@@ -75,6 +75,22 @@ def _usage(results: list[FinishedGeneration]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def _response(
+    context: OpenAIContext, id_prefix: str, object_name: str, choices: list[dict], results: list[FinishedGeneration]
+) -> web.Response:
+    """An OpenAI completion response: `choices` with a fresh id and the token usage of `results`."""
+    return web.json_response(
+        {
+            "id": f"{id_prefix}-{uuid.uuid4().hex}",
+            "object": object_name,
+            "created": int(time.time()),
+            "model": context.model_name,
+            "choices": choices,
+            "usage": _usage(results),
+        }
+    )
+
+
 def _message_text(message: Any) -> str:
     if not isinstance(message, dict) or "role" not in message:
         raise RequestError("each message must be an object with 'role' and 'content'")
@@ -104,19 +120,11 @@ def add_openai_routes(
         else:
             raise RequestError("'prompt' must be a string, a list of strings or a list of token ids")
         results = [await context.run_spec(_spec(context, ids, sampling)) for ids in prompts]
-        return web.json_response(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": context.model_name,
-                "choices": [
-                    {"index": i, "text": r.text, "logprobs": None, "finish_reason": _finish_reason(r)}
-                    for i, r in enumerate(results)
-                ],
-                "usage": _usage(results),
-            }
-        )
+        choices = [
+            {"index": i, "text": r.text, "logprobs": None, "finish_reason": _finish_reason(r)}
+            for i, r in enumerate(results)
+        ]
+        return _response(context, "cmpl", "text_completion", choices, results)
 
     async def chat_completions(request: web.Request) -> web.Response:
         body = await read_json(request)
@@ -133,23 +141,13 @@ def add_openai_routes(
             else context.encode("\n".join(m["content"] for m in plain), True)
         )
         result = await context.run_spec(_spec(context, input_ids, sampling))
-        return web.json_response(
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": context.model_name,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": result.text},
-                        "logprobs": None,
-                        "finish_reason": _finish_reason(result),
-                    }
-                ],
-                "usage": _usage([result]),
-            }
-        )
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": result.text},
+            "logprobs": None,
+            "finish_reason": _finish_reason(result),
+        }
+        return _response(context, "chatcmpl", "chat.completion", [choice], [result])
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response(
