@@ -235,21 +235,27 @@ def resolve_settings(
     )
 
 
-def build_tiny_checkpoint(
-    out_dir: str | Path,
-    *,
-    data_path: str | Path | None = None,
-    seed: int = 0,
-    steps: int = DEFAULT_STEPS,
-    teacher_correct_fraction: float | None = None,
-    device: str = "cpu",
-    task: str = DEFAULT_TASK,
-    log: Log = _stderr,
-) -> Path:
-    """Train the tokenizer and the model, save both (HF format) and summary.json into out_dir."""
+@dataclass(frozen=True)
+class BuildSettings:
+    """What one build depends on besides the code (BUILD_VERSION); no data path or teacher fraction:
+    the task's own (`resolve_settings`)."""
+
+    data_path: str | Path | None = None
+    seed: int = 0
+    steps: int = DEFAULT_STEPS
+    teacher_correct_fraction: float | None = None
+    device: str = "cpu"
+    task: str = DEFAULT_TASK
+
+
+def build_tiny_checkpoint(out_dir: str | Path, *, log: Log = _stderr, **settings: Any) -> Path:
+    """Train the tokenizer and the model (`settings`: those of `BuildSettings`), save both (HF format)
+    and summary.json into out_dir."""
     import transformers
 
-    data_path, teacher_correct_fraction = resolve_settings(task, data_path, teacher_correct_fraction)
+    build = BuildSettings(**settings)
+    task, seed, steps, device = build.task, build.seed, build.steps, build.device
+    data_path, teacher_correct_fraction = resolve_settings(task, build.data_path, build.teacher_correct_fraction)
 
     started = time.perf_counter()
     torch.set_num_threads(min(2, os.cpu_count() or 1))  # this project's machines have 2 cores
@@ -302,27 +308,21 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def cache_key(
-    *,
-    data_path: str | Path | None = None,
-    seed: int = 0,
-    steps: int = DEFAULT_STEPS,
-    teacher_correct_fraction: float | None = None,
-    device: str = "cpu",
-    task: str = DEFAULT_TASK,
-) -> str:
-    """A name for one build: settings, the task, the data's content (not its path) and BUILD_VERSION."""
-    data_path, teacher_correct_fraction = resolve_settings(task, data_path, teacher_correct_fraction)
+def cache_key(**settings: Any) -> str:
+    """A name for one build (`settings`: those of `BuildSettings`): the settings, the task, the data's
+    content (not its path) and BUILD_VERSION."""
+    build = BuildSettings(**settings)
+    data_path, teacher_correct_fraction = resolve_settings(build.task, build.data_path, build.teacher_correct_fraction)
     key = {
         "build_version": BUILD_VERSION,
         "data_sha256": file_sha256(resolve_data_path(data_path)),
-        "seed": seed,
-        "steps": steps,
+        "seed": build.seed,
+        "steps": build.steps,
         "teacher_correct_fraction": teacher_correct_fraction,
-        "device": device,
+        "device": build.device,
     }
-    if task != DEFAULT_TASK:  # the default task's key predates tasks: its cached builds stay valid
-        key["task"] = task
+    if build.task != DEFAULT_TASK:  # the default task's key predates tasks: its cached builds stay valid
+        key["task"] = build.task
     return "tiny-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
