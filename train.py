@@ -14,7 +14,7 @@ import sys
 import time
 
 from slime_meta.backends import get_backend
-from slime_meta.backends.local.processes import LaunchError
+from slime_meta.backends.local.workers.processes import LaunchError
 from slime_meta.backends.slime.cli import requested_backend
 from slime_meta.config.arguments import parse_config
 from slime_meta.errors import EXIT_USER_ERROR, NonFiniteTrainingError, UserInputError

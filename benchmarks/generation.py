@@ -510,7 +510,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     report = C.report_header("generation", {k: v for k, v in vars(args).items() if k != "out"})
     report.update(device=str(device), dtype=str(dtype).removeprefix("torch."))
-    from slime_meta.backends.local.launcher import LocalProcessGroup
+    from slime_meta.backends.local.workers.launcher import LocalProcessGroup
 
     with tempfile.TemporaryDirectory(prefix="bench-gen-") as tmp:
         started = time.perf_counter()

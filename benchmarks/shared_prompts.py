@@ -36,9 +36,9 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
 import trainer as T  # the trainer benchmark's model shapes and helpers
 
-from slime_meta.backends.local.channels import LossSettings
-from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.backends.local.trainer_settings import TrainerSettings
+from slime_meta.backends.local.training.channels import LossSettings
+from slime_meta.backends.local.training.settings import TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer
 from slime_meta.types import TeacherSample
 
 

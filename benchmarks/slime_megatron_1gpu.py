@@ -237,7 +237,7 @@ def run_rollout(out: Path, checkpoint: Path) -> dict:
     from slime.observability.rollout_data_utils import save_debug_rollout_data
     from slime.rollout.data_source import RolloutDataSourceWithBuffer
 
-    from slime_meta.backends.local.launcher import LocalProcessGroup
+    from slime_meta.backends.local.workers.launcher import LocalProcessGroup
     from slime_meta.backends.slime import rollout as plugin
     from slime_meta.backends.slime.data import convert
     from slime_meta.backends.slime.samples import META_KEY
@@ -504,9 +504,9 @@ def local_trainer_loss(args, checkpoint: Path, local_inputs: dict) -> dict:
     samples with advantages, whose loss value is the surrogate's, not DPO's; the gradient is the same)."""
     import torch
 
-    from slime_meta.backends.local.channels import LossSettings
-    from slime_meta.backends.local.trainer import LocalTrainer
-    from slime_meta.backends.local.trainer_settings import TrainerSettings
+    from slime_meta.backends.local.training.channels import LossSettings
+    from slime_meta.backends.local.training.settings import TrainerSettings
+    from slime_meta.backends.local.training.trainer import LocalTrainer
 
     loss = LossSettings(
         eps_clip=args.eps_clip,

@@ -411,7 +411,7 @@ def real_model_inputs(name: str) -> tuple[dict[str, Any], Any, Path, Path]:
 
 def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, result: dict[str, Any]) -> None:
     """Fills `result` as it goes: what was measured stays when a later part fails."""
-    from slime_meta.backends.local.launcher import LocalProcessGroup
+    from slime_meta.backends.local.workers.launcher import LocalProcessGroup
 
     started = time.perf_counter()
     if name in REAL_SHAPES:

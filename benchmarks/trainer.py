@@ -269,8 +269,8 @@ def reference_step(model: torch.nn.Module, samples, device: torch.device, micro:
 def run(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from slime_meta.backends.local.trainer import LocalTrainer
-    from slime_meta.backends.local.trainer_settings import TrainerSettings
+    from slime_meta.backends.local.training.settings import TrainerSettings
+    from slime_meta.backends.local.training.trainer import LocalTrainer
 
     C.quiet_transformers()
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))

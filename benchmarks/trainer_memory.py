@@ -71,8 +71,8 @@ def one(args: argparse.Namespace) -> dict:
     import torch
     from trainer import build_model_dir, make_samples
 
-    from slime_meta.backends.local.trainer import LocalTrainer
-    from slime_meta.backends.local.trainer_settings import TrainerSettings
+    from slime_meta.backends.local.training.settings import TrainerSettings
+    from slime_meta.backends.local.training.trainer import LocalTrainer
 
     device = torch.device(args.device)
     setting = dict(SETTINGS[args.setting])
@@ -209,7 +209,7 @@ def real_model_step(args: argparse.Namespace, name: str, flags: str) -> dict:
     import torch
     from transformers import AutoConfig, AutoTokenizer
 
-    from slime_meta.backends.local.trainer_setup import make_trainer
+    from slime_meta.backends.local.training.setup import make_trainer
     from slime_meta.config.arguments import parse_config
 
     base = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", args.model_path]

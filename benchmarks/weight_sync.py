@@ -39,10 +39,10 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from trainer import build_model_dir
 
-    from slime_meta.backends.local.launcher import LocalProcessGroup
-    from slime_meta.backends.local.trainer import LocalTrainer
-    from slime_meta.backends.local.trainer_settings import TrainerSettings
-    from slime_meta.backends.local.weight_sync import WeightSync, make_weight_sync, push_weights
+    from slime_meta.backends.local.training.settings import TrainerSettings
+    from slime_meta.backends.local.training.trainer import LocalTrainer
+    from slime_meta.backends.local.workers.launcher import LocalProcessGroup
+    from slime_meta.backends.local.workers.weight_sync import WeightSync, make_weight_sync, push_weights
     from slime_meta.errors import UserInputError
     from slime_meta.rollout.pools import post_json_sync
 

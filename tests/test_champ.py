@@ -100,7 +100,7 @@ def test_shipped_file_is_the_converters_output(rows, tmp_path):
 
 
 def test_shipped_file_loads_with_the_training_flags_and_carries_the_context_column():
-    # What --group-key category, --context-key oracle_hint (run_data checks the column is in the
+    # What --group-key category, --context-key oracle_hint (backends/local/data.py checks the column is in the
     # metadata) and --eval-baseline (reads problem.metadata[context_key]) see.
     problems = load_problems(
         SHIPPED, input_key="prompt", label_key="label", rubric_key="rubric", group_key="category", id_key="id"

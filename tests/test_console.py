@@ -16,7 +16,7 @@ from test_train_e2e import ROOT, processes_mentioning, read_jsonl, synthetic_arg
 
 from slime_meta.artifacts.plot import PlotRefresher
 from slime_meta.artifacts.tracking import format_duration, format_step_line, normalised_gain
-from slime_meta.backends.local.step_metrics import RunProgress
+from slime_meta.backends.local.step.metrics import RunProgress
 
 STEP_METRICS = {
     "meta_learning/avg_holdout_grade": 0.875,

@@ -23,7 +23,7 @@ from helpers_context import (
 
 import train
 from slime_meta.assembly import load_tokenizer
-from slime_meta.backends.local.run_data import check_context_fits, load_data
+from slime_meta.backends.local.data import check_context_fits, load_data
 from slime_meta.config.arguments import parse_config
 from slime_meta.prompt_templates import TeacherPromptTemplate
 from slime_meta.rollout.context_budget import ELISION_MARKER, TokenCounter, context_length_of, metrics_of

@@ -363,7 +363,7 @@ def test_problem_key_ignores_case_spacing_unicode_forms_and_the_label():
 def test_eval_problems_leave_training_whatever_their_format_and_only_none_left_exits_2(
     tmp_path, tiny_checkpoint, capsys
 ):
-    from slime_meta.backends.local.run_data import load_data
+    from slime_meta.backends.local.data import load_data
     from slime_meta.config.arguments import parse_config
 
     train_rows = [{"prompt": f"Ana has {i} apples and gets 2 more. How many?", "label": str(i + 2)} for i in range(12)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_meta.backends.local.gpu_split import (
+from slime_meta.backends.local.training.gpu_split import (
     check_shared_gpu,
     default_worker_fraction,
     estimate_trainer,
@@ -20,8 +20,8 @@ from slime_meta.backends.local.gpu_split import (
     worker_memory_args,
     workers_on_first_gpu,
 )
-from slime_meta.backends.local.launcher import LocalProcessGroup
-from slime_meta.backends.local.worker_pools import start_pools
+from slime_meta.backends.local.workers.launcher import LocalProcessGroup
+from slime_meta.backends.local.workers.pools import start_pools
 from slime_meta.config.arguments import parse_config
 from slime_meta.errors import UserInputError
 from slime_meta_engine.server import parse_args as parse_worker_args

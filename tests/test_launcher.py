@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.backends.local.launcher import LocalProcessGroup
-from slime_meta.backends.local.processes import LaunchError
+from slime_meta.backends.local.workers.launcher import LocalProcessGroup
+from slime_meta.backends.local.workers.processes import LaunchError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,7 +104,7 @@ def test_worker_that_cannot_start_is_reported_with_its_log(tmp_path: Path) -> No
 PARENT_SCRIPT = textwrap.dedent(
     """
     import signal, sys, time
-    from slime_meta.backends.local.launcher import LocalProcessGroup
+    from slime_meta.backends.local.workers.launcher import LocalProcessGroup
     # A shell starts background jobs (CI, nohup, `cmd &`) with SIGINT ignored, and Python then
     # keeps it ignored; a program in a terminal gets Ctrl-C. Model the terminal.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -249,7 +249,7 @@ def test_ctrl_c_mid_step_ends_the_run_as_interrupted_and_restarts_nothing(
 def test_router_port_that_is_taken_is_refused_before_anything_starts(tiny_checkpoint: Path, tmp_path: Path) -> None:
     import socket
 
-    from slime_meta.backends.local.launcher import PortInUse
+    from slime_meta.backends.local.workers.launcher import PortInUse
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

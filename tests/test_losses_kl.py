@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_arguments import BASE
 
-from slime_meta.backends.local.channels import LossSettings
+from slime_meta.backends.local.training.channels import LossSettings
 from slime_meta.config.arguments import parse_config
 from slime_meta.losses.policy import kl_penalty
 

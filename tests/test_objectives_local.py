@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from slime_meta.backends.local.channels import LossSettings
-from slime_meta.backends.local.launcher import LocalProcessGroup
-from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.backends.local.trainer_settings import DistillSettings, TrainerSettings
+from slime_meta.backends.local.training.channels import LossSettings
+from slime_meta.backends.local.training.settings import DistillSettings, TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer
+from slime_meta.backends.local.workers.launcher import LocalProcessGroup
 from slime_meta.prompt_templates import GeneratorPromptTemplate
 from slime_meta.rollout.pools import SGLangPool
 from slime_meta.rollout.roles import PromptRenderer, StudentRole
@@ -311,7 +311,7 @@ def test_adv_tau_alone_is_a_solver_grpo_term_without_a_context(tiny_checkpoint, 
     graded attempts, each token's advantage the attempt's task advantage."""
     from test_arguments import BASE
 
-    from slime_meta.backends.local.trainer import distillation_sequences
+    from slime_meta.backends.local.training.trainer import distillation_sequences
     from slime_meta.config.arguments import parse_config
 
     objectives = parse_config(BASE + ["--adv-tau", "1"]).objectives

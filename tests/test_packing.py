@@ -10,17 +10,17 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from slime_meta.backends.local.batching import PolicySequence
-from slime_meta.backends.local.channels import LossSettings, reference_token_logps
-from slime_meta.backends.local.packing import (
+from slime_meta.backends.local.training.batching import PolicySequence
+from slime_meta.backends.local.training.channels import LossSettings, reference_token_logps
+from slime_meta.backends.local.training.packing import (
     collate_rows,
     group_rows,
     make_rows,
     pack_micro_batches,
     shared_prompt_mask,
 )
-from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.backends.local.trainer_settings import TrainerSettings
+from slime_meta.backends.local.training.settings import TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer
 from slime_meta.types import TeacherSample
 
 
@@ -283,7 +283,7 @@ def test_the_additive_mask_gives_what_the_boolean_one_gives(tiny_checkpoint):
     """The form the GPU path hands SDPA (0 / -inf, rows 8-aligned so no layer copies it) masks as the boolean does."""
     from transformers import AutoModelForCausalLM
 
-    from slime_meta.backends.local.model_call import additive_mask
+    from slime_meta.backends.local.training.model_call import additive_mask
 
     seqs = [sequence((5, 9, 12, 7, 3), (8, 3, 4)), sequence((5, 9, 12, 7, 3, 6), (10, 11)), sequence((4,), (13,))]
     (batch,) = pack_micro_batches(seqs, True, 8, 0)
@@ -322,7 +322,7 @@ def reference_varlen(q_N_H_D, k_K_H_D, v_K_H_D, cu_seq_q, cu_seq_k, max_q, max_k
 
 
 def test_varlen_layout_runs_the_prefix_each_branch_and_the_padding_as_sequences():
-    from slime_meta.backends.local.varlen_attention import varlen_layout
+    from slime_meta.backends.local.training.varlen_attention import varlen_layout
 
     #                        prefix  b1    b2       pad   | a row of one sequence, padded
     branch = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, -1], [0, 0, 0, 0, 0, -1, -1, -1, -1]])
@@ -340,8 +340,8 @@ def test_varlen_attention_through_the_model_gives_the_dense_mask_s_values_and_gr
     replaced by a per-sequence reference: the same hidden states and gradients as the dense mask."""
     from transformers import AutoModelForCausalLM
 
-    from slime_meta.backends.local import varlen_attention
-    from slime_meta.backends.local.model_call import SplitModelCall
+    from slime_meta.backends.local.training import varlen_attention
+    from slime_meta.backends.local.training.model_call import SplitModelCall
 
     monkeypatch.setattr(varlen_attention, "varlen_kernel", lambda: reference_varlen)
     seqs = [
@@ -375,8 +375,8 @@ def test_the_varlen_path_builds_no_dense_mask(tiny_checkpoint, monkeypatch):
     sequences in the position ids (a host sync)."""
     from transformers import AutoModelForCausalLM, masking_utils
 
-    from slime_meta.backends.local import varlen_attention
-    from slime_meta.backends.local.model_call import SplitModelCall
+    from slime_meta.backends.local.training import varlen_attention
+    from slime_meta.backends.local.training.model_call import SplitModelCall
 
     monkeypatch.setattr(varlen_attention, "varlen_kernel", lambda: reference_varlen)
     seqs = [sequence((5, 9, 12, 7, 3), (8, 3, 4)), sequence((5, 9, 12, 7, 3, 6, 2), (10, 11)), sequence((4, 6), (13,))]
@@ -409,7 +409,7 @@ def test_rows_are_shared_only_where_every_layer_attends_to_all_earlier_tokens():
     """A sliding window would be dropped by the shared rows' own masks: such models keep one row per sequence."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
-    from slime_meta.backends.local.model_call import full_causal
+    from slime_meta.backends.local.training.model_call import full_causal
 
     assert full_causal(LlamaConfig()) and full_causal(Qwen2Config(use_sliding_window=False, sliding_window=4096))
     assert not full_causal(Qwen2Config(use_sliding_window=True, sliding_window=4096))

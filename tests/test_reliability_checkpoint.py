@@ -29,8 +29,8 @@ SAVER = textwrap.dedent(
     import numpy as np, torch
     from transformers import AutoTokenizer
     import slime_meta.artifacts.train_state as ck
-    from slime_meta.backends.local.trainer import LocalTrainer
-    from slime_meta.backends.local.trainer_settings import TrainerSettings
+    from slime_meta.backends.local.training.trainer import LocalTrainer
+    from slime_meta.backends.local.training.settings import TrainerSettings
 
     model_dir, save_dir = sys.argv[1], ck.Path(sys.argv[2])
     trainer = LocalTrainer(model_dir, TrainerSettings(lr=1e-3, device="cpu"))
@@ -64,8 +64,8 @@ def test_a_kill_during_save_leaves_the_previous_checkpoint_loadable(tiny_checkpo
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import slime_meta.artifacts.train_state as ck
-    from slime_meta.backends.local.trainer import LocalTrainer
-    from slime_meta.backends.local.trainer_settings import TrainerSettings
+    from slime_meta.backends.local.training.settings import TrainerSettings
+    from slime_meta.backends.local.training.trainer import LocalTrainer
 
     killed_dir = tmp_path / "killed"
     saver = subprocess.Popen(
@@ -138,8 +138,8 @@ def test_load_reads_only_tensors_and_plain_values(tiny_checkpoint, tmp_path):
     from transformers import AutoTokenizer
 
     import slime_meta.artifacts.train_state as ck
-    from slime_meta.backends.local.trainer import LocalTrainer
-    from slime_meta.backends.local.trainer_settings import TrainerSettings
+    from slime_meta.backends.local.training.settings import TrainerSettings
+    from slime_meta.backends.local.training.trainer import LocalTrainer
     from slime_meta.errors import UserInputError
 
     trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu"))
@@ -171,8 +171,8 @@ def test_checkpoints_of_the_previous_format_still_load_and_resume_the_rng_stream
     from transformers import AutoTokenizer
 
     import slime_meta.artifacts.train_state as ck
-    from slime_meta.backends.local.trainer import LocalTrainer
-    from slime_meta.backends.local.trainer_settings import TrainerSettings
+    from slime_meta.backends.local.training.settings import TrainerSettings
+    from slime_meta.backends.local.training.trainer import LocalTrainer
 
     trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu"))
     saved = ck.save_checkpoint(

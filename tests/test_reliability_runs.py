@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from openai_server import run_openai_server
 
-from slime_meta.backends.local.run_data import load_data
+from slime_meta.backends.local.data import load_data
 from slime_meta.config.arguments import parse_config
 from slime_meta.rollout.meta_rollout import describe_batch
 

@@ -190,8 +190,8 @@ def test_the_trainers_work_runs_on_one_thread_of_its_own(tiny_checkpoint, tmp_pa
     from test_train_e2e import synthetic_args
 
     from slime_meta.backends.local import run as local_run
-    from slime_meta.backends.local import weight_sync
-    from slime_meta.backends.local.trainer import LocalTrainer
+    from slime_meta.backends.local.training.trainer import LocalTrainer
+    from slime_meta.backends.local.workers import weight_sync
     from slime_meta.config.arguments import parse_config
 
     seen: list[tuple[str, int, str]] = []

@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from slime_meta.assembly import build_role_pieces, build_rollout, load_tokenizer, make_pool
-from slime_meta.backends.local.launcher import LocalProcessGroup
-from slime_meta.backends.local.run_data import load_data
+from slime_meta.backends.local.data import load_data
+from slime_meta.backends.local.workers.launcher import LocalProcessGroup
 from slime_meta.config.arguments import parse_config
 from slime_meta.rollout.pools import SGLangPool
 

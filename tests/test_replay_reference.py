@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from slime_meta.backends.local.channels import LossSettings
-from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.backends.local.trainer_settings import TrainerSettings
+from slime_meta.backends.local.training.channels import LossSettings
+from slime_meta.backends.local.training.settings import TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer
 from slime_meta.replay.pairs import ReplayPairer
 from slime_meta.replay.teachers import ReplayTeacher
 from slime_meta.types import PreferencePair, TeacherSample

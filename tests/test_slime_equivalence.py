@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_meta.backends.local.channels import LossSettings
-from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.backends.local.trainer_settings import DistillSettings, TrainerSettings
+from slime_meta.backends.local.training.channels import LossSettings
+from slime_meta.backends.local.training.settings import DistillSettings, TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer
 from slime_meta.backends.slime.advantages import meta_advantages
 from slime_meta.backends.slime.loss import meta_loss
 from slime_meta.backends.slime.replay_samples import replay_samples

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.backends.local.launcher import LocalProcessGroup
+from slime_meta.backends.local.workers.launcher import LocalProcessGroup
 from slime_meta.backends.slime import rollout as plugin
 from slime_meta.backends.slime.data import convert
 from slime_meta.backends.slime.flags import arguments_for_slime

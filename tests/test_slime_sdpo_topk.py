@@ -19,8 +19,8 @@ import types
 import pytest
 import torch
 
-from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.backends.local.trainer_settings import TrainerSettings
+from slime_meta.backends.local.training.settings import TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer
 from slime_meta.backends.slime.advantages import meta_advantages
 from slime_meta.backends.slime.loss import hold_sdpo_topk, slime_log_prob_functions
 from slime_meta.backends.slime.rollout import trained_solver_samples

@@ -10,7 +10,7 @@ import pytest
 from test_trainer_memory import moved_reference
 from test_trainer_reference import KL, samples
 
-from slime_meta.backends.local.trainer import LocalTrainer
+from slime_meta.backends.local.training.trainer import LocalTrainer
 from slime_meta.rollout.phase_timeline import PhaseTimeline
 
 

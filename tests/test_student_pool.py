@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import test_train_e2e as e2e
 
-from slime_meta.backends.local.launcher import LocalProcessGroup
-from slime_meta.backends.local.worker_pools import worker_layouts
+from slime_meta.backends.local.workers.launcher import LocalProcessGroup
+from slime_meta.backends.local.workers.pools import worker_layouts
 from slime_meta.config.arguments import parse_config
 
 BASE = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", "/ckpt/teacher"]

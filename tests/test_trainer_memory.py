@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_meta.backends.local.batching import micro_batch_groups
-from slime_meta.backends.local.channels import LossSettings
-from slime_meta.backends.local.model_call import compile_decoder_layers
-from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.backends.local.trainer_settings import DistillSettings, TrainerSettings
+from slime_meta.backends.local.training.batching import micro_batch_groups
+from slime_meta.backends.local.training.channels import LossSettings
+from slime_meta.backends.local.training.model_call import compile_decoder_layers
+from slime_meta.backends.local.training.settings import DistillSettings, TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer
 from slime_meta.errors import UserInputError
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
@@ -167,7 +167,7 @@ def test_dynamic_batching_gradient_equals_micro_batch_one_and_one_big_batch(tiny
 def test_memory_flags_reach_the_trainer(tiny_checkpoint):
     from transformers import AutoTokenizer
 
-    from slime_meta.backends.local.trainer_setup import make_trainer
+    from slime_meta.backends.local.training.setup import make_trainer
     from slime_meta.config.arguments import parse_config
 
     base = [

@@ -16,10 +16,10 @@ import torch
 from test_trainer_memory import moved_reference
 
 from slime_meta.artifacts.tracking import format_step_line
-from slime_meta.backends.local.channels import LossSettings, policy_gradient_pass
-from slime_meta.backends.local.no_signal import NoSignalStreak, RolloutSummary, zero_gradient_step
-from slime_meta.backends.local.trainer import LocalTrainer, teacher_sequences
-from slime_meta.backends.local.trainer_settings import DistillSettings, TrainerSettings
+from slime_meta.backends.local.training.channels import LossSettings, policy_gradient_pass
+from slime_meta.backends.local.training.no_signal import NoSignalStreak, RolloutSummary, zero_gradient_step
+from slime_meta.backends.local.training.settings import DistillSettings, TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer, teacher_sequences
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
 # The shared student's default objective: solver-role GRPO (--adv-tau 1) and k3 KL to the start weights.
@@ -30,7 +30,7 @@ SHIPPED = TrainerSettings(
     distill=DistillSettings(adv_tau=1.0),
     loss=LossSettings(kl_loss_coef=0.1, kl_loss_type="k3"),
 )
-TRAINER_LOG = "slime_meta.backends.local.trainer"
+TRAINER_LOG = "slime_meta.backends.local.training.trainer"
 
 
 def ids(g: torch.Generator, n: int) -> tuple[int, ...]:

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.backends.local.trainer_settings import TrainerSettings
+from slime_meta.backends.local.training.settings import TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer
 from slime_meta.errors import NonFiniteTrainingError
 from slime_meta.types import TeacherSample
 
@@ -122,7 +122,7 @@ def test_the_skip_count_survives_a_checkpoint(trainer, tiny_checkpoint):
 INJECT = textwrap.dedent(
     """
     import sys, torch
-    from slime_meta.backends.local import trainer as T
+    from slime_meta.backends.local.training import trainer as T
 
     NAN_FROM_CALL = int(sys.argv.pop(1))
     calls = []

@@ -1,12 +1,12 @@
-"""The trainer's memory settings chosen at start on a GPU (`trainer_plan.py`), at Qwen2.5 shapes on
+"""The trainer's memory settings chosen at start on a GPU (`backends/local/training/plan.py`), at Qwen2.5 shapes on
 80 GiB and 141 GiB GPUs, and the CPU left as it was."""
 
 from __future__ import annotations
 
 import pytest
 
-from slime_meta.backends.local.gpu_split import default_worker_fraction, gpu_split_problem
-from slime_meta.backends.local.trainer_plan import (
+from slime_meta.backends.local.training.gpu_split import default_worker_fraction, gpu_split_problem
+from slime_meta.backends.local.training.plan import (
     DEFAULT_TOKENS_PER_GPU,
     RECOMPUTE_TOKEN_BUDGETS,
     choose_trainer_plan,

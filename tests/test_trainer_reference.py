@@ -13,10 +13,10 @@ import torch
 from test_trainer_memory import moved_reference
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from slime_meta.backends.local.channels import LossSettings, reference_token_logps
-from slime_meta.backends.local.reference import safetensors_files, start_weights_like
-from slime_meta.backends.local.trainer import LocalTrainer, teacher_sequences
-from slime_meta.backends.local.trainer_settings import TrainerSettings
+from slime_meta.backends.local.training.channels import LossSettings, reference_token_logps
+from slime_meta.backends.local.training.reference import safetensors_files, start_weights_like
+from slime_meta.backends.local.training.settings import TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer, teacher_sequences
 from slime_meta.types import TeacherSample
 
 KL = TrainerSettings(
@@ -189,7 +189,7 @@ def test_a_bf16_checkpoint_s_resident_reference_stays_bf16_and_scores_as_float32
 ):
     """Half the memory, the same numbers: under bf16 autocast (the trainer's on CUDA) the bf16
     copy computes what float32 copies of the same bf16 values compute, bit for bit."""
-    from slime_meta.backends.local.reference import StartWeights, half_dtype_of
+    from slime_meta.backends.local.training.reference import StartWeights, half_dtype_of
 
     bf16_dir = tmp_path / "bf16"
     AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.bfloat16).save_pretrained(bf16_dir)

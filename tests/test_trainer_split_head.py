@@ -8,10 +8,10 @@ import dataclasses
 
 import torch
 
-from slime_meta.backends.local.channels import LossSettings
-from slime_meta.backends.local.model_call import SplitModelCall
-from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.backends.local.trainer_settings import DistillSettings, TrainerSettings
+from slime_meta.backends.local.training.channels import LossSettings
+from slime_meta.backends.local.training.model_call import SplitModelCall
+from slime_meta.backends.local.training.settings import DistillSettings, TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
 
@@ -102,7 +102,7 @@ def test_right_padded_rows_run_without_a_padding_mask(tiny_checkpoint):
     real position what the masked forward gives) and keeps any other mask."""
     from transformers import AutoModelForCausalLM
 
-    from slime_meta.backends.local.model_call import is_right_padded
+    from slime_meta.backends.local.training.model_call import is_right_padded
 
     right = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
     assert is_right_padded(right) and is_right_padded(torch.ones(2, 3, dtype=torch.long))

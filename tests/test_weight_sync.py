@@ -7,10 +7,10 @@ import urllib.request
 
 from transformers import AutoTokenizer
 
-from slime_meta.backends.local.launcher import LocalProcessGroup
-from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.backends.local.trainer_settings import TrainerSettings
-from slime_meta.backends.local.weight_sync import push_weights
+from slime_meta.backends.local.training.settings import TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer
+from slime_meta.backends.local.workers.launcher import LocalProcessGroup
+from slime_meta.backends.local.workers.weight_sync import push_weights
 from slime_meta.rollout.pools import post_json_sync
 from slime_meta.types import TeacherSample
 

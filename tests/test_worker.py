@@ -498,7 +498,7 @@ def test_a_client_that_goes_away_frees_its_rows(worker_url: str, tokenizer) -> N
 
 
 def test_engine_time_counters_split_a_step_into_prefill_decode_and_idle(worker_url: str) -> None:
-    from slime_meta.backends.local.worker_time import WorkerTimeMeter
+    from slime_meta.backends.local.workers.engine_time import WorkerTimeMeter
 
     meter = WorkerTimeMeter({"teacher": [worker_url]})
     time.sleep(0.3)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from slime_meta.assembly import external_student_url
-from slime_meta.backends.local import local_grader
-from slime_meta.backends.local.run_data import check_context_fits
+from slime_meta.backends.local.data import check_context_fits
+from slime_meta.backends.local.workers.grader import grader_checkpoint, local_grader_line
 from slime_meta.config.arguments import MetaConfig
 from slime_meta.errors import UserInputError
 from slime_meta.rollout.pools import check_reachable
@@ -38,8 +38,8 @@ def check_servers(cfg: MetaConfig) -> None:
     """--grader local: its checkpoint (and one line on it); --external-student-url: that it answers.
     An unreachable student server is bad input: refused before the run directory exists."""
     if cfg.grader.grader == "local":
-        check_model_dir(local_grader.grader_checkpoint(cfg), "--grader-checkpoint")
-        print(local_grader.local_grader_line(cfg), flush=True)
+        check_model_dir(grader_checkpoint(cfg), "--grader-checkpoint")
+        print(local_grader_line(cfg), flush=True)
     url = external_student_url(cfg)
     if url:
         check_reachable(url, "--external-student-url")

@@ -27,16 +27,16 @@ from slime_meta.assembly import (
     make_replayer,
     make_solver_builder,
 )
-from slime_meta.backends.local import weight_sync
+from slime_meta.backends.local.data import describe_plan, load_data
 from slime_meta.backends.local.evaluation import eval_due, evaluate
 from slime_meta.backends.local.inputs import check_models, check_servers, prepare_run_dir
-from slime_meta.backends.local.launcher import LocalProcessGroup
-from slime_meta.backends.local.pipeline import RolloutPipeline
-from slime_meta.backends.local.run_data import describe_plan, load_data
-from slime_meta.backends.local.step import batch_producer, train_on_batch
-from slime_meta.backends.local.step_metrics import RunProgress, StepClock, StepCounters, staleness_metrics
-from slime_meta.backends.local.trainer_setup import make_trainer, with_trainer_plan
-from slime_meta.backends.local.worker_pools import start_pools, with_local_grader
+from slime_meta.backends.local.step.batch import batch_producer, train_on_batch
+from slime_meta.backends.local.step.metrics import RunProgress, StepClock, StepCounters, staleness_metrics
+from slime_meta.backends.local.step.pipeline import RolloutPipeline
+from slime_meta.backends.local.training.setup import make_trainer, with_trainer_plan
+from slime_meta.backends.local.workers import weight_sync
+from slime_meta.backends.local.workers.launcher import LocalProcessGroup
+from slime_meta.backends.local.workers.pools import start_pools, with_local_grader
 from slime_meta.config.arguments import MetaConfig
 from slime_meta.rollout.meta_rollout import describe_batch
 

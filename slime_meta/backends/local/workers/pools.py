@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from slime_meta.assembly import RolePieces, external_student_url
-from slime_meta.backends.local import local_grader
-from slime_meta.backends.local.gpu_split import check_shared_gpu, worker_memory_args
 from slime_meta.backends.local.inputs import check_model_dir
-from slime_meta.backends.local.launcher import LocalProcessGroup, PortInUse
-from slime_meta.backends.local.processes import PoolEndpoints
+from slime_meta.backends.local.training.gpu_split import check_shared_gpu, worker_memory_args
+from slime_meta.backends.local.workers.grader import build_local_grader, grader_checkpoint, start_grader_pool
+from slime_meta.backends.local.workers.launcher import LocalProcessGroup, PortInUse
+from slime_meta.backends.local.workers.processes import PoolEndpoints
 from slime_meta.config.arguments import MetaConfig
 from slime_meta.errors import UserInputError
 
@@ -77,7 +77,7 @@ def start_pools(cfg: MetaConfig, processes: LocalProcessGroup, teacher_model: st
     student_model = None
     if cfg.separate_student and not external_student:
         student_model = check_model_dir(p.student_checkpoint or p.hf_checkpoint, "--student-checkpoint")
-    grader_model = local_grader.grader_checkpoint(cfg) if cfg.grader.grader == "local" else None
+    grader_model = grader_checkpoint(cfg) if cfg.grader.grader == "local" else None
     layouts = pool_layouts(cfg, student_model is not None, grader_model is not None)
     # exit 2 before anything starts when they cannot fit; without the flag, the workers' share of the trainer's GPU
     worker_fraction = check_shared_gpu(cfg, teacher_model, layouts)
@@ -107,9 +107,7 @@ def start_pools(cfg: MetaConfig, processes: LocalProcessGroup, teacher_model: st
     teacher = start(
         "teacher", teacher_model, teacher_layout, str(run_dir / "weights"), p.teacher_port, "--teacher-port"
     )
-    grader_url = (
-        local_grader.start_grader_pool(processes, cfg, grader_model, logs, worker_args) if grader_model else None
-    )
+    grader_url = start_grader_pool(processes, cfg, grader_model, logs, worker_args) if grader_model else None
     if external_student:
         return StartedPools(teacher, external_student, grader_url)
     if student_model is not None:
@@ -123,7 +121,5 @@ def with_local_grader(cfg: MetaConfig, pieces: RolePieces, grader_url: str | Non
     here once (other graders: the pieces as they are)."""
     if pieces.grader is not None or grader_url is None:
         return pieces
-    grader = local_grader.build_local_grader(
-        cfg, pieces.grader_template, grader_url, local_grader.grader_checkpoint(cfg)
-    )
+    grader = build_local_grader(cfg, pieces.grader_template, grader_url, grader_checkpoint(cfg))
     return dataclasses.replace(pieces, grader=grader)

@@ -1,7 +1,7 @@
 """Dividing one GPU between the local trainer and the workers that share it, checked at start.
 
 The workers' share is given, as in slime, by --sglang-mem-fraction-static F: each worker may hold
-F x the GPU's total memory for its weights and static KV cache (serving/memory_budget.py). The
+F x the GPU's total memory for its weights and static KV cache (slime_meta_engine/memory_budget.py). The
 trainer's need is estimated from its model and settings (`estimate_trainer`); a split whose sum
 exceeds the GPU is refused before anything starts, with the numbers and the flag to change,
 instead of an out-of-memory error in the first rollout or step.
@@ -42,7 +42,7 @@ AUTO_WORKERS_SHARE = 0.3  # of the trainer's GPU, for all the workers on it toge
 ACTIVATION_BYTES_PER_TOKEN_LAYER_UNIT = 96  # per token, per hidden unit, per layer, all kept
 RECOMPUTE_INPUT_BYTES_PER_TOKEN_LAYER_UNIT = 8  # layer inputs kept with full recompute
 RECOMPUTE_LAYER_BYTES_PER_TOKEN_UNIT = 180  # the one layer being recomputed and its backward
-DEFAULT_TOKENS_PER_GPU = 8192  # --max-tokens-per-gpu where no choice is made (the CPU; trainer_plan.py)
+DEFAULT_TOKENS_PER_GPU = 8192  # --max-tokens-per-gpu where no choice is made (the CPU; plan.py)
 
 
 @dataclass(frozen=True)

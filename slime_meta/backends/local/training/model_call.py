@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from slime_meta.backends.local import varlen_attention
-from slime_meta.backends.local.packing import PackedBatch, shared_prompt_mask
+from slime_meta.backends.local.training import varlen_attention
+from slime_meta.backends.local.training.packing import PackedBatch, shared_prompt_mask
 from slime_meta.losses import linear_token_logps, token_logps
 from slime_meta.losses.token_stats import TokenLogpsOutput
 

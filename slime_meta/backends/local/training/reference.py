@@ -35,7 +35,7 @@ from typing import Iterator
 import torch
 from transformers import AutoModelForCausalLM
 
-from slime_meta.backends.local.model_call import SPLIT_HEAD_MODEL_TYPES
+from slime_meta.backends.local.training.model_call import SPLIT_HEAD_MODEL_TYPES
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,

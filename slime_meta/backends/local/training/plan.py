@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slime_meta.backends.local.gpu_split import (
+from slime_meta.backends.local.training.gpu_split import (
     AUTO_WORKERS_SHARE,
     DEFAULT_TOKENS_PER_GPU,
     GB,
@@ -126,7 +126,7 @@ def plan_trainer(cfg, model_dir: str, workers_on_gpu0: int):
 
     import torch
 
-    from slime_meta.backends.local.gpu_split import model_size
+    from slime_meta.backends.local.training.gpu_split import model_size
 
     t = cfg.train
     if cfg.pools.device == "cpu" or not torch.cuda.is_available():

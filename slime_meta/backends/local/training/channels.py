@@ -32,8 +32,8 @@ from typing import Protocol, Sequence
 
 import torch
 
-from slime_meta.backends.local.batching import PolicySequence, budget_chunks, pad_sequences, response_columns
-from slime_meta.backends.local.packing import PackedBatch, pack_micro_batches
+from slime_meta.backends.local.training.batching import PolicySequence, budget_chunks, pad_sequences, response_columns
+from slime_meta.backends.local.training.packing import PackedBatch, pack_micro_batches
 from slime_meta.losses import (
     context_distillation_advantages,
     dpo_loss,

@@ -42,7 +42,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from slime_meta.backends.local.processes import _http_json
+from slime_meta.backends.local.workers.processes import _http_json
 from slime_meta.config.arguments import MetaConfig
 from slime_meta.errors import UserInputError
 from slime_meta_engine.weights import SHARED_MEMORY_DIR, gpu_uuid

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slime_meta.backends.local.packing import PADDING
+from slime_meta.backends.local.training.packing import PADDING
 
 ATTENTION_NAME = "slime_meta_shared_prefix"
 

@@ -2,7 +2,7 @@
 
 Module-level helpers (parent-death hook, loopback HTTP, log tails, exit descriptions) and
 `_ChildProcesses`, the mixin of `LocalProcessGroup` that spawns, waits for and terminates children
-and picks their ports. See `slime_meta.backends.local.launcher` for why children are set up as they are.
+and picks their ports. See `slime_meta.backends.local.workers.launcher` for why children are set up as they are.
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slime_meta.backends.local.weight_sync import ServedWeights
+    from slime_meta.backends.local.workers.weight_sync import ServedWeights
 
 # The launcher's logger: records keep the name they had before this module was split out of it.
-logger = logging.getLogger("slime_meta.backends.local.launcher")
+logger = logging.getLogger("slime_meta.backends.local.workers.launcher")
 
 _PR_SET_PDEATHSIG = 1
 _POLL_INTERVAL_S = 0.2
 _LOG_TAIL_LINES = 25
 _ROUTER_CALL_TIMEOUT_S = 10.0
 # The repository root, so children can import slime_meta even when it is not installed.
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[4])
 
 
 class LaunchError(RuntimeError):

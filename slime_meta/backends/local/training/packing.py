@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from slime_meta.backends.local.batching import PolicySequence
+from slime_meta.backends.local.training.batching import PolicySequence
 
 PADDING = -1
 

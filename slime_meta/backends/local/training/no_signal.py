@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Sequence
 
-from slime_meta.backends.local.batching import PolicySequence
+from slime_meta.backends.local.training.batching import PolicySequence
 from slime_meta.types import SolverSample, TeacherSample
 
 # KL estimators whose gradient is zero where the policy equals the reference.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import urllib.error
 
-from slime_meta.backends.local.processes import _OPENER
+from slime_meta.backends.local.workers.processes import _OPENER
 
 _KINDS = ("prefill_s", "fast_decode_s", "dynamic_decode_s", "idle_s")
 _COUNTS = ("decode_steps", "prefill_batches", "tokens_generated")

@@ -62,7 +62,7 @@ import urllib.error
 from collections.abc import Sequence
 from pathlib import Path
 
-from slime_meta.backends.local.processes import (
+from slime_meta.backends.local.workers.processes import (
     _OPENER,
     _ROUTER_CALL_TIMEOUT_S,
     LaunchError,
@@ -73,8 +73,8 @@ from slime_meta.backends.local.processes import (
     _Pool,
     _Stopping,
 )
-from slime_meta.backends.local.supervisor import _Supervision
-from slime_meta.backends.local.weight_sync import ServedWeights, WeightUpdate, disk_update
+from slime_meta.backends.local.workers.supervisor import _Supervision
+from slime_meta.backends.local.workers.weight_sync import ServedWeights, WeightUpdate, disk_update
 from slime_meta_engine.weights import remove_buffers
 
 logger = logging.getLogger(__name__)

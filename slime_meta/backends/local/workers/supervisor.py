@@ -2,7 +2,7 @@
 
 `_Supervision` is a mixin of `LocalProcessGroup`: a daemon thread that polls the workers, restarts
 dead ones on the same port, gives them the pool's current weights and registers them with the
-router again. See `slime_meta.backends.local.launcher` for the whole procedure.
+router again. See `slime_meta.backends.local.workers.launcher` for the whole procedure.
 """
 
 from __future__ import annotations
@@ -13,10 +13,17 @@ import threading
 import time
 import urllib.error
 
-from slime_meta.backends.local.processes import LaunchError, _Child, _describe_exit, _http_json, _Pool, _Stopping
+from slime_meta.backends.local.workers.processes import (
+    LaunchError,
+    _Child,
+    _describe_exit,
+    _http_json,
+    _Pool,
+    _Stopping,
+)
 
 # The launcher's logger: records keep the name they had before this module was split out of it.
-logger = logging.getLogger("slime_meta.backends.local.launcher")
+logger = logging.getLogger("slime_meta.backends.local.workers.launcher")
 
 _POLITE_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 _POLITE_DEATH_GRACE_S = 2.0

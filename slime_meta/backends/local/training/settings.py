@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from slime_meta.backends.local.channels import LossSettings
+from slime_meta.backends.local.training.channels import LossSettings
 
 
 def release_freed_memory_promptly() -> bool:

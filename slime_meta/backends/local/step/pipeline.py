@@ -15,7 +15,7 @@ import asyncio
 import copy
 from typing import Awaitable, Callable
 
-from slime_meta.backends.local.step import StepBatch
+from slime_meta.backends.local.step.batch import StepBatch
 from slime_meta.types import Episode
 
 

@@ -36,8 +36,8 @@ from typing import Iterator, Sequence
 import torch
 from transformers import AutoModelForCausalLM
 
-from slime_meta.backends.local.batching import PolicySequence
-from slime_meta.backends.local.channels import (
+from slime_meta.backends.local.training.batching import PolicySequence
+from slime_meta.backends.local.training.channels import (
     ModelCall,
     policy_gradient_pass,
     reference_logp_sums,
@@ -46,16 +46,16 @@ from slime_meta.backends.local.channels import (
     sdpo_pass,
     sdpo_shaping_sequences,
 )
-from slime_meta.backends.local.model_call import SplitModelCall, compile_decoder_layers
-from slime_meta.backends.local.no_signal import NoSignalStreak, RolloutSummary, zero_gradient_step
-from slime_meta.backends.local.reference import StartWeights
-from slime_meta.backends.local.step_timing import NoTimer, StepTimer
-from slime_meta.backends.local.trainer_settings import (
+from slime_meta.backends.local.training.model_call import SplitModelCall, compile_decoder_layers
+from slime_meta.backends.local.training.no_signal import NoSignalStreak, RolloutSummary, zero_gradient_step
+from slime_meta.backends.local.training.reference import StartWeights
+from slime_meta.backends.local.training.settings import (
     DistillSettings,
     TrainerSettings,
     release_freed_memory_promptly,
     resolve_device,
 )
+from slime_meta.backends.local.training.timing import NoTimer, StepTimer
 from slime_meta.errors import NonFiniteTrainingError
 from slime_meta.losses import ThreeChannelInputs, context_distillation_advantages, total_loss
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample

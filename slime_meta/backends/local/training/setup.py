@@ -1,20 +1,20 @@
 """The local trainer built from the run's config: its memory settings on a GPU chosen first
-(`with_trainer_plan`, the choice in `trainer_plan.py`), then the trainer itself (`make_trainer`)."""
+(`with_trainer_plan`, the choice in `plan.py`), then the trainer itself (`make_trainer`)."""
 
 from __future__ import annotations
 
-from slime_meta.backends.local.channels import LossSettings
-from slime_meta.backends.local.gpu_split import DEFAULT_TOKENS_PER_GPU, workers_on_first_gpu
-from slime_meta.backends.local.trainer import LocalTrainer
-from slime_meta.backends.local.trainer_plan import plan_trainer
-from slime_meta.backends.local.trainer_settings import DistillSettings, TrainerSettings
-from slime_meta.backends.local.worker_pools import pool_layouts
+from slime_meta.backends.local.training.channels import LossSettings
+from slime_meta.backends.local.training.gpu_split import DEFAULT_TOKENS_PER_GPU, workers_on_first_gpu
+from slime_meta.backends.local.training.plan import plan_trainer
+from slime_meta.backends.local.training.settings import DistillSettings, TrainerSettings
+from slime_meta.backends.local.training.trainer import LocalTrainer
+from slime_meta.backends.local.workers.pools import pool_layouts
 from slime_meta.config.arguments import MetaConfig
 from slime_meta.errors import UserInputError
 
 
 def with_trainer_plan(cfg: MetaConfig, model_dir: str) -> MetaConfig:
-    """The run's config with the trainer's memory settings it leaves out chosen (`trainer_plan.py`);
+    """The run's config with the trainer's memory settings it leaves out chosen (`plan.py`);
     on a GPU the choice is printed, one line."""
     student_pool = cfg.separate_student and not (cfg.pools.student_router_ip or cfg.pools.external_student_url)
     layouts = pool_layouts(cfg, student_pool, cfg.grader.grader == "local")
