@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from slime_meta.backends.slime.samples import kind_of_index
-from slime_meta.losses import context_distillation_advantages
+from slime_meta.losses.advantages import context_distillation_advantages
 
 
 def _taus(args: Namespace) -> dict[str, float]:

@@ -24,7 +24,7 @@ channel 1, GRPO: slime's own policy loss for the grpo estimator, term by term: l
   --rollout-temperature); the PPO anchor `rollout_log_probs` with --use-rollout-logprobs, else
   `log_probs`; the clipped surrogate with --eps-clip/--eps-clip-high, dual clip --eps-clip-c,
   vanilla TIS (--use-tis, --tis-clip, --tis-clip-low); minus --entropy-coef x entropy, plus
-  --kl-loss-coef x KL to `ref_log_probs`. The surrogate is `slime_meta.losses.policy_loss`;
+  --kl-loss-coef x KL to `ref_log_probs`. The surrogate is `slime_meta.losses.policy.policy_loss`;
   our --aipo-delta works too. Where slime's Megatron backend is not installed (a CPU test
   machine) the log-probs come from the pure path below, on one rank only, with a warning that
   says why; with tensor or context parallel size > 1 that path would read one shard of the
@@ -58,17 +58,11 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from slime_meta.losses import (
-    ProcessGroupShards,
-    ThreeChannelInputs,
-    dpo_loss,
-    entropy_from_logits,
-    kl_penalty,
-    policy_loss,
-    sequence_logps,
-    topk_generalized_jsd,
-    total_loss,
-)
+from slime_meta.losses.combine import ThreeChannelInputs, total_loss
+from slime_meta.losses.policy import kl_penalty, policy_loss
+from slime_meta.losses.preference import dpo_loss
+from slime_meta.losses.token_stats import entropy_from_logits, sequence_logps
+from slime_meta.losses.topk_distill import ProcessGroupShards, topk_generalized_jsd
 
 # Where `hold_sdpo_topk` keeps a sample's packed hint top-k on its teacher_log_probs placeholder.
 SDPO_TOPK_ATTRIBUTE = "sdpo_topk"

@@ -34,18 +34,12 @@ import torch
 
 from slime_meta.backends.local.training.batching import PolicySequence, budget_chunks, pad_sequences, response_columns
 from slime_meta.backends.local.training.packing import PackedBatch, pack_micro_batches
-from slime_meta.losses import (
-    context_distillation_advantages,
-    dpo_loss,
-    entropy_from_logits,
-    generalized_jsd,
-    kl_penalty,
-    policy_loss,
-    teacher_topk,
-    token_logps,
-    topk_generalized_jsd,
-)
-from slime_meta.losses.token_stats import TokenLogpsOutput
+from slime_meta.losses.advantages import context_distillation_advantages
+from slime_meta.losses.distill import generalized_jsd
+from slime_meta.losses.policy import kl_penalty, policy_loss
+from slime_meta.losses.preference import dpo_loss
+from slime_meta.losses.token_stats import TokenLogpsOutput, entropy_from_logits, token_logps
+from slime_meta.losses.topk_distill import teacher_topk, topk_generalized_jsd
 from slime_meta.types import PreferencePair, SolverSample
 
 
@@ -74,7 +68,7 @@ class ModelCall(Protocol):
         chunk_size: int | None,
         with_entropy: bool,
     ) -> TokenLogpsOutput:
-        """`slime_meta.losses.token_logps` of `logits(hidden_N_H)`, however the call computes it."""
+        """`slime_meta.losses.token_stats.token_logps` of `logits(hidden_N_H)`, however the call computes it."""
         ...
 
 

@@ -8,8 +8,8 @@ import torch
 
 from slime_meta.backends.local.training import varlen_attention
 from slime_meta.backends.local.training.packing import PackedBatch, shared_prompt_mask
-from slime_meta.losses import linear_token_logps, token_logps
-from slime_meta.losses.token_stats import TokenLogpsOutput
+from slime_meta.losses.linear_head import linear_token_logps
+from slime_meta.losses.token_stats import TokenLogpsOutput, token_logps
 
 # Causal LMs whose forward is `lm_head(decoder(...).last_hidden_state)` with nothing in between.
 SPLIT_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})

@@ -57,7 +57,8 @@ from slime_meta.backends.local.training.settings import (
 )
 from slime_meta.backends.local.training.timing import NoTimer, StepTimer
 from slime_meta.errors import NonFiniteTrainingError
-from slime_meta.losses import ThreeChannelInputs, context_distillation_advantages, total_loss
+from slime_meta.losses.advantages import context_distillation_advantages
+from slime_meta.losses.combine import ThreeChannelInputs, total_loss
 from slime_meta.types import PreferencePair, SolverSample, TeacherSample
 
 logger = logging.getLogger(__name__)
