@@ -129,15 +129,7 @@ def build_rollout(
     # format); the shared student is the teacher's model.
     student_renderer = PromptRenderer(load_tokenizer(student_dir), chat) if cfg.pools.student_checkpoint else renderer
     print(prompt_format_line(renderer, student_renderer), flush=True)
-    student = StudentRole(
-        pool=student_pool,
-        template=pieces.generator_template,
-        renderer=student_renderer,
-        info_position=cfg.meta.additional_info_position,
-        temperature=cfg.sampling.rollout_temperature,
-        max_new_tokens=cfg.sampling.rollout_max_response_len,
-        context_length=context_length_of(student_dir),
-    )
+    student = student_role(cfg, pieces, student_pool, student_renderer, student_dir)
     teacher = TeacherRole(
         pool=teacher_pool,
         template=pieces.teacher_template,
@@ -160,6 +152,22 @@ def build_rollout(
         teacher_history=cfg.meta.teacher_history,
     )
     return MetaLearningRollout(student=student, grader=pieces.grader, teacher=teacher, settings=settings)
+
+
+def student_role(
+    cfg: MetaConfig, pieces: RolePieces, pool: SGLangPool, renderer: PromptRenderer, model_dir: str
+) -> StudentRole:
+    """The student role over `pool` (the student's, or the teacher's for the policy's own solutions):
+    the generator template, the run's student sampling, requests inside `model_dir`'s context."""
+    return StudentRole(
+        pool=pool,
+        template=pieces.generator_template,
+        renderer=renderer,
+        info_position=cfg.meta.additional_info_position,
+        temperature=cfg.sampling.rollout_temperature,
+        max_new_tokens=cfg.sampling.rollout_max_response_len,
+        context_length=context_length_of(model_dir),
+    )
 
 
 def prompt_format_line(teacher: PromptRenderer, student: PromptRenderer) -> str:
@@ -187,16 +195,9 @@ def make_solver_builder(cfg: MetaConfig, pieces: RolePieces, teacher_pool: SGLan
     if not o.needs_solver_samples:
         return None
     source = "fixed" if o.teacher_context else "column" if o.context_key else o.distill_context
-    policy_as_student = StudentRole(
-        pool=teacher_pool,
-        template=pieces.generator_template,
-        renderer=PromptRenderer(
-            tokenizer, chat_setting(cfg.data.apply_chat_template, pieces.generator_template, pieces.teacher_template)
-        ),
-        info_position=cfg.meta.additional_info_position,
-        temperature=cfg.sampling.rollout_temperature,
-        max_new_tokens=cfg.sampling.rollout_max_response_len,
-        context_length=context_length_of(cfg.pools.hf_checkpoint),
+    chat = chat_setting(cfg.data.apply_chat_template, pieces.generator_template, pieces.teacher_template)
+    policy_as_student = student_role(
+        cfg, pieces, teacher_pool, PromptRenderer(tokenizer, chat), cfg.pools.hf_checkpoint
     )
     settings = SolverSettings(
         attempts_per_problem=cfg.meta.n_samples_per_inner_prompt,
