@@ -255,6 +255,9 @@ def sdpo_pass(
     """Channel 2: the hint-conditioned self is the target distribution (no gradient through it)."""
     total_tokens = sum(len(x.response_ids) for x in samples)
     jsd_sum = 0.0
+    jsd_settings = dict(
+        beta=s.sdpo_beta, temperature=s.sdpo_temperature, token_clip=s.sdpo_token_clip, chunk_size=s.jsd_chunk_size
+    )
     longest = [max(len(x.prompt_ids), len(x.hint_prompt_ids)) + len(x.response_ids) for x in samples]
     for group in budget_chunks(list(samples), longest, micro_batch_size, max_tokens):
         responses = [x.response_ids for x in group]
@@ -269,27 +272,9 @@ def sdpo_pass(
         if s.sdpo_topk is not None and s.sdpo_topk_tail:  # what a scoring server gives: the hint's top-k log-probs
             topk_ids_N_K, topk_logps_N_K = teacher_topk(hinted_N_V, s.sdpo_topk, s.sdpo_temperature)
             del hinted_N_V
-            jsd = topk_generalized_jsd(
-                student_N_V,
-                topk_ids_N_K,
-                topk_logps_N_K,
-                None,
-                beta=s.sdpo_beta,
-                temperature=s.sdpo_temperature,
-                token_clip=s.sdpo_token_clip,
-                chunk_size=s.jsd_chunk_size,
-            ).loss
+            jsd = topk_generalized_jsd(student_N_V, topk_ids_N_K, topk_logps_N_K, None, **jsd_settings).loss
         else:
-            jsd = generalized_jsd(
-                student_N_V,
-                hinted_N_V,
-                None,
-                beta=s.sdpo_beta,
-                temperature=s.sdpo_temperature,
-                top_k=s.sdpo_topk,
-                token_clip=s.sdpo_token_clip,
-                chunk_size=s.jsd_chunk_size,
-            ).loss
+            jsd = generalized_jsd(student_N_V, hinted_N_V, None, top_k=s.sdpo_topk, **jsd_settings).loss
         share = sum(lengths) / total_tokens
         (s.sdpo_alpha * jsd * share).backward()
         jsd_sum += jsd.item() * share
