@@ -219,32 +219,6 @@ class Children:
         self.processes.clear()
 
 
-def router_command(
-    host: str, port: int, metrics_port: int, worker_urls: Sequence[str], policy: str = "round_robin"
-) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--worker-urls",
-        *worker_urls,
-        "--policy",
-        policy,
-        "--prometheus-host",
-        host,
-        "--prometheus-port",
-        str(metrics_port),
-        "--log-level",
-        "warn",
-        "--health-check-interval-secs",
-        "1",
-    ]
-
-
 def quiet_transformers() -> None:
     """No progress bars or info logs from transformers in the benchmark output."""
     from transformers.utils import logging as transformers_logging

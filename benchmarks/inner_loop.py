@@ -52,6 +52,7 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 from inner_loop_baselines import Roles, sequential, stage_synchronous  # noqa: E402
 from inner_loop_recording import ROLES, InstrumentedRollout, Ledger, RecordingGrader, RecordingPool  # noqa: E402
 
+from slime_meta.backends.local.workers.launcher import router_command
 from slime_meta.grading.graders import OpenAIGrader
 from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate
 from slime_meta.rollout.meta_rollout import InnerLoopSettings
@@ -127,7 +128,7 @@ def start_pools(children: C.Children, args: argparse.Namespace) -> Pools:
     for i, role in enumerate(ROLES):
         block = ports[i * (args.workers + 2) : (i + 1) * (args.workers + 2)]
         children.start(
-            f"router-{role}", C.router_command("127.0.0.1", block[-2], block[-1], workers[role], args.router_policy)
+            f"router-{role}", router_command("127.0.0.1", block[-2], block[-1], workers[role], args.router_policy)
         )
         routers[role] = f"http://127.0.0.1:{block[-2]}"
     children.wait_ready([u + "/readiness" for u in routers.values()], timeout_s=60)

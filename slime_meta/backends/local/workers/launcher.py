@@ -92,6 +92,34 @@ class PortInUse(LaunchError):
         self.port = port
 
 
+def router_command(
+    host: str, port: int, metrics_port: int, worker_urls: Sequence[str], policy: str = "round_robin"
+) -> list[str]:
+    """The command of one sglang-router in front of `worker_urls`: its metrics on `metrics_port`,
+    warnings only in its log, each worker's health checked every second."""
+    return [
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        policy,
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        str(metrics_port),
+        "--log-level",
+        "warn",
+        "--health-check-interval-secs",
+        "1",
+    ]
+
+
 class LocalProcessGroup(_Supervision, _ChildProcesses):
     """Owns every worker and router it starts; use as a context manager."""
 
@@ -224,28 +252,7 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         worker_urls = tuple(worker.url for worker in workers)
         router = _Child(
             role=f"pool {name!r} router",
-            command=[
-                sys.executable,
-                "-m",
-                "sglang_router.launch_router",
-                "--host",
-                self._host,
-                "--port",
-                str(router_port),
-                "--worker-urls",
-                *worker_urls,
-                "--policy",
-                "round_robin",
-                "--prometheus-host",
-                self._host,
-                "--prometheus-port",
-                str(metrics_port),
-                "--log-level",
-                "warn",
-                "--health-check-interval-secs",
-                "1",
-                *router_args,
-            ],
+            command=[*router_command(self._host, router_port, metrics_port, worker_urls), *router_args],
             env=self._child_env(),
             log_path=log_directory / f"{name}-router.log",
             url=f"http://{self._host}:{router_port}",
