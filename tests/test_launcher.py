@@ -223,8 +223,8 @@ def test_ctrl_c_mid_step_ends_the_run_as_interrupted_and_restarts_nothing(
             )
     try:
         for name, run in runs.items():
-            for line in run.stdout:  # the first step is done: the second one is under way
-                if line.startswith("step 0:"):
+            for line in run.stdout:  # the first step is done ("step 1/N ..."): the second one is under way
+                if line.startswith("step 1/"):
                     break
             else:
                 pytest.fail(f"{name}: the run ended before its first step:\n{stderr_paths[name].read_text()[-3000:]}")
