@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 source scripts/_env.sh dev
 python -m ruff format --check --quiet . || { echo "formatting differs: run 'ruff format .'" >&2; exit 1; }
 python -m ruff check --quiet . || { echo "lint errors above: fix them, or 'ruff check --fix .'" >&2; exit 1; }
-exec python -m pytest -q -m "not slow" "$@"
+exec python -m pytest -q -m "not slow" --durations=30 "$@"
