@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 SCORES_ONE = {
     "boxed": [
         ("60", "So the price is \\boxed{60}."),
+        ("60", "\\boxed{\\boxed{60}}"),
+        ("60", "Final answer: 5 \\times 12 = \\boxed{60}"),
         ("60", "$\\boxed{60}$"),
         ("3/4", "\\boxed{\\frac{3}{4}}"),
         ("60", "\\fbox{60}"),
@@ -157,6 +159,8 @@ SCORES_ONE = {
         ("60", "Answer: 60\nThis is because 5 × 12 = 60."),
         ("8", "Answer: 8\n\nI hope this helps!"),
         ("Yes", "Answer: Yes\nThere is no other way."),
+        ("60", "Answer: 60\nWait, let me check: 5 \\times 12 = 60."),
+        ("60", "Answer: x \\approx 60"),
     ],
 }
 
@@ -233,6 +237,27 @@ SCORES_ZERO = {
     "two label forms are no licence to hedge": [
         ("C(10, 5), or equivalently 252", "Answer: 251"),
         ("5/14, or approximately 35.7%", "Answer: 5/14 or 1/2"),
+    ],
+    "a second candidate spelled out": [
+        ("60", "Answer: 60 or twelve"),
+        ("60", "Answer: 60 or sixty-one"),
+        ("60", "Answer: 60\nor maybe twelve"),
+    ],
+    "a relation between two candidates": [
+        ("60", "Answer: 60 \\approx 61"),
+        ("60", "Answer: 60 \\sim 12"),
+        ("60", "Answer: 60 ≈ 61"),
+    ],
+    "a box holding a box and another value": [
+        ("60", "\\boxed{\\boxed{60} 12}"),
+        ("60", "\\boxed{12 \\boxed{60}}"),
+        ("60", "Answer: 12 or \\boxed{60}"),
+    ],
+    "an answer retracted for another": [
+        ("60", "Answer: 60. Actually no, it is 12."),
+        ("60", "Answer: 60\nWait, that is wrong: 12."),
+        ("60", "The answer is 60. Actually, scratch that, 12."),
+        ("60", "\\boxed{60}\nHmm, I made a mistake; the total is 12 = 12."),
     ],
     "more different answers than one needs": [("60", "".join(f"\\boxed{{{60 + i % 2}.{i}}}" for i in range(40)))],
 }
@@ -314,6 +339,10 @@ ADVERSARIAL_100K = {
     "one long chain": "Answer: " + _repeat("1 = "),
     "one long number": "Answer: " + "9" * LONG,
     "nested braces in a box": "\\boxed{" + "{" * (LONG // 2) + "}" * (LONG // 2) + "}",
+    "nested boxes, a number at each level": _repeat("\\boxed{1 ")[: LONG // 2] + "}" * (LONG // 20),
+    "number words": "Answer: 60\n" + _repeat("sixty hundred and thousand ") + "\nor maybe twelve",
+    "number words apart": "Answer: 60\nor maybe " + _repeat("twenty" + " " * 50 + "-"),
+    "retractions that check": "Answer: 60\n" + _repeat("Wait, actually 5 * 12 = 60. ") + "\nActually, 12.",
 }
 
 

@@ -4,10 +4,13 @@ Rules (docs/reliability.md, "The built-in verifier", says why and which attack e
 - several different final answers score 0; more than `MAX_DISTINCT_ANSWERS` differently written
   ones score 0 without comparing them (one answer needs no such list);
 - one answer offering several numbers ("12 or 60", "12, 60", "12 60") scores 0;
-- a chain whose values differ (`12 = 30 = 60`, `x = 12 = 60`) scores 0; a leading name
+- a chain whose values differ (`12 = 30 = 60`, `x = 12 = 60`, `60 \\approx 61`) scores 0; a leading name
   (`x = 60`, `T(n) = ...`) and equal values (`3 + 5 = 8`, `60 = 60.0`) are one answer;
-- text after the answer that offers another one ("or maybe 12", a line that is just another
-  number, "No wait, no") scores 0;
+- text after the answer that offers another one ("or maybe 12", "or maybe twelve", a line that is
+  just another number, "No wait, no", a retraction ending on another value: "Actually no, it is
+  12.") scores 0; numbers written in words count as numbers when looking for a second candidate;
+- a statement holding another one and more ("\\boxed{\\boxed{60} 12}", "Answer: 12 or \\boxed{60}")
+  offers several candidates and scores 0;
 - yes/no labels: the answer's first word decides and the opposite word must not appear;
 - numbers are compared exactly (fractions, thousands separators, `$`, units dropped), other math
   by math-verify in a bounded child process, anything else as normalised text.
@@ -22,7 +25,15 @@ from slime_meta.grading.verifier import labels
 from slime_meta.grading.verifier import reading as reading_rules
 from slime_meta.grading.verifier import text as text_rules
 from slime_meta.grading.verifier.labels import YES_NO, LabelForm, can_evaluate
-from slime_meta.grading.verifier.text import exact_value, normalize_answer, numbers, plain, without_words, words
+from slime_meta.grading.verifier.text import (
+    exact_value,
+    normalize_answer,
+    numbers,
+    plain,
+    spelled_as_digits,
+    without_words,
+    words,
+)
 
 MAX_DISTINCT_ANSWERS = 8
 MAX_CHAIN_PARTS = 6
@@ -39,6 +50,13 @@ _ALTERNATIVE = re.compile(
 # other (quadratic on a long run of dots).
 _BARE_VALUE = re.compile(r"[\s$\\(*_]*[-+−]?\d[\d,./]*(?:[\s$\\)*_][\s$\\)*_.]*)?")
 _TRAILING_PIECES = re.compile(r"(?<=[.!?])\s+|\n")
+_RETRACTION = re.compile(
+    r"\b(?:actually|wait|hmm|oops|sorry|scratch|correction|instead|rather|wrong|mistake|incorrect|recalculat\w*"
+    r"|re-?check\w*|on second thought|hold on|no,)",
+    re.IGNORECASE,
+)
+# Relations that join two values as `=` does: `60 \approx 61` offers two candidates.
+_RELATION = re.compile(r"\\(?:approx|simeq|sim|cong|equiv|doteq)(?![A-Za-z])|[≈≃≅≡∼]")
 
 
 @dataclass(frozen=True)
@@ -75,9 +93,9 @@ class Judge:
 
     def chain_value(self, answer: str, form: LabelForm) -> tuple[str, bool]:
         """(the value a `=` chain ends with, whether all its values agree)."""
-        if "=" in form.text:
+        if "=" in form.text or _RELATION.search(form.text):
             return answer, True  # an equation label (`x = 2`) is compared whole
-        parts = [part.strip() for part in plain(answer).split("=")]
+        parts = [part.strip() for part in _RELATION.sub("=", plain(answer)).split("=")]
         if len(parts) == 1:
             return answer, True
         if len(parts) > MAX_CHAIN_PARTS:
@@ -145,9 +163,16 @@ class Judge:
         for piece in _TRAILING_PIECES.split(trailing):
             if not piece.strip():
                 continue
-            others = [n for n in numbers(piece) if n not in stated]
-            if others and (_ALTERNATIVE.search(piece) or _BARE_VALUE.fullmatch(piece)):
+            in_digits = spelled_as_digits(piece)
+            others = [n for n in numbers(in_digits) if n not in stated]
+            if others and (_ALTERNATIVE.search(in_digits) or _BARE_VALUE.fullmatch(in_digits)):
                 return piece
+            if others and _RETRACTION.search(piece):
+                # "Actually no, it is 12.": a retraction whose own result differs; a check that
+                # ends on the stated value ("Wait, let me check: 5 * 12 = 60") offers nothing else.
+                result = numbers(reading_rules.final_value(in_digits))
+                if result and any(n not in stated for n in result):
+                    return piece
             if polarity is not None and any(f.kind == "yes/no" for f in forms):
                 said = [YES_NO[w] for w in words(piece) if w in YES_NO]
                 if said and said[0] != polarity and (words(piece)[0] in YES_NO or _ALTERNATIVE.search(piece)):
@@ -210,6 +235,13 @@ def judge(solution: str, label: str, metric: str, math) -> Verdict:
     if not values:
         return Verdict(0.0, 'Incorrect: no final answer found; end with a line "Answer: <answer>".', "")
     answer = values[-1]
+    holding = next((s for s in read.statements if s.holds_more), None)
+    if holding is not None:
+        explanation = (
+            f'Incorrect: the final answer "{quote(holding.value)}" offers several candidate answers '
+            "(a statement holding another one and more); state exactly one."
+        )
+        return Verdict(0.0, explanation, holding.value)
     first_by_text: dict[str, str] = {}
     for value in values:
         first_by_text.setdefault(normalize_answer(value), value)

@@ -10,7 +10,9 @@ Statements of a final answer, found anywhere in the solution:
 - `the answer is 8` / `the final answer is 8` when a value follows (a number, LaTeX, a variable,
   yes/no), or anything in the solution's last sentence ("The answer is New York.").
 A statement inside another one's value replaces it: a box on an answer line, "Answer: the answer
-is 8". The text after the last statement is kept: it may offer another answer ("or maybe 12").
+is 8"; unless the outer one states more (another number beside an inner box, "12 or \\boxed{60}"):
+then it is kept whole and marked, and the verdict calls it several candidates. The text after the
+last statement is kept: it may offer another answer ("or maybe 12").
 
 Without any statement, the final result of the last sentence is read (`Ana has 3 + 5 = 8
 marbles.` -> 8; see `final_value`), or for a text label the whole solution when it is one line
@@ -51,6 +53,7 @@ _NON_SPACE = re.compile(r"\S")
 _NOT_DECORATION = re.compile(r"[^\s*_`]")
 _DECORATION = set(" \t>#*_-`")
 SHORT_ANSWER_CHARS = 64
+_ALTERNATIVE_WORD = re.compile(r"\b(?:or|maybe|perhaps|possibly|alternatively|either)\b", re.IGNORECASE)
 _NO_VALUE = re.compile(r"[\s{}()\[\].,;:!?*_`'\"#>-]*")
 
 
@@ -64,6 +67,7 @@ class Statement:
     value_start: int
     value_end: int
     value: str = ""
+    holds_more: bool = False  # it holds another statement and states more besides (see `_holds_more`)
 
 
 @dataclass
@@ -177,16 +181,44 @@ def _phrases(text: str, bounds: _Boundaries, last_sentence_start: int) -> list[S
     return found
 
 
-def _innermost(statements: list[Statement]) -> list[Statement]:
-    """Statements in order, each dropped when another statement starts inside its value."""
+def _end(statement: Statement) -> int:
+    return statement.value_end + (1 if statement.kind == "box" else 0)  # a box ends after its brace
+
+
+def _holds_more(text: str, statements: list[Statement], starts: list[int], index: int) -> bool:
+    """Whether statement `index`, which holds other statements, states more than they do: a box
+    holding a box and another number (`\\boxed{\\boxed{60} 12}`), or an alternative beside the
+    inner statement (`Answer: 12 or \\boxed{60}`). `5 \\times 12 = \\boxed{60}` states no more.
+    Reads only the text outside its direct children, so over all statements each character once."""
+    outer = statements[index]
+    outside, position = [], outer.value_start
+    inner = max(bisect.bisect_left(starts, outer.value_start), index + 1)
+    while inner < len(statements) and starts[inner] < outer.value_end:
+        outside.append(text[position : starts[inner]])
+        position = max(position, min(_end(statements[inner]), outer.value_end))
+        inner = max(bisect.bisect_left(starts, position), inner + 1)
+    outside.append(text[position : outer.value_end])
+    rest = " ".join(outside)
+    if not any(ch.isdigit() for ch in rest):
+        return False
+    return outer.kind == "box" or bool(_ALTERNATIVE_WORD.search(rest))
+
+
+def _innermost(text: str, statements: list[Statement]) -> list[Statement]:
+    """Statements in order, each replaced by the statements inside its value ("Answer: \\boxed{8}"
+    is the box), unless it states more than they do: then it is kept whole, marked `holds_more`."""
     statements = sorted(statements, key=lambda s: (s.start, -s.value_end))
     starts = [s.start for s in statements]
-    kept = []
+    kept: list[Statement] = []
     for index, statement in enumerate(statements):
+        if kept and kept[-1].holds_more and statement.start < kept[-1].value_end:
+            continue  # inside a statement kept whole
         inner = bisect.bisect_left(starts, statement.value_start)
         inner = max(inner, index + 1)
         if inner < len(starts) and starts[inner] < statement.value_end:
-            continue
+            if not _holds_more(text, statements, starts, index):
+                continue
+            statement = replace(statement, holds_more=True)
         if kept and (kept[-1].start, kept[-1].value_start) == (statement.start, statement.value_start):
             continue
         kept.append(statement)
@@ -211,7 +243,7 @@ def read(solution: str) -> Reading:
     sentences = _sentences(text, bounds)
     last_sentence_start = sentences[-1][0] if sentences else len(text)
     statements = _boxes(text) + _answer_lines(text, bounds) + _gsm8k_lines(text)
-    statements = _innermost(statements + _phrases(text, bounds, last_sentence_start))
+    statements = _innermost(text, statements + _phrases(text, bounds, last_sentence_start))
     statements = [replace(s, value=text[s.value_start : s.value_end]) for s in statements]
     # A value of punctuation alone ("Answer: {" in a rambling completion) states nothing.
     reading = Reading(statements=[s for s in statements if not _NO_VALUE.fullmatch(s.value)])

@@ -121,15 +121,62 @@ def numbers(text: str) -> list[Fraction]:
     return [Fraction(m.group(0).replace(",", "")) for m in NUMBER.finditer(text)]
 
 
+_UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+_UNITS += "sixteen seventeen eighteen nineteen".split()
+_TENS = dict(zip("twenty thirty forty fifty sixty seventy eighty ninety".split(), range(20, 100, 10)))
+_SCALES = {"hundred": 100, "thousand": 1_000, "million": 1_000_000, "billion": 1_000_000_000}
+_NUMBER_WORD_VALUES = {**{word: value for value, word in enumerate(_UNITS)}, **_TENS}
+_NUMBER_WORD = "(?:" + "|".join(sorted([*_NUMBER_WORD_VALUES, *_SCALES], key=len, reverse=True)) + ")"
+# A run of number words ("sixty-one", "two hundred and five"); whitespace is collapsed first, so the
+# separators match at most a few characters and the scan stays linear.
+_SPELLED_RUN = re.compile(
+    rf"\b{_NUMBER_WORD}(?:(?:(?<=hundred) and |(?<=thousand) and |(?<=million) and |[ -]){_NUMBER_WORD})*\b",
+    re.IGNORECASE,
+)
+
+
+def _spelled_values(run: str) -> str:
+    """The numbers a run of number words states: `sixty one` -> 61, `one two` -> `1 2`."""
+    found, total, current = [], 0, 0
+    for word in re.split(r"[ -]+", run.lower()):
+        if word == "and":
+            continue
+        if word in _NUMBER_WORD_VALUES:
+            value = _NUMBER_WORD_VALUES[word]
+            joins = current % 100 == 0 or (current % 100 >= 20 and current % 10 == 0 and value < 10)
+            if not joins or (current == 0 and total and value == 0):
+                found.append(total + current)
+                total = current = 0
+            current += value
+        elif word == "hundred":
+            if current >= 100:  # "one hundred hundred" is two numbers, not ten thousand
+                found.append(total + current)
+                total = current = 0
+            current = (current or 1) * 100
+        else:
+            scale = _SCALES[word]
+            if total and total % (scale * 1000) != 0:  # a scale only after a larger one: "2 million 3 thousand"
+                found.append(total + current)
+                total = current = 0
+            total, current = total + (current or 1) * scale, 0
+    return " ".join(str(value) for value in [*found, total + current])
+
+
+def spelled_as_digits(text: str) -> str:
+    """Numbers written as words in digits (`60 or twelve` -> `60 or 12`), whitespace collapsed:
+    a second candidate spelled out is still a second candidate."""
+    return _SPELLED_RUN.sub(lambda m: _spelled_values(m.group(0)), " ".join(text.split()))
+
+
 def offers_several_numbers(answer: str, label: str) -> bool:
     """Whether one stated answer offers several numbers where the label states one.
 
     Two different numbers next to each other count as candidates when what separates them is a
-    word ("12 or 60"), a comma or semicolon ("12, 60", unless the label itself is a list), or
-    only spacing ("12 60"). The same number twice ("60, i.e. 60") offers no second candidate;
-    operators (`3 + 5`, `12 = 60`) are left to the chain rule.
+    word ("12 or 60"; "60 or twelve": numbers in words count), a comma or semicolon ("12, 60",
+    unless the label itself is a list), or only spacing ("12 60"). The same number twice ("60, i.e.
+    60") offers no second candidate; operators (`3 + 5`, `12 = 60`) are left to the chain rule.
     """
-    text = plain(answer)
+    text = spelled_as_digits(plain(answer))
     lists_allowed = any(separator in label for separator in ",;")
     found = list(NUMBER.finditer(text))
     for left, right in zip(found, found[1:]):
