@@ -41,6 +41,22 @@ def write_parquet(rows: Rows, path: str | Path, columns: Sequence[str]) -> Path:
     return path
 
 
+def prompts_of(path: str | Path, key: str = "prompt") -> set[str]:
+    """The prompts of a JSON-lines task file; a missing or malformed one is one UserInputError line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserInputError(f"{path}: no such file; give a JSON-lines task file")
+    prompts = set()
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            prompts.add(json.loads(line)[key])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise UserInputError(f"{path}, row {number}: not a JSON object with a {key!r} field") from None
+    return prompts
+
+
 def task_parser(
     name: str, description: str, out: str | None = None, seed: bool = True, parquet: bool = False
 ) -> argparse.ArgumentParser:

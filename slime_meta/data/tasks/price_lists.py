@@ -1,0 +1,134 @@
+"""Shop problems whose price only the hint can give: the student must be told the fact, then multiply.
+
+Why this task: on the house-rules task a 0.5B instruct student did not apply a stated rule (its
+grade with the hand-written hint was below its grade without), so no teacher could be measured
+there. Here the knowledge a hint must carry is one fact a small model can copy: the one price every
+item of a shop costs. Each family is one shop with one price, written in the family's rubric (which
+the grader and the teacher read) and in the hand-written `oracle_hint`. Every other problem states
+the price, so a student with no info solves those and the no-info grade sits inside 0 to 1; the
+others name only the shop, so their answer needs the price that only an info can give. The price
+is shared by every problem of the family, so a price relayed for the train problems carries to the
+holdout problems (`--group-key category`).
+
+Labels are whole numbers; the rubric says what a full-credit answer shows without giving the answer.
+
+Generate the shipped data (training pool and a separate evaluation set) with:
+  python -m slime_meta.data.tasks.price_lists --out data/price_lists.jsonl --n 40 --seed 0
+  python -m slime_meta.data.tasks.price_lists --out data/price_lists_eval.jsonl --n 12 --seed 1 \\
+      --disjoint-from data/price_lists.jsonl
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Collection, Sequence
+
+from slime_meta.data.tasks import writer
+from slime_meta.data.tasks.word_problems import COLUMNS, PEOPLE, Story, choose_families, family_rows
+
+
+@dataclass(frozen=True)
+class Shop:
+    """One family: a shop whose every item costs `price` dollars."""
+
+    name: str
+    place: str  # as the problems name it
+    goods: tuple[str, ...]
+    price: int
+    wrong_price: int  # the bad hint's price: shows that the student follows what it is told
+
+    @property
+    def rubric(self) -> str:
+        return (
+            f"Price list of {self.place}: every item costs {self.price} dollars. Full credit: the amount paid at "
+            "this price, stated as one final whole number. No credit for a different number, for several "
+            "different final numbers, or for no final number."
+        )
+
+    @property
+    def oracle_hint(self) -> str:
+        # A worked example of another problem, stated in a sentence and never as an `Answer:` line:
+        # a small student copies a final-answer line it has just read as its own.
+        example = self.goods[0]
+        return (
+            f"At {self.place} every item costs {self.price} dollars. For example: 2 {example} cost "
+            f"2 x {self.price} = {2 * self.price} dollars. End your solution with one line: Answer: <number>."
+        )
+
+    @property
+    def bad_hint(self) -> str:
+        return f"At {self.place} every item costs {self.wrong_price} dollars."
+
+    def draw(self, rng: random.Random, price_stated: bool) -> Story:
+        name, _ = rng.choice(PEOPLE)
+        goods, count = rng.choice(self.goods), rng.randint(2, 9)
+        prompt = f"{name} buys {count} {goods} at {self.place}."
+        if price_stated:
+            prompt += f" Each costs {self.price} dollars."
+        return Story(f"{prompt} How many dollars does {name} pay?", count * self.price)
+
+
+SHOPS: dict[str, Shop] = {
+    shop.name: shop
+    for shop in (
+        Shop("kims_stall", "Kim's stall", ("mugs", "bowls", "plates", "cups"), 7, 5),
+        Shop("corner_books", "the Corner bookshop", ("notebooks", "comics", "maps", "diaries"), 4, 6),
+        Shop("toy_barn", "the Toy Barn", ("yo-yos", "kites", "puzzles", "balls"), 9, 3),
+        Shop("garden_hut", "the Garden Hut", ("seed packs", "pots", "gloves", "trowels"), 6, 8),
+        Shop("sea_market", "the Sea Market", ("shells", "postcards", "magnets", "candles"), 8, 4),
+    )
+}
+
+
+def generate_rows(
+    n: int, seed: int = 0, families: Sequence[str] | None = None, avoid: Collection[str] = ()
+) -> list[dict]:
+    """`n` distinct problems of each shop, every other one naming the shop without its price.
+
+    Each shop draws from its own seeded stream, so adding or dropping one leaves the others'
+    problems unchanged. Rows alternate between shops, so any leading slice of the file holds all.
+    Prompts in `avoid` are drawn again: an evaluation set never holds a training problem.
+    """
+    chosen = choose_families(families, SHOPS, SHOPS, n)
+
+    def draw(rng: random.Random, index: int, shop: Shop) -> Story:
+        while True:
+            story = shop.draw(rng, price_stated=index % 2 == 1)
+            if story.prompt not in avoid:
+                return story
+
+    rows_by_shop = [
+        family_rows(
+            SHOPS[name],
+            n,
+            f"slime_meta.price_lists/{seed}/{name}",
+            f"{name}-s{seed}-",
+            lambda rng, index, shop=SHOPS[name]: draw(rng, index, shop),
+        )
+        for name in chosen
+    ]
+    return [row for same_index in zip(*rows_by_shop) for row in same_index]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    description = "Write the price-lists task: shop problems whose price only the rubric and the hint state."
+    parser = writer.task_parser("price_lists", description)
+    parser.add_argument("--n", type=int, default=40, help="problems per shop (default: 40)")
+    parser.add_argument("--families", nargs="+", default=None, help=f"shops (default: all: {', '.join(SHOPS)})")
+    parser.add_argument(
+        "--disjoint-from",
+        default=None,
+        metavar="JSONL",
+        help="a task file (the training pool) whose prompts this one must not hold: for an evaluation set",
+    )
+
+    def rows(args) -> list[dict]:  # inside write_task: a bad --disjoint-from file is one error line
+        avoid = writer.prompts_of(args.disjoint_from) if args.disjoint_from else set()
+        return generate_rows(args.n, args.seed, args.families, avoid)
+
+    writer.write_task(parser, argv, rows, COLUMNS, "category")
+
+
+if __name__ == "__main__":
+    main()
