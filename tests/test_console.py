@@ -15,8 +15,7 @@ import pytest
 from test_train_e2e import ROOT, processes_mentioning, read_jsonl, synthetic_args
 
 from slime_meta.artifacts.plot import PlotRefresher
-from slime_meta.artifacts.tracking import format_duration, format_step_line, normalised_gain
-from slime_meta.backends.local.step.metrics import RunProgress
+from slime_meta.artifacts.tracking import RunProgress, format_duration, format_step_line, normalised_gain
 
 STEP_METRICS = {
     "meta_learning/avg_holdout_grade": 0.875,
@@ -47,6 +46,15 @@ def test_step_line_leaves_out_what_the_run_did_not_measure():
     assert line.startswith("step 1/5 holdout 0.875 (no info 0.625) inner")
     assert "oracle" not in line and "ETA" not in line
     assert " kl " not in line and "entropy" not in line and "info_len" not in line
+
+
+def test_the_rollout_s_own_line_where_another_process_trains():
+    # On slime the rollout prints the line and slime's trainer logs loss and grad norm itself.
+    rollout_only = {k: v for k, v in STEP_METRICS.items() if not k.startswith(("train/", "perf/"))}
+    line = format_step_line(4, rollout_only, total=10, elapsed_s=30.0, eta_s=30.0, oracle=1.0)
+    assert line.startswith("step 5/10 [0:30 elapsed, ETA 0:30] holdout 0.875 (no info 0.625, oracle 1.000, gain 0.67)")
+    assert line.endswith("info_len 3.0 | rollout 2.1s")
+    assert "nan" not in line and "loss" not in line and "train" not in line
 
 
 def test_gain_is_not_a_number_when_the_oracle_is_no_better_than_no_info():

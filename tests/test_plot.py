@@ -12,7 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from slime_meta.artifacts.plot import plot_run, reference_grades  # noqa: E402
+from slime_meta.artifacts.plot import plot_run  # noqa: E402
+from slime_meta.artifacts.tracking import reference_grades  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -171,7 +171,7 @@ def slime_args(
     return args
 
 
-def test_train_and_eval_rollouts_meet_slimes_plugin_contract(slime, pools, tiny_checkpoint, tmp_path):
+def test_train_and_eval_rollouts_meet_slimes_plugin_contract(slime, pools, tiny_checkpoint, tmp_path, capsys):
     contracts = slime.contracts
     contracts.assert_rollout_function_signature_matches_default(plugin.generate_rollout)
 
@@ -195,6 +195,10 @@ def test_train_and_eval_rollouts_meet_slimes_plugin_contract(slime, pools, tiny_
         assert sample.metadata["uid"].startswith("f") and sample.metadata["rubric"]  # the row's metadata
         assert "trace" in sample.metadata[META_KEY] and sample.teacher_log_probs is None
     assert len({s.index for s in samples}) == len(samples)
+    # The step line, as on one machine, with the rollout's part (slime's trainer logs its loss).
+    (line,) = [text for text in capsys.readouterr().out.splitlines() if text.startswith("step ")]
+    assert line.startswith(f"step 1/{args.num_rollout} [") and " holdout " in line and "rollout " in line
+    assert "nan" not in line
     assert output.metrics["meta_learning/num_train_problems"] == 2.0 and output.metrics["pool/teacher_requests"] > 0
     assert plugin.runtime(args).student_pool.base_url == pools.teacher  # shared pool
 

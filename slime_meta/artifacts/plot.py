@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from slime_meta.artifacts.tracking import read_metrics
+from slime_meta.artifacts.tracking import read_metrics, reference_grades
 
 logger = logging.getLogger(__name__)
 
@@ -115,17 +115,6 @@ class PlotRefresher:
             return None
         self._last = time.monotonic()
         return write_plot(self.run_dir)
-
-
-def reference_grades(records: list[dict]) -> dict[str, float]:
-    """Per data set, the student's grade with the reference context, measured before training."""
-    suffix = "/baseline_teacher/avg"
-    return {
-        key[len("eval/") : -len(suffix)]: value
-        for record in records
-        for key, value in record.items()
-        if key.startswith("eval/") and key.endswith(suffix) and value is not None
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,6 +83,23 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in jsonl_lines(path.read_text(encoding="utf-8"))]
 
 
+class RunProgress:
+    """Elapsed time and the ETA of the run's remaining steps, from the mean time of the steps this
+    process has done (a resumed run counts from its first step)."""
+
+    def __init__(self, start_step: int, end_step: int):
+        self.start_step, self.end_step = start_step, end_step
+        self._started = time.monotonic()
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self._started
+
+    def eta_s(self, rollout_id: int) -> float:
+        """Seconds left after step `rollout_id` (0-based) is done."""
+        done = rollout_id + 1 - self.start_step
+        return self.elapsed_s() / max(done, 1) * max(self.end_step - rollout_id - 1, 0)
+
+
 def format_step_line(
     step: int,
     metrics: Mapping[str, float],
@@ -100,7 +117,8 @@ def format_step_line(
     `step` is the 0-based rollout id, shown 1-based out of `total` (the run's --num-rollout).
     `oracle` is the student's grade with the reference context (--eval-baseline); with it the line
     shows the normalised gain (holdout - no info) / (oracle - no info). KL, entropy and the mean
-    length of the teacher's final info appear when the step's metrics have them.
+    length of the teacher's final info appear when the step's metrics have them; without training
+    metrics (slime's rollout, whose trainer logs its own) the line holds the rollout's part only.
     """
 
     def get(key: str) -> float:
@@ -118,8 +136,10 @@ def format_step_line(
         control += f", oracle {oracle:.3f}, gain {format_gain(normalised_gain(holdout, no_info, oracle))}"
     if metrics.get("train/skipped_no_signal"):  # nothing was trained: no loss to show
         trained = f"no signal, update skipped ({get('train/skipped_no_signal_total'):.0f} so far)"
-    else:
+    elif "train/loss" in metrics:
         trained = f"loss {get('train/loss'):+.4f} grad_norm {get('train/grad_norm'):.3f}"
+    else:  # the rollout's own line where another process trains (slime: its trainer logs the loss)
+        trained = ""
     optional = [
         ("kl", "train/kl_ref", "{:.4f}"),  # KL to the start weights (--kl-loss-coef); 0 when off: not shown
         ("entropy", "train/entropy", "{:.3f}"),
@@ -129,12 +149,33 @@ def format_step_line(
         value = metrics.get(key)
         if value is not None and math.isfinite(float(value)) and (key != "train/kl_ref" or value):
             trained += f" {label} {form.format(float(value))}"
-    return (
-        f"{position} holdout {holdout:.3f} ({control}) inner {get('meta_learning/avg_inner_grade'):.3f} "
-        f"{trained} | "
-        f"rollout {get('meta_learning/inner_loop_time'):.1f}s train {get('train/step_time'):.2f}s "
-        f"step {get('perf/step_time'):.1f}s"
-    ) + grader_parse_note(metrics)
+    timings = f"rollout {get('meta_learning/inner_loop_time'):.1f}s"
+    if "train/step_time" in metrics:
+        timings += f" train {get('train/step_time'):.2f}s"
+    if "perf/step_time" in metrics:
+        timings += f" step {get('perf/step_time'):.1f}s"
+    head = f"{position} holdout {holdout:.3f} ({control}) inner {get('meta_learning/avg_inner_grade'):.3f}"
+    return " ".join(part for part in (head, trained.strip(), "|", timings) if part) + grader_parse_note(metrics)
+
+
+def reference_grades(records: list[dict]) -> dict[str, float]:
+    """Per data set, the student's grade with the reference context, measured before training."""
+    suffix = "/baseline_teacher/avg"
+    return {
+        key[len("eval/") : -len(suffix)]: value
+        for record in records
+        for key, value in record.items()
+        if key.startswith("eval/") and key.endswith(suffix) and value is not None
+    }
+
+
+def oracle_grade(baseline: Mapping[str, float], run_dir: Path) -> float | None:
+    """R_oracle: the student's grade with the reference context (--eval-baseline, measured before
+    step 0; a resumed run reads it from the run's earlier records). None when not measured."""
+    grades = reference_grades([dict(baseline)])
+    if not grades and (run_dir / "metrics.jsonl").is_file():
+        grades = reference_grades(read_metrics(run_dir))
+    return next(iter(grades.values()), None)
 
 
 def normalised_gain(holdout: float, no_info: float, oracle: float) -> float:

@@ -12,10 +12,9 @@ import sys
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping
 
-from slime_meta.artifacts.plot import PlotRefresher, reference_grades, write_plot
-from slime_meta.artifacts.tracking import Tracker, format_eval_line, format_step_line, read_metrics
+from slime_meta.artifacts.plot import PlotRefresher, write_plot
+from slime_meta.artifacts.tracking import RunProgress, Tracker, format_eval_line, format_step_line, oracle_grade
 from slime_meta.artifacts.train_state import load_checkpoint, save_checkpoint, set_rng_state
 from slime_meta.assembly import (
     baseline_eval,
@@ -31,7 +30,7 @@ from slime_meta.backends.local.data import describe_plan, load_data
 from slime_meta.backends.local.evaluation import eval_due, evaluate
 from slime_meta.backends.local.inputs import check_models, check_servers, prepare_run_dir
 from slime_meta.backends.local.step.batch import batch_producer, train_on_batch
-from slime_meta.backends.local.step.metrics import RunProgress, StepClock, StepCounters, staleness_metrics
+from slime_meta.backends.local.step.metrics import StepClock, StepCounters, staleness_metrics
 from slime_meta.backends.local.step.pipeline import RolloutPipeline
 from slime_meta.backends.local.training.setup import make_trainer, with_trainer_plan
 from slime_meta.backends.local.workers import weight_sync
@@ -166,15 +165,6 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
             sync.close()  # its /dev/shm file; the process group removes it too, also on SIGTERM
             tracker.finish()
             trainer_thread.shutdown(wait=False)  # a step in flight (an interrupt) still finishes on it
-
-
-def oracle_grade(baseline: Mapping[str, float], run_dir: Path) -> float | None:
-    """R_oracle: the student's grade with the reference context (--eval-baseline, measured before
-    step 0; a resumed run reads it from the run's earlier records). None when not measured."""
-    grades = reference_grades([dict(baseline)])
-    if not grades and (run_dir / "metrics.jsonl").is_file():
-        grades = reference_grades(read_metrics(run_dir))
-    return next(iter(grades.values()), None)
 
 
 def should_save(cfg: MetaConfig, rollout_id: int) -> bool:

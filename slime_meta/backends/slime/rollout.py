@@ -28,6 +28,7 @@ from argparse import Namespace
 from dataclasses import replace
 from typing import Any, Sequence
 
+from slime_meta.artifacts.tracking import RunProgress, format_step_line, oracle_grade
 from slime_meta.assembly import baseline_eval, batch_plan, counter_metrics
 from slime_meta.backends.slime.data import converted_problems
 from slime_meta.backends.slime.evaluation import evaluate
@@ -323,6 +324,19 @@ async def _train_rollout(
     metrics["perf/meta_rollout_time"] = time.perf_counter() - started
     rt.tracker.log(rollout_id, metrics)
     rt.tracker.write_traces([describe_batch(episodes, rollout_id), *result.traces])
+    if rt.progress is None:  # the first step of this process (a resumed run counts from here)
+        rt.progress = RunProgress(rollout_id, rt.cfg.meta.num_rollout)
+        rt.oracle = oracle_grade(baseline, rt.run_dir)
+    # The rollout's part of the step line (slime's trainer logs loss and grad norm itself).
+    line = format_step_line(
+        rollout_id,
+        metrics,
+        total=rt.cfg.meta.num_rollout,
+        elapsed_s=rt.progress.elapsed_s(),
+        eta_s=rt.progress.eta_s(rollout_id),
+        oracle=rt.oracle,
+    )
+    print(line, flush=True)
     if rt.plot is not None:
         rt.plot.after_step()
     return RolloutFnTrainOutput(samples=output, metrics=metrics)

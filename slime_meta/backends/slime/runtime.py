@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Awaitable, TypeVar
 
 from slime_meta.artifacts.plot import PlotRefresher
-from slime_meta.artifacts.tracking import Tracker
+from slime_meta.artifacts.tracking import RunProgress, Tracker
 from slime_meta.assembly import (
     build_role_pieces,
     build_rollout,
@@ -87,6 +87,8 @@ class Runtime:
     family_draws: int = 0
     eval_problems: dict[str, list[Problem]] | None = None
     plot: PlotRefresher | None = None  # holdout.png, redrawn while the run goes
+    progress: RunProgress | None = None  # elapsed and ETA for the step line, from this process's first step
+    oracle: float | None = None  # R_oracle (--eval-baseline) for the step line's normalised gain
 
     def close(self) -> None:
         async def close_pools() -> None:

@@ -35,23 +35,6 @@ class StepClock:
         }
 
 
-class RunProgress:
-    """Elapsed time and the ETA of the run's remaining steps, from the mean time of the steps this
-    process has done (a resumed run counts from its first step)."""
-
-    def __init__(self, start_step: int, end_step: int):
-        self.start_step, self.end_step = start_step, end_step
-        self._started = time.monotonic()
-
-    def elapsed_s(self) -> float:
-        return time.monotonic() - self._started
-
-    def eta_s(self, rollout_id: int) -> float:
-        """Seconds left after step `rollout_id` (0-based) is done."""
-        done = rollout_id + 1 - self.start_step
-        return self.elapsed_s() / max(done, 1) * max(self.end_step - rollout_id - 1, 0)
-
-
 def staleness_metrics(samples, rollout_id: int, start_step: int) -> dict[str, float]:
     """How many optimizer steps behind the trained policy the rollout's weights were."""
     versions = []
