@@ -91,11 +91,22 @@ def test_bad_flag_values_name_the_flag(extra, flag):
 
 
 def test_objective_defaults_leave_plain_grpo_with_a_separate_student():
-    for student in (["--student-checkpoint", "ckpt"], ["--student-num-gpus", "1"], ["--backend", "slime"]):
+    for student in (["--student-checkpoint", "ckpt"], ["--student-num-gpus", "1"]):
         o = parse_config(BASE + student).objectives
         assert not (o.distillation_on or o.sdpo_on_any or o.replay_on or o.needs_solver_samples or o.needs_reference)
         assert o.adv_tau is None and o.kl_loss_coef == 0.0
     assert o.kl_loss_type == "k3" and o.replay_min_agree == 2 and o.sdpo_grade_threshold == 1.0
+
+
+def test_the_shared_student_kl_default_holds_on_slime_and_the_solver_term_stays_local():
+    o = parse_config(BASE + ["--backend", "slime"]).objectives  # slime: the same KL default, one meaning
+    assert (o.kl_loss_coef, o.kl_loss_type, o.adv_tau) == (0.1, "k3", None)
+
+
+def test_slimes_kl_switch_is_accepted_and_refused_without_a_weight():
+    assert parse_config(BASE + ["--use-kl-loss"]).objectives.kl_loss_coef == 0.1
+    with pytest.raises(UserInputError, match="--use-kl-loss with --kl-loss-coef 0"):
+        parse_config(BASE + ["--student-num-gpus", "1", "--use-kl-loss"])
 
 
 def test_shared_student_defaults_hold_the_student_role_and_can_be_turned_off():

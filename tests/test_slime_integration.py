@@ -320,10 +320,16 @@ def test_slimes_argument_groups_take_ours_without_conflicts(slime):
             "0.9",
             "--num-inner-iterations",
             "5",
+            "--ref-load",
+            "/ckpt/ref",
         ]
     )
     args, unknown = parser.parse_known_args(list(plan.slime_argv))
     assert unknown == []  # every flag of the plan is known to slime's parser plus ours
+    # The shared student's KL term acts on slime: slime's parser reads the switch that makes it build
+    # the reference model (slime/ray/placement_group.py: with_ref = kl_coef != 0 or use_kl_loss) and
+    # makes its loss add the term, with our weight and estimator (slime's own default is k1).
+    assert args.use_kl_loss and (args.kl_loss_coef, args.kl_loss_type, args.kl_coef) == (0.1, "k3", 0.0)
     assert (args.rollout_temperature, args.student_temperature, args.num_inner_iterations) == (0.9, 0.6, 5)
     assert args.rollout_function_path == "slime_meta.backends.slime.rollout.generate_rollout"
     assert args.loss_type == "custom_loss" and args.input_key == "prompt" and args.colocate

@@ -27,7 +27,15 @@ from slime_meta.backends.slime.plan import PLUGINS, meta_parser, translate
 from slime_meta.errors import UserInputError
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", "/ckpt/teacher"]
+BASE = [
+    "--use-meta-learning",
+    "--prompt-data",
+    "data/math_word_problems.jsonl",
+    "--hf-checkpoint",
+    "/ckpt/teacher",
+    "--ref-load",
+    "/ckpt/teacher_torch_dist",
+]
 
 
 def value(argv, flag):
@@ -184,6 +192,29 @@ def test_bad_flags_fail_in_one_line_naming_the_flag(extra, message):
 
 
 # ----------------------------------------------------------------------------- translation
+
+
+def test_kl_acts_on_slime_with_the_switch_the_reference_and_our_estimator():
+    # Shared student (the default): the anti-drift KL term is on, as on one machine, and slime is told
+    # --use-kl-loss (without it slime builds no reference model and its loss skips the term).
+    argv = list(plan_of("--colocate").slime_argv)
+    assert "--use-kl-loss" in argv and value(argv, "--kl-loss-coef") == "0.1" and value(argv, "--kl-loss-type") == "k3"
+    given = list(plan_of("--colocate", "--kl-loss-coef", "0.05", "--kl-loss-type", "k2").slime_argv)
+    assert (value(given, "--kl-loss-coef"), value(given, "--kl-loss-type")) == ("0.05", "k2")
+    assert given.count("--kl-loss-coef") == 1 and given.count("--use-kl-loss") == 1  # ours replaced, not repeated
+    # A frozen student pool: no default KL, nothing passed.
+    frozen = list(plan_of("--colocate", "--student-num-gpus", "2").slime_argv)
+    assert "--use-kl-loss" not in frozen and "--kl-loss-coef" not in frozen
+
+
+def test_kl_without_a_reference_or_with_zero_weight_is_refused_in_one_line():
+    argv = [*BASE[: BASE.index("--ref-load")], "--colocate", "--run-dir", "/tmp/slime-meta-test-run"]
+    with pytest.raises(UserInputError, match=re.escape("(the default where the student shares the weights)")) as e:
+        translate(argv)
+    assert "--ref-load DIR" in str(e.value) and "or --kl-loss-coef 0" in str(e.value)
+    assert "--use-kl-loss" not in translate([*argv, "--kl-loss-coef", "0"]).slime_argv
+    with pytest.raises(UserInputError, match=re.escape("--use-kl-loss with --kl-loss-coef 0")):
+        plan_of("--colocate", "--use-kl-loss", "--kl-loss-coef", "0")
 
 
 def test_plugins_and_shared_flags_are_set_for_slime():

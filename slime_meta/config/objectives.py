@@ -10,8 +10,9 @@
   DPO on replay pairs    --replay-beta ...: DPO on trace-replay pairs where N external teachers agree
 
 Every weight at zero leaves the plain GRPO loss unchanged. The defaults are zero except where the
-student shares the teacher's weights on the local backend: there --adv-tau 1 (solver-role GRPO) and
---kl-loss-coef 0.1 (k3) keep the student role from drifting (shared_student_objective_defaults).
+student shares the teacher's weights: there --kl-loss-coef 0.1 (k3, both backends) and, on the local
+backend, --adv-tau 1 (solver-role GRPO) keep the student role from drifting
+(shared_student_objective_defaults).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ObjectivesConfig:
     eps_clip_c: float | None
     kl_loss_coef: float
     kl_loss_type: str
+    use_kl_loss: bool  # slime's switch, accepted on both backends: the term acts whenever kl_loss_coef != 0
     entropy_coef: float
     # context distillation
     teacher_context: str | None
@@ -117,15 +119,22 @@ def add_objective_arguments(add_group) -> None:
         type=float,
         default=None,
         help="KL penalty (--kl-loss-type) to a frozen copy of the initial weights. Not given: 0.1 when the student "
-        "shares the teacher's weights on the local backend (no --student-checkpoint, --student-num-gpus or "
-        "--external-student-url; it keeps the student role from drifting, docs/performance.md section 6), "
-        "else 0.",
+        "shares the teacher's weights (no --student-checkpoint, --student-num-gpus or --external-student-url; it "
+        "keeps the student role from drifting, docs/performance.md section 6), else 0. Nonzero on --backend slime: "
+        "passed with --use-kl-loss, so slime builds its reference model from --ref-load (required then).",
+    )
+    add(
+        "--use-kl-loss",
+        action="store_true",
+        help="slime's switch for the KL term, accepted on both backends: the term acts whenever --kl-loss-coef is "
+        "nonzero (--backend slime passes --use-kl-loss itself then); refused with --kl-loss-coef 0.",
     )
     add(
         "--kl-loss-type",
         choices=("k1", "k2", "k3"),
         default="k3",
-        help="KL estimator used as the loss: k3 = exp(ref-logp)-(ref-logp)-1 (low variance; its gradient on "
+        help="KL estimator used as the loss, on both backends (--backend slime passes it: slime's own default is "
+        "k1): k3 = exp(ref-logp)-(ref-logp)-1 (low variance; its gradient on "
         "on-policy samples pulls towards the reference); k2 = (logp-ref)^2/2; k1 = logp-ref, whose gradient "
         "is zero in expectation on on-policy samples (docs/objectives.md).",
     )
@@ -240,13 +249,20 @@ def student_shares_weights(ns: argparse.Namespace) -> bool:
 
 
 def shared_student_objective_defaults(ns: argparse.Namespace) -> dict:
-    """--adv-tau and --kl-loss-coef as resolved: the shared-student defaults where they apply (local backend)."""
-    shared_local = ns.backend == "local" and student_shares_weights(ns)
+    """--adv-tau and --kl-loss-coef as resolved: the shared-student defaults where they apply. The KL
+    term applies on both backends (slime builds its reference model for it); the solver-role GRPO
+    term (--adv-tau alone) runs on the local backend only, so its default is local."""
+    shared = student_shares_weights(ns)
     adv_tau, kl_loss_coef = ns.adv_tau, ns.kl_loss_coef
-    if shared_local and adv_tau is None:
+    if shared and ns.backend == "local" and adv_tau is None:
         adv_tau = SHARED_STUDENT_ADV_TAU
     if kl_loss_coef is None:
-        kl_loss_coef = SHARED_STUDENT_KL_LOSS_COEF if shared_local else 0.0
+        kl_loss_coef = SHARED_STUDENT_KL_LOSS_COEF if shared else 0.0
+    if getattr(ns, "use_kl_loss", False) and kl_loss_coef == 0.0:
+        raise UserInputError(
+            "--use-kl-loss with --kl-loss-coef 0: the KL term would weigh nothing; give --kl-loss-coef X (e.g. 0.1), "
+            "or leave --use-kl-loss out"
+        )
     return {"adv_tau": adv_tau, "kl_loss_coef": kl_loss_coef}
 
 

@@ -63,6 +63,16 @@ def describe(plan: LaunchPlan) -> str:
     else:
         lines.append("  student  the teacher's router (shared pool: the same, evolving model)")
     lines += [f"  grader   {_grader_line(cfg)}", ""]
+    o = cfg.objectives
+    kl = f"KL to --ref-load {o.kl_loss_coef:g} ({o.kl_loss_type}, --use-kl-loss)" if o.kl_loss_coef else "no KL term"
+    lines.append(f"regularisers: {kl}")
+    if s is None and not cfg.pools.external_student_url and o.adv_tau is None:
+        # Where slime differs from one machine, said once: there --adv-tau 1 is a shared-student default too.
+        lines.append(
+            "  shared student: the solver-role GRPO term (--adv-tau 1 on the local backend) does not run on slime; "
+            "the KL term holds the student role alone"
+        )
+    lines.append("")
     m = cfg.meta
     lines.append(
         batch_plan(cfg).describe(

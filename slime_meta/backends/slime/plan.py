@@ -54,6 +54,9 @@ _REWRITTEN = {
     "--n-samples-per-prompt": True,
     "--num-rollout": True,
     "--meta-rollout-batch-size": True,
+    "--kl-loss-coef": True,
+    "--kl-loss-type": True,
+    "--use-kl-loss": False,
 }
 
 
@@ -287,6 +290,17 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     # Always: our denominators make slime's step loss the local one (infos' token mean, + solver samples').
     out += ["--custom-convert-samples-to-train-data-path", PLUGINS["--custom-convert-samples-to-train-data-path"]]
     o = config.objectives
+    if o.kl_loss_coef != 0.0:
+        # slime computes the KL term only with --use-kl-loss, and builds the reference model it needs only then
+        # (from --ref-load); its estimator default is k1, ours k3: both said explicitly.
+        if not given(argv, "--ref-load"):
+            why = "" if given(argv, "--kl-loss-coef") else " (the default where the student shares the weights)"
+            raise UserInputError(
+                f"--kl-loss-coef {o.kl_loss_coef:g}{why}: on slime the KL term needs the reference model slime loads "
+                "from --ref-load; give --ref-load DIR (Megatron's starting weights, as the launch scripts do), "
+                "or --kl-loss-coef 0"
+            )
+        out += ["--use-kl-loss", "--kl-loss-coef", repr(o.kl_loss_coef), "--kl-loss-type", o.kl_loss_type]
     if o.sdpo_on_any and o.sdpo_form == "jsd":
         # The hint's top-k per answer token, scored at rollout time; held away from slime's rollout logging.
         if o.sdpo_topk is None:
