@@ -221,7 +221,8 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
         "seed": args.seed,
         "device": args.device,
         "dtype": args.dtype,
-        "model": f"{MODEL_DISTRIBUTION}=={MODEL_VERSION} {gguf.name}",
+        # The PyPI package only where the GGUF came from it; a --gguf file is named by its own name.
+        "model": gguf.name if args.gguf else f"{MODEL_DISTRIBUTION}=={MODEL_VERSION} {gguf.name}",
         "template": f"prompt_templates/generator.txt, hint as {args.position}, chat template applied",
         "load_s": round(load_s, 1),
         "generate_s": timings,
