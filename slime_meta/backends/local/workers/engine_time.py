@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import urllib.error
 
-from slime_meta.backends.local.workers.processes import _OPENER
+from slime_meta.backends.local.workers.local_http import LOOPBACK_OPENER
 
 _KINDS = ("prefill_s", "fast_decode_s", "dynamic_decode_s", "idle_s")
 _COUNTS = ("decode_steps", "prefill_batches", "tokens_generated")
@@ -26,7 +26,7 @@ _COUNTS = ("decode_steps", "prefill_batches", "tokens_generated")
 def read_engine_seconds(worker_url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
     """The engine's seconds per kind of work so far, or None when the worker does not answer."""
     try:
-        with _OPENER.open(worker_url.rstrip("/") + "/get_server_info", timeout=timeout_s) as response:
+        with LOOPBACK_OPENER.open(worker_url.rstrip("/") + "/get_server_info", timeout=timeout_s) as response:
             engine = json.loads(response.read()).get("engine", {})
     except (urllib.error.URLError, OSError, ValueError):
         return None

@@ -62,9 +62,8 @@ import urllib.error
 from collections.abc import Sequence
 from pathlib import Path
 
+from slime_meta.backends.local.workers.local_http import LOOPBACK_OPENER, ROUTER_CALL_TIMEOUT_S
 from slime_meta.backends.local.workers.processes import (
-    _OPENER,
-    _ROUTER_CALL_TIMEOUT_S,
     LaunchError,
     PoolEndpoints,
     _Child,
@@ -346,7 +345,7 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         """Requests the pool's router re-sent to another worker so far (its Prometheus counter); 0 if unknown."""
         pool = self._pools[pool_name]
         try:
-            with _OPENER.open(pool.metrics_url, timeout=5) as response:
+            with LOOPBACK_OPENER.open(pool.metrics_url, timeout=5) as response:
                 text = response.read().decode(errors="replace")
         except (urllib.error.URLError, OSError, ValueError):
             return 0
@@ -376,9 +375,9 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         self._stopping.set()  # no restart from now on; a restart in progress gives up
         supervisor, self._supervisor = self._supervisor, None
         if supervisor is not None and supervisor is not threading.current_thread():
-            supervisor.join(timeout=self._stop_timeout_s + _ROUTER_CALL_TIMEOUT_S)
+            supervisor.join(timeout=self._stop_timeout_s + ROUTER_CALL_TIMEOUT_S)
         # The lock is only ever held for a spawn or a weight load; never wait on it for long.
-        locked = self._lock.acquire(timeout=self._stop_timeout_s + _ROUTER_CALL_TIMEOUT_S)
+        locked = self._lock.acquire(timeout=self._stop_timeout_s + ROUTER_CALL_TIMEOUT_S)
         try:
             pools, self._pools = list(self._pools.values()), {}
             self._terminate([pool.router for pool in pools] + [worker for pool in pools for worker in pool.workers])

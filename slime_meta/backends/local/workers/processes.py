@@ -8,7 +8,6 @@ and picks their ports. See `slime_meta.backends.local.workers.launcher` for why 
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import signal
@@ -17,12 +16,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from slime_meta.backends.local.workers.local_http import http_ok
 
 if TYPE_CHECKING:
     from slime_meta.backends.local.workers.weight_sync import ServedWeights
@@ -33,7 +32,6 @@ logger = logging.getLogger("slime_meta.backends.local.workers.launcher")
 _PR_SET_PDEATHSIG = 1
 _POLL_INTERVAL_S = 0.2
 _LOG_TAIL_LINES = 25
-_ROUTER_CALL_TIMEOUT_S = 10.0
 # The repository root, so children can import slime_meta even when it is not installed.
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[4])
 
@@ -102,33 +100,6 @@ def _die_with_parent_hook() -> Callable[[], None] | None:
             os._exit(1)
 
     return set_parent_death_signal
-
-
-# No proxies: these are loopback addresses, and an http_proxy variable must not reroute them.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
-    try:
-        with _OPENER.open(url, timeout=timeout_s) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def _http_json(method: str, url: str, body: Any = None, timeout_s: float = _ROUTER_CALL_TIMEOUT_S) -> tuple[int, Any]:
-    """(status, parsed JSON body or None) of one request; HTTP errors are returned, not raised."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with _OPENER.open(request, timeout=timeout_s) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as error:
-        status, raw = error.code, error.read()
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, None
 
 
 def _log_tail(path: Path) -> str:
@@ -221,7 +192,7 @@ class _ChildProcesses:
                         f"{child.role} exited with code {child.process.returncode} while starting; "
                         f"log {child.log_path}:\n{_log_tail(child.log_path)}"
                     )
-                if _http_ok(child.url + child.ready_path):
+                if http_ok(child.url + child.ready_path):
                     pending.remove(child)
             if pending and time.monotonic() > deadline:
                 names = ", ".join(f"{c.role} (log {c.log_path})" for c in pending)

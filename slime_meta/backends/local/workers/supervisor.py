@@ -13,11 +13,11 @@ import threading
 import time
 import urllib.error
 
+from slime_meta.backends.local.workers.local_http import http_json
 from slime_meta.backends.local.workers.processes import (
     LaunchError,
     _Child,
     _describe_exit,
-    _http_json,
     _Pool,
     _Stopping,
 )
@@ -174,7 +174,7 @@ class _Supervision:
     # through its health checks, once the circuit breaker of the dead worker closes again.
 
     def _router_worker_ids(self, pool: _Pool, url: str) -> list[str] | None:
-        status, reply = _http_json("GET", pool.router.url + "/workers")
+        status, reply = http_json("GET", pool.router.url + "/workers")
         if status != 200 or not isinstance(reply, dict):
             return None
         return [str(w.get("id")) for w in reply.get("workers", []) if w.get("url") == url]
@@ -185,7 +185,7 @@ class _Supervision:
             if not ids:
                 return
             for worker_id in ids:
-                _http_json("DELETE", f"{pool.router.url}/workers/{worker_id}")
+                http_json("DELETE", f"{pool.router.url}/workers/{worker_id}")
             self._wait_for_router(pool, worker.url, present=False)
         except (urllib.error.URLError, OSError) as error:
             logger.warning("could not take %s out of its router: %s", worker.role, error)
@@ -199,7 +199,7 @@ class _Supervision:
                     worker.url,
                 )
                 return
-            status, reply = _http_json("POST", pool.router.url + "/workers", {"url": worker.url})
+            status, reply = http_json("POST", pool.router.url + "/workers", {"url": worker.url})
             if status not in (200, 201, 202):
                 raise LaunchError(f"router {pool.router.url} refused to add {worker.url}: HTTP {status} {reply}")
             self._wait_for_router(pool, worker.url, present=True)
@@ -209,7 +209,7 @@ class _Supervision:
     def _wait_for_router(self, pool: _Pool, url: str, *, present: bool) -> None:
         deadline = time.monotonic() + _ROUTER_SYNC_TIMEOUT_S
         while time.monotonic() < deadline:
-            status, reply = _http_json("GET", pool.router.url + "/workers")
+            status, reply = http_json("GET", pool.router.url + "/workers")
             entries = [w for w in (reply or {}).get("workers", []) if w.get("url") == url] if status == 200 else []
             if (present and entries and all(w.get("is_healthy", True) for w in entries)) or (
                 not present and not entries

@@ -42,7 +42,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from slime_meta.backends.local.workers.processes import _http_json
+from slime_meta.backends.local.workers.local_http import http_json
 from slime_meta.config.arguments import MetaConfig
 from slime_meta.errors import UserInputError
 from slime_meta_engine.weights import SHARED_MEMORY_DIR, gpu_uuid
@@ -237,7 +237,7 @@ class RemoteWorker:
 
 def load_update(url: str, update: WeightUpdate, version: str) -> None:
     """One worker's weight-update call; RuntimeError when it refuses (URLError/OSError when it is gone)."""
-    status, reply = _http_json("POST", url + update.endpoint, {**update.body, "weight_version": version}, 600.0)
+    status, reply = http_json("POST", url + update.endpoint, {**update.body, "weight_version": version}, 600.0)
     if status != 200 or not (reply or {}).get("success"):
         raise RuntimeError(f"weight update of {url} failed: {(reply or {}).get('message', status)}")
 
