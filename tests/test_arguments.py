@@ -119,6 +119,12 @@ def test_shared_student_defaults_hold_the_student_role_and_can_be_turned_off():
     assert (given.adv_tau, given.kl_loss_coef) == (0.5, 0.02)
 
 
+def test_abbreviated_flags_are_refused_as_on_slime():
+    with pytest.raises(SystemExit) as exit_info:
+        parse_config(BASE + ["--num-inner", "2"])  # --num-inner-iterations, abbreviated
+    assert exit_info.value.code == 2
+
+
 def test_missing_required_flags():
     with pytest.raises(UserInputError, match="--use-meta-learning"):
         parse_config(["--prompt-data", "x.jsonl"])

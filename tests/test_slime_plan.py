@@ -184,6 +184,10 @@ def test_write_sglang_config(tmp_path):
             ["--colocate", "--student-router-ip", "10.0.0.2"],
             "--student-router-ip: slime starts the student router",
         ),
+        (["--colocate", "--local-num-workers", "2"], "--local-num-workers: a flag of the local backend"),
+        (["--colocate", "--weight-sync", "disk"], "--weight-sync: a flag of the local backend"),
+        (["--colocate", "--device", "cpu"], "--device: a flag of the local backend"),
+        (["--colocate", "--no-share-prompt-forward"], "--no-share-prompt-forward: a flag of the local backend"),
     ],
 )
 def test_bad_flags_fail_in_one_line_naming_the_flag(extra, message):
@@ -192,6 +196,19 @@ def test_bad_flags_fail_in_one_line_naming_the_flag(extra, message):
 
 
 # ----------------------------------------------------------------------------- translation
+
+
+def test_our_trainer_defaults_go_to_slime_where_its_own_differ():
+    # Not given: slime (1e-6) and Megatron (weight decay 0.01) would train with other settings than the
+    # same command on one machine; the plan passes ours. Given: the user's value, once.
+    argv = list(plan_of("--colocate").slime_argv)
+    assert (value(argv, "--lr"), value(argv, "--weight-decay"), value(argv, "--rollout-max-response-len")) == (
+        "1e-05",
+        "0.0",
+        "256",
+    )
+    given = list(plan_of("--colocate", "--lr", "2e-6").slime_argv)
+    assert value(given, "--lr") == "2e-6" and given.count("--lr") == 1
 
 
 def test_kl_acts_on_slime_with_the_switch_the_reference_and_our_estimator():

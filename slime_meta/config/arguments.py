@@ -141,6 +141,7 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineErrorParser(
         prog="train.py",
+        allow_abbrev=False,  # as on slime: `--lr` never silently means a longer flag
         description="Train a teacher LLM to write additional_info, rewarded by a student's holdout grades.",
         formatter_class=_HelpFormatter,
     )

@@ -60,6 +60,28 @@ _REWRITTEN = {
 }
 
 
+# Flags of the local backend alone (its workers, its trainer, its grader pool): on slime they would
+# pass silently and change nothing, so they are refused with the way out.
+LOCAL_ONLY_FLAGS = {
+    "--local-num-workers": "slime's pools are --rollout-num-gpus / --rollout-num-gpus-per-engine",
+    "--local-student-num-workers": "the student pool is --student-num-gpus / --student-num-gpus-per-engine",
+    "--device": "slime's trainer and SGLang run on the cluster's GPUs",
+    "--host": "slime's routers bind where Ray places them",
+    "--local-kv-cache": "SGLang keeps its own cache (--sglang-page-size and the other --sglang-* flags)",
+    "--compile-layers": "Megatron trains on slime",
+    "--no-compile-layers": "Megatron trains on slime",
+    "--share-prompt-forward": "Megatron trains on slime",
+    "--no-share-prompt-forward": "Megatron trains on slime",
+    "--max-skipped-steps": "Megatron trains on slime",
+    "--weight-sync": "slime pushes the weights to SGLang itself",
+    "--grader-checkpoint": "serve the grader with SGLang and give --grader-base-url",
+    "--grader-num-workers": "serve the grader with SGLang and give --grader-base-url",
+}
+# Defaults this project trains with where slime's (or Megatron's) own differ: passed explicitly,
+# so a flag not given means the same on both backends (docs/cluster.md, "Defaults on both backends").
+OUR_DEFAULTS_FOR_SLIME = ("--lr", "--weight-decay", "--adam-beta1", "--adam-beta2", "--rollout-max-response-len")
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad flags become one UserInputError line, like everywhere else."""
 
@@ -127,7 +149,7 @@ class LaunchPlan:
         return path
 
 
-def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
+def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace, argv: Sequence[str]) -> None:
     """What this backend cannot do (yet), each refused in one line that says why and what instead."""
 
     def fail(message: str) -> None:
@@ -158,6 +180,9 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace) -> None:
             "with SGLang (python -m sglang.launch_server --model-path PATH) "
             "and give --grader-base-url http://HOST:PORT/v1"
         )
+    for flag, instead in LOCAL_ONLY_FLAGS.items():
+        if given(argv, flag):
+            fail(f"{flag}: a flag of the local backend, which --backend slime would ignore ({instead}); leave it out")
     if slime_ns.disable_rollout_global_dataset:
         fail("--disable-rollout-global-dataset: the rollout draws its problems from slime's data source; leave it out")
     sdpo_jsd = ns.sdpo_alpha != 0.0 and ns.sdpo_form == "jsd"
@@ -232,7 +257,7 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     ns, rest = meta_parser().parse_known_args(argv)
     slime_ns, _ = _slime_side_parser().parse_known_args(rest)
     ns.backend = "slime"
-    _unsupported(ns, slime_ns)
+    _unsupported(ns, slime_ns, argv)
     layout = plan_gpus(ns, slime_ns, argv)
     run_dir = Path(ns.run_dir or default_run_dir).resolve()  # the rollout manager's cwd is not ours
 
@@ -283,6 +308,9 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     if slime_ns.global_batch_size is None and slime_ns.num_steps_per_rollout is None:
         # One optimizer step per outer step, as on one machine: global batch = train problems / k x G.
         out += ["--num-steps-per-rollout", "1", "--global-batch-size", str(groups_samples)]
+    for flag in OUR_DEFAULTS_FOR_SLIME:
+        if not given(argv, flag):
+            out += [flag, repr(getattr(ns, flag[2:].replace("-", "_")))]
     out += ["--run-dir", str(run_dir)]
     out += ["--rollout-function-path", PLUGINS["--rollout-function-path"]]
     out += ["--custom-reward-post-process-path", PLUGINS["--custom-reward-post-process-path"]]
