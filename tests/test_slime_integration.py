@@ -146,6 +146,8 @@ def slime_args(
         "verifier",
         "--verifier-metric",
         "char",
+        "--ref-load",  # the reference model of the shared student's KL term (slime loads it; not read here)
+        str(checkpoint),
         *extra,
     ]
     ns, _ = meta_parser().parse_known_args(list(translate(argv).slime_argv))
