@@ -10,8 +10,7 @@ transfer) stays in the backend's own package.
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -49,12 +48,6 @@ def batch_plan(cfg: MetaConfig) -> BatchPlan:
         problems_per_prompt=m.n_problems_per_prompt,
         per_family=cfg.data.group_key is not None,
     )
-
-
-def external_student_url(cfg: MetaConfig) -> str | None:
-    """The running student server of --external-student-url (no trailing slash); None without one."""
-    url = cfg.pools.external_student_url
-    return url.rstrip("/") if url else None
 
 
 # ----------------------------------------------------------------------------- roles and rollout
@@ -229,67 +222,30 @@ def make_replayer(cfg: MetaConfig, run_dir: Path) -> ReplayPairer | None:
     )
 
 
-# ----------------------------------------------------------------------------- per-step counters, clean-up
+# ----------------------------------------------------------------------------- all of it
 
 
-def counter_metrics(teacher_pool: SGLangPool, student_pool: SGLangPool, grader) -> dict[str, float]:
-    """Per-step counters of the pools (requests, retries, tokens) and of the grader; reset after reading."""
-    metrics = {f"pool/teacher_{k}": float(v) for k, v in teacher_pool.stats.snapshot_and_reset().items()}
-    metrics.update({f"pool/student_{k}": float(v) for k, v in student_pool.stats.snapshot_and_reset().items()})
-    metrics.update(grader_metrics(grader))
-    return metrics
+@dataclass
+class LoopParts:
+    """What either backend's loop drives, built from one config: the pools' clients, the rollout,
+    and the extra channels' producers (None where the channel is off)."""
+
+    teacher_pool: SGLangPool
+    student_pool: SGLangPool
+    rollout: MetaLearningRollout
+    solver_builder: SolverSampleBuilder | None
+    replayer: ReplayPairer | None
 
 
-def grader_metrics(grader) -> dict[str, float]:
-    """The grader's counters (API retries, unparseable replies), reset per step."""
-    stats = getattr(grader, "stats", None)
-    if stats is None:
-        return {}
-    values = {f"grader/{k}": float(v) for k, v in vars(stats).items() if isinstance(v, (int, float))}
-    for key in vars(stats):
-        if isinstance(getattr(stats, key), (int, float)):
-            setattr(stats, key, type(getattr(stats, key))(0))
-    return values
-
-
-async def close_clients(*clients) -> None:
-    """Close the HTTP sessions of pools, grader and replay teachers (those that have any)."""
-    for client in clients:
-        for method in ("close", "aclose"):
-            if client is not None and hasattr(client, method):
-                await getattr(client, method)()
-                break
-
-
-# ----------------------------------------------------------------------------- --eval-baseline
-
-
-async def baseline_eval(cfg: MetaConfig, rollout: MetaLearningRollout, problems, limit: int = 32) -> dict[str, float]:
-    """`--eval-baseline`: the student with and without the distillation context, before training.
-
-    Needs a context that exists before training (--teacher-context or --context-key); the
-    meta-teacher's own info (--distill-context additional_info) does not exist yet, so nothing is
-    measured for it.
-    """
-    o = cfg.objectives
-    if not o.eval_baseline or not (o.teacher_context or o.context_key):
-        return {}
-    fixed = read_context(o.teacher_context)
-    chosen = list(problems)[:limit]
-
-    async def graded(problem, context: str) -> float:
-        _, completion = await rollout.student.solve(problem, context)
-        return (await rollout.grader.grade(problem, completion.text)).score
-
-    def context_of(problem) -> str:
-        return fixed if fixed is not None else str(problem.metadata.get(o.context_key, "") or "")
-
-    plain = await asyncio.gather(*[graded(p, "") for p in chosen])
-    with_context = await asyncio.gather(*[graded(p, context_of(p)) for p in chosen])
-    name = Path(cfg.data.prompt_data).stem
-    student, teacher = sum(plain) / len(plain), sum(with_context) / len(with_context)
-    return {
-        f"eval/{name}/baseline_student/avg": student,
-        f"eval/{name}/baseline_teacher/avg": teacher,
-        f"eval/{name}/baseline_diff": teacher - student,
-    }
+def build_loop_parts(
+    cfg: MetaConfig, pieces: RolePieces, teacher_url: str, student_url: str, tokenizer, run_dir: Path, *, progress: bool
+) -> LoopParts:
+    """The loop's parts over the routers at `teacher_url` and `student_url` (the same URL for a
+    shared pool). Called inside the event loop that will use the pools. `progress`: progress bars."""
+    # Two clients even for a shared pool: each role keeps its own bound on requests in flight and its own counters.
+    teacher_pool = make_pool(cfg, "teacher", teacher_url, cfg.sampling.teacher_concurrency)
+    student_pool = make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
+    rollout = build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
+    rollout.settings = replace(rollout.settings, show_progress=progress)
+    solver_builder = make_solver_builder(cfg, pieces, teacher_pool, tokenizer)
+    return LoopParts(teacher_pool, student_pool, rollout, solver_builder, make_replayer(cfg, run_dir))

@@ -17,10 +17,11 @@ import pytest
 from openai_server import grader_persona, run_openai_server
 
 from slime_meta.artifacts.tracking import format_step_line
-from slime_meta.assembly import build_role_pieces, grader_metrics
+from slime_meta.assembly import build_role_pieces
 from slime_meta.config.arguments import parse_config
 from slime_meta.grading.graders import GraderUnavailable, OpenAIGrader
 from slime_meta.grading.llm_reply import parse_grade
+from slime_meta.rollout.clients import grader_metrics
 from slime_meta.types import Problem
 
 REPO = Path(__file__).resolve().parent.parent

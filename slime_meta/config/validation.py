@@ -118,14 +118,17 @@ def validate_pool_flags(ns: argparse.Namespace) -> None:
 
 
 def student_pool_defaults(ns: argparse.Namespace) -> dict[str, Any]:
-    """The student flags whose default is the teacher's: the checkpoint of a separate pool, the engine size."""
+    """The student flags as resolved: a separate pool's checkpoint and engine size default to the teacher's;
+    --external-student-url without a trailing slash."""
     checkpoint = ns.student_checkpoint
     if ns.student_num_gpus and not checkpoint:
         checkpoint = ns.hf_checkpoint  # a frozen student from the teacher's starting weights (also after a resume)
     per_engine = ns.student_num_gpus_per_engine
+    url = getattr(ns, "external_student_url", None)
     return {
         "student_checkpoint": checkpoint,
         "student_num_gpus_per_engine": ns.rollout_num_gpus_per_engine if per_engine is None else per_engine,
+        "external_student_url": url.rstrip("/") if url else None,  # read as the server's root everywhere
     }
 
 

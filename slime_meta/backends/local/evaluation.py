@@ -1,5 +1,5 @@
 """Evaluations without training on the fixed eval sets (--eval-prompt-data); --eval-baseline, which
-the slime backend runs too, is `assembly.baseline_eval`."""
+the slime backend runs too, is `rollout.baseline.baseline_eval`."""
 
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slime_meta.assembly import external_student_url
 from slime_meta.backends.local.data import check_context_fits
 from slime_meta.backends.local.workers.grader import grader_checkpoint, local_grader_line
 from slime_meta.config.arguments import MetaConfig
@@ -40,9 +39,8 @@ def check_servers(cfg: MetaConfig) -> None:
     if cfg.grader.grader == "local":
         check_model_dir(grader_checkpoint(cfg), "--grader-checkpoint")
         print(local_grader_line(cfg), flush=True)
-    url = external_student_url(cfg)
-    if url:
-        check_reachable(url, "--external-student-url")
+    if cfg.pools.external_student_url:
+        check_reachable(cfg.pools.external_student_url, "--external-student-url")
 
 
 def prepare_run_dir(cfg: MetaConfig) -> Path:

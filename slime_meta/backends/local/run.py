@@ -10,22 +10,12 @@ import asyncio
 import functools
 import sys
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 
 from slime_meta.artifacts.plot import PlotRefresher, write_plot
 from slime_meta.artifacts.tracking import RunProgress, Tracker, format_eval_line, format_step_line, oracle_grade
 from slime_meta.artifacts.train_state import load_checkpoint, save_checkpoint, set_rng_state
-from slime_meta.assembly import (
-    baseline_eval,
-    build_role_pieces,
-    build_rollout,
-    close_clients,
-    load_tokenizer,
-    make_pool,
-    make_replayer,
-    make_solver_builder,
-)
+from slime_meta.assembly import build_loop_parts, build_role_pieces, load_tokenizer
 from slime_meta.backends.local.data import describe_plan, load_data
 from slime_meta.backends.local.evaluation import eval_due, evaluate
 from slime_meta.backends.local.inputs import check_models, check_servers, prepare_run_dir
@@ -37,6 +27,8 @@ from slime_meta.backends.local.workers import weight_sync
 from slime_meta.backends.local.workers.launcher import LocalProcessGroup
 from slime_meta.backends.local.workers.pools import start_pools, with_local_grader
 from slime_meta.config.arguments import MetaConfig
+from slime_meta.rollout.baseline import baseline_eval
+from slime_meta.rollout.clients import close_clients
 from slime_meta.rollout.meta_rollout import describe_batch
 
 
@@ -70,13 +62,12 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
     with LocalProcessGroup(host=cfg.pools.host) as processes:
         pools = start_pools(cfg, processes, teacher_model, run_dir)
         pieces = with_local_grader(cfg, pieces, pools.grader_url)
-        teacher_pool = make_pool(cfg, "teacher", pools.teacher.router_url, cfg.sampling.teacher_concurrency)
-        student_pool = make_pool(cfg, "student", pools.student_url, cfg.sampling.student_concurrency)
-        rollout = build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
         # Progress bars only on a terminal: in a log file they would be glued to the step lines.
-        rollout.settings = replace(rollout.settings, show_progress=sys.stdout.isatty())
-        solver_builder = make_solver_builder(cfg, pieces, teacher_pool, tokenizer)
-        replayer = make_replayer(cfg, run_dir)
+        parts = build_loop_parts(
+            cfg, pieces, pools.teacher.router_url, pools.student_url, tokenizer, run_dir, progress=sys.stdout.isatty()
+        )
+        teacher_pool, student_pool, rollout = parts.teacher_pool, parts.student_pool, parts.rollout
+        solver_builder, replayer = parts.solver_builder, parts.replayer
         trainer = make_trainer(cfg, teacher_model, tokenizer)
         workers = pools.teacher.worker_urls
         sync = weight_sync.weight_sync_for_run(cfg, trainer, workers, weights_root, processes.weight_buffer_prefix)

@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from slime_meta.artifacts.tracking import RunProgress, format_step_line, oracle_grade
-from slime_meta.assembly import baseline_eval, batch_plan, counter_metrics
+from slime_meta.assembly import batch_plan
 from slime_meta.backends.slime.data import converted_problems
 from slime_meta.backends.slime.evaluation import evaluate
 from slime_meta.backends.slime.replay_samples import ReplaySample, pairs_by_chain, replay_samples
@@ -45,6 +45,8 @@ from slime_meta.backends.slime.samples import (
 )
 from slime_meta.config.arguments import MetaConfig
 from slime_meta.data.problems import ProblemSampler
+from slime_meta.rollout.baseline import baseline_eval
+from slime_meta.rollout.clients import counter_metrics
 from slime_meta.rollout.meta_rollout import RolloutResult, describe_batch
 from slime_meta.rollout.pools import SGLangPool
 from slime_meta.types import Episode, Problem, SolverSample, TeacherSample

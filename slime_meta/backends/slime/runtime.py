@@ -19,15 +19,7 @@ from typing import Any, Awaitable, TypeVar
 
 from slime_meta.artifacts.plot import PlotRefresher
 from slime_meta.artifacts.tracking import RunProgress, Tracker
-from slime_meta.assembly import (
-    build_role_pieces,
-    build_rollout,
-    external_student_url,
-    load_tokenizer,
-    make_pool,
-    make_replayer,
-    make_solver_builder,
-)
+from slime_meta.assembly import LoopParts, build_loop_parts, build_role_pieces, load_tokenizer
 from slime_meta.backends.slime.flags import config_from_slime_args
 from slime_meta.backends.slime.samples import DEFAULT_SDPO_TOPK
 from slime_meta.config.arguments import MetaConfig
@@ -59,7 +51,7 @@ class LoopThread:
 def router_urls(args: Namespace, cfg: MetaConfig) -> tuple[str, str]:
     """(teacher URL, student URL) from what slime wrote into `args` after starting its routers."""
     teacher = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-    external = external_student_url(cfg)
+    external = cfg.pools.external_student_url
     if external:
         return teacher, external
     routers = getattr(args, "sglang_model_routers", None) or {}
@@ -109,27 +101,28 @@ def build_runtime(args: Namespace) -> Runtime:
     teacher_url, student_url = router_urls(args, cfg)
     loop = LoopThread()
 
-    async def make_pools() -> tuple[SGLangPool, SGLangPool]:
-        # Two clients even for a shared pool, as on one machine: each role keeps its own bound on
-        # requests in flight and its own counters.
-        teacher = make_pool(cfg, "teacher", teacher_url, cfg.sampling.teacher_concurrency)
-        return teacher, make_pool(cfg, "student", student_url, cfg.sampling.student_concurrency)
+    run_dir = Path(cfg.tracking.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)  # the replay pairs' cache lives there
 
-    teacher_pool, student_pool = loop.run(make_pools())
-    rollout = build_rollout(cfg, pieces, teacher_pool, student_pool, tokenizer)
-    # The solver samples (context distillation, SDPO shaping) come from the same builder as on one
-    # machine: the context goes where `distillation_prompt_ids` puts it, on both backends. No
-    # progress bar inside a Ray actor's log.
-    rollout.settings = replace(rollout.settings, show_progress=False)
-    solver_builder = make_solver_builder(cfg, pieces, teacher_pool, tokenizer)
+    async def make_parts() -> LoopParts:  # in the loop thread, which the pools' clients belong to
+        # The solver samples (context distillation, SDPO shaping) come from the same builder as on one
+        # machine: the context goes where `distillation_prompt_ids` puts it, on both backends. No
+        # progress bar inside a Ray actor's log.
+        return build_loop_parts(cfg, pieces, teacher_url, student_url, tokenizer, run_dir, progress=False)
+
+    parts = loop.run(make_parts())
+    teacher_pool, student_pool, rollout, solver_builder = (
+        parts.teacher_pool,
+        parts.student_pool,
+        parts.rollout,
+        parts.solver_builder,
+    )
     if solver_builder is not None and cfg.objectives.sdpo_on_any and cfg.objectives.sdpo_form == "jsd":
         # SDPO's JSD: slime's trainer has no hinted forward, so the pool scores each error site's
         # answer under the hint prompt once, returning its top-k per token (one prefill, no generation).
         topk = replace(solver_builder.settings, sdpo_topk_scoring=cfg.objectives.sdpo_topk or DEFAULT_SDPO_TOPK)
         solver_builder.settings = topk
-    replayer = make_replayer(cfg, Path(cfg.tracking.run_dir)) if cfg.objectives.replay_on else None
-    run_dir = Path(cfg.tracking.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    replayer = parts.replayer
     tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict())
     return Runtime(
         args=args,

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import time
 
-from slime_meta.assembly import counter_metrics
 from slime_meta.backends.local.workers.engine_time import WorkerTimeMeter
 from slime_meta.backends.local.workers.launcher import LocalProcessGroup
+from slime_meta.rollout.clients import counter_metrics
 from slime_meta.rollout.meta_rollout import MetaLearningRollout
 from slime_meta.rollout.pools import SGLangPool
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from slime_meta.assembly import RolePieces, external_student_url
+from slime_meta.assembly import RolePieces
 from slime_meta.backends.local.inputs import check_model_dir
 from slime_meta.backends.local.training.gpu_split import check_shared_gpu, worker_memory_args
 from slime_meta.backends.local.workers.grader import build_local_grader, grader_checkpoint, start_grader_pool
@@ -73,7 +73,7 @@ class StartedPools(NamedTuple):
 def start_pools(cfg: MetaConfig, processes: LocalProcessGroup, teacher_model: str, run_dir: Path) -> StartedPools:
     """Start the teacher pool, a separate student pool and the --grader local pool when asked."""
     p, logs, (teacher_layout, student_layout) = cfg.pools, str(run_dir / "logs"), worker_layouts(cfg)
-    external_student = external_student_url(cfg)
+    external_student = p.external_student_url
     student_model = None
     if cfg.separate_student and not external_student:
         student_model = check_model_dir(p.student_checkpoint or p.hf_checkpoint, "--student-checkpoint")
