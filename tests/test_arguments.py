@@ -119,6 +119,12 @@ def test_shared_student_defaults_hold_the_student_role_and_can_be_turned_off():
     assert (given.adv_tau, given.kl_loss_coef) == (0.5, 0.02)
 
 
+def test_slimes_spelling_of_dr_grpo_means_no_std_normalize():
+    assert parse_config(BASE).train.std_normalize
+    assert not parse_config(BASE + ["--disable-grpo-std-normalization"]).train.std_normalize
+    assert not parse_config(BASE + ["--no-std-normalize"]).train.std_normalize
+
+
 def test_abbreviated_flags_are_refused_as_on_slime():
     with pytest.raises(SystemExit) as exit_info:
         parse_config(BASE + ["--num-inner", "2"])  # --num-inner-iterations, abbreviated

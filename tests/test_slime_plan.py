@@ -501,6 +501,11 @@ def test_config_from_slime_args_reads_our_meaning_back():
     assert cfg.sampling.rollout_temperature == 0.6 and cfg.sampling.teacher_temperature == 0.9
     assert cfg.data.apply_chat_template and cfg.meta.rollout_batch_size == 3 and cfg.train.lr == 1e-5
     assert cfg.backend == "slime" and cfg.checkpoint.load is None and not cfg.tracking.use_wandb
+    assert cfg.train.std_normalize
+    # slime's own --disable-grpo-std-normalization (dest grpo_std_normalization) means Dr.GRPO in our
+    # rollout's advantages too, as --no-std-normalize does: one flag, one meaning on both backends.
+    ns.grpo_std_normalization = False
+    assert not config_from_slime_args(ns).train.std_normalize
 
 
 def test_our_flags_skip_the_ones_slime_adds_later():

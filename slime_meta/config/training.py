@@ -47,7 +47,15 @@ def add_train_flags(add: AddFlag) -> None:
         "--std-normalize",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="Divide GRPO advantages by the group's std (--no-std-normalize: Dr.GRPO).",
+        help="Divide GRPO advantages by the group's std (--no-std-normalize, or slime's spelling "
+        "--disable-grpo-std-normalization: Dr.GRPO).",
+    )
+    add(
+        "--disable-grpo-std-normalization",
+        dest="std_normalize",
+        action="store_false",
+        default=argparse.SUPPRESS,  # the default is --std-normalize's
+        help="slime's name for --no-std-normalize, the same on both backends.",
     )
     add(
         "--compile-layers",

@@ -132,6 +132,8 @@ def config_from_slime_args(args: argparse.Namespace, *, default_run_dir: str = "
     for name, default in our_defaults().items():
         value = getattr(args, name, None)
         values[name] = default if value is None else value
+    if getattr(args, "grpo_std_normalization", True) is False:  # slime's --disable-grpo-std-normalization
+        values["std_normalize"] = False  # our rollout computes the advantages: the flag means Dr.GRPO there too
     if values["student_temperature"] is not None:
         values["rollout_temperature"] = values["student_temperature"]
     values["apply_chat_template"] = {"auto": None, "on": True, "off": False}[
