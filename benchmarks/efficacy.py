@@ -48,7 +48,8 @@ from slime_meta.artifacts.plot import plot_run  # noqa: E402
 from slime_meta.artifacts.tracking import read_metrics  # noqa: E402
 
 SYNTHETIC_TASKS = ("synthetic_suffix", "bracket")  # tiny models built by the project (scripts/run_synthetic.sh)
-REAL_TASKS = ("easy_word_problems", "price_lists", "house_rules", "champ")  # a real model on real language (scripts/run_real.sh)
+# A real model on real language (scripts/run_real.sh).
+REAL_TASKS = ("easy_word_problems", "price_lists", "house_rules", "champ")
 
 
 def run(args: argparse.Namespace) -> dict:
