@@ -232,7 +232,8 @@ def test_gguf_flag_is_converted_once_and_every_consumer_sees_the_directory(tmp_p
     assert (directory / "model.safetensors").stat().st_mtime_ns == converted_at
 
     # The slime backend hands its own parser the command line: the directory is what it reads there.
-    plan = translate([*BASE_FLAGS, "--hf-checkpoint", str(gguf), "--colocate", "--run-dir", str(tmp_path / "run")])
+    slime_flags = ["--colocate", "--ref-load", str(tmp_path / "ref"), "--run-dir", str(tmp_path / "run")]
+    plan = translate([*BASE_FLAGS, "--hf-checkpoint", str(gguf), *slime_flags])
     argv = list(plan.slime_argv)
     assert argv[argv.index("--hf-checkpoint") + 1] == str(directory) and str(gguf) not in argv
     assert plan.layout.teacher.model_path == str(directory)
