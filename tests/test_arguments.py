@@ -125,6 +125,11 @@ def test_slimes_spelling_of_dr_grpo_means_no_std_normalize():
     assert not parse_config(BASE + ["--no-std-normalize"]).train.std_normalize
 
 
+def test_the_external_student_url_is_held_without_its_trailing_slash():
+    cfg = parse_config(BASE + ["--external-student-url", "http://10.0.0.9:30000/"])
+    assert cfg.pools.external_student_url == "http://10.0.0.9:30000"
+
+
 def test_abbreviated_flags_are_refused_as_on_slime():
     with pytest.raises(SystemExit) as exit_info:
         parse_config(BASE + ["--num-inner", "2"])  # --num-inner-iterations, abbreviated

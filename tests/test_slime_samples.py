@@ -110,7 +110,7 @@ def test_router_urls_for_shared_separate_and_external_students():
     assert router_urls(args, cfg) == ("http://10.0.0.1:3000", "http://10.0.0.1:3000")
     args.sglang_model_routers = {"actor": ("10.0.0.1", 3000), "student": ("10.0.0.2", 3100)}
     assert router_urls(args, cfg)[1] == "http://10.0.0.2:3100"
-    cfg.pools.external_student_url = "http://10.0.0.9:30000/"
+    cfg.pools.external_student_url = "http://10.0.0.9:30000"  # as the config holds it (no trailing slash)
     assert router_urls(args, cfg)[1] == "http://10.0.0.9:30000"
 
 
