@@ -174,10 +174,13 @@ def run_dir_args(tiny_checkpoint, run_dir: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize("mode", ["shared-memory", "disk"])
 def test_train_runs_with_each_mode_and_leave_no_buffer(mode, tiny_checkpoint, tmp_path):
     before = set(buffers_named("slime-meta-weights-"))
-    result = run_train(run_dir_args(tiny_checkpoint, tmp_path / "run", "--weight-sync", mode))
+    # An entropy bonus always has a gradient: the step is never skipped for want of a training signal
+    # (all grades of a group equal), so there is always a push to check.
+    flags = ("--weight-sync", mode, "--entropy-coef", "0.001")
+    result = run_train(run_dir_args(tiny_checkpoint, tmp_path / "run", *flags))
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert metrics[0]["perf/weight_push_time"] > 0
+    assert not metrics[0].get("train/skipped_no_signal") and metrics[0]["perf/weight_push_time"] > 0
     assert f"through {mode} (--weight-sync {mode})" in result.stdout
     written = sorted(p.name for p in (tmp_path / "run" / "weights").iterdir())
     assert written == (["v0000001"] if mode == "disk" else [])
