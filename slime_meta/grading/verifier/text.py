@@ -143,8 +143,9 @@ def _spelled_values(run: str) -> str:
             continue
         if word in _NUMBER_WORD_VALUES:
             value = _NUMBER_WORD_VALUES[word]
-            joins = current % 100 == 0 or (current % 100 >= 20 and current % 10 == 0 and value < 10)
-            if not joins or (current == 0 and total and value == 0):
+            # A unit after tens ("sixty one") or anything after hundreds joins; "zero" never does.
+            joins = value != 0 and (current % 100 == 0 or (current % 100 >= 20 and current % 10 == 0 and value < 10))
+            if (current or total) and not joins:
                 found.append(total + current)
                 total = current = 0
             current += value
