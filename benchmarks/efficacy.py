@@ -52,9 +52,42 @@ SYNTHETIC_TASKS = ("synthetic_suffix", "bracket")  # tiny models built by the pr
 REAL_TASKS = ("easy_word_problems", "price_lists", "house_rules", "champ")
 
 
+def resume_step(checkpoints: Path) -> int | None:
+    """The first step a run resumed from `checkpoints` trains (None: no checkpoint there yet)."""
+    pointer = checkpoints / "latest_checkpointed_iteration.txt"
+    if not pointer.exists():
+        return None
+    iteration = int(pointer.read_text().strip())
+    state = json.loads((checkpoints / f"iter_{iteration:07d}" / "state.json").read_text())
+    return int(state["next_rollout_id"])
+
+
+def resume_steps(run_dir: Path) -> list[int]:
+    """The steps at which this run dir was resumed, oldest first (kept in the run dir)."""
+    path = run_dir / "efficacy_resumes.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def training_elapsed(records: list[dict], run_dir: Path) -> list[float]:
+    """Training time at each step's end: the time between consecutive steps' records, except that
+    the first step of the run and of each resume counts its own step time (not the restart)."""
+    restarts = {records[0]["step"], *resume_steps(run_dir)}
+    elapsed, total, previous = [], 0.0, None
+    for r in records:
+        total += r["perf/step_time"] if r["step"] in restarts or previous is None else r["time"] - previous
+        previous = r["time"]
+        elapsed.append(total)
+    return elapsed
+
+
 def run(args: argparse.Namespace) -> dict:
     out = Path(args.out)
-    run_dir = out / f"efficacy-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(args.run_dir) if args.run_dir else out / f"efficacy-{time.strftime('%Y%m%d-%H%M%S')}"
+    # A run dir with a checkpoint is resumed from it (--load): its weights, optimizer, data cursor.
+    resumed_at = resume_step(run_dir / "checkpoints")
+    if resumed_at is not None:
+        args.extra = [*args.extra, "--load", str(run_dir / "checkpoints")]
+        print(f"[efficacy] resuming {run_dir} at step {resumed_at}", flush=True)
     if args.task in REAL_TASKS:  # the real model; run_real.sh measures R_oracle and R_no_info itself
         command = ["bash", str(ROOT / "scripts/run_real.sh"), "--trace-sample-rate", str(args.trace_rate), *args.extra]
     else:
@@ -77,6 +110,8 @@ def run(args: argparse.Namespace) -> dict:
         env["MODEL_DIR"] = args.model_dir
     if args.model:
         env["MODEL"] = args.model
+    if resumed_at is not None:
+        run_dir.joinpath("efficacy_resumes.json").write_text(json.dumps([*resume_steps(run_dir), resumed_at]))
     started = time.perf_counter()
     # A time limit ends the run early (SIGTERM: its processes stop, the steps so far stay in
     # metrics.jsonl) and the figures are read from the steps it finished.
@@ -107,9 +142,8 @@ def run(args: argparse.Namespace) -> dict:
     gain_over_start = (r_final - r_start) / (r_oracle - r_start) if r_oracle > r_start else float("nan")
 
     # Elapsed training time at each step's end, from the start of step 0 (the model build and the
-    # workers' start are in `wall_s`, not here).
-    start = records[0]["time"] - records[0]["perf/step_time"]
-    elapsed = [r["time"] - start for r in records]
+    # workers' start are in `wall_s`, not here); a resumed run's restart is not training time.
+    elapsed = training_elapsed(records, run_dir)
     within = [r for r, t in zip(records, elapsed) if args.budget_s is None or t <= args.budget_s]
     r_budget = fmean(r["meta_learning/avg_holdout_grade"] for r in within[-args.window :]) if within else float("nan")
     # Gain and no-info control per consecutive block of --block steps: does the gain hold?
@@ -161,6 +195,7 @@ def run(args: argparse.Namespace) -> dict:
         "budget_s": args.budget_s,
         "steps_within_budget": len(within),
         "training_s": elapsed[-1],
+        "resumed_at_steps": resume_steps(run_dir),
         "normalised_gain_within_budget": gain(r_budget),
         "block_steps": args.block,
         "by_block": by_block,
@@ -206,6 +241,12 @@ def main() -> None:
         "--block", type=int, default=50, help="Steps per block of the per-block gain and no-info control."
     )
     parser.add_argument("--out", default="runs/benchmarks")
+    parser.add_argument(
+        "--run-dir",
+        default=None,
+        help="The run's directory (default: a new one under --out). If it holds a checkpoint, the run "
+        "resumes from it and the figures cover all its steps, its training time without the restarts.",
+    )
     parser.add_argument(
         "--shared-student",
         action="store_true",

