@@ -52,6 +52,17 @@ SYNTHETIC_TASKS = ("synthetic_suffix", "bracket")  # tiny models built by the pr
 REAL_TASKS = ("easy_word_problems", "price_lists", "house_rules", "champ")
 
 
+def gpu_name() -> str | None:
+    """The first GPU's name as nvidia-smi gives it (None without one): the run's card, in its JSON."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.splitlines()[0].strip() if done.returncode == 0 and done.stdout.strip() else None
+
+
 def resume_step(checkpoints: Path) -> int | None:
     """The first step a run resumed from `checkpoints` trains (None: no checkpoint there yet)."""
     pointer = checkpoints / "latest_checkpointed_iteration.txt"
@@ -182,6 +193,7 @@ def run(args: argparse.Namespace) -> dict:
         "benchmark": "efficacy",
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.node()} {platform.machine()} ({os.cpu_count()} cpus)",
+        "gpu": gpu_name(),
         "command": " ".join(sys.argv),
         "steps": len(records),
         "wall_s": wall,

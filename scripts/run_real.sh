@@ -87,6 +87,12 @@ META_ARGS+=(--use-meta-learning --num-rollout "$NUM_ROLLOUT")
 # A 135M student sampled at temperature 1 mostly rambles (measured: 9% of answers end in the right
 # number against 25% greedy, docs/tasks.md); 0.5 keeps some spread between attempts.
 SAMPLING_ARGS=(--teacher-temperature 1.0 --rollout-temperature 0.5)
+# Price lists and house rules hinge on a rule only the rubric states: the teacher's prompt tells it
+# the student sees neither rubric nor grades and asks it to relay such a rule (the default prompt
+# does not; on price lists the 0.5B teacher learned with this one, docs/performance.md section 9).
+case "$DATA" in
+  price_lists|house_rules) SAMPLING_ARGS+=(--teacher-template prompt_templates/teacher_rules.txt) ;;
+esac
 case "$MODEL" in
   smollm2-135m)
     SAMPLING_ARGS+=(--teacher-max-tokens 128 --rollout-max-response-len 192)
