@@ -1,6 +1,6 @@
 """The shipped real model (SmolLM2-135M-Instruct: Llama, 9 query heads over 3 KV heads, tied embeddings,
 a ChatML template, EOS `<|im_end|>`) through the embedded inference engine, against Hugging Face in
-float32 on CPU; and a `.gguf` checkpoint flag resolved through the config.
+float32 on CPU; and a `.gguf` checkpoint flag resolved into the config.
 
 The engine is checked on both its decode paths: the DynamicCache path a CPU worker runs, and the
 static-cache forward a GPU worker captures in CUDA graphs (eager here). The chat-template prompts go in
@@ -194,6 +194,7 @@ def test_worker_serves_chat_completions_as_hf_greedy(
 
 
 def test_gguf_flag_is_converted_once_and_every_consumer_sees_the_directory(tmp_path, monkeypatch, capsys) -> None:
+    from slime_meta.artifacts.model_files import with_converted_checkpoints
     from slime_meta.assembly import load_tokenizer
     from slime_meta.backends.local.inputs import check_model_dir
     from slime_meta.backends.slime.plan import translate
@@ -205,7 +206,7 @@ def test_gguf_flag_is_converted_once_and_every_consumer_sees_the_directory(tmp_p
     directory = tmp_path / "cache" / "checkpoints" / f"{GGUF_NAME.removesuffix('.gguf')}-{GGUF_SHA256[:12]}"
     flags = [*BASE_FLAGS, "--hf-checkpoint", str(gguf), "--student-checkpoint", str(gguf)]
 
-    cfg = parse_config(flags)
+    cfg = with_converted_checkpoints(parse_config(flags))
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     assert lines == [
@@ -224,7 +225,7 @@ def test_gguf_flag_is_converted_once_and_every_consumer_sees_the_directory(tmp_p
     assert [p.name for p in directory.parent.iterdir()] == [directory.name]  # no staging directory left
     converted_at = (directory / "model.safetensors").stat().st_mtime_ns
 
-    again = parse_config(flags)  # a later run: the same directory, nothing converted
+    again = with_converted_checkpoints(parse_config(flags))  # a later run: the same directory, nothing converted
     assert capsys.readouterr().out.splitlines() == [
         f"--hf-checkpoint {gguf}: using its HF checkpoint directory {directory} (converted earlier)"
     ]

@@ -3,10 +3,11 @@
 Why convert rather than read the GGUF where it is needed: every consumer of a checkpoint (the embedded
 workers, the trainer, the context-length and tokenizer reads, slime's SGLang and Megatron) reads an HF
 directory. transformers reads a GGUF file (dequantising it to float on load) but refuses to save what it
-loaded, and loading takes about 20 s for a 135M model. So the flag is resolved once, where the config is
-built (`build_config`; the slime backend's argv in `plan.translate`): the file is converted into
-`<cache>/checkpoints/<name>-<sha256 prefix>/` and every consumer sees that directory. One line says where
-(no progress bars); later runs find the directory by the file's content and reuse it (one line says so).
+loaded, and loading takes about 20 s for a 135M model. So the flag is resolved once, where each backend
+starts (the local run's config in `backends/local/run.py`; the slime backend's argv in `plan.translate`): the
+file is converted into `<cache>/checkpoints/<name>-<sha256 prefix>/` and every consumer sees that directory.
+One line says where (no progress bars); later runs find the directory by the file's content and reuse it (one
+line says so).
 
 The cache root is `$SLIME_META_CACHE`, else `$XDG_CACHE_HOME/slime-meta`, else `~/.cache/slime-meta`
 (on a multi-node cluster, point `SLIME_META_CACHE` at a filesystem every node sees).
@@ -20,9 +21,9 @@ leaves a half checkpoint behind.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -34,17 +35,14 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from slime_meta.config.arguments import MetaConfig
 from slime_meta.config.command_line import rewrite_flag_values
 from slime_meta.errors import UserInputError
 
 CONVERSION_VERSION = 1  # bump when the recipe changes, so cached conversions are redone
 MARKER = "conversion.json"  # written last: a directory that has it is complete
-# The checkpoint flags of every backend, as namespace attributes and as written on the command line.
-CHECKPOINT_FLAGS = {
-    "hf_checkpoint": "--hf-checkpoint",
-    "student_checkpoint": "--student-checkpoint",
-    "grader_checkpoint": "--grader-checkpoint",
-}
+# The checkpoint flags of every backend, as written on the command line.
+CHECKPOINT_FLAGS = ("--hf-checkpoint", "--student-checkpoint", "--grader-checkpoint")
 PACKAGES_HINT = "pip install gguf accelerate (or pip install 'slime-meta[real]')"
 Log = Callable[[str], None]
 
@@ -104,23 +102,33 @@ def resolve_checkpoint(path: str | None, flag: str, *, root: Path | None = None,
     return str(directory)
 
 
-def resolve_checkpoint_flags(namespace: argparse.Namespace, *, log: Log = _print) -> argparse.Namespace:
-    """The namespace with every .gguf checkpoint flag replaced by its HF directory (each file resolved once)."""
+def with_converted_checkpoints(config: MetaConfig, *, log: Log = _print) -> MetaConfig:
+    """The config with every .gguf checkpoint replaced by its HF directory (each file resolved once)."""
     resolved: dict[str, str | None] = {}
-    changes = {}
-    for attribute, flag in CHECKPOINT_FLAGS.items():
-        value = getattr(namespace, attribute, None)
-        if is_gguf(value):
-            if value not in resolved:
-                resolved[value] = resolve_checkpoint(value, flag, log=log)
-            changes[attribute] = resolved[value]
-    return argparse.Namespace(**{**vars(namespace), **changes}) if changes else namespace
+
+    def resolve(path: str | None, flag: str) -> str | None:
+        if is_gguf(path) and path not in resolved:
+            resolved[path] = resolve_checkpoint(path, flag, log=log)
+        return resolved.get(path, path)
+
+    pools, grader = config.pools, config.grader
+    # In the order of the flags on the command line: the first bad one is the one reported.
+    hf_checkpoint = resolve(pools.hf_checkpoint, "--hf-checkpoint")
+    student_checkpoint = resolve(pools.student_checkpoint, "--student-checkpoint")
+    grader_checkpoint = resolve(grader.grader_checkpoint, "--grader-checkpoint")
+    if not resolved:
+        return config
+    return dataclasses.replace(
+        config,
+        pools=dataclasses.replace(pools, hf_checkpoint=hf_checkpoint, student_checkpoint=student_checkpoint),
+        grader=dataclasses.replace(grader, grader_checkpoint=grader_checkpoint),
+    )
 
 
 def resolve_checkpoint_argv(argv: Sequence[str], *, log: Log = _print) -> list[str]:
     """`argv` with the value of each checkpoint flag that names a .gguf file replaced by its HF directory
     (both `--flag value` and `--flag=value`), for a backend whose own parser reads the command line."""
-    flags = set(CHECKPOINT_FLAGS.values())
+    flags = set(CHECKPOINT_FLAGS)
     resolved: dict[tuple[str, str], str] = {}
 
     def resolve(flag: str, value: str) -> str:

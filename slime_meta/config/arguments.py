@@ -20,7 +20,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
 
-from slime_meta.artifacts.model_files import resolve_checkpoint_flags
 from slime_meta.config.grading import GraderConfig, add_grader_flags
 from slime_meta.config.objectives import ObjectivesConfig, add_objective_arguments, shared_student_objective_defaults
 from slime_meta.config.pools import PoolConfig, add_pool_flags
@@ -157,10 +156,12 @@ def _pick(cls, namespace: argparse.Namespace, **overrides):
 
 
 def build_config(namespace: argparse.Namespace, *, default_run_dir: str | None = None) -> MetaConfig:
-    """The frozen config from parsed flags, validated; raises UserInputError naming the flag."""
+    """The frozen config from parsed flags, validated; raises UserInputError naming the flag.
+
+    Checkpoint paths stay as given: a .gguf file is converted where the backend starts
+    (`artifacts.model_files`), not here: building a config converts nothing.
+    """
     validate_flags(namespace)
-    # Once, before anything reads them: a .gguf checkpoint flag becomes its converted HF directory.
-    namespace = resolve_checkpoint_flags(namespace)
     run_dir = namespace.run_dir or default_run_dir or "runs/meta"
     return MetaConfig(
         backend=namespace.backend,

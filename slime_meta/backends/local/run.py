@@ -12,6 +12,7 @@ import sys
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
+from slime_meta.artifacts.model_files import with_converted_checkpoints
 from slime_meta.artifacts.plot import PlotRefresher, write_plot
 from slime_meta.artifacts.tracking import RunProgress, Tracker, format_eval_line, format_step_line, oracle_grade
 from slime_meta.artifacts.train_state import load_checkpoint, save_checkpoint, set_rng_state
@@ -37,6 +38,8 @@ def run(cfg: MetaConfig) -> Path:
 
 
 async def _run(cfg: MetaConfig) -> Path:
+    # Once, before anything reads them: a .gguf checkpoint flag becomes its converted HF directory.
+    cfg = with_converted_checkpoints(cfg)
     teacher_model = check_models(cfg)
     data = load_data(cfg)
     print(describe_plan(cfg, data), flush=True)
