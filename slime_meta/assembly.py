@@ -15,7 +15,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from slime_meta.config.arguments import MetaConfig
+from slime_meta.config.arguments import MetaConfig, settings_from
 from slime_meta.config.objectives import read_context
 from slime_meta.data.batch_split import BatchPlan, plan_batch
 from slime_meta.grading.graders import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
@@ -192,19 +192,16 @@ def make_solver_builder(cfg: MetaConfig, pieces: RolePieces, teacher_pool: SGLan
     policy_as_student = student_role(
         cfg, pieces, teacher_pool, PromptRenderer(tokenizer, chat), cfg.pools.hf_checkpoint
     )
-    settings = SolverSettings(
+    settings = settings_from(
+        SolverSettings,
+        o,
+        cfg.train,
         attempts_per_problem=cfg.meta.n_samples_per_inner_prompt,
         reuse_chain_attempts=not cfg.separate_student,
         distill_context=source,
         fixed_context=read_context(o.teacher_context),
-        context_key=o.context_key,
         distill=o.distillation_on,
         sdpo=o.sdpo_on_any,
-        sdpo_hint=o.sdpo_hint,
-        sdpo_grade_threshold=o.sdpo_grade_threshold,
-        sdpo_on=o.sdpo_on,
-        skip_verification=o.skip_verification,
-        std_normalize=cfg.train.std_normalize,
         sdpo_shaping=o.sdpo_shaping,
     )
     return SolverSampleBuilder(policy_as_student, pieces.grader, settings)

@@ -70,6 +70,19 @@ class MetaConfig:
         path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def settings_from(cls, *sections: Any, **given: Any):
+    """A component's settings (dataclass `cls`) from the run's config: each field from `given`, else from
+    the first config section with a field of that name (one name per setting), else its default.
+    Derived values (a section's properties) are never picked up by name: pass them in `given`."""
+    values = dict(given)
+    for section in sections:
+        names = {field.name for field in fields(section)}
+        for field in fields(cls):
+            if field.name in names and field.name not in values:
+                values[field.name] = getattr(section, field.name)
+    return cls(**values)
+
+
 # ----------------------------------------------------------------------------- flags
 
 
