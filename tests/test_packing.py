@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from slime_meta.backends.local.training.batching import PolicySequence
+from slime_meta.backends.local.training.batching import MicroBatching, PolicySequence
 from slime_meta.backends.local.training.channels import LossSettings, reference_token_logps
 from slime_meta.backends.local.training.packing import (
     collate_rows,
@@ -245,9 +245,9 @@ def test_shared_prompt_rows_on_the_real_model(real_checkpoint):
         for x in batch
     ]
     call = trainer._forward(trainer.model)
-    shared = reference_token_logps(call, sequences, 64, 8, pad, trainer.device)
+    shared = reference_token_logps(call, sequences, 64, MicroBatching(8, pad, trainer.device))
     call.shares_prompts = False
-    separate = reference_token_logps(call, sequences, 64, 8, pad, trainer.device)
+    separate = reference_token_logps(call, sequences, 64, MicroBatching(8, pad, trainer.device))
     for got, expected in zip(shared, separate, strict=True):
         assert len(got) == len(expected) and got == pytest.approx(expected, abs=1e-4)
     assert len(collate_rows(make_rows(sequences, True, 8, None), sequences, pad).targets_N) == sum(map(len, shared))

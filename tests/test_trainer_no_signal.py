@@ -16,6 +16,7 @@ import torch
 from test_trainer_memory import moved_reference
 
 from slime_meta.artifacts.tracking import format_step_line
+from slime_meta.backends.local.training.batching import MicroBatching
 from slime_meta.backends.local.training.channels import LossSettings, policy_gradient_pass
 from slime_meta.backends.local.training.no_signal import NoSignalStreak, RolloutSummary, zero_gradient_step
 from slime_meta.backends.local.training.settings import DistillSettings, TrainerSettings
@@ -111,7 +112,11 @@ def test_the_skipped_computation_would_have_given_an_exactly_zero_gradient(tiny_
     teacher, _ = rollout()
     sequences = teacher_sequences(teacher, 1.0)
     policy_gradient_pass(
-        trainer._forward(trainer.model), sequences, SHIPPED.loss, 2, 0, trainer.device, reference_is_policy=True
+        trainer._forward(trainer.model),
+        sequences,
+        SHIPPED.loss,
+        MicroBatching(2, 0, trainer.device),
+        reference_is_policy=True,
     )
     grads = [p.grad for p in trainer.model.parameters()]
     assert all(g is not None for g in grads) and all(torch.count_nonzero(g) == 0 for g in grads)

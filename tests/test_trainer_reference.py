@@ -13,6 +13,7 @@ import torch
 from test_trainer_memory import moved_reference
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from slime_meta.backends.local.training.batching import MicroBatching
 from slime_meta.backends.local.training.channels import LossSettings, reference_token_logps
 from slime_meta.backends.local.training.reference import safetensors_files, start_weights_like
 from slime_meta.backends.local.training.settings import TrainerSettings
@@ -91,10 +92,10 @@ def test_after_an_update_the_anchor_stays_the_start_weights(tiny_checkpoint, tmp
     assert not trainer.policy_is_reference and trainer.steps_done == 1
     sequences = teacher_sequences(samples(seed=3), KL.temperature)
     with trainer._reference_call() as reference:
-        got = reference_token_logps(reference, sequences, 4, 2, 0, trainer.device)
+        got = reference_token_logps(reference, sequences, 4, MicroBatching(2, 0, trainer.device))
     start = LocalTrainer(str(tiny_checkpoint), KL)
-    expected = reference_token_logps(start._forward(start.model), sequences, None, 8, 0, start.device)
-    moved = reference_token_logps(trainer._forward(trainer.model), sequences, None, 8, 0, trainer.device)
+    expected = reference_token_logps(start._forward(start.model), sequences, None, MicroBatching(8, 0, start.device))
+    moved = reference_token_logps(trainer._forward(trainer.model), sequences, None, MicroBatching(8, 0, trainer.device))
     flat = lambda values: [v for row in values for v in row]  # noqa: E731
     assert flat(got) == pytest.approx(flat(expected), abs=1e-5)
     assert max(abs(a - b) for a, b in zip(flat(moved), flat(expected))) > 1e-3  # while the policy has moved
@@ -167,7 +168,9 @@ def test_real_model_anchor_log_probs_and_a_step_without_signal(real_model_dir):
     assert trainer.train_step(batch)["train/skipped_no_signal"] == 0.0 and not trainer.policy_is_reference
     sequences = teacher_sequences(batch[:1], 1.0)
     with trainer._reference_call() as reference:
-        got = reference_token_logps(reference, sequences, 64, 8, tokenizer.pad_token_id, trainer.device)[0]
+        got = reference_token_logps(reference, sequences, 64, MicroBatching(8, tokenizer.pad_token_id, trainer.device))[
+            0
+        ]
     start = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         logp = torch.log_softmax(start(torch.tensor([prompt + answer])).logits[0, :-1].double(), dim=-1)

@@ -25,6 +25,18 @@ class PolicySequence:
     reference_logprobs: tuple[float, ...] | None = None
 
 
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a training pass splits its forwards: `micro_batch_size` sequences each, or with
+    `max_tokens` (dynamic batch size) by padded tokens (`micro_batch_groups`); rows padded with
+    `pad_id`, run on `device`."""
+
+    micro_batch_size: int
+    pad_id: int
+    device: torch.device
+    max_tokens: int | None = None
+
+
 def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids and their attention mask."""
     length = max(len(s) for s in sequences)

@@ -32,7 +32,13 @@ from typing import Protocol, Sequence
 
 import torch
 
-from slime_meta.backends.local.training.batching import PolicySequence, budget_chunks, pad_sequences, response_columns
+from slime_meta.backends.local.training.batching import (
+    MicroBatching,
+    PolicySequence,
+    budget_chunks,
+    pad_sequences,
+    response_columns,
+)
 from slime_meta.backends.local.training.packing import PackedBatch, pack_micro_batches
 from slime_meta.losses.advantages import context_distillation_advantages
 from slime_meta.losses.distill import generalized_jsd
@@ -123,11 +129,11 @@ def _response_rows(prompt_lengths: Sequence[int], response_lengths: Sequence[int
 
 
 def _packed_batches(
-    forward: ModelCall, sequences: Sequence[PolicySequence], micro_batch_size: int, pad_id: int, max_tokens: int | None
+    forward: ModelCall, sequences: Sequence[PolicySequence], batching: MicroBatching
 ) -> list[PackedBatch]:
     """The micro-batches of a pass: sequences that share a prompt share its forward where the call allows it."""
     share = bool(getattr(forward, "shares_prompts", False))
-    return pack_micro_batches(sequences, share, micro_batch_size, pad_id, max_tokens)
+    return pack_micro_batches(sequences, share, batching.micro_batch_size, batching.pad_id, batching.max_tokens)
 
 
 def _loss_hidden(forward: ModelCall, b: PackedBatch) -> torch.Tensor:
@@ -139,15 +145,12 @@ def policy_gradient_pass(
     forward: ModelCall,
     sequences: Sequence[PolicySequence],
     s: LossSettings,
-    micro_batch_size: int,
-    pad_id: int,
-    device: torch.device,
-    max_tokens: int | None = None,
+    batching: MicroBatching,
     *,
     reference_is_policy: bool = False,
 ) -> dict[str, float]:
     """Channel 1. Each micro-batch's token mean is weighted by its share of the step's response
-    tokens, so the gradient is the step's token mean whatever the split (`max_tokens`: by tokens).
+    tokens, so the gradient is the step's token mean whatever the split (`batching.max_tokens`: by tokens).
 
     The KL term (`s.kl_loss_coef`) is on when the sequences carry reference log-probs, or when
     `reference_is_policy` (the policy has not moved from the start weights: its own log-probs).
@@ -157,8 +160,8 @@ def policy_gradient_pass(
     sums["forward_tokens"] = 0.0
     correct_off_policy = s.use_tis or s.aipo_delta is not None
     kl_on = bool(s.kl_loss_coef) and (reference_is_policy or all(x.reference_logprobs is not None for x in sequences))
-    for batch in _packed_batches(forward, sequences, micro_batch_size, pad_id, max_tokens):
-        b = batch.to(device)
+    for batch in _packed_batches(forward, sequences, batching):
+        b = batch.to(batching.device)
         mask_N = torch.ones_like(b.targets_N, dtype=torch.bool)
         share = len(b.targets_N) / total_tokens
         # The distribution each sequence was sampled from: logits / its temperature.
@@ -218,17 +221,14 @@ def reference_token_logps(
     reference: ModelCall,
     sequences: Sequence[PolicySequence],
     chunk_size: int | None,
-    micro_batch_size: int,
-    pad_id: int,
-    device: torch.device,
-    max_tokens: int | None = None,
+    batching: MicroBatching,
 ) -> list[tuple[float, ...]]:
     """Each sequence's response-token log-probs under `reference` (no gradient), at the sequence's
     temperature, micro-batched as the policy pass will be; in sequence order."""
     out: list[tuple[float, ...]] = [()] * len(sequences)
     with torch.no_grad():
-        for batch in _packed_batches(reference, sequences, micro_batch_size, pad_id, max_tokens):
-            b = batch.to(device)
+        for batch in _packed_batches(reference, sequences, batching):
+            b = batch.to(batching.device)
             hidden_N_H = _loss_hidden(reference, b)
             temperature_N = b.temperature_N.clamp_min(1e-6)
             logp_N = reference.token_logps(
@@ -247,19 +247,17 @@ def sdpo_pass(
     forward: ModelCall,
     samples: Sequence[SolverSample],
     s: LossSettings,
-    micro_batch_size: int,
-    pad_id: int,
-    device: torch.device,
-    max_tokens: int | None = None,
+    batching: MicroBatching,
 ) -> dict[str, float]:
     """Channel 2: the hint-conditioned self is the target distribution (no gradient through it)."""
+    pad_id, device = batching.pad_id, batching.device
     total_tokens = sum(len(x.response_ids) for x in samples)
     jsd_sum = 0.0
     jsd_settings = dict(
         beta=s.sdpo_beta, temperature=s.sdpo_temperature, token_clip=s.sdpo_token_clip, chunk_size=s.jsd_chunk_size
     )
     longest = [max(len(x.prompt_ids), len(x.hint_prompt_ids)) + len(x.response_ids) for x in samples]
-    for group in budget_chunks(list(samples), longest, micro_batch_size, max_tokens):
+    for group in budget_chunks(list(samples), longest, batching.micro_batch_size, batching.max_tokens):
         responses = [x.response_ids for x in group]
         student_tokens, student_att = pad_sequences([x.prompt_ids + x.response_ids for x in group], pad_id)
         hinted_tokens, hinted_att = pad_sequences([x.hint_prompt_ids + x.response_ids for x in group], pad_id)
@@ -324,16 +322,16 @@ def _sequence_logp_sums(
 def reference_logp_sums(
     reference: ModelCall,
     pairs: Sequence[PreferencePair],
-    micro_batch_size: int,
-    pad_id: int,
-    device: torch.device,
+    batching: MicroBatching,
     chunk_size: int | None,
-    max_tokens: int | None = None,
 ) -> list[tuple[float, float]]:
     """(chosen, rejected) summed log-probs of each pair under `reference` (no gradient), in pair order."""
+    pad_id, device = batching.pad_id, batching.device
     values: dict[int, tuple[float, float]] = {}
     with torch.no_grad():
-        for group in budget_chunks(list(range(len(pairs))), _pair_lengths(pairs), micro_batch_size, max_tokens):
+        for group in budget_chunks(
+            list(range(len(pairs))), _pair_lengths(pairs), batching.micro_batch_size, batching.max_tokens
+        ):
             chosen_ids = [(pairs[i].prompt_ids, pairs[i].chosen_ids) for i in group]
             rejected_ids = [(pairs[i].prompt_ids, pairs[i].rejected_ids) for i in group]
             chosen = _sequence_logp_sums(reference, chosen_ids, pad_id, device, chunk_size)
@@ -351,22 +349,20 @@ def replay_dpo_pass(
     forward: ModelCall,
     pairs: Sequence[PreferencePair],
     s: LossSettings,
-    micro_batch_size: int,
-    pad_id: int,
-    device: torch.device,
-    max_tokens: int | None = None,
+    batching: MicroBatching,
 ) -> dict[str, float]:
     """Channel 3: sigmoid DPO; log-probs summed over response tokens, at temperature 1.
 
     The reference log-probs are the pairs' own (`PreferencePair.reference_*_logp`), computed once
     under the start weights when the pair was made (`LocalTrainer.with_reference_logps`).
     """
+    pad_id, device = batching.pad_id, batching.device
     if any(p.reference_chosen_logp is None or p.reference_rejected_logp is None for p in pairs):
         raise ValueError(
             "replay_dpo_pass: every pair needs its reference log-probs (LocalTrainer.with_reference_logps)"
         )
     sums = {"replay_dpo": 0.0, "replay_reward_accuracy": 0.0, "replay_reward_margin": 0.0}
-    for group in budget_chunks(list(pairs), _pair_lengths(pairs), micro_batch_size, max_tokens):
+    for group in budget_chunks(list(pairs), _pair_lengths(pairs), batching.micro_batch_size, batching.max_tokens):
         chosen = [(p.prompt_ids, p.chosen_ids) for p in group]
         rejected = [(p.prompt_ids, p.rejected_ids) for p in group]
         ref_chosen = torch.tensor([p.reference_chosen_logp for p in group], dtype=torch.float32, device=device)

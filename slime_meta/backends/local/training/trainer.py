@@ -36,7 +36,7 @@ from typing import Iterator, Sequence
 import torch
 from transformers import AutoModelForCausalLM
 
-from slime_meta.backends.local.training.batching import PolicySequence
+from slime_meta.backends.local.training.batching import MicroBatching, PolicySequence
 from slime_meta.backends.local.training.channels import (
     ModelCall,
     policy_gradient_pass,
@@ -186,30 +186,20 @@ class LocalTrainer:
         if reference is None:
             with self._model_lock, self._reference_call() as reference:
                 return self.with_reference_logps(pairs, reference)
-        values = reference_logp_sums(
-            reference,
-            [pairs[i] for i in missing],
-            self.settings.micro_batch_size,
-            self.pad_token_id,
-            self.device,
-            self.settings.loss.jsd_chunk_size,
-            self.settings.max_tokens_per_gpu,
-        )
+        chunk_size = self.settings.loss.jsd_chunk_size
+        values = reference_logp_sums(reference, [pairs[i] for i in missing], self._micro_batching(), chunk_size)
         for i, (chosen, rejected) in zip(missing, values):
             out[i] = dataclasses.replace(pairs[i], reference_chosen_logp=chosen, reference_rejected_logp=rejected)
         return out
 
-    def _with_reference_logprobs(self, reference: ModelCall, sequences: list[PolicySequence]) -> list[PolicySequence]:
+    def _micro_batching(self) -> MicroBatching:
+        """How every pass of this trainer splits its forwards into micro-batches."""
         s = self.settings
-        values = reference_token_logps(
-            reference,
-            sequences,
-            s.loss.jsd_chunk_size,
-            s.micro_batch_size,
-            self.pad_token_id,
-            self.device,
-            s.max_tokens_per_gpu,
-        )
+        return MicroBatching(s.micro_batch_size, self.pad_token_id, self.device, s.max_tokens_per_gpu)
+
+    def _with_reference_logprobs(self, reference: ModelCall, sequences: list[PolicySequence]) -> list[PolicySequence]:
+        chunk_size = self.settings.loss.jsd_chunk_size
+        values = reference_token_logps(reference, sequences, chunk_size, self._micro_batching())
         return [dataclasses.replace(x, reference_logprobs=v) for x, v in zip(sequences, values)]
 
     def compute_gradients(
@@ -281,32 +271,31 @@ class LocalTrainer:
                     pairs = self.with_reference_logps(pairs, reference)
             timer.mark("reference_forward")
         policy = self._forward(self.model)
-        # Every pass's trailing arguments: how its forwards are split into micro-batches.
-        batching = (s.micro_batch_size, self.pad_token_id, self.device, s.max_tokens_per_gpu)
+        batching = self._micro_batching()
         own_reference = {"reference_is_policy": kl_on and self.policy_is_reference}
         metrics: dict[str, float] = {"train/skipped_no_signal": 0.0}
         pg_loss = 0.0
         if teacher:
-            pg = policy_gradient_pass(policy, teacher, s.loss, *batching, **own_reference)
+            pg = policy_gradient_pass(policy, teacher, s.loss, batching, **own_reference)
             metrics.update({f"train/{k}": v for k, v in pg.items()})
             pg_loss += pg["loss"]
         if solver:
-            distill = policy_gradient_pass(policy, solver, s.loss, *batching, **own_reference)
+            distill = policy_gradient_pass(policy, solver, s.loss, batching, **own_reference)
             metrics.update({f"train/distill_{k}": v for k, v in distill.items()})
             metrics["train/distill_tokens"] = float(sum(len(x.response_ids) for x in solver))
             pg_loss += distill["loss"]
         channels = ThreeChannelInputs(grpo=torch.tensor(pg_loss))  # with the shaping form, SDPO's term too
         if shaped:  # channel 2 as token advantages: a policy-gradient term of its own, like distillation's
-            sdpo = policy_gradient_pass(policy, shaped, s.loss, *batching, **own_reference)
+            sdpo = policy_gradient_pass(policy, shaped, s.loss, batching, **own_reference)
             metrics.update({f"train/sdpo_shaping_{k}": v for k, v in sdpo.items()})
             pg_loss += sdpo["loss"]
         if sdpo_jsd:
-            sdpo = sdpo_pass(policy, sdpo_samples, s.loss, *batching)
+            sdpo = sdpo_pass(policy, sdpo_samples, s.loss, batching)
             metrics.update({f"train/{k}": v for k, v in sdpo.items()})
             channels.sdpo_jsd = torch.tensor(sdpo["sdpo_jsd"])
         if replay:
             # The reference is the start weights (seed 004), never the weights being trained.
-            dpo = replay_dpo_pass(policy, pairs, s.loss, *batching)
+            dpo = replay_dpo_pass(policy, pairs, s.loss, batching)
             metrics.update({f"train/{k}": v for k, v in dpo.items()})
             channels.replay_dpo = torch.tensor(dpo["replay_dpo"])
         combined = total_loss(channels, alpha=s.loss.sdpo_alpha, beta=s.loss.replay_beta)
