@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from slime_meta.data.tasks import writer
-from slime_meta.data.tasks.word_problems import COLUMNS, PEOPLE, Story, choose_families, family_rows
+from slime_meta.data.tasks.word_problems import COLUMNS, PEOPLE, Story, choose_families, interleaved_family_rows
 
 GOODS = ("notebooks", "pens", "candles", "mugs", "socks", "soaps", "plates", "cups", "brushes", "tins")
 FRUITS = ("apples", "pears", "melons", "lemons", "peaches", "mangoes")
@@ -186,24 +186,15 @@ def generate_rows(n: int, seed: int = 0, families: Sequence[str] | None = None) 
     baseline measured on its first problems, say) holds every family.
     """
     chosen = choose_families(families, RULES, RULES, n)
-    rows_by_family = [
-        family_rows(
-            RULES[name],
-            n,
-            f"slime_meta.house_rules/{seed}/{name}",
-            f"{name}-s{seed}-",
-            lambda rng, index: RULES[name].draw(rng, index % 2 == 0),
-        )
-        for name in chosen
-    ]
-    return [row for same_index in zip(*rows_by_family) for row in same_index]
+    return interleaved_family_rows(
+        "house_rules", RULES, chosen, n, seed, lambda rng, i, rule: rule.draw(rng, i % 2 == 0)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     description = "Write the house-rules task: problems whose answer needs a rule only the rubric and hint state."
     parser = writer.task_parser("house_rules", description)
-    parser.add_argument("--n", type=int, default=40, help="problems per family (default: 40)")
-    parser.add_argument("--families", nargs="+", default=None, help=f"families (default: all: {', '.join(RULES)})")
+    writer.add_family_flags(parser, RULES)
     writer.write_task(parser, argv, lambda args: generate_rows(args.n, args.seed, args.families), COLUMNS, "category")
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Collection, Sequence
 
 from slime_meta.data.tasks import writer
-from slime_meta.data.tasks.word_problems import COLUMNS, PEOPLE, Story, choose_families, family_rows
+from slime_meta.data.tasks.word_problems import COLUMNS, PEOPLE, Story, choose_families, interleaved_family_rows
 
 
 @dataclass(frozen=True)
@@ -98,24 +98,13 @@ def generate_rows(
             if story.prompt not in avoid:
                 return story
 
-    rows_by_shop = [
-        family_rows(
-            SHOPS[name],
-            n,
-            f"slime_meta.price_lists/{seed}/{name}",
-            f"{name}-s{seed}-",
-            lambda rng, index, shop=SHOPS[name]: draw(rng, index, shop),
-        )
-        for name in chosen
-    ]
-    return [row for same_index in zip(*rows_by_shop) for row in same_index]
+    return interleaved_family_rows("price_lists", SHOPS, chosen, n, seed, draw)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     description = "Write the price-lists task: shop problems whose price only the rubric and the hint state."
     parser = writer.task_parser("price_lists", description)
-    parser.add_argument("--n", type=int, default=40, help="problems per shop (default: 40)")
-    parser.add_argument("--families", nargs="+", default=None, help=f"shops (default: all: {', '.join(SHOPS)})")
+    writer.add_family_flags(parser, SHOPS, family="shop", families="shops")
     parser.add_argument(
         "--disjoint-from",
         default=None,

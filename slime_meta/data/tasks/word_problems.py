@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable, Collection, Protocol, Sequence
+from typing import Callable, Collection, Mapping, Protocol, Sequence
 
 from slime_meta.data.tasks import writer
 from slime_meta.errors import UserInputError
@@ -326,6 +326,30 @@ def family_rows(
     if len(seen) < n:
         raise UserInputError(f"--n {n}: family {family.name} has fewer distinct problems; lower --n")
     return rows
+
+
+def interleaved_family_rows(
+    task: str,
+    families: Mapping[str, FamilyTexts],
+    chosen: Sequence[str],
+    n: int,
+    seed: int,
+    draw: Callable[[random.Random, int, FamilyTexts], Story],
+) -> list[dict]:
+    """`n` rows of each chosen family, `draw(rng, i, family)` drawing the i-th from the family's own
+    seeded stream (adding or dropping a family leaves the others' problems unchanged). The rows
+    alternate between families, so any leading slice of the file holds every family."""
+    rows_by_family = [
+        family_rows(
+            families[name],
+            n,
+            f"slime_meta.{task}/{seed}/{name}",
+            f"{name}-s{seed}-",
+            lambda rng, index, family=families[name]: draw(rng, index, family),
+        )
+        for name in chosen
+    ]
+    return [row for same_index in zip(*rows_by_family) for row in same_index]
 
 
 def generate_rows(n: int, seed: int = 0, families: Sequence[str] | None = None, top: int | None = None) -> list[dict]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from slime_meta.errors import UserInputError
 
@@ -68,6 +68,14 @@ def task_parser(
     if seed:
         parser.add_argument("--seed", type=int, default=0, help="draw seed: another seed gives other problems")
     return parser
+
+
+def add_family_flags(
+    parser: argparse.ArgumentParser, names: Iterable[str], family: str = "family", families: str = "families"
+) -> None:
+    """`--n` problems of each family (40) and `--families` (default: all of `names`), in the task's own word."""
+    parser.add_argument("--n", type=int, default=40, help=f"problems per {family} (default: 40)")
+    parser.add_argument("--families", nargs="+", default=None, help=f"{families} (default: all: {', '.join(names)})")
 
 
 def write_task(
