@@ -18,7 +18,13 @@ from transformers import AutoTokenizer
 from slime_meta.config.arguments import MetaConfig, settings_from
 from slime_meta.config.objectives import read_context
 from slime_meta.data.batch_split import BatchPlan, plan_batch
-from slime_meta.grading.graders import DEFAULT_GRADER_MODEL, build_grader, choose_grader_kind, grader_line
+from slime_meta.grading.graders import (
+    DEFAULT_GRADER_MODEL,
+    OpenAIGrader,
+    build_grader,
+    choose_grader_kind,
+    grader_line,
+)
 from slime_meta.prompt_templates import (
     GeneratorPromptTemplate,
     GraderPromptTemplate,
@@ -89,16 +95,22 @@ def _api_or_verifier_grader(cfg: MetaConfig, template: GraderPromptTemplate):
     print(line, flush=True)
     if kind == "verifier":
         return build_grader("verifier", metric=g.verifier_metric)
-    return build_grader(
-        "openai",
-        model=g.grader_model or DEFAULT_GRADER_MODEL,
-        base_url=g.grader_base_url,
+    return llm_grader(cfg, template, g.grader_model or DEFAULT_GRADER_MODEL, g.grader_base_url)
+
+
+def llm_grader(cfg: MetaConfig, template: GraderPromptTemplate, model: str, base_url: str | None) -> OpenAIGrader:
+    """An LLM grader over an OpenAI-compatible chat route (a hosted API, a self-hosted server or the
+    local backend's own grader pool), with the run's grader key variable, sampling and limits."""
+    g = cfg.grader
+    return OpenAIGrader(
+        model=model,
+        base_url=base_url,
         api_key_env=g.grader_api_key_env,
         temperature=g.grader_temperature,
         max_tokens=g.grader_max_tokens,
         concurrency=g.grader_concurrency,
-        request_timeout=g.grader_timeout,
         template=template,
+        request_timeout=g.grader_timeout,
     )
 
 

@@ -10,8 +10,6 @@ grading needs nothing outside this machine. The pool stops with the run's other 
 from __future__ import annotations
 
 from slime_meta.config.arguments import MetaConfig
-from slime_meta.grading.graders import OpenAIGrader
-from slime_meta.prompt_templates import GraderPromptTemplate
 
 POOL_NAME = "grader"
 
@@ -45,18 +43,3 @@ def start_grader_pool(processes, cfg: MetaConfig, model_dir: str, log_dir: str, 
         worker_args=worker_args,
     )
     return endpoints.router_url.rstrip("/") + "/v1"
-
-
-def build_local_grader(cfg: MetaConfig, template: GraderPromptTemplate, base_url: str, model_dir: str) -> OpenAIGrader:
-    """The LLM grader over the run's own grader pool (the OpenAI request path, retries and parsing)."""
-    g = cfg.grader
-    return OpenAIGrader(
-        model=model_dir,
-        base_url=base_url,
-        api_key_env=g.grader_api_key_env,
-        temperature=g.grader_temperature,
-        max_tokens=g.grader_max_tokens,
-        concurrency=g.grader_concurrency,
-        template=template,
-        request_timeout=g.grader_timeout,
-    )

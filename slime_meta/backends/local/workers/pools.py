@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from slime_meta.assembly import RolePieces
+from slime_meta.assembly import RolePieces, llm_grader
 from slime_meta.backends.local.inputs import check_model_dir
 from slime_meta.backends.local.training.gpu_split import check_shared_gpu, worker_memory_args
-from slime_meta.backends.local.workers.grader import build_local_grader, grader_checkpoint, start_grader_pool
+from slime_meta.backends.local.workers.grader import grader_checkpoint, start_grader_pool
 from slime_meta.backends.local.workers.launcher import LocalProcessGroup, PortInUse
 from slime_meta.backends.local.workers.processes import PoolEndpoints
 from slime_meta.config.arguments import MetaConfig
@@ -121,5 +121,5 @@ def with_local_grader(cfg: MetaConfig, pieces: RolePieces, grader_url: str | Non
     here once (other graders: the pieces as they are)."""
     if pieces.grader is not None or grader_url is None:
         return pieces
-    grader = build_local_grader(cfg, pieces.grader_template, grader_url, grader_checkpoint(cfg))
+    grader = llm_grader(cfg, pieces.grader_template, grader_checkpoint(cfg), grader_url)
     return dataclasses.replace(pieces, grader=grader)
