@@ -44,6 +44,11 @@ def test_config_is_frozen_and_saved_without_secrets(tmp_path, monkeypatch):
     assert "sk-canary-123" not in text
 
 
+def test_slimes_router_port_name_sets_the_teacher_port():
+    assert parse_config(BASE + ["--sglang-router-port", "30123"]).pools.teacher_port == 30123
+    assert parse_config(BASE).pools.teacher_port is None
+
+
 def test_flags_slime_already_defines_are_skipped():
     # slime's parse_args(add_custom_arguments=fn) hands us a parser that has --lr and --prompt-data.
     parser = argparse.ArgumentParser()

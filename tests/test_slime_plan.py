@@ -295,6 +295,12 @@ def test_distillation_adds_the_advantage_plugin_and_teacher_port_the_router_port
     assert value(argv, "--sglang-router-port") == "30000"
 
 
+def test_slimes_router_port_flag_names_the_teacher_port_once():
+    """--sglang-router-port is slime's name for --teacher-port: given either way, slime gets it once."""
+    argv = list(plan_of("--colocate", "--sglang-router-port", "30001").slime_argv)
+    assert argv.count("--sglang-router-port") == 1 and value(argv, "--sglang-router-port") == "30001"
+
+
 @pytest.mark.parametrize("context", [["--distill-context", "additional_info"], ["--teacher-context", "Be brief."]])
 def test_distillation_of_solver_samples_runs_on_slime(context):
     """The solver samples and the per-channel token means travel through slime's stock plugin flags."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from slime_meta.config.flag_types import AddFlag, open_fraction, page_size, positive_int, prefill_chunk
@@ -66,6 +67,13 @@ def add_pool_flags(add: AddFlag) -> None:
         default=None,
         help="Port of the teacher's router (slime: --sglang-router-port; local: the router we start, its workers on "
         "free ports); default: a free port.",
+    )
+    add(
+        "--sglang-router-port",
+        dest="teacher_port",
+        type=int,
+        default=argparse.SUPPRESS,  # the default is --teacher-port's
+        help="slime's name for --teacher-port, the same on both backends.",
     )
     add(
         "--student-checkpoint",

@@ -38,6 +38,7 @@ SGLANG_CONFIG_NAME = "sglang_config.yaml"
 # Our flags the translation rewrites: flag -> whether it takes a value.
 _REWRITTEN = {
     "--backend": True,
+    "--sglang-router-port": True,  # our --teacher-port's other name: given to slime once, below
     "--dry-run": False,
     "--run-dir": True,
     "--rollout-num-gpus": True,
@@ -105,7 +106,6 @@ def _slime_side_parser() -> argparse.ArgumentParser:
     parser.add_argument("--colocate", action="store_true")
     parser.add_argument("--num-gpus-per-node", type=int, default=SLIME_DEFAULT_GPUS_PER_NODE)
     parser.add_argument("--sglang-config", default=None)
-    parser.add_argument("--sglang-router-port", type=int, default=None)
     parser.add_argument("--loss-type", default=None)
     for flag in PLUGINS:
         parser.add_argument(flag, default=None)
@@ -287,7 +287,7 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     plan = LaunchPlan((), config, layout, run_dir, ns.dry_run)
     if plan.sglang_config_path is not None:
         out += ["--sglang-config", str(plan.sglang_config_path)]
-    if ns.teacher_port is not None and slime_ns.sglang_router_port is None:
+    if ns.teacher_port is not None:  # --teacher-port or --sglang-router-port, one port
         out += ["--sglang-router-port", str(ns.teacher_port)]
     out += ["--input-key", ns.input_key, "--label-key", ns.label_key]
     # slime's rollout batch is prompts (groups of n samples); ours is problems: the teacher prompts go to slime.
