@@ -1,6 +1,7 @@
 """Async pipeline: outer-step time with --max-async-level 1 against 0, in one run.
 
     python benchmarks/async_pipeline.py --steps 20
+    python benchmarks/async_pipeline.py --quick -- --rollout-batch-size 10   # extra train.py flags after --
 
 Both arms run the demo's configuration (scripts/run_synthetic.sh) from the same model and seed;
 reported: median step time after the first step, speedup, and the holdout grade of the last
@@ -32,7 +33,15 @@ def arm(level: int, args: argparse.Namespace, out: Path) -> dict:
         env["MODEL_DIR"] = args.model_dir
     started = time.perf_counter()
     subprocess.run(
-        ["bash", str(ROOT / "scripts/run_synthetic.sh"), "--max-async-level", str(level), "--trace-sample-rate", "0"],
+        [
+            "bash",
+            str(ROOT / "scripts/run_synthetic.sh"),
+            "--max-async-level",
+            str(level),
+            "--trace-sample-rate",
+            "0",
+            *args.extra,
+        ],
         cwd=ROOT,
         env=env,
         check=True,
@@ -59,6 +68,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/benchmarks")
     parser.add_argument("--model-dir", default=None)
     parser.add_argument("--quick", action="store_true", help="3 steps per arm: checks that it runs.")
+    parser.add_argument("extra", nargs="*", help="Extra train.py flags of both arms after --, e.g. -- --lr 3e-4")
     args = parser.parse_args()
     if args.quick:
         args.steps, args.window = 3, 1

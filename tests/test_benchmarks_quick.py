@@ -91,6 +91,24 @@ def test_generation_quick(tmp_path):
     assert any("the workers' time: prefill" in line for line in lines[-6:])
 
 
+# A smaller outer step than the demo's (scripts/run_synthetic.sh: 28 problems, G = 8, K = 2), passed
+# to train.py after `--`: 6 train problems in 2 teacher prompts of k = 3, 2 holdout problems per
+# family, G = 4, K = 1. What the tests below check (steps and blocks counted, the oracle and
+# no-info figures read back, the configuration, the arms' async levels) does not depend on the
+# step's size; every part of a step (teacher, inner student, holdout, control, training) still runs.
+SMALL_STEP = (
+    "--",
+    "--rollout-batch-size",
+    "10",
+    "--heldout-ipb",
+    "4",
+    "--n-samples-per-prompt",
+    "4",
+    "--num-inner-iterations",
+    "1",
+)
+
+
 def _run_train_benchmark(script: str, tmp_path: Path, *extra: str) -> tuple[dict, list[str]]:
     """efficacy.py / async_pipeline.py: they drive scripts/run_synthetic.sh and write OUT_DIR/NAME.json."""
     result = subprocess.run(
@@ -108,7 +126,7 @@ def _run_train_benchmark(script: str, tmp_path: Path, *extra: str) -> tuple[dict
 
 
 def test_efficacy_quick(tmp_path):
-    report, lines = _run_train_benchmark("efficacy", tmp_path, "--budget-s", "600", "--block", "2")
+    report, lines = _run_train_benchmark("efficacy", tmp_path, "--budget-s", "600", "--block", "2", *SMALL_STEP)
     assert report["steps"] == 3 and len(report["curve"]) == 3
     assert 0 <= report["r_no_info"] <= 1 and 0 <= report["r_oracle"] <= 1
     elapsed = [point["elapsed_s"] for point in report["curve"]]
@@ -120,6 +138,7 @@ def test_efficacy_quick(tmp_path):
     config = json.loads((Path(report["run_dir"]) / "config.json").read_text())
     assert config["pools"]["student_checkpoint"] == config["pools"]["hf_checkpoint"]  # a frozen copy
     assert config["data"]["prompt_data"] == "data/synthetic_suffix.jsonl"
+    assert config["meta"]["rollout_batch_size"] == 10  # the flags after -- reach train.py
     assert "gain in budget" in lines[-2] and "over start" in lines[-2]
     # What RL added, from the same run's first and last windows and its oracle.
     r_start, r_end, r_oracle = report["r_first_steps"], report["r_last_steps"], report["r_oracle"]
@@ -132,7 +151,7 @@ def test_efficacy_quick(tmp_path):
 def test_efficacy_quick_shared_student_runs_the_shared_student_terms(tmp_path):
     """Shared weights: the shared-student defaults add the solver GRPO term and k3 KL
     (docs/performance.md, section 6)."""
-    report, _ = _run_train_benchmark("efficacy", tmp_path, "--shared-student")
+    report, _ = _run_train_benchmark("efficacy", tmp_path, "--shared-student", *SMALL_STEP)
     assert report["student"] == "shared"
     config = json.loads((Path(report["run_dir"]) / "config.json").read_text())
     assert config["pools"]["student_checkpoint"] is None
@@ -145,7 +164,7 @@ def test_efficacy_quick_shared_student_runs_the_shared_student_terms(tmp_path):
 
 def test_efficacy_quick_bracket_task(tmp_path):
     """--task bracket: its data, templates and small model, with the oracle and the no-info control."""
-    report, lines = _run_train_benchmark("efficacy", tmp_path, "--task", "bracket")
+    report, lines = _run_train_benchmark("efficacy", tmp_path, "--task", "bracket", *SMALL_STEP)
     assert report["task"] == "bracket" and report["steps"] == 3 and report["student"] == "frozen"
     assert 0 <= report["r_no_info"] <= 1 and 0 < report["r_oracle"] <= 1
     run_dir = Path(report["run_dir"])
@@ -162,7 +181,7 @@ def test_efficacy_quick_bracket_task(tmp_path):
 
 
 def test_async_pipeline_quick(tmp_path):
-    report, lines = _run_train_benchmark("async_pipeline", tmp_path)
+    report, lines = _run_train_benchmark("async_pipeline", tmp_path, *SMALL_STEP)
     sync, overlapped = report["arms"]
     assert (sync["max_async_level"], overlapped["max_async_level"]) == (0, 1)
     assert sync["max_staleness"] == 0 and overlapped["max_staleness"] <= 1
