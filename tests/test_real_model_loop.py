@@ -92,7 +92,7 @@ def test_grader_local_serves_the_real_model_and_grades_every_attempt(real_checkp
         "--grader",
         "local",
         "--grader-max-tokens",
-        "24",
+        "8",
         "--rollout-batch-size",
         "2",
         "--heldout-ipb",
@@ -104,7 +104,7 @@ def test_grader_local_serves_the_real_model_and_grades_every_attempt(real_checkp
         "--teacher-max-tokens",
         "16",
         "--rollout-max-response-len",
-        "24",
+        "16",
     )
     result = run_train(args, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
