@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))  # slime_meta.artifacts.plot from this checkout
 
 from slime_meta.artifacts.plot import plot_run  # noqa: E402
 from slime_meta.artifacts.tracking import read_metrics  # noqa: E402
+from slime_meta.artifacts.train_state import POINTER  # noqa: E402
 
 SYNTHETIC_TASKS = ("synthetic_suffix", "bracket")  # tiny models built by the project (scripts/run_synthetic.sh)
 # A real model on real language (scripts/run_real.sh).
@@ -65,7 +66,7 @@ def gpu_name() -> str | None:
 
 def resume_step(checkpoints: Path) -> int | None:
     """The first step a run resumed from `checkpoints` trains (None: no checkpoint there yet)."""
-    pointer = checkpoints / "latest_checkpointed_iteration.txt"
+    pointer = checkpoints / POINTER
     if not pointer.exists():
         return None
     iteration = int(pointer.read_text().strip())
@@ -83,10 +84,9 @@ def training_elapsed(records: list[dict], run_dir: Path) -> list[float]:
     """Training time at each step's end: the time between consecutive steps' records, except that
     the first step of the run and of each resume counts its own step time (not the restart)."""
     restarts = {records[0]["step"], *resume_steps(run_dir)}
-    elapsed, total, previous = [], 0.0, None
-    for r in records:
-        total += r["perf/step_time"] if r["step"] in restarts or previous is None else r["time"] - previous
-        previous = r["time"]
+    elapsed, total = [], 0.0
+    for previous, r in zip([None, *records], records):
+        total += r["perf/step_time"] if r["step"] in restarts else r["time"] - previous["time"]
         elapsed.append(total)
     return elapsed
 

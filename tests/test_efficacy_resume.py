@@ -8,12 +8,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import efficacy  # noqa: E402
 
+from slime_meta.artifacts.train_state import POINTER  # noqa: E402
+
 
 def _checkpoint(checkpoints: Path, iteration: int, next_rollout_id: int) -> None:
     root = checkpoints / f"iter_{iteration:07d}"
     root.mkdir(parents=True)
     (root / "state.json").write_text(json.dumps({"next_rollout_id": next_rollout_id}))
-    (checkpoints / "latest_checkpointed_iteration.txt").write_text(f"{iteration}\n")
+    (checkpoints / POINTER).write_text(f"{iteration}\n")
 
 
 def test_a_run_dir_without_a_checkpoint_starts_fresh_and_one_with_resumes_where_it_says(tmp_path):
