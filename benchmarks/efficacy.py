@@ -69,9 +69,17 @@ def resume_step(checkpoints: Path) -> int | None:
     pointer = checkpoints / POINTER
     if not pointer.exists():
         return None
-    iteration = int(pointer.read_text().strip())
-    state = json.loads((checkpoints / f"iter_{iteration:07d}" / "state.json").read_text())
-    return int(state["next_rollout_id"])
+    try:
+        iteration = int(pointer.read_text().strip())
+        state = json.loads((checkpoints / f"iter_{iteration:07d}" / "state.json").read_text())
+        return int(state["next_rollout_id"])
+    except (OSError, ValueError, KeyError) as error:  # json's errors are ValueErrors
+        print(
+            f"--run-dir: {checkpoints} holds no readable checkpoint ({error}); give a run dir whose "
+            f"{POINTER} names a complete iter_* directory, or a new run dir",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
 
 
 def resume_steps(run_dir: Path) -> list[int]:

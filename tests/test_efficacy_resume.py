@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import efficacy  # noqa: E402
@@ -18,12 +20,16 @@ def _checkpoint(checkpoints: Path, iteration: int, next_rollout_id: int) -> None
     (checkpoints / POINTER).write_text(f"{iteration}\n")
 
 
-def test_a_run_dir_without_a_checkpoint_starts_fresh_and_one_with_resumes_where_it_says(tmp_path):
+def test_a_run_dir_without_a_checkpoint_starts_fresh_and_one_with_resumes_where_it_says(tmp_path, capsys):
     checkpoints = tmp_path / "run" / "checkpoints"
     assert efficacy.resume_step(checkpoints) is None
     _checkpoint(checkpoints, 4, 5)
     _checkpoint(checkpoints, 9, 10)  # the pointer names the newest
     assert efficacy.resume_step(checkpoints) == 10
+    (checkpoints / POINTER).write_text("12\n")  # names a checkpoint that is not there
+    with pytest.raises(SystemExit) as stopped:
+        efficacy.resume_step(checkpoints)
+    assert stopped.value.code == 2 and "--run-dir" in capsys.readouterr().err
 
 
 def test_training_time_counts_each_step_once_and_no_restart(tmp_path):
