@@ -19,8 +19,9 @@ import pytest
 import test_train_e2e as e2e
 
 from slime_meta.backends.local.workers.launcher import LocalProcessGroup
-from slime_meta.backends.local.workers.pools import worker_layouts
+from slime_meta.backends.local.workers.pools import check_gpus_exist, describe_layout, worker_layouts
 from slime_meta.config.arguments import parse_config
+from slime_meta.errors import UserInputError
 
 BASE = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl", "--hf-checkpoint", "/ckpt/teacher"]
 # One outer step of the synthetic task: 2 prompts x G=3 x (K=2 x k=2 + 2 holdout) problems + 2 x 2 controls,
@@ -58,12 +59,32 @@ def test_student_num_gpus_alone_means_a_frozen_copy_of_the_teacher():
 
 
 def test_student_workers_follow_the_teachers_gpus_with_the_teachers_engine_size():
-    cfg = parse_config(
-        [*BASE, "--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2", "--student-num-gpus", "4"]
-    )
-    teacher, student = worker_layouts(cfg)
+    flags = [*BASE, "--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2", "--student-num-gpus", "4"]
+    # slime's placement: inference on GPUs of its own after the trainer's GPU 0 ...
+    teacher, student = worker_layouts(parse_config(flags))
+    assert (teacher.num_workers, teacher.gpu_ids) == (1, (1,))
+    assert (student.num_workers, student.gpu_ids) == (2, (3, 5))
+    # ... or, with --colocate, from the trainer's GPU 0 on.
+    teacher, student = worker_layouts(parse_config([*flags, "--colocate"]))
     assert (teacher.num_workers, teacher.gpu_ids) == (1, (0,))
     assert (student.num_workers, student.gpu_ids) == (2, (2, 4))
+
+
+def test_a_student_pool_beside_workers_sharing_the_trainers_gpu_gets_the_next_gpu():
+    teacher, student = worker_layouts(parse_config([*BASE, "--student-num-gpus", "1"]))
+    assert (teacher.gpu_ids, student.gpu_ids) == (None, (1,))
+    teacher, student = worker_layouts(parse_config([*BASE, "--student-num-gpus", "1", "--colocate"]))
+    assert (teacher.gpu_ids, student.gpu_ids) == (None, (0,))
+
+
+def test_a_layout_past_the_machines_gpus_is_refused_with_the_way_out():
+    layouts = [(1, (1,)), (1, (2,))]
+    check_gpus_exist(layouts, device_count=3)
+    with pytest.raises(UserInputError, match="need GPU 2, and this machine has 2.*--colocate"):
+        check_gpus_exist(layouts, device_count=2)
+    assert describe_layout([(1, (1,)), (2, None)], ["teacher", "grader"]) == (
+        "trainer GPU 0; teacher pool 1 worker(s) on GPU 1; grader pool 2 worker(s) on the trainer's device"
+    )
 
 
 def test_frozen_student_from_student_num_gpus_with_routers_on_the_given_ports(tiny_checkpoint, tmp_path):

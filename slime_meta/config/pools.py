@@ -31,6 +31,7 @@ class PoolConfig:
     sglang_context_length: int | None = None
     sglang_page_size: int | None = None
     local_kv_cache: str = "paged"
+    colocate: bool = False
 
 
 def add_pool_flags(add: AddFlag) -> None:
@@ -46,7 +47,16 @@ def add_pool_flags(add: AddFlag) -> None:
         "--rollout-num-gpus",
         type=int,
         default=0,
-        help="GPUs of the teacher's inference pool (local backend on GPUs: one worker per engine, GPUs 0..N-1).",
+        help="GPUs of the teacher's inference pool (local backend on GPUs: one worker per engine, on the GPUs after "
+        "the trainer's GPU 0, or from GPU 0 on with --colocate). Default 0: slime's own default under --colocate "
+        "(the training GPUs); locally, --local-num-workers workers share the trainer's device.",
+    )
+    add(
+        "--colocate",
+        action="store_true",
+        help="Inference on the training GPUs (slime: one placement group, each side offloaded while the other "
+        "runs; local backend: the teacher pool's GPUs start at the trainer's GPU 0). Default off: inference on "
+        "GPUs of its own (local backend: the teacher pool from GPU 1, a student pool after the teacher's).",
     )
     add(
         "--rollout-num-gpus-per-engine",
@@ -88,7 +98,8 @@ def add_pool_flags(add: AddFlag) -> None:
         default=None,
         help="GPUs of a separate, frozen student pool (from --student-checkpoint, default the teacher's starting "
         "weights); local backend: --student-num-gpus / --student-num-gpus-per-engine workers, on CUDA placed "
-        "after the teacher's GPUs; default: no separate pool (shared with the teacher).",
+        "after the teacher pool's GPUs (without --rollout-num-gpus: after the trainer's GPU 0, or from GPU 0 on "
+        "with --colocate); default: no separate pool (shared with the teacher).",
     )
     add(
         "--student-num-gpus-per-engine",

@@ -101,7 +101,7 @@ def plan_gpus(ns: argparse.Namespace, slime_ns: argparse.Namespace, argv: Sequen
     nodes = _positive(ns.actor_num_nodes, "--actor-num-nodes", "training nodes")
     per_node = ns.actor_num_gpus_per_node if given(argv, "--actor-num-gpus-per-node") else SLIME_DEFAULT_GPUS_PER_NODE
     per_node = _positive(per_node, "--actor-num-gpus-per-node", "training GPUs per node")
-    colocate = slime_ns.colocate
+    colocate = ns.colocate
     if given(argv, "--rollout-num-gpus"):
         teacher_gpus = ns.rollout_num_gpus
     elif colocate:

@@ -103,7 +103,6 @@ def meta_parser() -> argparse.ArgumentParser:
 def _slime_side_parser() -> argparse.ArgumentParser:
     """The few slime flags the translation reads or guards (slime parses them for real)."""
     parser = _Parser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--colocate", action="store_true")
     parser.add_argument("--num-gpus-per-node", type=int, default=SLIME_DEFAULT_GPUS_PER_NODE)
     parser.add_argument("--sglang-config", default=None)
     parser.add_argument("--loss-type", default=None)
@@ -233,7 +232,7 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace, argv: Seq
             f"--max-async-level {ns.max_async_level}: slime's pattern for rollouts ahead of training runs one step "
             "ahead; give --max-async-level 1 (or 0), or run deeper levels on the local backend"
         )
-    if ns.max_async_level and slime_ns.colocate:
+    if ns.max_async_level and ns.colocate:
         fail(
             "--max-async-level 1 with --colocate: the next rollout runs while the trainer trains, so they need "
             "GPUs of their own; leave out --colocate (a split topology) or give --max-async-level 0"

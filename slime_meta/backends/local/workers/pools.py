@@ -10,6 +10,7 @@ also when the teacher resumes from trained weights) and stays frozen.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -17,11 +18,15 @@ from typing import NamedTuple
 from slime_meta.assembly import RolePieces, llm_grader
 from slime_meta.backends.local.inputs import check_model_dir
 from slime_meta.backends.local.training.gpu_split import check_shared_gpu, worker_memory_args
+from slime_meta.backends.local.training.settings import resolve_device
 from slime_meta.backends.local.workers.grader import grader_checkpoint, start_grader_pool
 from slime_meta.backends.local.workers.launcher import LocalProcessGroup, PortInUse
 from slime_meta.backends.local.workers.processes import PoolEndpoints
 from slime_meta.config.arguments import MetaConfig
 from slime_meta.errors import UserInputError
+
+logger = logging.getLogger(__name__)
+TRAINER_GPUS = 1  # the local trainer trains on its one device, GPU 0
 
 
 @dataclass(frozen=True)
@@ -33,26 +38,52 @@ class WorkerLayout:
 def worker_layouts(cfg: MetaConfig) -> tuple[WorkerLayout, WorkerLayout]:
     """Teacher and student workers: from the slime GPU flags on GPUs, else the local counts.
 
-    The local worker runs one engine per GPU, so a pool of G GPUs with E GPUs per engine gets
-    G // E workers (E defaults to the teacher's for the student); the student's GPUs follow the
-    teacher's. Without GPU flags, workers share whatever device they find (CPU, or one GPU with
-    the trainer): --local-num-workers teacher workers, and for a separate student pool given by
-    --student-checkpoint alone, --local-student-num-workers. The student layout matters only when
-    `cfg.separate_student` (a shared student uses the teacher's workers).
+    The GPUs follow slime's placement: the trainer trains on GPU 0; inference gets GPUs of its own
+    after it (the teacher pool from GPU 1), or with --colocate starts on the trainer's GPU 0; a
+    student pool's GPUs follow the teacher pool's. The local worker runs one engine per GPU, so a
+    pool of G GPUs with E GPUs per engine gets G // E workers (E defaults to the teacher's for the
+    student). Without --rollout-num-gpus, --local-num-workers teacher workers share whatever device
+    they find (CPU, or GPU 0 with the trainer); a separate student pool given by --student-checkpoint
+    alone has --local-student-num-workers workers sharing it too. The student layout matters only
+    when `cfg.separate_student` (a shared student uses the teacher's workers).
     """
     p = cfg.pools
+    first = 0 if p.colocate else TRAINER_GPUS
     if p.rollout_num_gpus > 0:
         teacher_engines = max(1, p.rollout_num_gpus // p.rollout_num_gpus_per_engine)
-        teacher = WorkerLayout(teacher_engines, tuple(range(0, p.rollout_num_gpus, p.rollout_num_gpus_per_engine)))
+        gpus = range(first, first + p.rollout_num_gpus, p.rollout_num_gpus_per_engine)
+        teacher = WorkerLayout(teacher_engines, tuple(gpus))
+        first += p.rollout_num_gpus
     else:
         teacher = WorkerLayout(p.local_num_workers, None)
     if p.student_num_gpus:
-        first = p.rollout_num_gpus
         engines = max(1, p.student_num_gpus // p.student_num_gpus_per_engine)
-        student = WorkerLayout(engines, tuple(range(first, first + p.student_num_gpus, p.student_num_gpus_per_engine)))
+        gpus = range(first, first + p.student_num_gpus, p.student_num_gpus_per_engine)
+        student = WorkerLayout(engines, tuple(gpus))
     else:
         student = WorkerLayout(p.local_student_num_workers, None)
     return teacher, student
+
+
+def check_gpus_exist(layouts: list[tuple[int, tuple[int, ...] | None]], device_count: int) -> None:
+    """Refuse (exit 2) a layout that names a GPU the machine does not have, with the way out."""
+    highest = max((max(ids) for _, ids in layouts if ids), default=-1)
+    if highest < device_count:
+        return
+    raise UserInputError(
+        f"--rollout-num-gpus / --student-num-gpus: the pools need GPU {highest}, and this machine has {device_count} "
+        f"(the trainer takes GPU 0 and inference the GPUs after it); give fewer GPUs, or --colocate to start "
+        "the pools on the trainer's GPU 0"
+    )
+
+
+def describe_layout(layouts: list[tuple[int, tuple[int, ...] | None]], names: list[str]) -> str:
+    """One start line: which GPUs the trainer and each pool use."""
+    parts = ["trainer GPU 0"]
+    for name, (count, ids) in zip(names, layouts):
+        where = "the trainer's device" if ids is None else "GPU " + ", ".join(map(str, ids))
+        parts.append(f"{name} pool {count} worker(s) on {where}")
+    return "; ".join(parts)
 
 
 def pool_layouts(cfg: MetaConfig, student_pool: bool, grader_pool: bool) -> list[tuple[int, tuple[int, ...] | None]]:
@@ -79,6 +110,12 @@ def start_pools(cfg: MetaConfig, processes: LocalProcessGroup, teacher_model: st
         student_model = check_model_dir(p.student_checkpoint or p.hf_checkpoint, "--student-checkpoint")
     grader_model = grader_checkpoint(cfg) if cfg.grader.grader == "local" else None
     layouts = pool_layouts(cfg, student_model is not None, grader_model is not None)
+    if resolve_device(p.device).type == "cuda":
+        import torch
+
+        check_gpus_exist(layouts, torch.cuda.device_count())
+        names = ["teacher"] + ["student"] * (student_model is not None) + ["grader"] * (grader_model is not None)
+        logger.info("GPUs: %s", describe_layout(layouts, names))
     # exit 2 before anything starts when they cannot fit; without the flag, the workers' share of the trainer's GPU
     worker_fraction = check_shared_gpu(cfg, teacher_model, layouts)
     worker_args = worker_memory_args(
