@@ -86,11 +86,79 @@ def settings_from(cls, *sections: Any, **given: Any):
 # ----------------------------------------------------------------------------- flags
 
 
+# Flags slime (or Megatron, under slime) defines too, under the group slime declares them in
+# (slime/utils/arguments.py's add_<group>_arguments, where slime also resets some of Megatron's:
+# --lr, --seed, --save ... in algo; the rest of Megatron's as "train (Megatron)"): --help
+# shows them there, so a slime user finds each where slime keeps it. On slime's own parser they
+# are slime's and these groups stay empty.
+SLIME_HELP_GROUPS = {
+    "cluster": (
+        "--rollout-num-gpus",
+        "--colocate",
+        "--rollout-num-gpus-per-engine",
+        "--actor-num-nodes",
+        "--actor-num-gpus-per-node",
+    ),
+    "rollout": ("--hf-checkpoint", "--rollout-shuffle", "--rollout-temperature", "--rollout-max-response-len"),
+    "data": (
+        "--prompt-data",
+        "--input-key",
+        "--label-key",
+        "--rollout-batch-size",
+        "--n-samples-per-prompt",
+        "--num-rollout",
+        "--apply-chat-template",
+        "--use-dynamic-batch-size",
+        "--max-tokens-per-gpu",
+        "--micro-batch-size",
+    ),
+    "eval": ("--eval-prompt-data", "--eval-interval"),
+    "algo": (
+        "--lr",
+        "--clip-grad",
+        "--eps-clip",
+        "--eps-clip-high",
+        "--eps-clip-c",
+        "--disable-grpo-std-normalization",
+        "--use-tis",
+        "--tis-clip",
+        "--tis-clip-low",
+        "--kl-loss-coef",
+        "--use-kl-loss",
+        "--kl-loss-type",
+        "--entropy-coef",
+        "--save",
+        "--load",
+        "--save-interval",
+        "--seed",
+    ),
+    "train (Megatron)": ("--weight-decay", "--adam-beta1", "--adam-beta2", "--recompute-granularity"),
+    "wandb": ("--use-wandb", "--wandb-project", "--wandb-group", "--wandb-mode"),
+}
+_SLIME_GROUP_OF = {flag: group for group, flags in SLIME_HELP_GROUPS.items() for flag in flags}
+
+
+def slime_group_title(group: str) -> str:
+    return f"slime: {group}"
+
+
 class _Groups:
-    """Adds flags to argparse groups, skipping those the parser already defines (slime's)."""
+    """Adds flags to argparse groups, skipping those the parser already defines (slime's); a flag
+    slime defines too goes to the group named after slime's (SLIME_HELP_GROUPS)."""
 
     def __init__(self, parser: argparse.ArgumentParser):
         self.parser = parser
+        self.slime_groups: dict[str, argparse._ArgumentGroup] = {}
+
+    def slime_group(self, group: str) -> argparse._ArgumentGroup:
+        if group not in self.slime_groups:
+            self.slime_groups[group] = self.parser.add_argument_group(slime_group_title(group))
+        return self.slime_groups[group]
+
+    def add_slime_groups(self) -> None:
+        """The slime-named groups, in slime's order (argparse prints a group only when it holds flags)."""
+        for group in SLIME_HELP_GROUPS:
+            self.slime_group(group)
 
     def group(self, title: str):
         group = self.parser.add_argument_group(title)
@@ -99,18 +167,21 @@ class _Groups:
         def add(*flags: str, **kwargs):
             if any(flag in existing for flag in flags):
                 return None
-            return group.add_argument(*flags, **kwargs)
+            slime_group = _SLIME_GROUP_OF.get(flags[0])
+            return (self.slime_group(slime_group) if slime_group else group).add_argument(*flags, **kwargs)
 
         return add
 
 
 def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     groups = _Groups(parser)
-    add_meta_learning_flags(groups.group("meta-learning"))
-    add_data_flags(groups.group("data (slime-compatible)"))
+    meta_learning = groups.group("meta-learning")
+    groups.add_slime_groups()  # after the meta-learning flags, before the rest of ours
+    add_meta_learning_flags(meta_learning)
+    add_data_flags(groups.group("data"))
     add_sampling_flags(groups.group("teacher sampling"))
     add_grader_flags(groups.group("grader"))
-    pools_and_resources = groups.group("pools and resources (slime-compatible)")
+    pools_and_resources = groups.group("pools and resources")
     add_pool_flags(pools_and_resources)
     add_train_flags(pools_and_resources)
     add_objective_arguments(groups.group)
