@@ -210,10 +210,15 @@ def slime_args(settings: TrainerSettings, num_rollouts: int) -> Namespace:
     )
 
 
-def slime_samples(slime, infos, solvers, distill: bool, sdpo_shaping: bool):
+def slime_samples(slime, infos, solvers, distill: DistillSettings, sdpo_shaping: bool):
     """As the rollout plugin builds them: its own choice of trained solver samples and their scores."""
-    cfg = types.SimpleNamespace(objectives=types.SimpleNamespace(distillation_on=distill, sdpo_shaping=sdpo_shaping))
-    with_solver = distill or sdpo_shaping
+    objectives = types.SimpleNamespace(
+        distillation_on=distill.teacher_tau != 0.0 or distill.student_tau != 0.0,
+        solver_grpo_on=distill.adv_tau != 0.0,
+        sdpo_shaping=sdpo_shaping,
+    )
+    cfg = types.SimpleNamespace(objectives=objectives)
+    with_solver = distill.on or sdpo_shaping
     out, counts = [], {}
     for chain, (info, chain_solvers) in enumerate(zip(infos, solvers)):
         rollout_id = 100 + chain
@@ -262,7 +267,7 @@ def slime_step(
     with_solver = settings.distill.on or shaping or bool(pairs)
     args = slime_args(settings, len(infos))
     args.rollout_temperature = temperature
-    samples = slime_samples(slime, infos, solvers, settings.distill.on, shaping)
+    samples = slime_samples(slime, infos, solvers, settings.distill, shaping)
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float64)
     if pairs:  # as the rollout makes them: the policy's log-probs (temperature 1) of both sides, then w
 
@@ -392,6 +397,25 @@ def test_context_distillation_gives_the_local_loss_and_gradient(slime, tiny_chec
     assert sorted(set(train_data["rollout_mask_sums"])) == sorted(
         {float(sum(len(x.response_ids) for x in infos)), float(sum(len(x.response_ids) for c in solvers for x in c))}
     )
+
+
+def test_solver_grpo_alone_gives_the_local_loss_and_gradient(slime, tiny_checkpoint):
+    """--adv-tau alone: the policy's graded attempts, no context scored (the builder leaves their
+    context log-probs out), trained with adv_tau x their GRPO task advantage on both backends."""
+    infos, solvers = make_step(seed=2)
+    solvers = [[dataclasses.replace(x, teacher_logprobs=None) for x in chain] for chain in solvers]
+    settings = TrainerSettings(
+        lr=1e-2,
+        device="cpu",
+        temperature=TEMPERATURE,
+        loss=TIS,
+        micro_batch_size=2,
+        distill=DistillSettings(adv_tau=0.5),
+    )
+    remote = slime_step(slime, tiny_checkpoint, settings, infos, solvers)
+    assert_same(local_step(tiny_checkpoint, settings, infos, solvers), remote)
+    solver_tokens = float(sum(len(x.response_ids) for c in solvers for x in c))
+    assert solver_tokens in set(remote[2]["rollout_mask_sums"])  # the solver samples trained, in their own mean
 
 
 def test_sdpo_shaping_gives_the_local_loss_and_gradient(slime, tiny_checkpoint):

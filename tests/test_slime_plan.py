@@ -179,7 +179,7 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--max-async-level", "1"], "--max-async-level 1"),
         (["--max-async-level", "2"], "--max-async-level 2: slime's pattern"),
         (["--colocate", "--calculate-per-token-loss"], "--calculate-per-token-loss: the conversion plugin"),
-        (["--colocate", "--adv-tau", "1"], "--adv-tau 1.0 without --teacher-tau/--student-tau"),
+        (["--colocate", "--adv-tau", "1"], "--rollout-temperature 1.0 with solver samples (--adv-tau"),
         (
             ["--colocate", "--student-router-ip", "10.0.0.2"],
             "--student-router-ip: slime starts the student router",
@@ -293,6 +293,13 @@ def test_distillation_adds_the_advantage_plugin_and_teacher_port_the_router_port
     )
     assert value(argv, "--custom-advantage-function-path") == PLUGINS["--custom-advantage-function-path"]
     assert value(argv, "--sglang-router-port") == "30000"
+
+
+def test_adv_tau_alone_runs_the_solver_grpo_term_on_slime():
+    """--adv-tau alone: the solver samples and their per-kind advantages, as the local solver pass."""
+    argv = list(plan_of("--colocate", "--adv-tau", "1", "--rollout-temperature", "0.7").slime_argv)
+    assert value(argv, "--custom-advantage-function-path") == PLUGINS["--custom-advantage-function-path"]
+    assert value(argv, "--adv-tau") == "1"
 
 
 def test_slimes_router_port_flag_names_the_teacher_port_once():

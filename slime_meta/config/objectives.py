@@ -251,7 +251,9 @@ def student_shares_weights(ns: argparse.Namespace) -> bool:
 def shared_student_objective_defaults(ns: argparse.Namespace) -> dict:
     """--adv-tau and --kl-loss-coef as resolved: the shared-student defaults where they apply. The KL
     term applies on both backends (slime builds its reference model for it); the solver-role GRPO
-    term (--adv-tau alone) runs on the local backend only, so its default is local."""
+    term (--adv-tau alone) runs on both, but its default is local: on slime its solver samples need
+    --rollout-temperature = --teacher-temperature (slime's trainer scores every sample at one), which
+    the default temperatures are not."""
     shared = student_shares_weights(ns)
     adv_tau, kl_loss_coef = ns.adv_tau, ns.kl_loss_coef
     if shared and ns.backend == "local" and adv_tau is None:

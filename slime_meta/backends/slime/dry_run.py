@@ -69,8 +69,8 @@ def describe(plan: LaunchPlan) -> str:
     if s is None and not cfg.pools.external_student_url and o.adv_tau is None:
         # Where slime differs from one machine, said once: there --adv-tau 1 is a shared-student default too.
         lines.append(
-            "  shared student: the solver-role GRPO term (--adv-tau 1 on the local backend) does not run on slime; "
-            "the KL term holds the student role alone"
+            "  shared student: no solver-role GRPO term (--adv-tau 1 is the local backend's default; on slime give "
+            "--adv-tau 1 with --rollout-temperature = --teacher-temperature); the KL term holds the student role alone"
         )
     lines.append("")
     m = cfg.meta

@@ -213,18 +213,14 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace, argv: Seq
             "1 and slime's trainer scores at --teacher-temperature; give --teacher-temperature 1 "
             "--rollout-temperature 1"
         )
-    if ns.adv_tau not in (None, 0.0) and ns.teacher_tau == 0.0 and ns.student_tau == 0.0:
-        fail(
-            f"--adv-tau {ns.adv_tau} without --teacher-tau/--student-tau: the solver-role GRPO term on its own runs on "
-            "the local backend only (on slime --adv-tau weighs the task advantage inside context distillation); "
-            "add --teacher-tau/--student-tau, or leave --adv-tau out"
-        )
-    solver_on = ns.teacher_tau != 0.0 or ns.student_tau != 0.0 or ns.sdpo_alpha != 0.0 or ns.replay_beta != 0.0
+    solver_on = ns.adv_tau not in (None, 0.0) or ns.teacher_tau != 0.0 or ns.student_tau != 0.0 or ns.sdpo_alpha != 0.0
+    solver_on = solver_on or ns.replay_beta != 0.0
     student_temperature = ns.rollout_temperature if ns.student_temperature is None else ns.student_temperature
     if solver_on and student_temperature != ns.teacher_temperature:
         fail(
-            f"--rollout-temperature {student_temperature} with solver samples (distillation, SDPO): slime's trainer "
-            "scores every sample at one temperature, and the solver samples are drawn at the student's; give "
+            f"--rollout-temperature {student_temperature} with solver samples (--adv-tau, distillation, SDPO): "
+            "slime's trainer scores every sample at one temperature, and the solver samples are drawn at the "
+            "student's; give "
             f"--rollout-temperature {ns.teacher_temperature} (= --teacher-temperature), or train on the local backend"
         )
     if ns.max_async_level > 1:
@@ -333,6 +329,6 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
         if o.sdpo_topk is None:
             out += ["--sdpo-topk", str(DEFAULT_SDPO_TOPK)]
         out += ["--rollout-data-postprocess-path", PLUGINS["--rollout-data-postprocess-path"]]
-    if o.distillation_on or o.sdpo_on_any or o.replay_on:  # solver and replay samples: advantages per kind
+    if o.needs_solver_samples:  # solver and replay samples: advantages per kind
         out += ["--custom-advantage-function-path", PLUGINS["--custom-advantage-function-path"]]
     return LaunchPlan(tuple(out), config, layout, run_dir, ns.dry_run)

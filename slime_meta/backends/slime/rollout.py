@@ -194,11 +194,16 @@ def trained_solver_samples(cfg: MetaConfig, samples: Sequence[SolverSample]) -> 
     hint's top-k (`samples.pack_topk`; an answer trained by several is one sample per kind)."""
     o, out = cfg.objectives, []
     sdpo_jsd = bool(getattr(o, "sdpo_alpha", 0.0)) and getattr(o, "sdpo_form", "shaping") == "jsd"
+    # --adv-tau alone: the solver's own GRPO term, no context scored (its "teacher" log-probs are the
+    # rollout's, so the distillation terms, weighted 0, vanish), as the local solver pass trains it.
+    solver_grpo_alone = getattr(o, "solver_grpo_on", False) and not o.distillation_on
     for x in samples:
         if not x.response_ids:
             continue
         if o.distillation_on and x.teacher_logprobs is not None:
             out.append(("distill", x, tuple(x.teacher_logprobs)))
+        elif solver_grpo_alone:
+            out.append(("distill", x, tuple(x.rollout_logprobs)))
         if o.sdpo_shaping and x.is_error_site and x.hint_logprobs is not None:
             out.append(("sdpo", x, tuple(x.hint_logprobs)))
         if sdpo_jsd and x.is_error_site and x.hint_topk_ids is not None:
