@@ -66,8 +66,12 @@ META_ARGS=(
 SAMPLING_ARGS=(
   --apply-chat-template
   --teacher-temperature 1.0 --teacher-max-tokens 512        # the trained policy
-  --rollout-temperature 0.7 --rollout-max-response-len 1024 # the student
-)
+  --rollout-temperature 1.0 --rollout-max-response-len 1024 # the student: the same model, at the same
+)                                                           # temperature (slime scores the solver samples at one)
+# The student is the trained model: without these it drifts (docs/performance.md section 6). The KL
+# term to --ref-load is the default here (0.1, k3); the solver-role GRPO term on the policy's own
+# graded attempts is the local backend's default and given here, as slime needs equal temperatures.
+ANTI_DRIFT_ARGS=(--adv-tau 1 --kl-loss-coef 0.1)
 case "${GRADER:-verifier}" in
   verifier) GRADER_ARGS=(--grader verifier --verifier-metric numeric) ;;
   openai)   # the key stays in the environment: Ray's workers inherit it from `ray start` below
@@ -101,7 +105,7 @@ MISC_ARGS=(
 OUTPUT_ARGS=(--run-dir "$RUN_DIR")
 
 ARGS=(
-  "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${SAMPLING_ARGS[@]}"
+  "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${SAMPLING_ARGS[@]}" "${ANTI_DRIFT_ARGS[@]}"
   "${GRADER_ARGS[@]}" "${POOL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${PERF_ARGS[@]}" "${SGLANG_ARGS[@]}"
   "${MISC_ARGS[@]}" "${OUTPUT_ARGS[@]}"
 )

@@ -640,6 +640,9 @@ def test_launch_script_dry_run(name, tmp_path):
     assert re.search(rf"--rollout-num-gpus {expected['rollout']} \\", out)
     assert "--loss-type custom_loss" in out and "--use-meta-learning" in out
     assert not (tmp_path / "run").exists()  # a dry run writes nothing
+    if expected["student"] is None:  # the shared student carries both anti-drift terms, as locally
+        assert "--use-kl-loss \\" in out and "--kl-loss-coef 0.1 \\" in out and "--adv-tau 1 \\" in out
+        assert "--custom-advantage-function-path" in out
 
 
 def test_launch_script_grader_switch_keeps_the_key_off_the_command_line(tmp_path):
