@@ -598,6 +598,7 @@ def test_convert_moves_rubric_and_columns_into_metadata(tmp_path):
 
 
 SCRIPTS = {
+    "launch_1node_2gpu.sh": {"training": 1, "teacher": 1, "student": None, "rollout": 1, "total": 2, "nodes": 1},
     "launch_1node_8gpu_shared.sh": {"training": 8, "teacher": 8, "student": None, "rollout": 8, "total": 8, "nodes": 1},
     "launch_1node_8gpu_split.sh": {"training": 4, "teacher": 2, "student": 2, "rollout": 4, "total": 8, "nodes": 1},
     "launch_2node_teacher8_student4.sh": {

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# slime-meta on one node of 2 GPUs, split by role (docs/cluster.md has the topology table): the
+# smallest machine the cluster path runs on as written.
+#
+#   GPU 0  Megatron trains the teacher (tensor parallel 1)
+#   GPU 1  SGLang serves the teacher (model 'actor'; new weights after every step); the student
+#          shares that pool: it is the evolving teacher itself
+# Nothing is offloaded, so the next step's rollout may run while the trainer trains
+# (--max-async-level 1, slime's own one-step-ahead pattern). Run inside slime's docker image with
+# this repo `pip install -e .`'d.
+#
+#   bash scripts/launch_1node_2gpu.sh --dry-run        # print the plan; no GPU, no Ray
+#   bash scripts/launch_1node_2gpu.sh                  # grade with the built-in verifier
+#   GRADER=openai OPENAI_API_KEY=sk-... bash scripts/launch_1node_2gpu.sh
+#   MODEL=qwen2.5-0.5B HF_CHECKPOINT=/root/Qwen2.5-0.5B-Instruct REF_LOAD=/root/Qwen2.5-0.5B-Instruct_torch_dist \
+#       bash scripts/launch_1node_2gpu.sh --num-rollout 50    # extra flags go last
+#
+# Environment: SLIME_DIR (slime checkout, for its scripts/models/$MODEL.sh), MEGATRON_DIR,
+# HF_CHECKPOINT, REF_LOAD (Megatron torch_dist copy of it), SAVE_DIR, DATA, RUN_DIR, GRADER.
+set -euo pipefail
+REPO_DIR="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$REPO_DIR"
+PYTHON=${PYTHON:-python3}
+DRY_RUN=0
+for arg in "$@"; do [ "$arg" = "--dry-run" ] && DRY_RUN=1; done
+
+SLIME_DIR=${SLIME_DIR:-/root/slime}
+MEGATRON_DIR=${MEGATRON_DIR:-/root/Megatron-LM}
+MODEL=${MODEL:-qwen3-0.6B}
+HF_CHECKPOINT=${HF_CHECKPOINT:-/root/Qwen3-0.6B}
+REF_LOAD=${REF_LOAD:-/root/Qwen3-0.6B_torch_dist}
+SAVE_DIR=${SAVE_DIR:-/root/slime-meta-ckpt/2gpu}
+DATA=${DATA:-data/math_word_problems.jsonl}
+RUN_DIR=${RUN_DIR:-$REPO_DIR/runs/cluster-2gpu-$(date +%Y%m%d-%H%M%S)}
+PROMPTS="$RUN_DIR/prompts.slime.jsonl"   # DATA with rubric and id under `metadata`, for slime's data source
+
+# Megatron's model shape (MODEL_ARGS) comes from slime's own script for the model.
+MODEL_ARGS=()
+if [ -f "$SLIME_DIR/scripts/models/$MODEL.sh" ]; then
+  # shellcheck disable=SC1090
+  source "$SLIME_DIR/scripts/models/$MODEL.sh"
+elif [ "$DRY_RUN" = 1 ]; then
+  echo "[dry run] $SLIME_DIR/scripts/models/$MODEL.sh not found: planning without MODEL_ARGS (set SLIME_DIR)" >&2
+else
+  echo "error: $SLIME_DIR/scripts/models/$MODEL.sh not found; set SLIME_DIR to your slime checkout and MODEL to one of its scripts/models" >&2
+  exit 2
+fi
+
+CKPT_ARGS=(
+  --hf-checkpoint "$HF_CHECKPOINT"   # the teacher: SGLang serves it, its tokenizer renders prompts
+  --ref-load "$REF_LOAD"             # Megatron's starting weights
+  --save "$SAVE_DIR" --save-interval 20
+)
+DATA_ARGS=(
+  --prompt-data "$PROMPTS" --input-key prompt --label-key label
+  --rollout-shuffle
+)
+META_ARGS=(
+  --use-meta-learning
+  --rollout-batch-size 11            # problems per step: 8 train + 3 holdout
+  --heldout-ipb 3                    # holdout problems, judged with every info
+  --n-problems-per-prompt 1          # k train problems per teacher prompt: 8 teacher prompts = GRPO groups
+  --n-samples-per-prompt 8           # G infos per teacher prompt
+  --num-inner-iterations 2           # K: student -> grader -> teacher rounds
+  --n-samples-per-inner-prompt 4     # m student attempts per problem per round
+  --num-rollout 200
+)
+SAMPLING_ARGS=(
+  --apply-chat-template
+  --teacher-temperature 1.0 --teacher-max-tokens 512        # the trained policy
+  --rollout-temperature 1.0 --rollout-max-response-len 1024 # the student: the same model, at the same
+)                                                           # temperature (slime scores the solver samples at one)
+# The student is the trained model: without these it drifts (docs/performance.md section 6).
+ANTI_DRIFT_ARGS=(--adv-tau 1 --kl-loss-coef 0.1)
+case "${GRADER:-verifier}" in
+  verifier) GRADER_ARGS=(--grader verifier --verifier-metric numeric) ;;
+  openai)   # the key stays in the environment: Ray's workers inherit it from `ray start` below
+    : "${OPENAI_API_KEY:?GRADER=openai needs OPENAI_API_KEY in the environment}"
+    GRADER_ARGS=(--grader openai --grader-model "${GRADER_MODEL:-gpt-4o-mini}") ;;
+  self-hosted)
+    : "${GRADER_BASE_URL:?GRADER=self-hosted needs GRADER_BASE_URL, e.g. http://10.0.0.5:8000/v1}"
+    GRADER_ARGS=(--grader openai --grader-base-url "$GRADER_BASE_URL" --grader-model "${GRADER_MODEL:-default}") ;;
+  *) echo "error: GRADER=$GRADER: use verifier, openai or self-hosted" >&2; exit 2 ;;
+esac
+POOL_ARGS=(
+  --actor-num-nodes 1 --actor-num-gpus-per-node 1          # training: GPU 0
+  --num-gpus-per-node 2                                    # the machine's GPUs
+  --rollout-num-gpus 1 --rollout-num-gpus-per-engine 1     # teacher inference: GPU 1, one engine
+  --max-async-level 1                                      # step t+1's rollout while step t trains
+  # no --student-*: the student is the teacher's pool
+)
+TRAIN_ARGS=(
+  --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98
+  --eps-clip 0.2 --eps-clip-high 0.28
+)
+PERF_ARGS=(
+  --tensor-model-parallel-size 1
+  --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+  --use-dynamic-batch-size --max-tokens-per-gpu 9216
+)
+SGLANG_ARGS=(--sglang-mem-fraction-static 0.7)
+MISC_ARGS=(
+  --attention-dropout 0.0 --hidden-dropout 0.0
+  --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32 --attention-backend flash
+)
+OUTPUT_ARGS=(--run-dir "$RUN_DIR")
+
+ARGS=(
+  "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${SAMPLING_ARGS[@]}" "${ANTI_DRIFT_ARGS[@]}"
+  "${GRADER_ARGS[@]}" "${POOL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${PERF_ARGS[@]}" "${SGLANG_ARGS[@]}"
+  "${MISC_ARGS[@]}" "${OUTPUT_ARGS[@]}"
+)
+
+if [ "$DRY_RUN" = 1 ]; then
+  echo "[dry run] the run first converts $DATA -> $PROMPTS"
+  exec "$PYTHON" train.py --backend slime "${ARGS[@]}" "$@"
+fi
+
+"$PYTHON" -m slime_meta.backends.slime.data "$DATA" "$PROMPTS"
+export PYTHONUNBUFFERED=1
+MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+ray start --head --node-ip-address "$MASTER_ADDR" --num-gpus 2 --disable-usage-stats
+RUNTIME_ENV_JSON="{\"env_vars\": {\"PYTHONPATH\": \"$MEGATRON_DIR:$REPO_DIR\", \"CUDA_DEVICE_MAX_CONNECTIONS\": \"1\"}}"
+ray job submit --address="http://127.0.0.1:8265" --runtime-env-json="$RUNTIME_ENV_JSON" \
+  -- "$PYTHON" "$REPO_DIR/train.py" --backend slime "${ARGS[@]}" "$@"
