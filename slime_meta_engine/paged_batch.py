@@ -246,15 +246,7 @@ def build_paged_batch(
         raise ValueError(f"page size {page_size}: give a power of two up to 128")
     shape = model_shape(model)
     num_pages = pages_for(pool_tokens, page_size) + 1
-    cache = PagedKVCache.allocate(
-        num_layers=shape.num_layers,
-        num_pages=num_pages,
-        page_size=page_size,
-        num_kv_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim,
-        dtype=shape.dtype,
-        device=shape.device,
-    )
+    cache = PagedKVCache.allocate(shape, num_pages=num_pages, page_size=page_size)
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None) or pool_tokens
     max_row_tokens = min(max_positions, (num_pages - 1) * page_size)
     decoder = PagedDecoder(model, cache, num_rows=num_rows, max_row_tokens=max_row_tokens)
