@@ -22,7 +22,7 @@ import torch
 from slime_meta_engine.cuda_graphs import DecodeGraphs
 from slime_meta_engine.model_support import model_shape, unsupported_reason
 from slime_meta_engine.paged_batch import DEFAULT_PAGE_SIZE, PagedBatch, build_paged_batch
-from slime_meta_engine.prefill_graphs import PrefillGraphs, build_prefill_graphs, prefill_graph_tokens_for
+from slime_meta_engine.prefill_graphs import PrefillGraphs, build_prefill_graphs
 from slime_meta_engine.protocol import GenerationSpec
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
 from slime_meta_engine.slot_batch import SlotBatch
@@ -154,10 +154,7 @@ def build_static_batch(
     decoder = StaticDecoder(model, cache)
     graphs = DecodeGraphs(decoder, use_graphs=use_graphs)
     prefill_graphs = build_prefill_graphs(
-        decoder,
-        use_graphs=use_graphs,
-        max_tokens=prefill_graph_tokens_for(use_graphs, prefill_graph_tokens, chunk_tokens),
-        pool=graphs.pool,
+        decoder, graphs, requested_tokens=prefill_graph_tokens, chunk_tokens=chunk_tokens
     )
     return StaticBatch(decoder, graphs, pad_token_id, chunk_tokens, prefill_graphs)
 
