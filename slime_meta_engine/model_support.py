@@ -83,6 +83,11 @@ class ModelShape:
     def group_size(self) -> int:
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token's keys and values take across all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
 
 def model_shape(model: torch.nn.Module) -> ModelShape:
     config = model.config

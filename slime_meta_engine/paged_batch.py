@@ -25,7 +25,7 @@ from slime_meta_engine.cuda_graphs import DecodeGraphs
 from slime_meta_engine.model_support import model_shape, unsupported_reason
 from slime_meta_engine.paged_cache import SCRATCH_PAGE, PagedKVCache, PagePool, pages_for
 from slime_meta_engine.paged_model import PagedDecoder
-from slime_meta_engine.prefill_graphs import PrefillGraphs, build_prefill_graphs, prefill_graph_tokens_for
+from slime_meta_engine.prefill_graphs import PrefillGraphs, build_prefill_graphs
 from slime_meta_engine.protocol import GenerationSpec
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
 from slime_meta_engine.slot_batch import SlotBatch
@@ -246,15 +246,7 @@ def build_paged_batch(
         raise ValueError(f"page size {page_size}: give a power of two up to 128")
     shape = model_shape(model)
     num_pages = pages_for(pool_tokens, page_size) + 1
-    cache = PagedKVCache.allocate(
-        num_layers=shape.num_layers,
-        num_pages=num_pages,
-        page_size=page_size,
-        num_kv_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim,
-        dtype=shape.dtype,
-        device=shape.device,
-    )
+    cache = PagedKVCache.allocate(shape, num_pages=num_pages, page_size=page_size)
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None) or pool_tokens
     max_row_tokens = min(max_positions, (num_pages - 1) * page_size)
     decoder = PagedDecoder(model, cache, num_rows=num_rows, max_row_tokens=max_row_tokens)
@@ -263,10 +255,7 @@ def build_paged_batch(
     max_graph_tokens = None if decoder.attention == "kernel" else max(2 * (num_pages - 1) * page_size, num_rows * 128)
     graphs = DecodeGraphs(decoder, use_graphs=use_graphs, max_graph_tokens=max_graph_tokens)
     prefill_graphs = build_prefill_graphs(
-        decoder,
-        use_graphs=use_graphs,
-        max_tokens=prefill_graph_tokens_for(use_graphs, prefill_graph_tokens, chunk_tokens),
-        pool=graphs.pool,
+        decoder, graphs, requested_tokens=prefill_graph_tokens, chunk_tokens=chunk_tokens
     )
     logger.info(
         "paged KV cache: %d pages of %d tokens (%.2f GB), rows up to %d tokens, %d running rows",

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from slime_meta_engine.model_support import ModelShape
+
 SCRATCH_PAGE = 0
 
 
@@ -46,19 +48,11 @@ class PagedKVCache:
         return self.keys_L_P_S_K_D.shape[2]
 
     @classmethod
-    def allocate(
-        cls,
-        *,
-        num_layers: int,
-        num_pages: int,
-        page_size: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> PagedKVCache:
-        shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+    def allocate(cls, model: ModelShape, *, num_pages: int, page_size: int) -> PagedKVCache:
+        """Zeroed keys and values for `model`'s layers and kv heads, in its dtype and on its device."""
+        size = (model.num_layers, num_pages, page_size, model.num_kv_heads, model.head_dim)
+        keys = torch.zeros(size, dtype=model.dtype, device=model.device)
+        return cls(keys, torch.zeros_like(keys))
 
     def copy_pages(self, source_pages: list[int], target_pages: list[int]) -> None:
         """Copy whole pages in every layer (a shared prompt's last, partly filled page per sample)."""

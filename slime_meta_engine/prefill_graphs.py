@@ -37,7 +37,7 @@ from functools import partial
 
 import torch
 
-from slime_meta_engine.cuda_graphs import capture_graph
+from slime_meta_engine.cuda_graphs import DecodeGraphs, capture_graph
 
 logger = logging.getLogger(__name__)
 
@@ -175,13 +175,17 @@ def prefill_graph_tokens_for(use_graphs: bool, requested: int | None, chunk_toke
     return tokens if chunk_tokens is None else min(tokens, chunk_tokens)
 
 
-def build_prefill_graphs(decoder, *, use_graphs: bool, max_tokens: int, pool=None) -> PrefillGraphs | None:
-    """`PrefillGraphs` for the decoder, or None when `max_tokens` is 0 or capturing fails (the
-    prefills then run eagerly; the decode graphs are not affected)."""
+def build_prefill_graphs(
+    decoder, graphs: DecodeGraphs, *, requested_tokens: int | None, chunk_tokens: int | None
+) -> PrefillGraphs | None:
+    """`PrefillGraphs` for the decoder beside its decode `graphs` (captured, or not, as they are, and in
+    their memory pool), sized by `prefill_graph_tokens_for`; None when that is 0 or capturing fails
+    (the prefills then run eagerly; the decode graphs are not affected)."""
+    max_tokens = prefill_graph_tokens_for(graphs.use_graphs, requested_tokens, chunk_tokens)
     if max_tokens <= 0:
         return None
     try:
-        return PrefillGraphs(decoder, use_graphs=use_graphs, max_tokens=max_tokens, pool=pool)
+        return PrefillGraphs(decoder, use_graphs=graphs.use_graphs, max_tokens=max_tokens, pool=graphs.pool)
     except RuntimeError as error:  # out of memory, or an operation that cannot be captured
         logger.warning("prefill graphs off (prefills run eagerly): %s", error)
         if torch.cuda.is_available():

@@ -22,11 +22,11 @@ import torch
 from slime_meta_engine.cuda_graphs import DecodeGraphs
 from slime_meta_engine.model_support import model_shape, unsupported_reason
 from slime_meta_engine.paged_batch import DEFAULT_PAGE_SIZE, PagedBatch, build_paged_batch
-from slime_meta_engine.prefill_graphs import PrefillGraphs, build_prefill_graphs, prefill_graph_tokens_for
+from slime_meta_engine.prefill_graphs import PrefillGraphs, build_prefill_graphs
 from slime_meta_engine.protocol import GenerationSpec
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
 from slime_meta_engine.slot_batch import SlotBatch
-from slime_meta_engine.static_cache import StaticKVCache, bytes_per_token, fit_capacity
+from slime_meta_engine.static_cache import StaticKVCache, fit_capacity
 from slime_meta_engine.static_model import StaticDecoder
 
 logger = logging.getLogger("slime_meta.worker")
@@ -118,9 +118,8 @@ def default_pool_tokens(model: torch.nn.Module, requested: int) -> int:
     """Without a memory budget: `requested` tokens, capped like the static cache at its share of
     the device memory free now."""
     shape = model_shape(model)
-    token_bytes = bytes_per_token(shape.num_layers, 1, shape.num_kv_heads, shape.head_dim, shape.dtype)
     free_bytes = torch.cuda.mem_get_info(shape.device)[0] if shape.device.type == "cuda" else None
-    return fit_capacity(requested, None, token_bytes, free_bytes)
+    return fit_capacity(requested, None, shape.kv_bytes_per_token, free_bytes)
 
 
 def build_static_batch(
@@ -147,26 +146,15 @@ def build_static_batch(
     shape = model_shape(model)
     free_bytes = torch.cuda.mem_get_info(shape.device)[0] if shape.device.type == "cuda" and not budgeted else None
     max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    column_bytes = bytes_per_token(shape.num_layers, num_slots, shape.num_kv_heads, shape.head_dim, shape.dtype)
+    column_bytes = num_slots * shape.kv_bytes_per_token  # one column of capacity across all slots
     capacity = fit_capacity(requested_capacity, max_positions, column_bytes, free_bytes)
     if capacity <= 0:
         raise ValueError(f"a static KV cache for {num_slots} rows does not fit in free memory")
-    cache = StaticKVCache.allocate(
-        num_layers=shape.num_layers,
-        num_slots=num_slots,
-        num_kv_heads=shape.num_kv_heads,
-        capacity=capacity,
-        head_dim=shape.head_dim,
-        dtype=shape.dtype,
-        device=shape.device,
-    )
+    cache = StaticKVCache.allocate(shape, num_slots=num_slots, capacity=capacity)
     decoder = StaticDecoder(model, cache)
     graphs = DecodeGraphs(decoder, use_graphs=use_graphs)
     prefill_graphs = build_prefill_graphs(
-        decoder,
-        use_graphs=use_graphs,
-        max_tokens=prefill_graph_tokens_for(use_graphs, prefill_graph_tokens, chunk_tokens),
-        pool=graphs.pool,
+        decoder, graphs, requested_tokens=prefill_graph_tokens, chunk_tokens=chunk_tokens
     )
     return StaticBatch(decoder, graphs, pad_token_id, chunk_tokens, prefill_graphs)
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from slime_meta_engine.model_support import ModelShape
+
 logger = logging.getLogger(__name__)
 
 # The static cache may take at most this share of the device memory free at start-up; the rest is
@@ -39,24 +41,11 @@ class StaticKVCache:
         return self.keys_L_S_K_T_D.shape[3]
 
     @classmethod
-    def allocate(
-        cls,
-        *,
-        num_layers: int,
-        num_slots: int,
-        num_kv_heads: int,
-        capacity: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> StaticKVCache:
-        shape = (num_layers, num_slots, num_kv_heads, capacity, head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-
-
-def bytes_per_token(num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes one column of capacity costs across all slots, keys and values."""
-    return 2 * num_layers * num_slots * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    def allocate(cls, model: ModelShape, *, num_slots: int, capacity: int) -> StaticKVCache:
+        """Zeroed keys and values for `model`'s layers and kv heads, in its dtype and on its device."""
+        size = (model.num_layers, num_slots, model.num_kv_heads, capacity, model.head_dim)
+        keys = torch.zeros(size, dtype=model.dtype, device=model.device)
+        return cls(keys, torch.zeros_like(keys))
 
 
 def fit_capacity(requested: int, max_positions: int | None, column_bytes: int, free_bytes: int | None) -> int:

@@ -245,15 +245,7 @@ def greedy_both_ways(model, prompt_lengths: list[int], steps: int, graphs: bool,
     lengths_N = torch.tensor(prompt_lengths, device=shape.device)
     tokens, last_logits = {}, {}
     for fused in (True, False):
-        cache = StaticKVCache.allocate(
-            num_layers=shape.num_layers,
-            num_slots=rows,
-            num_kv_heads=shape.num_kv_heads,
-            capacity=256,
-            head_dim=shape.head_dim,
-            dtype=shape.dtype,
-            device=shape.device,
-        )
+        cache = StaticKVCache.allocate(shape, num_slots=rows, capacity=256)
         decoder = StaticDecoder(model, cache, fused_kernels=fused)
         stepper = DecodeGraphs(decoder, use_graphs=graphs)
         with torch.inference_mode():
@@ -286,15 +278,7 @@ def paged_greedy_both_ways(model, prompt_lengths: list[int], steps: int) -> tupl
     lengths_N = torch.tensor(prompt_lengths, device=shape.device)
     tokens = {}
     for fused in (True, False):
-        cache = PagedKVCache.allocate(
-            num_layers=shape.num_layers,
-            num_pages=1 + rows * pages_per_row,
-            page_size=page_size,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            dtype=shape.dtype,
-            device=shape.device,
-        )
+        cache = PagedKVCache.allocate(shape, num_pages=1 + rows * pages_per_row, page_size=page_size)
         decoder = PagedDecoder(model, cache, num_rows=rows, max_row_tokens=row_tokens, fused_kernels=fused)
         # Row r's pages, in an order that is not the rows': page 0 is the scratch page.
         pages = 1 + torch.randperm(rows * pages_per_row, generator=generator).view(rows, pages_per_row)
@@ -415,13 +399,12 @@ def test_static_decoder_graphs_give_the_same_tokens_on_cuda(kind: str, no_cudnn_
 
 def test_decode_step_fuses_each_residual_add_with_the_next_norm(monkeypatch) -> None:
     """No triton needed: the forward's structure is the same with the torch expressions."""
+    from slime_meta_engine.model_support import model_shape
     from slime_meta_engine.static_cache import StaticKVCache
     from slime_meta_engine.static_model import StaticDecoder
 
     model = qwen2_model("llama", torch.float32, "cpu", layers=3)
-    cache = StaticKVCache.allocate(
-        num_layers=3, num_slots=2, num_kv_heads=2, capacity=32, head_dim=16, dtype=torch.float32, device="cpu"
-    )
+    cache = StaticKVCache.allocate(model_shape(model), num_slots=2, capacity=32)
     decoder = StaticDecoder(model, cache)
     assert decoder.fused_kernels is False  # the CPU keeps the torch expressions
     with torch.inference_mode():
@@ -434,6 +417,7 @@ def test_decode_step_fuses_each_residual_add_with_the_next_norm(monkeypatch) -> 
 
 def test_kernel_switch_and_refusals(monkeypatch) -> None:
     """No triton needed: when the decoders use the kernels, and what they refuse."""
+    from slime_meta_engine.model_support import model_shape
     from slime_meta_engine.static_cache import StaticKVCache
     from slime_meta_engine.static_model import StaticDecoder
 
@@ -447,9 +431,7 @@ def test_kernel_switch_and_refusals(monkeypatch) -> None:
     if not TRITON_MISSING:
         assert fused_ops.kernels_by_default(torch.device("cuda"), torch.bfloat16)
     model = qwen2_model("llama", torch.float32, "cpu", layers=1)
-    cache = StaticKVCache.allocate(
-        num_layers=1, num_slots=1, num_kv_heads=2, capacity=16, head_dim=16, dtype=torch.float32, device="cpu"
-    )
+    cache = StaticKVCache.allocate(model_shape(model), num_slots=1, capacity=16)
     with pytest.raises(ValueError, match="fused kernels cannot run.*TRITON_INTERPRET"):
         StaticDecoder(model, cache, fused_kernels=True)
 

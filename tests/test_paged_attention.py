@@ -176,15 +176,7 @@ def decode_both_ways(
     decoders, steppers = {}, {}
     for name, path_model, attention in paths:
         path_shape = model_shape(path_model)
-        cache = PagedKVCache.allocate(
-            num_layers=shape.num_layers,
-            num_pages=rows * pages_per_row + 1,
-            page_size=page_size,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            dtype=path_shape.dtype,
-            device=shape.device,
-        )
+        cache = PagedKVCache.allocate(path_shape, num_pages=rows * pages_per_row + 1, page_size=page_size)
         decoders[name] = PagedDecoder(
             path_model, cache, num_rows=rows, max_row_tokens=max_row_tokens, attention=attention
         )
@@ -288,6 +280,8 @@ def test_kernel_availability_and_the_decoders_choice(monkeypatch) -> None:
     """No triton needed: what the kernel refuses, and that the CPU decoder keeps the gather path."""
     from test_worker_static_decode import tiny_model
 
+    from slime_meta_engine.model_support import model_shape
+
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert "CUDA" in paged_attention_unavailable_reason(torch.device("cpu"), torch.float32, 64)
     assert "power of two" in paged_attention_unavailable_reason(torch.device("cuda"), torch.bfloat16, 96)
@@ -300,9 +294,7 @@ def test_kernel_availability_and_the_decoders_choice(monkeypatch) -> None:
         monkeypatch.delenv("TRITON_INTERPRET")
 
     model = tiny_model("qwen2")
-    cache = PagedKVCache.allocate(
-        num_layers=2, num_pages=9, page_size=16, num_kv_heads=2, head_dim=16, dtype=torch.float32, device="cpu"
-    )
+    cache = PagedKVCache.allocate(model_shape(model), num_pages=9, page_size=16)
     assert PagedDecoder(model, cache, num_rows=2, max_row_tokens=64).attention == "gather"
     with pytest.raises(ValueError, match="cannot run"):
         PagedDecoder(model, cache, num_rows=2, max_row_tokens=64, attention="kernel")

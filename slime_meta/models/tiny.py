@@ -43,7 +43,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -379,14 +379,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args(argv)
-    settings = dict(
-        data_path=args.data_path,
-        seed=args.seed,
-        steps=args.steps,
-        teacher_correct_fraction=args.teacher_correct_fraction,
-        device=args.device,
-        task=args.task,
-    )
+    # Every BuildSettings field is a flag of the same name; --out and --cache-dir only say where.
+    settings = {field.name: getattr(args, field.name) for field in fields(BuildSettings)}
     path = (
         build_tiny_checkpoint(args.out, **settings) if args.out else ensure_tiny_checkpoint(args.cache_dir, **settings)
     )

@@ -198,13 +198,21 @@ class ReplayPairer:
             )
         self.min_agree = int(min_agree)
         self.cache_path = Path(cache_path)
-        self.concurrency = max(1, int(concurrency))
-        self.temperature, self.max_tokens = float(temperature), int(max_tokens)
-        self.request_timeout, self.max_api_retries = request_timeout, max(0, int(max_api_retries))
-        self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
         self.stats = ReplayStats()
+        # The request settings live on the calls to the teachers, the one place that reads them.
+        self._api = TeacherClients(
+            self.teachers,
+            stats=self.stats,
+            concurrency=max(1, int(concurrency)),
+            temperature=float(temperature),
+            max_tokens=int(max_tokens),
+            request_timeout=request_timeout,
+            max_api_retries=max(0, int(max_api_retries)),
+            initial_backoff=initial_backoff,
+            max_backoff=max_backoff,
+        )
         self._labels = tuple(teacher.label for teacher in self.teachers)
-        self._gen = _fingerprint({"temperature": self.temperature, "max_tokens": self.max_tokens})
+        self._gen = _fingerprint({"temperature": self._api.temperature, "max_tokens": self._api.max_tokens})
         self._config = _fingerprint(
             {"teachers": list(self._labels), "min_agree": self.min_agree, "gen": self._gen, "label_rule": 1}
         )
@@ -214,17 +222,6 @@ class ReplayPairer:
         self._decisions: dict[str, ReplayPair | None] = {}
         self._answers: dict[tuple[str, str], tuple[str, str | None]] = {}
         self._references: dict[str, tuple[float, float]] | None = None  # loaded on first use
-        self._api = TeacherClients(
-            self.teachers,
-            stats=self.stats,
-            concurrency=self.concurrency,
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            request_timeout=self.request_timeout,
-            max_api_retries=self.max_api_retries,
-            initial_backoff=self.initial_backoff,
-            max_backoff=self.max_backoff,
-        )
 
     def __repr__(self) -> str:
         return (

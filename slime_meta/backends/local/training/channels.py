@@ -14,10 +14,10 @@ Each pass backpropagates `weight * its mean` (token mean for 1 and 2, pair mean 
 channel whose weight is zero is skipped and the others are unchanged bit for bit.
 
 Logits are made only for the positions a loss reads (response tokens): the model returns its
-last hidden states and the output projection runs on those rows alone (`ModelCall`), so no
+last hidden states and the output projection runs on those rows alone (`SplitModelCall`), so no
 `[B, T, V]` tensor exists, and the vocabulary-wide work (token log-probs, entropy, JSD) goes
 through `slime_meta.losses`, whose fused kernels on CUDA read the `[rows, V]` logits in their
-own dtype and write one gradient. Token log-probs (`ModelCall.token_logps`) on the CPU fold the
+own dtype and write one gradient. Token log-probs (`SplitModelCall.token_logps`) on the CPU fold the
 projection into chunks of rows, so not even the `[rows, V]` logits of a micro-batch are held.
 
 The KL anchor's log-probs come with the sequences (`PolicySequence.reference_logprobs`, computed
@@ -28,7 +28,7 @@ are the policy's own (detached): the same numbers without a second forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
@@ -39,43 +39,15 @@ from slime_meta.backends.local.training.batching import (
     pad_sequences,
     response_columns,
 )
+from slime_meta.backends.local.training.model_call import SplitModelCall
 from slime_meta.backends.local.training.packing import PackedBatch, pack_micro_batches
 from slime_meta.losses.advantages import context_distillation_advantages
 from slime_meta.losses.distill import generalized_jsd
 from slime_meta.losses.policy import kl_penalty, policy_loss
 from slime_meta.losses.preference import dpo_loss
-from slime_meta.losses.token_stats import TokenLogpsOutput, entropy_from_logits, token_logps
+from slime_meta.losses.token_stats import entropy_from_logits, token_logps
 from slime_meta.losses.topk_distill import teacher_topk, topk_generalized_jsd
 from slime_meta.types import PreferencePair, SolverSample
-
-
-class ModelCall(Protocol):
-    """The policy (or reference) model, split at its output projection."""
-
-    shares_prompts: bool  # whether `packed_hidden_states` takes rows of one prompt and several responses
-
-    def hidden_states(self, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor) -> torch.Tensor:
-        """`[B, T, H]` inputs of the output projection (or `[B, T, V]` logits, with `logits` the identity)."""
-        ...
-
-    def packed_hidden_states(self, batch: PackedBatch) -> torch.Tensor:
-        """`hidden_states` of a `packing.PackedBatch` (rows that may hold several responses after one prompt)."""
-        ...
-
-    def logits(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
-        """`[N, V]` logits of the given rows of `hidden_states`."""
-        ...
-
-    def token_logps(
-        self,
-        hidden_N_H: torch.Tensor,
-        targets_N: torch.Tensor,
-        temperature_N: torch.Tensor,
-        chunk_size: int | None,
-        with_entropy: bool,
-    ) -> TokenLogpsOutput:
-        """`slime_meta.losses.token_stats.token_logps` of `logits(hidden_N_H)`, however the call computes it."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -107,7 +79,7 @@ class LossSettings:
 
 
 def _row_hidden(
-    model: ModelCall, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor, rows_B_T: torch.Tensor
+    model: SplitModelCall, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor, rows_B_T: torch.Tensor
 ) -> torch.Tensor:
     """Hidden states `[N, H]` predicting the tokens at `rows_B_T` (bool, shifted `[B, T-1]`), rows in
     row-major order."""
@@ -115,7 +87,7 @@ def _row_hidden(
 
 
 def _row_logits(
-    model: ModelCall, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor, rows_B_T: torch.Tensor
+    model: SplitModelCall, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor, rows_B_T: torch.Tensor
 ) -> torch.Tensor:
     """Logits `[N, V]` predicting the tokens at `rows_B_T`, rows in row-major order."""
     return model.logits(_row_hidden(model, tokens_B_T, attention_B_T, rows_B_T))
@@ -129,20 +101,20 @@ def _response_rows(prompt_lengths: Sequence[int], response_lengths: Sequence[int
 
 
 def _packed_batches(
-    forward: ModelCall, sequences: Sequence[PolicySequence], batching: MicroBatching
+    forward: SplitModelCall, sequences: Sequence[PolicySequence], batching: MicroBatching
 ) -> list[PackedBatch]:
     """The micro-batches of a pass: sequences that share a prompt share its forward where the call allows it."""
     share = bool(getattr(forward, "shares_prompts", False))
     return pack_micro_batches(sequences, share, batching.micro_batch_size, batching.pad_id, batching.max_tokens)
 
 
-def _loss_hidden(forward: ModelCall, b: PackedBatch) -> torch.Tensor:
+def _loss_hidden(forward: SplitModelCall, b: PackedBatch) -> torch.Tensor:
     """Hidden states `[N, H]` predicting the batch's loss tokens, in the batch's token order."""
     return forward.packed_hidden_states(b).flatten(0, 1)[b.source_N]
 
 
 def policy_gradient_pass(
-    forward: ModelCall,
+    forward: SplitModelCall,
     sequences: Sequence[PolicySequence],
     s: LossSettings,
     batching: MicroBatching,
@@ -218,7 +190,7 @@ def policy_gradient_pass(
 
 
 def reference_token_logps(
-    reference: ModelCall,
+    reference: SplitModelCall,
     sequences: Sequence[PolicySequence],
     chunk_size: int | None,
     batching: MicroBatching,
@@ -244,7 +216,7 @@ def reference_token_logps(
 
 
 def sdpo_pass(
-    forward: ModelCall,
+    forward: SplitModelCall,
     samples: Sequence[SolverSample],
     s: LossSettings,
     batching: MicroBatching,
@@ -301,7 +273,7 @@ def sdpo_shaping_sequences(samples: Sequence[SolverSample], alpha: float) -> lis
 
 
 def _sequence_logp_sums(
-    forward: ModelCall,
+    forward: SplitModelCall,
     pairs_ids: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
     pad_id: int,
     device,
@@ -320,7 +292,7 @@ def _sequence_logp_sums(
 
 
 def reference_logp_sums(
-    reference: ModelCall,
+    reference: SplitModelCall,
     pairs: Sequence[PreferencePair],
     batching: MicroBatching,
     chunk_size: int | None,
@@ -346,7 +318,7 @@ def _pair_lengths(pairs: Sequence[PreferencePair]) -> list[int]:
 
 
 def replay_dpo_pass(
-    forward: ModelCall,
+    forward: SplitModelCall,
     pairs: Sequence[PreferencePair],
     s: LossSettings,
     batching: MicroBatching,

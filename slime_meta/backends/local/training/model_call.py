@@ -1,5 +1,5 @@
-"""The policy (or the reference) as a `ModelCall`: decoder hidden states, then the output projection
-on the loss rows only; and the per-layer compile of the CUDA path.
+"""The policy (or the reference) as the loss channels call it (`SplitModelCall`): decoder hidden
+states, then the output projection on the loss rows only; and the per-layer compile of the CUDA path.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ SPLIT_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 class SplitModelCall:
-    """One HF causal LM called as decoder, then output projection on chosen rows (`ModelCall`).
+    """One HF causal LM called as decoder, then output projection on chosen rows.
 
     Under bf16 autocast on CUDA. When the model cannot be split, `hidden_states` returns the full
     logits and `logits` is the identity, so the channels work unchanged.
@@ -43,6 +43,7 @@ class SplitModelCall:
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=self.autocast)
 
     def hidden_states(self, tokens_B_T: torch.Tensor, attention_B_T: torch.Tensor) -> torch.Tensor:
+        """`[B, T, H]` inputs of the output projection (or `[B, T, V]` logits, with `logits` the identity)."""
         # No KV cache: training never reads it, building it copies every layer's keys and values,
         # and its per-layer state would make a compiled layer recompile once per layer.
         with self._autocast():
@@ -86,6 +87,7 @@ class SplitModelCall:
             return out.last_hidden_state if self.split else out.logits
 
     def logits(self, hidden_N_H: torch.Tensor) -> torch.Tensor:
+        """`[N, V]` logits of the given rows of `hidden_states`."""
         if not self.split:
             return hidden_N_H
         with self._autocast():
@@ -99,8 +101,9 @@ class SplitModelCall:
         chunk_size: int | None,
         with_entropy: bool,
     ) -> TokenLogpsOutput:
-        """Without autocast (the CPU), the projection folded into row chunks (`linear_token_logps`):
-        no `[N, V]` logits held. Under autocast, the bf16 logits and the fused kernels."""
+        """`slime_meta.losses.token_stats.token_logps` of `logits(hidden_N_H)`. Without autocast (the
+        CPU), the projection folded into row chunks (`linear_token_logps`): no `[N, V]` logits held.
+        Under autocast, the bf16 logits and the fused kernels."""
         if not self.split or self.autocast or getattr(self.head, "bias", None) is not None:
             logits_N_V = self.logits(hidden_N_H)
             return token_logps(logits_N_V, targets_N, temperature_N, chunk_size=chunk_size, with_entropy=with_entropy)

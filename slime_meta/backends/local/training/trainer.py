@@ -38,7 +38,6 @@ from transformers import AutoModelForCausalLM
 
 from slime_meta.backends.local.training.batching import MicroBatching, PolicySequence
 from slime_meta.backends.local.training.channels import (
-    ModelCall,
     policy_gradient_pass,
     reference_logp_sums,
     reference_token_logps,
@@ -155,13 +154,13 @@ class LocalTrainer:
         """The resident reference model, when the start weights are kept as one."""
         return self.start_weights.resident_model if self.start_weights is not None else None
 
-    def _forward(self, model) -> ModelCall:
+    def _forward(self, model) -> SplitModelCall:
         s = self.settings
         return SplitModelCall(model, self.device.type == "cuda", s.split_head, share_prompts=s.share_prompt_forward)
 
     @contextlib.contextmanager
-    def _reference_call(self) -> Iterator[ModelCall]:
-        """A `ModelCall` of the start weights for the `with` block (the policy itself before its first update)."""
+    def _reference_call(self) -> Iterator[SplitModelCall]:
+        """A `SplitModelCall` of the start weights for the `with` block (the policy itself before its first update)."""
         if self.start_weights is None:
             raise ValueError(
                 "replay DPO needs reference log-probs: load the start weights as the trainer's reference_path"
@@ -173,7 +172,7 @@ class LocalTrainer:
             yield self._forward(reference)
 
     def with_reference_logps(
-        self, pairs: Sequence[PreferencePair], reference: ModelCall | None = None
+        self, pairs: Sequence[PreferencePair], reference: SplitModelCall | None = None
     ) -> list[PreferencePair]:
         """The pairs with their DPO reference log-probs: summed over each response, under the frozen
         start weights (`reference_path`). Pairs that carry them already are returned as they are."""
@@ -197,7 +196,9 @@ class LocalTrainer:
         s = self.settings
         return MicroBatching(s.micro_batch_size, self.pad_token_id, self.device, s.max_tokens_per_gpu)
 
-    def _with_reference_logprobs(self, reference: ModelCall, sequences: list[PolicySequence]) -> list[PolicySequence]:
+    def _with_reference_logprobs(
+        self, reference: SplitModelCall, sequences: list[PolicySequence]
+    ) -> list[PolicySequence]:
         chunk_size = self.settings.loss.jsd_chunk_size
         values = reference_token_logps(reference, sequences, chunk_size, self._micro_batching())
         return [dataclasses.replace(x, reference_logprobs=v) for x, v in zip(sequences, values)]
