@@ -126,6 +126,16 @@ def token_logp_backward(
 
 
 @triton.jit
+def _block_log2_probs(s_row, t_row, cols, scale, lse_s, lse_t, V: tl.constexpr):
+    """One block of a row pair, forward and backward alike: which columns are in range, both
+    log2-probs (student s, target t) and the student's probabilities."""
+    ok = cols < V
+    lp = tl.load(s_row + cols, mask=ok, other=0.0).to(tl.float32) * scale - lse_s
+    lq = tl.load(t_row + cols, mask=ok, other=0.0).to(tl.float32) * scale - lse_t
+    return ok, lp, lq, tl.exp2(lp)
+
+
+@triton.jit
 def _log2_mixture(lp, lq, log2_beta, log2_1m_beta):
     """log2(beta 2^lq + (1 - beta) 2^lp), without overflow."""
     a = lq + log2_beta
@@ -169,10 +179,7 @@ def divergence_forward(
     acc_d = tl.zeros([BLOCK], tl.float32)
     for start in range(0, V, BLOCK):
         cols = start + offs
-        ok = cols < V
-        lp = tl.load(s_row + cols, mask=ok, other=0.0).to(tl.float32) * scale - lse_s
-        lq = tl.load(t_row + cols, mask=ok, other=0.0).to(tl.float32) * scale - lse_t
-        p = tl.exp2(lp)
+        ok, lp, lq, p = _block_log2_probs(s_row, t_row, cols, scale, lse_s, lse_t, V)
         if MODE == 0:
             lm = _log2_mixture(lp, lq, log2_beta, log2_1m_beta)
             g = lp - lm
@@ -243,10 +250,7 @@ def divergence_backward(
     offs = tl.arange(0, BLOCK)
     for start in range(0, V, BLOCK):
         cols = start + offs
-        ok = cols < V
-        lp = tl.load(s_row + cols, mask=ok, other=0.0).to(tl.float32) * scale - lse_s
-        lq = tl.load(t_row + cols, mask=ok, other=0.0).to(tl.float32) * scale - lse_t
-        p = tl.exp2(lp)
+        ok, lp, lq, p = _block_log2_probs(s_row, t_row, cols, scale, lse_s, lse_t, V)
         if MODE == 0:
             grad = a_div * p * ((lp - _log2_mixture(lp, lq, log2_beta, log2_1m_beta)) - dot_bits)
         elif MODE == 1:
