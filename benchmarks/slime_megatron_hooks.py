@@ -1,10 +1,12 @@
-"""What slime (624b824) needs from Megatron for `benchmarks/slime_megatron_1gpu.py` on one GPU without
-TransformerEngine: hooks slime takes by flag, named in the training command line.
+"""What slime (624b824) needs from Megatron for `benchmarks/slime_megatron.py` without TransformerEngine,
+at any tensor and data parallel size: hooks slime takes by flag, named in the training command line.
 
   --spec slime_megatron_hooks packed_local_layer_spec     Megatron's local layer spec with an attention that
                                                           takes slime's THD-packed micro-batches
-  --custom-megatron-init-path slime_megatron_hooks.local_spec_hf_names
+  --custom-megatron-init-path slime_megatron_hooks.actor_init
                                                           the local spec's input norm for slime's HF loader
+                                                          (local_spec_hf_names), and each rank's peak GPU
+                                                          memory in the log (report_peak_memory)
   numpy_gate_site(out)                                    a sitecustomize for slime's numpy-1.x assertion
 
 Imported by slime's Megatron actor (a Ray worker): benchmarks/ is on its PYTHONPATH (the train stage sets it).
@@ -14,7 +16,44 @@ Nothing here imports Megatron or slime at module level.
 from __future__ import annotations
 
 import re
+import threading
+import time
 from pathlib import Path
+
+
+def actor_init(args) -> None:
+    """--custom-megatron-init-path hook: runs in every Megatron actor after torch.distributed is up."""
+    local_spec_hf_names(args)
+    report_peak_memory()
+
+
+def report_peak_memory(interval_s: float = 0.5) -> None:
+    """Log this rank's torch allocator peak whenever it grows by 1% or more (a daemon thread): slime logs
+    memory only between steps, and the benchmark wants each rank's peak during the step. The lines read
+    `peak_memory rank R: allocated A GiB reserved B GiB` (the benchmark's train stage parses them)."""
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        return
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    device = torch.cuda.current_device()
+
+    def watch():
+        logged = 0
+        while True:
+            allocated = torch.cuda.max_memory_allocated(device)
+            if allocated > logged * 1.01:
+                logged = allocated
+                reserved = torch.cuda.max_memory_reserved(device)
+                print(
+                    f"peak_memory rank {rank}: allocated {allocated / 2**30:.3f} GiB "
+                    f"reserved {reserved / 2**30:.3f} GiB",
+                    flush=True,
+                )
+            time.sleep(interval_s)
+
+    threading.Thread(target=watch, name="peak-memory", daemon=True).start()
 
 
 def local_spec_hf_names(args) -> None:
@@ -45,7 +84,9 @@ def packed_causal_attention_class():
     slime packs every micro-batch as THD sequences (`PackedSeqParams`, qkv_format "thd"); Megatron's
     local `DotProductAttention` asserts `packed_seq_params is None` (only TransformerEngine's attention
     takes THD). This one takes query/key/value `[T, H, D]` and lets each packed sequence (cu_seqlens)
-    attend causally to itself, through torch's scaled_dot_product_attention.
+    attend causally to itself, through torch's scaled_dot_product_attention. Under tensor parallelism each
+    rank gets its own heads (Megatron's per-partition counts, H / TP and G / TP): the head and group counts
+    are read from the tensors, so the same code serves every TP size.
     """
     import torch
     import torch.nn.functional as F
