@@ -155,6 +155,8 @@ def train_argv(out: Path, checkpoint: Path, tensor_parallel: int = 1, data_paral
         *("--prompt-data", str(prompts), "--hf-checkpoint", str(checkpoint), "--load", str(checkpoint)),
         *("--actor-num-gpus-per-node", str(tensor_parallel * data_parallel), "--rollout-num-gpus", "1"),
         *("--tensor-model-parallel-size", str(tensor_parallel)),
+        # The actors' own environment too (Ray's runtime env), not only the driver's (run_train sets it there).
+        *("--train-env-vars", json.dumps({"CUDA_DEVICE_MAX_CONNECTIONS": "1"})),
         *("--run-dir", str(out / "train_run")),
         # Replay's pairs are in the saved rollout already: the teachers are never called when training.
         *("--replay-teachers", "t0@http://127.0.0.1:9/v1", "t1@http://127.0.0.1:9/v1"),
@@ -376,6 +378,13 @@ def main(argv=None) -> int:
         print(json.dumps(result, indent=1))
         (ns.out / "torch_step.json").write_text(json.dumps(result, indent=1) + "\n")
         return 0
+    summary = ns.out / "rollout_summary.json"
+    samples = json.loads(summary.read_text())["samples"] if summary.exists() else None
+    if samples is not None and samples % ns.data_parallel:
+        # slime's static micro-batching (micro-batch size 1) gives every data parallel rank the same number
+        # of micro-batches, and refuses a step whose sample count does not divide (dp_schedule.py).
+        print(f"error: the rollout has {samples} samples, not a multiple of --data-parallel {ns.data_parallel}")
+        return 2
     result = {"checkpoint": checkpoint.name, **run_train(ns.out, checkpoint, ns.slime_src or "", ns)}
     print(json.dumps({k: v for k, v in result.items() if k != "command"}, indent=1))
     (ns.out / f"train_{ns.tag}.json").write_text(json.dumps(result, indent=1) + "\n")
