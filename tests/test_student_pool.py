@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import test_train_e2e as e2e
 
-from slime_meta.backends.local.workers.launcher import LocalProcessGroup
+from slime_meta.backends.local.workers.launcher import LocalProcessGroup, visible_device
 from slime_meta.backends.local.workers.pools import check_gpus_exist, describe_layout, worker_layouts
 from slime_meta.config.arguments import parse_config
 from slime_meta.errors import UserInputError
@@ -180,3 +180,11 @@ def test_teacher_port_that_is_taken_exits_2_naming_the_flag(tiny_checkpoint, tmp
         code = train.main(e2e.synthetic_args(tiny_checkpoint, tmp_path / "run", "--teacher-port", str(port)))
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith(f"error: --teacher-port {port}: cannot listen there"), err
+
+
+def test_pool_gpus_count_within_the_runs_own_visible_devices():
+    """A run shown GPUs 2,3 (CUDA_VISIBLE_DEVICES) numbers them 0 and 1: its pool on GPU 1 is physical GPU 3."""
+    assert visible_device(1, {"CUDA_VISIBLE_DEVICES": "2,3"}) == "3"
+    assert visible_device(1, {}) == "1"
+    with pytest.raises(UserInputError, match="the pools need GPU 2, and CUDA_VISIBLE_DEVICES=2,3 shows 2"):
+        visible_device(2, {"CUDA_VISIBLE_DEVICES": "2,3"})

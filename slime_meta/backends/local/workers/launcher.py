@@ -59,7 +59,7 @@ import sys
 import threading
 import time
 import urllib.error
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from slime_meta.backends.local.workers.local_http import LOOPBACK_OPENER, ROUTER_CALL_TIMEOUT_S
@@ -74,6 +74,7 @@ from slime_meta.backends.local.workers.processes import (
 )
 from slime_meta.backends.local.workers.supervisor import _Supervision
 from slime_meta.backends.local.workers.weight_sync import ServedWeights, WeightUpdate, disk_update
+from slime_meta.errors import UserInputError
 from slime_meta_engine.weights import remove_buffers
 
 logger = logging.getLogger(__name__)
@@ -117,6 +118,20 @@ def router_command(
         "--health-check-interval-secs",
         "1",
     ]
+
+
+def visible_device(gpu: int, env: Mapping[str, str]) -> str:
+    """The CUDA_VISIBLE_DEVICES entry for GPU `gpu` as this process numbers it: an index into the
+    run's own CUDA_VISIBLE_DEVICES when that is set (a run given GPUs 2,3 counts them 0 and 1)."""
+    visible = [entry.strip() for entry in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    if not visible:
+        return str(gpu)
+    if gpu >= len(visible):
+        raise UserInputError(
+            f"the pools need GPU {gpu}, and CUDA_VISIBLE_DEVICES={','.join(visible)} shows {len(visible)}; "
+            "give fewer GPUs to the pools, or show the run more"
+        )
+    return visible[gpu]
 
 
 class LocalProcessGroup(_Supervision, _ChildProcesses):
@@ -236,8 +251,8 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
             if weights_root is not None:
                 command += ["--weight-buffer-prefix", self.weight_buffer_prefix]
             env = self._child_env()
-            if gpu_ids:
-                env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids[index % len(gpu_ids)])
+            if gpu_ids and device != "cpu":  # on the CPU a GPU layout names nothing
+                env["CUDA_VISIBLE_DEVICES"] = visible_device(gpu_ids[index % len(gpu_ids)], env)
             workers.append(
                 _Child(
                     role=f"pool {name!r} worker {index}",
