@@ -15,7 +15,8 @@ Stages, each its own subcommand:
            (world size / (TP x PP x CP)). Megatron without TransformerEngine: `--transformer-impl local` with
            the hooks of slime_megatron_hooks.py (slime 624b824 assumes TE). The HF checkpoint goes to --load
            (slime's own loader). Writes train_<tag>.log and train_<tag>.json (first step's metrics, slime's
-           step times, peak GPU memory per rank).
+           step times, peak GPU memory per rank). --grad-report logs each parameter's gradient norm at the
+           optimizer step (and the JSON keeps them); --fp32 trains in float32 instead of slime's bf16.
   torch    the same step in plain torch on the same weights, float32 (CPU is enough; slime_megatron_cpu.py).
   compare  every train_<tag>.json of --out against the reference tag's (default tp1): relative differences
            of the first step's loss terms and grad norm, step time and peak memory per GPU; one JSON
@@ -91,6 +92,11 @@ HOOK_FLAGS = [
     *("--custom-megatron-init-path", "slime_megatron_hooks.actor_init"),
     *("--spec", "slime_megatron_hooks", "packed_local_layer_spec"),
 ]
+FP32_HOOK_FLAGS = [
+    *("--custom-megatron-init-path", "slime_megatron_hooks.actor_init_fp32"),
+    *("--spec", "slime_megatron_hooks", "packed_local_layer_spec"),
+]
+GRAD_REPORT_FLAGS = ["--custom-megatron-before-train-step-hook-path", "slime_megatron_hooks.grad_norm_report"]
 # First-step metrics the comparison puts against the reference run (each channel's term as slime logs it).
 COMPARED = (
     "train/loss",
@@ -144,8 +150,18 @@ def megatron_shape(checkpoint: Path, tensor_parallel: int, vocab_multiple: int) 
     return flags
 
 
-def train_argv(out: Path, checkpoint: Path, tensor_parallel: int = 1, data_parallel: int = 1, vocab_multiple: int = 2):
-    """`train.py --backend slime` flags: ours as at rollout time, slime's debug-train-only mode, Megatron's."""
+def train_argv(
+    out: Path,
+    checkpoint: Path,
+    tensor_parallel: int = 1,
+    data_parallel: int = 1,
+    vocab_multiple: int = 2,
+    grad_report: bool = False,
+    fp32: bool = False,
+):
+    """`train.py --backend slime` flags: ours as at rollout time, slime's debug-train-only mode, Megatron's.
+    `grad_report`: each parameter's gradient norm in the log (slime_megatron_hooks.grad_norm_report);
+    `fp32`: the model, gradients and optimizer in float32, not slime's bf16 (slime_megatron_hooks.actor_init_fp32)."""
     from slime_meta.backends.slime.data import convert
 
     prompts = out / "prompts.slime.jsonl"
@@ -163,7 +179,8 @@ def train_argv(out: Path, checkpoint: Path, tensor_parallel: int = 1, data_paral
         *("--debug-train-only", "--load-debug-rollout-data", str(out / ROLLOUT_FILE), "--num-rollout", "1"),
         *megatron_shape(checkpoint, tensor_parallel, vocab_multiple),
         *MEGATRON_FLAGS,
-        *HOOK_FLAGS,
+        *(FP32_HOOK_FLAGS if fp32 else HOOK_FLAGS),
+        *(GRAD_REPORT_FLAGS if grad_report else []),
     ]
 
 
@@ -194,6 +211,18 @@ def peak_memory(log_text: str) -> dict:
     return dict(sorted(ranks.items(), key=lambda kv: int(kv[0])))
 
 
+def grad_report(log_text: str) -> dict | None:
+    """The hooks' `grad_report` lines (--grad-report): the first step's total and each parameter's norm."""
+    total = re.search(r"grad_report total: (\{.*\})", log_text)
+    if total is None:
+        return None
+    params = {}
+    for name, row in re.findall(r"grad_report (\S+): (\{.*\})", log_text):
+        if name != "total" and name not in params:
+            params[name] = json.loads(row)
+    return {"total": json.loads(total.group(1)), "params": params}
+
+
 def run_train(out: Path, checkpoint: Path, slime_src: str, ns: argparse.Namespace) -> dict:
     env = dict(os.environ)
     # Ray's workers start in their own directory: slime and this repository must be on their path.
@@ -206,7 +235,7 @@ def run_train(out: Path, checkpoint: Path, slime_src: str, ns: argparse.Namespac
     # Megatron's argument check on Hopper and older: TP or CP > 1 needs one CUDA connection (parse time, driver side).
     env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     env["RAY_DEDUP_LOGS"] = "0"  # Ray folds lines that differ only in numbers: each rank's memory lines must stay
-    argv = train_argv(out, checkpoint, ns.tensor_parallel, ns.data_parallel, ns.vocab_multiple)
+    argv = train_argv(out, checkpoint, ns.tensor_parallel, ns.data_parallel, ns.vocab_multiple, ns.grad_report, ns.fp32)
     command = [sys.executable, str(REPO / "train.py"), "--backend", "slime", *argv]
     print("+", " ".join(command), flush=True)
     log_path = out / f"train_{ns.tag}.log"
@@ -251,6 +280,7 @@ def run_train(out: Path, checkpoint: Path, slime_src: str, ns: argparse.Namespac
         "first_step": logged_dict(text, r"\bstep 0:"),
         "perf": logged_dict(text, r"\bperf 0:"),
         "peak_memory": peak_memory(text),
+        "grad_report": grad_report(text),
         "command": command[1:],
     }
 
@@ -351,6 +381,10 @@ def main(argv=None) -> int:
     parser.add_argument("--vocab-multiple", type=int, default=2, help="pad the vocabulary to a multiple of this")
     parser.add_argument("--tag", default=None, help="names train_<tag>.json/.log (default tp<N>dp<M>)")
     parser.add_argument("--reference", default="tp1", help="compare: the tag every run is put against")
+    parser.add_argument(
+        "--grad-report", action="store_true", help="train: log each parameter's gradient norm (`grad_report` lines)"
+    )
+    parser.add_argument("--fp32", action="store_true", help="train: float32 model and optimizer instead of bf16")
     parser.add_argument("--timeout", type=int, default=480, help="seconds for the training subprocess")
     ns = parser.parse_args(argv)
     ns.tag = ns.tag or f"tp{ns.tensor_parallel}dp{ns.data_parallel}"

@@ -7,6 +7,11 @@ at any tensor and data parallel size: hooks slime takes by flag, named in the tr
                                                           the local spec's input norm for slime's HF loader
                                                           (local_spec_hf_names), and each rank's peak GPU
                                                           memory in the log (report_peak_memory)
+  --custom-megatron-init-path slime_megatron_hooks.actor_init_fp32
+                                                          the same, with the model and optimizer in float32
+                                                          (the train stage's --fp32)
+  --custom-megatron-before-train-step-hook-path slime_megatron_hooks.grad_norm_report
+                                                          each parameter's gradient norm in the log (--grad-report)
   numpy_gate_site(out)                                    a sitecustomize for slime's numpy-1.x assertion
 
 Imported by slime's Megatron actor (a Ray worker): benchmarks/ is on its PYTHONPATH (the train stage sets it).
@@ -203,3 +208,75 @@ def numpy_gate_site(out: Path) -> str | None:
     site.mkdir(parents=True, exist_ok=True)
     (site / "sitecustomize.py").write_text(NUMPY_GATE_SITE)
     return str(site)
+
+
+def grad_norm_report(args, rollout_id, step_id, model, optimizer, opt_param_scheduler) -> None:
+    """--custom-megatron-before-train-step-hook-path hook (the train stage's --grad-report): when the optimizer
+    steps, log each parameter's gradient norm (DDP's fp32 main_grad, as Megatron's grad norm reads it), a
+    tensor-parallel parameter's shards summed over the TP group, and for the replicated ones their spread
+    over the TP ranks (they must agree). Lines read `grad_report R: {...}` (JSON), from data parallel rank 0;
+    one `grad_report total: {...}` line with the norm in Megatron's accounting and the one the optimizer's
+    step returns."""
+    import json
+
+    import torch.distributed as dist
+    from megatron.core import mpu
+
+    step = optimizer.step
+    if getattr(step, "_grad_report", False):
+        return
+
+    def grad_of(param):
+        grad = getattr(param, "main_grad", None)
+        return grad if grad is not None else param.grad
+
+    def reporting_step(*a, **k):
+        tp_group = mpu.get_tensor_model_parallel_group()
+        tp_rank = mpu.get_tensor_model_parallel_rank()
+        rows, sharded, replicated = {}, 0.0, 0.0
+        for chunk in model:
+            for name, param in chunk.named_parameters():
+                grad = grad_of(param)
+                if grad is None:
+                    continue
+                sq = grad.detach().double().pow(2).sum().reshape(1)
+                if getattr(param, "tensor_model_parallel", False):
+                    dist.all_reduce(sq, group=tp_group)
+                    sharded += float(sq)
+                    rows[name] = {"norm": float(sq.sqrt()), "tp_sharded": True}
+                else:
+                    low, high = sq.clone(), sq.clone()
+                    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=tp_group)
+                    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=tp_group)
+                    replicated += float(sq)
+                    rows[name] = {"norm": float(sq.sqrt()), "tp_min": float(low.sqrt()), "tp_max": float(high.sqrt())}
+                rows[name]["shape"] = list(param.shape)
+                rows[name]["shared"] = bool(getattr(param, "shared", False))
+        result = step(*a, **k)  # (update_successful, grad_norm, num_zeros_in_grad): Megatron's own norm
+        if mpu.get_data_parallel_rank() == 0 and tp_rank == 0:
+            for name, row in rows.items():
+                print(f"grad_report {name}: {json.dumps(row)}", flush=True)
+            total = {
+                "step": step_id,
+                "megatron_accounting": (sharded + replicated) ** 0.5,
+                "tp_sharded": sharded**0.5,
+                "replicated": replicated**0.5,
+                "optimizer_step_grad_norm": float(result[1]) if isinstance(result, tuple) else None,
+                "tp": mpu.get_tensor_model_parallel_world_size(),
+                "dp": mpu.get_data_parallel_world_size(),
+            }
+            print(f"grad_report total: {json.dumps(total)}", flush=True)
+        return result
+
+    reporting_step._grad_report = True
+    optimizer.step = reporting_step
+
+
+def actor_init_fp32(args) -> None:
+    """--custom-megatron-init-path hook (the train stage's --fp32): `actor_init`, and the model, its gradients
+    and the optimizer in float32 instead of the bf16 slime always sets (its `_set_default_megatron_args`).
+    Runs before slime builds the model and optimizer, which read these from the same namespace."""
+    import torch
+
+    args.bf16, args.fp16, args.params_dtype = False, False, torch.float32
+    actor_init(args)
