@@ -38,17 +38,9 @@ DATA=${DATA:-data/math_word_problems.jsonl}
 RUN_DIR=${RUN_DIR:-$REPO_DIR/runs/cluster-2node-$(date +%Y%m%d-%H%M%S)}
 PROMPTS="$RUN_DIR/prompts.slime.jsonl"   # DATA with rubric and id under `metadata`, for slime's data source
 
-# Megatron's model shape (MODEL_ARGS) comes from slime's own script for the model.
-MODEL_ARGS=()
-if [ -f "$SLIME_DIR/scripts/models/$MODEL.sh" ]; then
-  # shellcheck disable=SC1090
-  source "$SLIME_DIR/scripts/models/$MODEL.sh"
-elif [ "$DRY_RUN" = 1 ]; then
-  echo "[dry run] $SLIME_DIR/scripts/models/$MODEL.sh not found: planning without MODEL_ARGS (set SLIME_DIR)" >&2
-else
-  echo "error: $SLIME_DIR/scripts/models/$MODEL.sh not found; set SLIME_DIR to your slime checkout and MODEL to one of its scripts/models" >&2
-  exit 2
-fi
+# shellcheck source=scripts/_launch.sh
+source "$REPO_DIR/scripts/_launch.sh"
+load_model_args   # Megatron's model shape (MODEL_ARGS), from slime's own script for the model
 
 CKPT_ARGS=(
   --hf-checkpoint "$HF_CHECKPOINT"   # the teacher: SGLang serves it, its tokenizer renders prompts
@@ -74,16 +66,7 @@ SAMPLING_ARGS=(
   --teacher-temperature 1.0 --teacher-max-tokens 512        # the trained policy
   --rollout-temperature 0.7 --rollout-max-response-len 1024 # the student
 )
-case "${GRADER:-verifier}" in
-  verifier) GRADER_ARGS=(--grader verifier --verifier-metric numeric) ;;
-  openai)   # the key stays in the environment: Ray's workers inherit it from `ray start` below
-    : "${OPENAI_API_KEY:?GRADER=openai needs OPENAI_API_KEY in the environment}"
-    GRADER_ARGS=(--grader openai --grader-model "${GRADER_MODEL:-gpt-4o-mini}") ;;
-  self-hosted)
-    : "${GRADER_BASE_URL:?GRADER=self-hosted needs GRADER_BASE_URL, e.g. http://10.0.0.5:8000/v1}"
-    GRADER_ARGS=(--grader openai --grader-base-url "$GRADER_BASE_URL" --grader-model "${GRADER_MODEL:-default}") ;;
-  *) echo "error: GRADER=$GRADER: use verifier, openai or self-hosted" >&2; exit 2 ;;
-esac
+grader_args       # GRADER_ARGS: the built-in verifier, openai or self-hosted
 POOL_ARGS=(
   --actor-num-nodes 1 --actor-num-gpus-per-node 8          # training: node 0
   --colocate                                               # teacher inference on the training GPUs
@@ -113,21 +96,15 @@ ARGS=(
   "${MISC_ARGS[@]}" "${OUTPUT_ARGS[@]}"
 )
 
-if [ "$DRY_RUN" = 1 ]; then
-  echo "[dry run] the run first converts $DATA -> $PROMPTS"
-  exec "$PYTHON" train.py --backend slime "${ARGS[@]}" "$@"
-fi
+plan_only_if_dry_run "$@"
 
 export PYTHONUNBUFFERED=1
 if [ "$NODE_RANK" != 0 ]; then
   # The student node only lends its GPUs to the cluster; the head schedules everything.
   exec ray start --address "$MASTER_ADDR:6379" --num-gpus 4 --disable-usage-stats --block
 fi
-"$PYTHON" -m slime_meta.backends.slime.data "$DATA" "$PROMPTS"
-ray start --head --node-ip-address "$MASTER_ADDR" --num-gpus 8 --disable-usage-stats
+start_head 8
 until [ "$("$PYTHON" -c "import ray; ray.init(address='auto', logging_level='ERROR'); print(int(ray.cluster_resources().get('GPU', 0)))" 2>/dev/null)" = 12 ]; do
   echo "[head] waiting for node 1 (NODE_RANK=1 MASTER_ADDR=$MASTER_ADDR) to join with its 4 GPUs ..."; sleep 10
 done
-RUNTIME_ENV_JSON="{\"env_vars\": {\"PYTHONPATH\": \"$MEGATRON_DIR:$REPO_DIR\", \"CUDA_DEVICE_MAX_CONNECTIONS\": \"1\"}}"
-ray job submit --address="http://127.0.0.1:8265" --runtime-env-json="$RUNTIME_ENV_JSON" \
-  -- "$PYTHON" "$REPO_DIR/train.py" --backend slime "${ARGS[@]}" "$@"
+submit_run "$@"
