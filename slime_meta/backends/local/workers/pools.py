@@ -72,8 +72,8 @@ def check_gpus_exist(layouts: list[tuple[int, tuple[int, ...] | None]], device_c
         return
     raise UserInputError(
         f"--rollout-num-gpus / --student-num-gpus: the pools need GPU {highest}, and this machine has {device_count} "
-        f"(the trainer takes GPU 0 and inference the GPUs after it); give fewer GPUs, or --colocate to start "
-        "the pools on the trainer's GPU 0"
+        "GPU(s) (the trainer takes GPU 0 and inference the GPUs after it); give fewer GPUs, or --colocate to "
+        "start the pools on the trainer's GPU 0"
     )
 
 
