@@ -212,15 +212,11 @@ def with_padded_vocabulary(model, padded_vocab_size: int | None):
     return model
 
 
-def torch_step_loss(args, checkpoint: Path, samples, dtype, padded_vocab_size: int | None = None) -> dict:
-    """The step Megatron ran, in plain torch on the HF model: slime's conversion (our plugin), slime's
-    tensorisation, the trainer's log-probs, our top-k hook and advantages, then slime's loss_function
-    (our loss) per micro-batch of one sample, the reported loss as slime reduces it (sum / rollouts).
-    With `padded_vocab_size` the model has Megatron's padded vocabulary (`with_padded_vocabulary`)."""
+def rollout_data_before_step(args, checkpoint: Path, samples, dtype, padded_vocab_size: int | None = None):
+    """(HF model, rollout data) as the actor holds them before its training micro-batches: slime's
+    conversion (our plugin) and tensorisation, the pre-step log-probs at the rollout temperature, our
+    top-k hook and advantages. With `padded_vocab_size` the model has Megatron's padded vocabulary."""
     import torch
-    from megatron.core import mpu
-    from slime.backends.megatron_utils.loss import loss_function
-    from slime.observability import train_metric_utils
     from slime.observability.rollout_data_utils import tensorize_rollout_data_for_training
     from transformers import AutoModelForCausalLM
 
@@ -255,6 +251,20 @@ def torch_step_loss(args, checkpoint: Path, samples, dtype, padded_vocab_size: i
     rollout_data["log_probs"], rollout_data["kl"] = log_probs, [torch.zeros_like(x) for x in log_probs]
     hold_sdpo_topk(args, 0, rollout_data)
     meta_advantages(args, rollout_data)
+    return model, rollout_data
+
+
+def torch_step_loss(args, checkpoint: Path, samples, dtype, padded_vocab_size: int | None = None) -> dict:
+    """The step Megatron ran, in plain torch on the HF model: the rollout data as the actor holds it
+    (`rollout_data_before_step`), then slime's loss_function (our loss) per micro-batch of one sample,
+    the reported loss as slime reduces it (sum / rollouts).
+    With `padded_vocab_size` the model has Megatron's padded vocabulary (`with_padded_vocabulary`)."""
+    import torch
+    from megatron.core import mpu
+    from slime.backends.megatron_utils.loss import loss_function
+    from slime.observability import train_metric_utils
+
+    model, rollout_data = rollout_data_before_step(args, checkpoint, samples, dtype, padded_vocab_size)
     rollouts = len(set(int(r) for r in rollout_data["rollout_ids"]))
     num_microbatches = len(samples)
     logs = []

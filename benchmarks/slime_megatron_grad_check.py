@@ -42,41 +42,9 @@ def rollout_batches(args, checkpoint: Path, samples):
     """slime's tensorised rollout data with the pre-step log-probs (HF model, float32), our top-k hook and
     advantages: what the actor holds before its training micro-batches (as torch_step_loss)."""
     import torch
-    from slime.observability.rollout_data_utils import tensorize_rollout_data_for_training
-    from slime_megatron_cpu import with_padded_vocabulary
-    from transformers import AutoModelForCausalLM
+    from slime_megatron_cpu import rollout_data_before_step
 
-    from slime_meta.backends.slime.advantages import meta_advantages
-    from slime_meta.backends.slime.loss import hold_sdpo_topk
-    from slime_meta.backends.slime.train_data import convert_samples_to_train_data
-
-    model = with_padded_vocabulary(
-        AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32), int(args.padded_vocab_size)
-    )
-    train_data = convert_samples_to_train_data(args, samples)
-    keys = (
-        "tokens",
-        "response_lengths",
-        "rewards",
-        "loss_masks",
-        "sample_indices",
-        "rollout_ids",
-        "rollout_mask_sums",
-        "rollout_log_probs",
-        "teacher_log_probs",
-    )
-    data = {key: train_data[key] for key in keys if key in train_data}
-    tensorize_rollout_data_for_training(data)
-    temperature = float(args.rollout_temperature)
-    with torch.no_grad():
-        log_probs = []
-        for tokens, length in zip(data["tokens"], data["response_lengths"]):
-            rows = model(input_ids=tokens[None].long()).logits[0][len(tokens) - length - 1 : len(tokens) - 1].float()
-            targets = tokens[len(tokens) - length :, None].long()
-            log_probs.append(torch.log_softmax(rows / temperature, -1).gather(-1, targets)[:, 0])
-    data["log_probs"], data["kl"] = log_probs, [torch.zeros_like(x) for x in log_probs]
-    hold_sdpo_topk(args, 0, data)
-    meta_advantages(args, data)
+    _, data = rollout_data_before_step(args, checkpoint, samples, torch.float32, int(args.padded_vocab_size))
     return data
 
 
