@@ -135,27 +135,13 @@ def torch_reference(args, checkpoint: Path, samples) -> dict:
 
 
 def rank_main(rank: int, ns: argparse.Namespace, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CUDA_DEVICE_MAX_CONNECTIONS="1")
-    import torch
+    import slime_megatron_cpu
     import torch.distributed as dist
 
-    torch.manual_seed(0)
-    dist.init_process_group("gloo", rank=rank, world_size=ns.tensor_parallel)
-    from megatron.core import parallel_state
-
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=ns.tensor_parallel)
-    import megatron.training.arguments as megatron_arguments
-    import slime_megatron
-    import slime_megatron_cpu
-
-    megatron_arguments.get_device_arch_version = lambda: 9
-    if not torch.cuda.is_available():
-        torch.cuda.current_device = lambda: "cpu"
     out = Path(ns.work)
-    argv = slime_megatron.train_argv(out, ns.checkpoint, ns.tensor_parallel, 1, ns.vocab_multiple)
-    args = slime_megatron_cpu.slime_args_for(argv, out)
-    args.bf16, args.params_dtype, args.use_cpu_initialization = False, torch.float32, True
-    args.rank, args.world_size = rank, ns.tensor_parallel
+    args = slime_megatron_cpu.megatron_rank_args_on_cpu(
+        rank, ns.tensor_parallel, port, out, ns.checkpoint, ns.vocab_multiple
+    )
     samples = step_samples(ns.rollout_dir, ns.kinds)
     data = rollout_batches(args, ns.checkpoint, samples)
     report = {"rank": rank, "tensor_parallel": ns.tensor_parallel, "kinds": ns.kinds, "samples": len(samples)}

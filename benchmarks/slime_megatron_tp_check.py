@@ -90,31 +90,13 @@ def hf_logits(checkpoint: Path):
 
 
 def rank_main(rank: int, ns: argparse.Namespace, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CUDA_DEVICE_MAX_CONNECTIONS="1")
-    import torch
+    import slime_megatron_cpu
     import torch.distributed as dist
 
-    torch.manual_seed(0)
-    dist.init_process_group("gloo", rank=rank, world_size=ns.tensor_parallel)
-    from megatron.core import parallel_state
-
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=ns.tensor_parallel)
-    import megatron.training.arguments as megatron_arguments
-    import slime_megatron
-    import slime_megatron_cpu
-
-    # Megatron's argument check reads the GPU's architecture when TP > 1 (for CUDA_DEVICE_MAX_CONNECTIONS):
-    # on CPU it is given Hopper's, the GPU run's.
-    megatron_arguments.get_device_arch_version = lambda: 9
-    if not torch.cuda.is_available():
-        # Megatron's rotary embedding moves its frequencies to torch.cuda.current_device(): here that is the host.
-        torch.cuda.current_device = lambda: "cpu"
     out = Path(ns.work)
-    argv = slime_megatron.train_argv(out, ns.checkpoint, ns.tensor_parallel, 1, ns.vocab_multiple)
-    args = slime_megatron_cpu.slime_args_for(argv, out)
-    # CPU, float32: Megatron builds its weights on the host (slime's loader then overwrites all of them).
-    args.bf16, args.params_dtype, args.use_cpu_initialization = False, torch.float32, True
-    args.rank, args.world_size = rank, ns.tensor_parallel
+    args = slime_megatron_cpu.megatron_rank_args_on_cpu(
+        rank, ns.tensor_parallel, port, out, ns.checkpoint, ns.vocab_multiple
+    )
     logits, cu_seqlens = megatron_logits(args, ns.checkpoint, ns.tensor_parallel)
     vocab = json.loads((ns.checkpoint / "config.json").read_text())["vocab_size"]
     report = {"rank": rank, "padded_vocab_size": int(args.padded_vocab_size), "sequences": []}
