@@ -130,10 +130,15 @@ def test_outer_steps_write_metrics_traces_plot_config_and_checkpoint(full_run):
             assert isinstance(record[name], float), name
         assert record["meta_learning/num_train_problems"] == 4.0  # 2 prompts x k=2
         assert record["meta_learning/num_holdout_evals"] == 2 * 3 * 2  # prompts x G x holdout
-        assert record["train/logprob_abs_diff"] < 1e-3  # trained on the very tokens the engine sampled
+        if record["train/skipped_no_signal"]:  # all advantages 0: no forward ran, so there is no log-prob gap
+            assert "train/logprob_abs_diff" not in record and record["train/loss"] == 0.0
+        else:
+            assert record["train/logprob_abs_diff"] < 1e-3  # trained on the very tokens the engine sampled
         assert 0.0 <= record["meta_learning/avg_holdout_grade"] <= 1.0
         parts = [record[f"perf/{name}_time"] for name in ("rollout_wait", "train", "weight_push")]
         assert all(part > 0.0 for part in parts) and abs(sum(parts) - record["perf/step_time"]) < 1e-6
+    # Which steps have a reward spread depends on sampling; at least one of the three trains.
+    assert any(not r["train/skipped_no_signal"] for r in records)
     chains = [r for r in read_jsonl(run_dir / "traces.jsonl") if r["type"] == "chain"]
     assert chains, "trace sample rate 0.5 must trace some chains"
     first = chains[0]["steps"][0]
