@@ -68,6 +68,8 @@ class RolePieces:
     # None with --grader local: the local backend serves that grader and sets it once its pool runs.
     grader: object
     grader_template: GraderPromptTemplate | None = None
+    # --apply-chat-template as the templates settle it (None: each model's tokenizer decides), for every role.
+    chat: bool | None = None
 
 
 def build_role_pieces(cfg: MetaConfig) -> RolePieces:
@@ -76,7 +78,8 @@ def build_role_pieces(cfg: MetaConfig) -> RolePieces:
     grader = None if cfg.grader.grader == "local" else _api_or_verifier_grader(cfg, grader_template)
     generator_template = load_template("generator", cfg.meta.generator_template, "--generator-template")
     teacher_template = load_template("teacher", cfg.meta.teacher_template, "--teacher-template")
-    return RolePieces(generator_template, teacher_template, grader, grader_template)
+    chat = chat_setting(cfg.data.apply_chat_template, generator_template, teacher_template)
+    return RolePieces(generator_template, teacher_template, grader, grader_template, chat)
 
 
 def _api_or_verifier_grader(cfg: MetaConfig, template: GraderPromptTemplate):
@@ -127,12 +130,13 @@ def make_pool(cfg: MetaConfig, name: str, url: str, concurrency: int) -> SGLangP
 def build_rollout(
     cfg: MetaConfig, pieces: RolePieces, teacher_pool: SGLangPool, student_pool: SGLangPool, tokenizer
 ) -> MetaLearningRollout:
-    chat = chat_setting(cfg.data.apply_chat_template, pieces.generator_template, pieces.teacher_template)
-    renderer = PromptRenderer(tokenizer, chat)
+    renderer = PromptRenderer(tokenizer, pieces.chat)
     student_dir = cfg.pools.student_checkpoint or cfg.pools.hf_checkpoint
     # A separate student renders with its own model's tokenizer and chat template (another family's
     # format); the shared student is the teacher's model.
-    student_renderer = PromptRenderer(load_tokenizer(student_dir), chat) if cfg.pools.student_checkpoint else renderer
+    student_renderer = (
+        PromptRenderer(load_tokenizer(student_dir), pieces.chat) if cfg.pools.student_checkpoint else renderer
+    )
     print(prompt_format_line(renderer, student_renderer), flush=True)
     student = student_role(cfg, pieces, student_pool, student_renderer, student_dir)
     teacher = TeacherRole(
@@ -200,9 +204,8 @@ def make_solver_builder(cfg: MetaConfig, pieces: RolePieces, teacher_pool: SGLan
     if not o.needs_solver_samples:
         return None
     source = "fixed" if o.teacher_context else "column" if o.context_key else o.distill_context
-    chat = chat_setting(cfg.data.apply_chat_template, pieces.generator_template, pieces.teacher_template)
     policy_as_student = student_role(
-        cfg, pieces, teacher_pool, PromptRenderer(tokenizer, chat), cfg.pools.hf_checkpoint
+        cfg, pieces, teacher_pool, PromptRenderer(tokenizer, pieces.chat), cfg.pools.hf_checkpoint
     )
     settings = settings_from(
         SolverSettings,

@@ -10,7 +10,7 @@ from slime_meta.config.arguments import MetaConfig
 from slime_meta.data.batch_split import BatchPlan
 from slime_meta.data.problems import ProblemSampler, load_problems, without_eval_problems
 from slime_meta.errors import UserInputError
-from slime_meta.prompt_templates import load_template
+from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate, load_template
 from slime_meta.rollout.context_budget import ContextLimits, check_flags_fit, context_length_of, split_rows_by_fit
 from slime_meta.rollout.roles import PromptRenderer, chat_setting
 
@@ -37,8 +37,9 @@ def load_data(cfg: MetaConfig) -> Data:
     problems = load(cfg.data.prompt_data)
     meta = cfg.meta
     plan = batch_plan(cfg)
+    fit = ContextFit.of(cfg)
     eval_paths = dict(zip(meta.eval_prompt_data[0::2], meta.eval_prompt_data[1::2]))
-    eval_problems = {name: rows_that_fit_context(cfg, load(path), path) for name, path in eval_paths.items()}
+    eval_problems = {name: fit.rows_that_fit(load(path), path) for name, path in eval_paths.items()}
     # An eval problem is never drawn for training: the same text (case, spacing and Unicode forms
     # aside, whatever its label's form) leaves the training pool.
     kept = without_eval_problems(problems, [p for found in eval_problems.values() for p in found])
@@ -53,7 +54,7 @@ def load_data(cfg: MetaConfig) -> Data:
             f"--prompt-data {cfg.data.prompt_data}: every problem is also in --eval-prompt-data; "
             "give an eval set of other problems"
         )
-    kept = rows_that_fit_context(cfg, kept)
+    kept = fit.rows_that_fit(kept, cfg.data.prompt_data)
     group_key_used = cfg.data.group_key is not None
     sampler = ProblemSampler(kept, seed=cfg.seed, shuffle=cfg.data.rollout_shuffle, group_key_used=group_key_used)
     sampler.validate(meta.n_problems_per_prompt, plan.holdout_per_episode, plan.groups)
@@ -108,14 +109,34 @@ def describe_plan(cfg: MetaConfig, data: Data) -> str:
     return "\n".join(lines)
 
 
-def context_limits(cfg: MetaConfig, tokenizer=None) -> ContextLimits:
+@dataclass(frozen=True)
+class ContextFit:
+    """The role templates and the models' contexts a request must fit in, read once per run."""
+
+    limits: ContextLimits
+    generator: GeneratorPromptTemplate
+    teacher: TeacherPromptTemplate
+    info_position: str
+
+    @classmethod
+    def of(cls, cfg: MetaConfig) -> ContextFit:
+        generator = load_template("generator", cfg.meta.generator_template, "--generator-template")
+        teacher = load_template("teacher", cfg.meta.teacher_template, "--teacher-template")
+        limits = context_limits(cfg, chat_setting(cfg.data.apply_chat_template, generator, teacher))
+        return cls(limits, generator, teacher, cfg.meta.additional_info_position)
+
+    def rows_that_fit(self, problems: list, path: str) -> list:
+        """The rows whose problem fits the contexts; the others reported (file, row, length) and skipped."""
+        return split_rows_by_fit(problems, self.limits, self.generator, self.teacher, self.info_position, path)
+
+
+def context_limits(cfg: MetaConfig, chat: bool | None) -> ContextLimits:
     """Each role's model context (from its checkpoint's config) and its tokenizer's prompt ids.
 
     The student's model is the separate --student-checkpoint when given; an external student
     router (--student-router-ip) is taken to serve a model like the teacher's.
     """
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.pools.hf_checkpoint)
-    chat = chat_setting(cfg.data.apply_chat_template, *_budget_templates(cfg))
+    tokenizer = load_tokenizer(cfg.pools.hf_checkpoint)
     teacher_renderer = PromptRenderer(tokenizer, chat)
     student_dir = cfg.pools.student_checkpoint or cfg.pools.hf_checkpoint
     student_renderer = teacher_renderer
@@ -134,27 +155,7 @@ def context_limits(cfg: MetaConfig, tokenizer=None) -> ContextLimits:
     )
 
 
-def _budget_templates(cfg: MetaConfig):
-    return (
-        load_template("generator", cfg.meta.generator_template, "--generator-template"),
-        load_template("teacher", cfg.meta.teacher_template, "--teacher-template"),
-    )
-
-
 def check_context_fits(cfg: MetaConfig) -> None:
     """Refuse flags with which a request can never fit its model's context (exit 2, naming the flag)."""
-    generator, teacher = _budget_templates(cfg)
-    check_flags_fit(context_limits(cfg), generator, teacher, cfg.meta.additional_info_position)
-
-
-def rows_that_fit_context(cfg: MetaConfig, problems: list, path: str | None = None) -> list:
-    """The rows whose problem fits the contexts; the others reported (file, row, length) and skipped."""
-    generator, teacher = _budget_templates(cfg)
-    return split_rows_by_fit(
-        problems,
-        context_limits(cfg),
-        generator,
-        teacher,
-        cfg.meta.additional_info_position,
-        path or cfg.data.prompt_data,
-    )
+    fit = ContextFit.of(cfg)
+    check_flags_fit(fit.limits, fit.generator, fit.teacher, fit.info_position)
