@@ -79,6 +79,15 @@ def _launch_shape(vocab: int) -> tuple[int, int]:
     return block, max(1, min(MAX_WARPS, block // 512))
 
 
+def _launch_per_row(kernel_name: str, n: int, vocab: int, *args: object, **constexprs: object) -> None:
+    """Run kernel `kernel_name` with one program per selected row, its vocabulary block and warps
+    sized for `vocab`; nothing is launched when no row is selected."""
+    if not n:
+        return
+    block, warps = _launch_shape(vocab)
+    getattr(kernels(), kernel_name)[(n,)](*args, V=vocab, BLOCK=block, num_warps=warps, **constexprs)
+
+
 def _rows_view(x: Tensor) -> Tensor:
     """`x` as `[rows, V]` with unit stride along V (a copy only when that is not already so)."""
     x2 = x.reshape(-1, x.shape[-1])
@@ -98,21 +107,19 @@ class _TokenLogps(torch.autograd.Function):
         n = rows_n.numel()
         logp_n = torch.empty(n, dtype=torch.float32, device=logits_N_V.device)
         lse_n, entropy_n = torch.empty_like(logp_n), torch.empty_like(logp_n)
-        block, warps = _launch_shape(logits_N_V.shape[1])
-        if n:
-            kernels().token_stats_forward[(n,)](  # type: ignore[union-attr]
-                logits_N_V,
-                rows_n,
-                targets_n,
-                scale_n,
-                logp_n,
-                lse_n,
-                entropy_n,
-                logits_N_V.stride(0),
-                V=logits_N_V.shape[1],
-                BLOCK=block,
-                num_warps=warps,
-            )
+        _launch_per_row(
+            "token_stats_forward",
+            n,
+            logits_N_V.shape[1],
+            logits_N_V,
+            rows_n,
+            targets_n,
+            scale_n,
+            logp_n,
+            lse_n,
+            entropy_n,
+            logits_N_V.stride(0),
+        )
         ctx.save_for_backward(logits_N_V, rows_n, targets_n, scale_n, lse_n)
         ctx.mark_non_differentiable(entropy_n)
         return logp_n, entropy_n
@@ -124,22 +131,20 @@ class _TokenLogps(torch.autograd.Function):
             return None, None, None, None
         n = rows_n.numel()
         grad_N_V = _gradient_buffer(logits_N_V, n)
-        block, warps = _launch_shape(logits_N_V.shape[1])
-        if n:
-            kernels().token_logp_backward[(n,)](  # type: ignore[union-attr]
-                logits_N_V,
-                rows_n,
-                targets_n,
-                scale_n,
-                lse_n,
-                up_logp_n.contiguous().float(),
-                grad_N_V,
-                logits_N_V.stride(0),
-                grad_N_V.stride(0),
-                V=logits_N_V.shape[1],
-                BLOCK=block,
-                num_warps=warps,
-            )
+        _launch_per_row(
+            "token_logp_backward",
+            n,
+            logits_N_V.shape[1],
+            logits_N_V,
+            rows_n,
+            targets_n,
+            scale_n,
+            lse_n,
+            up_logp_n.contiguous().float(),
+            grad_N_V,
+            logits_N_V.stride(0),
+            grad_N_V.stride(0),
+        )
         return grad_N_V, None, None, None
 
 
@@ -182,30 +187,28 @@ class _Divergence(torch.autograd.Function):
             logp_n.zero_()
         mode, log2_beta, log2_1m_beta, factor = _divergence_mode(beta)
         scale = LOG2E / temperature
-        block, warps = _launch_shape(student_N_V.shape[1])
-        if n:
-            kernels().divergence_forward[(n,)](  # type: ignore[union-attr]
-                student_N_V,
-                teacher_N_V,
-                rows_n,
-                targets_n if with_target else rows_n,
-                div_n,
-                dot_n,
-                lse_s_n,
-                lse_t_n,
-                logp_n,
-                student_N_V.stride(0),
-                teacher_N_V.stride(0),
-                scale,
-                log2_beta,
-                log2_1m_beta,
-                beta,
-                V=student_N_V.shape[1],
-                BLOCK=block,
-                MODE=mode,
-                WITH_TARGET=with_target,
-                num_warps=warps,
-            )
+        _launch_per_row(
+            "divergence_forward",
+            n,
+            student_N_V.shape[1],
+            student_N_V,
+            teacher_N_V,
+            rows_n,
+            targets_n if with_target else rows_n,
+            div_n,
+            dot_n,
+            lse_s_n,
+            lse_t_n,
+            logp_n,
+            student_N_V.stride(0),
+            teacher_N_V.stride(0),
+            scale,
+            log2_beta,
+            log2_1m_beta,
+            beta,
+            MODE=mode,
+            WITH_TARGET=with_target,
+        )
         ctx.save_for_backward(
             student_N_V, teacher_N_V, rows_n, targets_n if with_target else rows_n, lse_s_n, lse_t_n, dot_n
         )
@@ -223,33 +226,31 @@ class _Divergence(torch.autograd.Function):
         up_div_n = zeros_n if up_div_n is None else up_div_n.contiguous().float()
         up_logp_n = zeros_n if (up_logp_n is None or not with_target) else up_logp_n.contiguous().float()
         grad_N_V = _gradient_buffer(student_N_V, n)
-        block, warps = _launch_shape(student_N_V.shape[1])
-        if n:
-            kernels().divergence_backward[(n,)](  # type: ignore[union-attr]
-                student_N_V,
-                teacher_N_V,
-                rows_n,
-                targets_n,
-                lse_s_n,
-                lse_t_n,
-                dot_n,
-                up_div_n,
-                up_logp_n,
-                grad_N_V,
-                student_N_V.stride(0),
-                teacher_N_V.stride(0),
-                grad_N_V.stride(0),
-                scale,
-                log2_beta,
-                log2_1m_beta,
-                coef_div,
-                inv_temp,
-                V=student_N_V.shape[1],
-                BLOCK=block,
-                MODE=mode,
-                WITH_TARGET=with_target,
-                num_warps=warps,
-            )
+        _launch_per_row(
+            "divergence_backward",
+            n,
+            student_N_V.shape[1],
+            student_N_V,
+            teacher_N_V,
+            rows_n,
+            targets_n,
+            lse_s_n,
+            lse_t_n,
+            dot_n,
+            up_div_n,
+            up_logp_n,
+            grad_N_V,
+            student_N_V.stride(0),
+            teacher_N_V.stride(0),
+            grad_N_V.stride(0),
+            scale,
+            log2_beta,
+            log2_1m_beta,
+            coef_div,
+            inv_temp,
+            MODE=mode,
+            WITH_TARGET=with_target,
+        )
         return grad_N_V, None, None, None, None, None
 
 
