@@ -344,15 +344,12 @@ def run_torch_step(train_argv: list[str], out: Path, checkpoint: Path) -> dict:
     return result
 
 
-def megatron_rank_args_on_cpu(
-    rank: int, tensor_parallel: int, port: int, work: Path, checkpoint: Path, vocab_multiple: int
-):
+def megatron_rank_args_on_cpu(rank: int, tensor_parallel: int, port: int, work: Path, train_argv: list[str]):
     """One gloo rank of a TP group on the host, ready to build slime's Megatron model: the process group,
-    Megatron's model-parallel state, and slime's parsed arguments of the training command line in float32
-    with the weights built on the host (slime's loader then overwrites all of them)."""
+    Megatron's model-parallel state, and slime's parsed arguments of `train_argv` (slime_megatron.train_argv)
+    in float32 with the weights built on the host (slime's loader then overwrites all of them)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CUDA_DEVICE_MAX_CONNECTIONS="1")
     import megatron.training.arguments as megatron_arguments
-    import slime_megatron
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -366,8 +363,7 @@ def megatron_rank_args_on_cpu(
     if not torch.cuda.is_available():
         # Megatron's rotary embedding moves its frequencies to torch.cuda.current_device(): here that is the host.
         torch.cuda.current_device = lambda: "cpu"
-    argv = slime_megatron.train_argv(work, checkpoint, tensor_parallel, 1, vocab_multiple)
-    args = slime_args_for(argv, work)
+    args = slime_args_for(train_argv, work)
     args.bf16, args.params_dtype, args.use_cpu_initialization = False, torch.float32, True
     args.rank, args.world_size = rank, tensor_parallel
     return args

@@ -135,13 +135,13 @@ def torch_reference(args, checkpoint: Path, samples) -> dict:
 
 
 def rank_main(rank: int, ns: argparse.Namespace, port: int) -> None:
+    import slime_megatron
     import slime_megatron_cpu
     import torch.distributed as dist
 
     out = Path(ns.work)
-    args = slime_megatron_cpu.megatron_rank_args_on_cpu(
-        rank, ns.tensor_parallel, port, out, ns.checkpoint, ns.vocab_multiple
-    )
+    argv = slime_megatron.train_argv(out, ns.checkpoint, ns.tensor_parallel, 1, ns.vocab_multiple)
+    args = slime_megatron_cpu.megatron_rank_args_on_cpu(rank, ns.tensor_parallel, port, out, argv)
     samples = step_samples(ns.rollout_dir, ns.kinds)
     data = rollout_batches(args, ns.checkpoint, samples)
     report = {"rank": rank, "tensor_parallel": ns.tensor_parallel, "kinds": ns.kinds, "samples": len(samples)}

@@ -90,13 +90,13 @@ def hf_logits(checkpoint: Path):
 
 
 def rank_main(rank: int, ns: argparse.Namespace, port: int) -> None:
+    import slime_megatron
     import slime_megatron_cpu
     import torch.distributed as dist
 
     out = Path(ns.work)
-    args = slime_megatron_cpu.megatron_rank_args_on_cpu(
-        rank, ns.tensor_parallel, port, out, ns.checkpoint, ns.vocab_multiple
-    )
+    argv = slime_megatron.train_argv(out, ns.checkpoint, ns.tensor_parallel, 1, ns.vocab_multiple)
+    args = slime_megatron_cpu.megatron_rank_args_on_cpu(rank, ns.tensor_parallel, port, out, argv)
     logits, cu_seqlens = megatron_logits(args, ns.checkpoint, ns.tensor_parallel)
     vocab = json.loads((ns.checkpoint / "config.json").read_text())["vocab_size"]
     report = {"rank": rank, "padded_vocab_size": int(args.padded_vocab_size), "sequences": []}
