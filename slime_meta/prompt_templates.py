@@ -187,6 +187,11 @@ class GraderPromptTemplate(PromptTemplate):
 ATTEMPTS_LEFT_OUT = "(attempts left out: they do not fit the model's context)"
 
 
+def attempts_in_round(attempts_K_M: Sequence[Sequence[GradedAttempt]], iteration: int) -> list[list[GradedAttempt]]:
+    """The attempts made in inner round `iteration`, per problem (`attempt.iteration` says which)."""
+    return [[a for a in attempts if a.iteration == iteration] for attempts in attempts_K_M]
+
+
 class TeacherPromptTemplate(PromptTemplate):
     """The teacher's prompt: k train problems, the student's graded attempts, the previous info."""
 
@@ -230,7 +235,7 @@ class TeacherPromptTemplate(PromptTemplate):
         """
         blocks = []
         for iteration, info in enumerate(round_infos):
-            in_round_K_M = [[a for a in attempts if a.iteration == iteration] for attempts in attempts_K_M]
+            in_round_K_M = attempts_in_round(attempts_K_M, iteration)
             if any(in_round_K_M):
                 header = self.format_round_header(iteration, info, is_last=iteration == len(round_infos) - 1)
                 blocks.append(f"{header}\n{self.format_attempts(problems, in_round_K_M)}")

@@ -19,7 +19,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from slime_meta.errors import UserInputError
-from slime_meta.prompt_templates import GeneratorPromptTemplate, Message, TeacherPromptTemplate
+from slime_meta.prompt_templates import GeneratorPromptTemplate, Message, TeacherPromptTemplate, attempts_in_round
 from slime_meta.rollout.context_budget import (
     ContextBudgetStats,
     TokenCounter,
@@ -255,8 +255,7 @@ class TeacherRole:
         attempts (the teacher's history); the budget drops the oldest round's attempts first.
         """
         if round_infos and not self._reads_rounds:
-            current = len(round_infos) - 1
-            attempts_K_M = [[a for a in attempts if a.iteration == current] for attempts in attempts_K_M]
+            attempts_K_M = attempts_in_round(attempts_K_M, len(round_infos) - 1)
             round_infos = ()
         rounds = {"round_infos": tuple(round_infos)} if round_infos else {}
 
