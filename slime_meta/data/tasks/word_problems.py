@@ -98,6 +98,12 @@ def _two_people(rng: random.Random) -> tuple[tuple[str, str], tuple[str, str]]:
     return first, second
 
 
+def _smaller_and_larger(rng: random.Random, low: int, top: int) -> tuple[int, int]:
+    """A number from `low` to `top` and one 1 to `top` above it: a difference story never ends at 0 or below."""
+    smaller = rng.randint(low, top)
+    return smaller, smaller + rng.randint(1, top)
+
+
 def _draw_add(rng: random.Random, top: int) -> Story:
     (name, pronoun), things = _person(rng), rng.choice(THINGS)
     first, more = rng.randint(2, top), rng.randint(1, top)  # from 2: "1 marbles" is not English
@@ -114,8 +120,7 @@ def _draw_add(rng: random.Random, top: int) -> Story:
 
 def _draw_subtract(rng: random.Random, top: int) -> Story:
     (name, pronoun), things = _person(rng), rng.choice(THINGS)
-    taken = rng.randint(1, top)
-    start = taken + rng.randint(1, top)
+    taken, start = _smaller_and_larger(rng, 1, top)
     prompt = rng.choice(
         (
             f"{name} has {start} {things}. {pronoun} gives {taken} of them to a friend. "
@@ -160,8 +165,7 @@ def _draw_divide(rng: random.Random, top: int) -> Story:
 def _draw_compare(rng: random.Random, top: int) -> Story:
     (name, _), (other, _) = _two_people(rng)
     things = rng.choice(THINGS)
-    fewer = rng.randint(2, top)
-    more = fewer + rng.randint(1, top)
+    fewer, more = _smaller_and_larger(rng, 2, top)
     prompt = rng.choice(
         (
             f"{name} has {more} {things} and {other} has {fewer} {things}. "
