@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from slime_meta.data.tasks import writer
-from slime_meta.data.tasks.word_problems import COLUMNS, PEOPLE, Story, choose_families, interleaved_family_rows
+from slime_meta.data.tasks.word_problems import (
+    COLUMNS,
+    PEOPLE,
+    WHOLE_NUMBER_CREDIT,
+    Story,
+    choose_families,
+    interleaved_family_rows,
+)
 
 GOODS = ("notebooks", "pens", "candles", "mugs", "socks", "soaps", "plates", "cups", "brushes", "tins")
 FRUITS = ("apples", "pears", "melons", "lemons", "peaches", "mangoes")
@@ -106,10 +113,7 @@ def _draw_free_parking(rng: random.Random, applies: bool) -> Story:
 
 
 def _rubric(place: str, rule: str) -> str:
-    return (
-        f"House rule of {place}: {rule} Full credit: the amount paid under this rule, stated as one final whole "
-        "number. No credit for a different number, for several different final numbers, or for no final number."
-    )
+    return f"House rule of {place}: {rule} Full credit: the amount paid under this rule, {WHOLE_NUMBER_CREDIT}"
 
 
 def _oracle(rule: str, example: str) -> str:

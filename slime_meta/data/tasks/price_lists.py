@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from typing import Collection, Sequence
 
 from slime_meta.data.tasks import writer
-from slime_meta.data.tasks.word_problems import COLUMNS, PEOPLE, Story, choose_families, interleaved_family_rows
+from slime_meta.data.tasks.word_problems import (
+    COLUMNS,
+    PEOPLE,
+    WHOLE_NUMBER_CREDIT,
+    Story,
+    choose_families,
+    interleaved_family_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -42,8 +49,7 @@ class Shop:
     def rubric(self) -> str:
         return (
             f"Price list of {self.place}: every item costs {self.price} dollars. Full credit: the amount paid at "
-            "this price, stated as one final whole number. No credit for a different number, for several "
-            "different final numbers, or for no final number."
+            f"this price, {WHOLE_NUMBER_CREDIT}"
         )
 
     @property

@@ -25,6 +25,11 @@ from slime_meta.data.tasks import writer
 from slime_meta.errors import UserInputError
 
 COLUMNS = ("id", "category", "prompt", "label", "rubric", "oracle_hint", "bad_hint")
+# How the rubric of every whole-number task ends: the one answer form a grader gives credit for.
+WHOLE_NUMBER_CREDIT = (
+    "stated as one final whole number. No credit for a different number, for several different final numbers, "
+    "or for no final number."
+)
 
 # (name, subject pronoun): the pronoun makes the second sentence of a story read naturally.
 PEOPLE = (
@@ -193,10 +198,7 @@ def _draw_two_step(rng: random.Random, top: int) -> Story:
 
 
 def _rubric(what: str) -> str:
-    return (
-        f"Full credit: {what}, and the result is stated as one final whole number. No credit for a "
-        "different number, for several different final numbers, or for no final number."
-    )
+    return f"Full credit: {what}, and the result is {WHOLE_NUMBER_CREDIT}"
 
 
 def _oracle(rule: str, example: str) -> str:
