@@ -32,6 +32,7 @@ from slime_meta.data.tasks.word_problems import (
     Story,
     choose_families,
     interleaved_family_rows,
+    oracle_hint_with_example,
 )
 
 GOODS = ("notebooks", "pens", "candles", "mugs", "socks", "soaps", "plates", "cups", "brushes", "tins")
@@ -116,15 +117,6 @@ def _rubric(place: str, rule: str) -> str:
     return f"House rule of {place}: {rule} Full credit: the amount paid under this rule, {WHOLE_NUMBER_CREDIT}"
 
 
-def _oracle(rule: str, example: str) -> str:
-    """The rule, a worked example of another problem, then the answer format.
-
-    The example states its result in a sentence, never as an `Answer:` line: a small student copies
-    a final-answer line it has just read as its own.
-    """
-    return f"{rule} For example: {example} End your solution with one line: Answer: <number>."
-
-
 RULES: dict[str, HouseRule] = {
     rule.name: rule
     for rule in (
@@ -132,7 +124,7 @@ RULES: dict[str, HouseRule] = {
             "packing_fee",
             _draw_packing_fee,
             _rubric("Nora's shop", "an order under 20 dollars pays a 4-dollar packing fee; 20 or more pays none."),
-            _oracle(
+            oracle_hint_with_example(
                 "At Nora's shop an order under 20 dollars costs 4 dollars more (packing fee); 20 or more has no fee.",
                 "3 cups at 5 dollars each cost 3 x 5 = 15 dollars, under 20, so the order costs 15 + 4 = 19 dollars.",
             ),
@@ -142,7 +134,7 @@ RULES: dict[str, HouseRule] = {
             "free_box",
             _draw_free_box,
             _rubric("Lia's bakery", "every fifth box is free (5 to 9 boxes: one box free)."),
-            _oracle(
+            oracle_hint_with_example(
                 "At Lia's bakery every fifth box is free: pay for one box fewer when buying 5 to 9 boxes.",
                 "for 6 boxes at 3 dollars a box one box is free, so the order costs 5 x 3 = 15 dollars.",
             ),
@@ -152,7 +144,7 @@ RULES: dict[str, HouseRule] = {
             "group_ticket",
             _draw_group_ticket,
             _rubric("the Sunny cinema", "a group of 5 or more people gets one ticket free."),
-            _oracle(
+            oracle_hint_with_example(
                 "At the Sunny cinema a group of 5 or more people pays for one ticket fewer.",
                 "6 friends with 4-dollar tickets pay for 6 - 1 = 5 tickets, so 5 x 4 = 20 dollars.",
             ),
@@ -162,7 +154,7 @@ RULES: dict[str, HouseRule] = {
             "monday_market",
             _draw_monday_market,
             _rubric("Bo's market", "on Mondays every item costs 1 dollar less than its price."),
-            _oracle(
+            oracle_hint_with_example(
                 "At Bo's market every item costs 1 dollar less on Mondays; other days the price is as stated.",
                 "on a Monday 3 pears priced 4 dollars cost 4 - 1 = 3 dollars each, so 3 x 3 = 9 dollars.",
             ),
@@ -172,7 +164,7 @@ RULES: dict[str, HouseRule] = {
             "free_parking",
             _draw_free_parking,
             _rubric("the Elm Street garage", "a stay of 3 hours or less is free; a longer stay pays for every hour."),
-            _oracle(
+            oracle_hint_with_example(
                 "At the Elm Street garage 3 hours or less is free (0 dollars); a longer stay pays every hour.",
                 "2 hours at 4 dollars an hour are free, so the stay costs 0 dollars.",
             ),

@@ -32,6 +32,7 @@ from slime_meta.data.tasks.word_problems import (
     Story,
     choose_families,
     interleaved_family_rows,
+    oracle_hint_with_example,
 )
 
 
@@ -54,12 +55,9 @@ class Shop:
 
     @property
     def oracle_hint(self) -> str:
-        # A worked example of another problem, stated in a sentence and never as an `Answer:` line:
-        # a small student copies a final-answer line it has just read as its own.
-        example = self.goods[0]
-        return (
-            f"At {self.place} every item costs {self.price} dollars. For example: 2 {example} cost "
-            f"2 x {self.price} = {2 * self.price} dollars. End your solution with one line: Answer: <number>."
+        return oracle_hint_with_example(
+            f"At {self.place} every item costs {self.price} dollars.",
+            f"2 {self.goods[0]} cost 2 x {self.price} = {2 * self.price} dollars.",
         )
 
     @property

@@ -304,6 +304,15 @@ def choose_families(
     return chosen
 
 
+def oracle_hint_with_example(rule: str, example: str) -> str:
+    """A rule task's oracle hint: the rule, a worked example of another problem, then the answer format.
+
+    The example states its result in a sentence, never as an `Answer:` line: a small student copies
+    a final-answer line it has just read as its own.
+    """
+    return f"{rule} For example: {example} End your solution with one line: Answer: <number>."
+
+
 def family_rows(
     family: FamilyTexts, n: int, stream: str, id_prefix: str, draw: Callable[[random.Random, int], Story]
 ) -> list[dict]:
