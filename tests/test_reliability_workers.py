@@ -340,8 +340,9 @@ def test_when_every_worker_dies_the_client_waits_for_the_restarts(group_and_pool
     restarts_before = group.restarts(POOL)
 
     async def requests_over_a_total_outage():
+        # Retries for about a minute: a restart (a process start and a model load) takes longer on a loaded machine.
         pool = SGLangPool(
-            "outage", endpoints.router_url, concurrency=32, max_retries=8, initial_backoff_s=0.5, max_backoff_s=4.0
+            "outage", endpoints.router_url, concurrency=32, max_retries=18, initial_backoff_s=0.5, max_backoff_s=4.0
         )
         requests = [
             asyncio.create_task(pool.generate(text=f"o{i}", sampling_params={"max_new_tokens": 4, "temperature": 0}))
