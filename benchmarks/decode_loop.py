@@ -39,10 +39,10 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
 from decode_step import QWEN_0_5B, TINY, build_model, kernels_per_step
 
-from slime_meta_engine import fused_ops
+from slime_meta_engine.api.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.engine import GenerationEngine
-from slime_meta_engine.paged_batch import build_paged_batch
-from slime_meta_engine.protocol import GenerationSpec, SamplingParams
+from slime_meta_engine.fast_path.paged.batch import build_paged_batch
+from slime_meta_engine.kernels import layer_ops
 from slime_meta_engine.rows import GenerationJob
 from slime_meta_engine.sampling import RowSampling, choose_next_tokens
 
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
         # The steps' mean context: prompt + half the new tokens; the graph is the bucket that covers it.
         replay = replay_us(paged, rows, args.prompt_len + args.new_tokens // 2, args.reps)
         del paged
-        kernel = fused_ops.kernels_by_default(device, dtype)  # what the engine does
+        kernel = layer_ops.kernels_by_default(device, dtype)  # what the engine does
         sample = sampling_us(rows, shape["vocab_size"], device, dtype, args.reps, kernel=kernel)
         torch_sample = sampling_us(rows, shape["vocab_size"], device, dtype, args.reps, kernel=False)
         _, stats, _ = run_engine(model, rows, args, profile=True)

@@ -34,9 +34,9 @@ from collections import Counter
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
 
-from slime_meta_engine import fused_ops
-from slime_meta_engine.paged_batch import DEFAULT_PAGE_SIZE, build_paged_batch
-from slime_meta_engine.static_batch import build_static_batch
+from slime_meta_engine.fast_path.paged.batch import DEFAULT_PAGE_SIZE, build_paged_batch
+from slime_meta_engine.fast_path.static.batch import build_static_batch
+from slime_meta_engine.kernels import layer_ops
 
 QWEN_0_5B = dict(
     vocab_size=151936,
@@ -73,8 +73,8 @@ def build_model(shape: dict, device: torch.device, dtype: torch.dtype):
 def build_batch(model, fused: bool, rows: int, attended: int, use_graphs: bool, kv_cache: str):
     """The static or paged batch with the kernels on or off, as the engine builds it (the switch is
     read here). The paged batch's rows get distinct pages for `attended` tokens each."""
-    previous = os.environ.get(fused_ops.SWITCH_ENV)
-    os.environ[fused_ops.SWITCH_ENV] = "1" if fused else "0"
+    previous = os.environ.get(layer_ops.SWITCH_ENV)
+    os.environ[layer_ops.SWITCH_ENV] = "1" if fused else "0"
     try:
         if kv_cache == "static":
             batch = build_static_batch(
@@ -89,11 +89,11 @@ def build_batch(model, fused: bool, rows: int, attended: int, use_graphs: bool, 
             batch._decoder.page_table_R_M[:, :pages_per_row] = pages_R_A  # page 0 is the scratch page
     finally:
         if previous is None:
-            os.environ.pop(fused_ops.SWITCH_ENV)
+            os.environ.pop(layer_ops.SWITCH_ENV)
         else:
-            os.environ[fused_ops.SWITCH_ENV] = previous
+            os.environ[layer_ops.SWITCH_ENV] = previous
     decoder = batch._decoder
-    if fused and not decoder.fused_kernels and fused_ops.interpreted():
+    if fused and not decoder.fused_kernels and layer_ops.interpreted():
         decoder.fused_kernels = True  # the CPU smoke run under the interpreter: read at every call
     return batch
 
@@ -195,9 +195,9 @@ def main(argv: list[str] | None = None) -> dict:
     settings = {key: value for key, value in vars(args).items() if key != "out"}
     settings.update(model=shape, dtype=str(dtype), device=str(device))
     report = C.report_header("decode_step", settings)
-    report["machine"]["triton"] = None if fused_ops.triton_unavailable_reason() else _triton_version()
+    report["machine"]["triton"] = None if layer_ops.triton_unavailable_reason() else _triton_version()
     model = build_model(shape, device, dtype)
-    unavailable = fused_ops.kernels_unavailable_reason(device, dtype)
+    unavailable = layer_ops.kernels_unavailable_reason(device, dtype)
     results = run_setting(model, False, args, device) if args.fused != "on" else []
     if unavailable is None and args.fused != "off":
         results += run_setting(model, True, args, device)

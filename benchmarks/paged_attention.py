@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from slime_meta_engine.paged_attention import choose_num_splits, paged_decode_attention
-from slime_meta_engine.static_model import _ATTENTION_BACKENDS
+from slime_meta_engine.fast_path.static.model import _ATTENTION_BACKENDS
+from slime_meta_engine.kernels.paged_attention import choose_num_splits, paged_decode_attention
 
 
 @dataclass(frozen=True)

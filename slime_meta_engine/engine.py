@@ -55,13 +55,13 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
-from slime_meta_engine import fused_ops
+from slime_meta_engine.api.protocol import FinishedGeneration
 from slime_meta_engine.caches import supports_row_surgery, trim_unused_columns
+from slime_meta_engine.fast_path.static.batch import StaticBatch
+from slime_meta_engine.kernels import layer_ops
 from slime_meta_engine.prefill import _Prefill, _RunningBatch
-from slime_meta_engine.protocol import FinishedGeneration
 from slime_meta_engine.rows import GenerationJob, RowState
 from slime_meta_engine.sampling import RowSampling, choose_next_tokens
-from slime_meta_engine.static_batch import StaticBatch
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -108,7 +108,7 @@ class GenerationEngine(_Prefill):
         # Where the fused kernels run, a batch without top-p/top-k cuts picks its tokens with Triton
         # kernels seeded from this host stream (sampling.py); elsewhere torch's ops draw from the generator.
         dtype = next(model.parameters()).dtype
-        use_kernel = fused_ops.kernels_by_default(device, dtype) if sampling_kernel_on is None else sampling_kernel_on
+        use_kernel = layer_ops.kernels_by_default(device, dtype) if sampling_kernel_on is None else sampling_kernel_on
         self._kernel_seeds = random.Random(seed) if use_kernel else None
         self._condition = threading.Condition()
         self._waiting: deque[GenerationJob] = deque()

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from slime_meta_engine.fused_ops import kernels_unavailable_reason, next_power_of_two
-from slime_meta_engine.protocol import SamplingParams
+from slime_meta_engine.api.protocol import SamplingParams
+from slime_meta_engine.kernels.layer_ops import kernels_unavailable_reason, next_power_of_two
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ KERNEL_CHUNK = 4096
 
 
 def _choose_with_kernel(logits_B_V: torch.Tensor, sampling: RowSampling, seed: int) -> TokenChoice:
-    from slime_meta_engine import sampling_kernel
+    from slime_meta_engine.kernels import sampling_triton
 
     rows, vocab = logits_B_V.shape
     device = logits_B_V.device
@@ -115,7 +115,7 @@ def _choose_with_kernel(logits_B_V: torch.Tensor, sampling: RowSampling, seed: i
     if rows:
         largest_B_C, total_B_C, best_score_B_C = torch.empty(3, rows, chunks, dtype=torch.float32, device=device)
         best_index_B_C = torch.empty(rows, chunks, dtype=torch.int32, device=device)
-        sampling_kernel.chunk_choice[(rows, chunks)](
+        sampling_triton.chunk_choice[(rows, chunks)](
             logits_B_V,
             logits_B_V.stride(0),
             sampling.temperatures,
@@ -131,7 +131,7 @@ def _choose_with_kernel(logits_B_V: torch.Tensor, sampling: RowSampling, seed: i
             BLOCK=min(chunk, 1024),
             num_warps=4,
         )
-        sampling_kernel.combine_chunks[(rows,)](
+        sampling_triton.combine_chunks[(rows,)](
             logits_B_V,
             logits_B_V.stride(0),
             sampling.temperatures,

@@ -31,7 +31,7 @@ import pytest
 import torch
 from helpers_interpreter import run_interpreted
 
-from slime_meta_engine import fused_ops
+from slime_meta_engine.kernels import layer_ops
 
 HAS_CUDA = torch.cuda.is_available()
 TRITON_MISSING = importlib.util.find_spec("triton") is None
@@ -94,15 +94,15 @@ def op_results(device: str, dtypes: tuple[torch.dtype, ...]) -> dict[str, dict[s
                 delta = wide_slice(generator, rows, hidden, dtype, device)
                 if len(shape) > 1:
                     x, delta = x.contiguous().view(*shape, hidden), delta.contiguous().view(*shape, hidden)
-                normed = fused_ops.rms_norm(x, weight_E, EPS, use_kernel=True)
-                results["rms_norm"][case] = compare(normed, fused_ops.rms_norm(x, weight_E, EPS, use_kernel=False))
-                unscaled = fused_ops.rms_norm(x, ones_E, EPS, use_kernel=True)
+                normed = layer_ops.rms_norm(x, weight_E, EPS, use_kernel=True)
+                results["rms_norm"][case] = compare(normed, layer_ops.rms_norm(x, weight_E, EPS, use_kernel=False))
+                unscaled = layer_ops.rms_norm(x, ones_E, EPS, use_kernel=True)
                 results["rms_norm"][case + "-ones"] = compare(
-                    unscaled, fused_ops.rms_norm(x, ones_E, EPS, use_kernel=False)
+                    unscaled, layer_ops.rms_norm(x, ones_E, EPS, use_kernel=False)
                 )
                 results["rms_norm_weight"][case] = compare(normed, weight_E * unscaled)
-                total, normed_total = fused_ops.add_rms_norm(x, delta, weight_E, EPS, use_kernel=True)
-                total_ref, normed_total_ref = fused_ops.add_rms_norm(x, delta, weight_E, EPS, use_kernel=False)
+                total, normed_total = layer_ops.add_rms_norm(x, delta, weight_E, EPS, use_kernel=True)
+                total_ref, normed_total_ref = layer_ops.add_rms_norm(x, delta, weight_E, EPS, use_kernel=False)
                 results["residual_add"][case] = compare(total, total_ref)
                 results["rms_norm"][case + "-after-add"] = compare(normed_total, normed_total_ref)
         for heads, kv_heads in HEAD_SHAPES:
@@ -116,8 +116,8 @@ def op_results(device: str, dtypes: tuple[torch.dtype, ...]) -> dict[str, dict[s
                     sin_B_1_D = torch.randn(rows, 1, head_dim, generator=generator).to(device=device, dtype=dtype)
                     x = qkv[:, : heads + kv_heads]
                     results["rotary"][case] = compare(
-                        fused_ops.rotary(x, cos_B_1_D, sin_B_1_D, use_kernel=True),
-                        fused_ops.rotary(x, cos_B_1_D, sin_B_1_D, use_kernel=False),
+                        layer_ops.rotary(x, cos_B_1_D, sin_B_1_D, use_kernel=True),
+                        layer_ops.rotary(x, cos_B_1_D, sin_B_1_D, use_kernel=False),
                     )
                     # decode over a paged layer: the rotation and both cache writes, at scattered slots
                     keys_X_K_D = torch.randn(80, kv_heads, head_dim, generator=generator).to(device=device, dtype=dtype)
@@ -128,7 +128,7 @@ def op_results(device: str, dtypes: tuple[torch.dtype, ...]) -> dict[str, dict[s
                     cached = {}
                     for use_kernel in (True, False):
                         keys, values = keys_X_K_D.clone(), values_X_K_D.clone()
-                        q = fused_ops.rotate_into_cache(
+                        q = layer_ops.rotate_into_cache(
                             qkv, cos_B_1_D, sin_B_1_D, keys, values, slots_B, heads, use_kernel=use_kernel
                         )
                         cached[use_kernel] = (q.new_empty(q.shape).copy_(q), keys, values)  # strides aside
@@ -144,8 +144,8 @@ def op_results(device: str, dtypes: tuple[torch.dtype, ...]) -> dict[str, dict[s
                     sin_C_D = torch.randn(columns, head_dim, generator=generator).to(device=device, dtype=dtype)
                     for part, x in (("q", qkv[:, :heads]), ("k", qkv[:, heads : heads + kv_heads])):
                         results["rotary"][f"{case}-prefill-{part}"] = compare(
-                            fused_ops.rotary(x, cos_C_D, sin_C_D, use_kernel=True),
-                            fused_ops.rotary(x, cos_C_D, sin_C_D, use_kernel=False),
+                            layer_ops.rotary(x, cos_C_D, sin_C_D, use_kernel=True),
+                            layer_ops.rotary(x, cos_C_D, sin_C_D, use_kernel=False),
                         )
         for ffn in FFN_WIDTHS:
             for shape in [(rows,) for rows in ROWS] + [(2, 3)]:
@@ -155,7 +155,7 @@ def op_results(device: str, dtypes: tuple[torch.dtype, ...]) -> dict[str, dict[s
                 if len(shape) > 1:
                     gate_up = gate_up.contiguous().view(*shape, 2 * ffn)
                 results["silu_mul"][case] = compare(
-                    fused_ops.silu_mul(gate_up, use_kernel=True), fused_ops.silu_mul(gate_up, use_kernel=False)
+                    layer_ops.silu_mul(gate_up, use_kernel=True), layer_ops.silu_mul(gate_up, use_kernel=False)
                 )
     return results
 
@@ -234,10 +234,10 @@ def greedy_both_ways(model, prompt_lengths: list[int], steps: int, graphs: bool,
     """Prefill random prompts and decode `steps` greedy tokens with the kernels and without, each
     path on its own tokens. Returns (tokens with, tokens without, largest logit difference over the
     largest logit while the tokens agree)."""
-    from slime_meta_engine.cuda_graphs import DecodeGraphs
-    from slime_meta_engine.model_support import model_shape
-    from slime_meta_engine.static_cache import StaticKVCache
-    from slime_meta_engine.static_model import StaticDecoder
+    from slime_meta_engine.fast_path.decode_graphs import DecodeGraphs
+    from slime_meta_engine.fast_path.model_support import model_shape
+    from slime_meta_engine.fast_path.static.cache import StaticKVCache
+    from slime_meta_engine.fast_path.static.model import StaticDecoder
 
     shape, rows = model_shape(model), len(prompt_lengths)
     generator = torch.Generator().manual_seed(5)
@@ -267,9 +267,9 @@ def greedy_both_ways(model, prompt_lengths: list[int], steps: int, graphs: bool,
 
 def paged_greedy_both_ways(model, prompt_lengths: list[int], steps: int) -> tuple[list, list]:
     """The same over a paged cache of 4-token pages (eager): greedy tokens with the kernels and without."""
-    from slime_meta_engine.model_support import model_shape
-    from slime_meta_engine.paged_cache import PagedKVCache
-    from slime_meta_engine.paged_model import PagedDecoder
+    from slime_meta_engine.fast_path.model_support import model_shape
+    from slime_meta_engine.fast_path.paged.cache import PagedKVCache
+    from slime_meta_engine.fast_path.paged.model import PagedDecoder
 
     shape, rows, page_size, row_tokens = model_shape(model), len(prompt_lengths), 4, 64
     pages_per_row = row_tokens // page_size
@@ -299,13 +299,13 @@ def paged_greedy_both_ways(model, prompt_lengths: list[int], steps: int) -> tupl
 def count_norm_calls(monkeypatch, decoder, step) -> dict[str, int]:
     calls = {"rms_norm": 0, "add_rms_norm": 0}
     for name in calls:
-        original = getattr(fused_ops, name)
+        original = getattr(layer_ops, name)
 
         def counted(*args, _original=original, _name=name, **kwargs):
             calls[_name] += 1
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(fused_ops, name, counted)
+        monkeypatch.setattr(layer_ops, name, counted)
     step()
     return calls
 
@@ -399,9 +399,9 @@ def test_static_decoder_graphs_give_the_same_tokens_on_cuda(kind: str, no_cudnn_
 
 def test_decode_step_fuses_each_residual_add_with_the_next_norm(monkeypatch) -> None:
     """No triton needed: the forward's structure is the same with the torch expressions."""
-    from slime_meta_engine.model_support import model_shape
-    from slime_meta_engine.static_cache import StaticKVCache
-    from slime_meta_engine.static_model import StaticDecoder
+    from slime_meta_engine.fast_path.model_support import model_shape
+    from slime_meta_engine.fast_path.static.cache import StaticKVCache
+    from slime_meta_engine.fast_path.static.model import StaticDecoder
 
     model = qwen2_model("llama", torch.float32, "cpu", layers=3)
     cache = StaticKVCache.allocate(model_shape(model), num_slots=2, capacity=32)
@@ -417,19 +417,19 @@ def test_decode_step_fuses_each_residual_add_with_the_next_norm(monkeypatch) -> 
 
 def test_kernel_switch_and_refusals(monkeypatch) -> None:
     """No triton needed: when the decoders use the kernels, and what they refuse."""
-    from slime_meta_engine.model_support import model_shape
-    from slime_meta_engine.static_cache import StaticKVCache
-    from slime_meta_engine.static_model import StaticDecoder
+    from slime_meta_engine.fast_path.model_support import model_shape
+    from slime_meta_engine.fast_path.static.cache import StaticKVCache
+    from slime_meta_engine.fast_path.static.model import StaticDecoder
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not fused_ops.kernels_by_default(torch.device("cpu"), torch.float32)
-    assert "CUDA" in fused_ops.kernels_unavailable_reason(torch.device("cpu"), torch.float32)
-    assert "dtype" in fused_ops.kernels_unavailable_reason(torch.device("cuda"), torch.float64)
-    monkeypatch.setenv(fused_ops.SWITCH_ENV, "0")
-    assert not fused_ops.kernels_by_default(torch.device("cuda"), torch.bfloat16)
-    monkeypatch.delenv(fused_ops.SWITCH_ENV)
+    assert not layer_ops.kernels_by_default(torch.device("cpu"), torch.float32)
+    assert "CUDA" in layer_ops.kernels_unavailable_reason(torch.device("cpu"), torch.float32)
+    assert "dtype" in layer_ops.kernels_unavailable_reason(torch.device("cuda"), torch.float64)
+    monkeypatch.setenv(layer_ops.SWITCH_ENV, "0")
+    assert not layer_ops.kernels_by_default(torch.device("cuda"), torch.bfloat16)
+    monkeypatch.delenv(layer_ops.SWITCH_ENV)
     if not TRITON_MISSING:
-        assert fused_ops.kernels_by_default(torch.device("cuda"), torch.bfloat16)
+        assert layer_ops.kernels_by_default(torch.device("cuda"), torch.bfloat16)
     model = qwen2_model("llama", torch.float32, "cpu", layers=1)
     cache = StaticKVCache.allocate(model_shape(model), num_slots=1, capacity=16)
     with pytest.raises(ValueError, match="fused kernels cannot run.*TRITON_INTERPRET"):
@@ -442,15 +442,15 @@ def test_torch_expressions_are_the_decoders_previous_ones() -> None:
     x = torch.randn(3, 5, 40, generator=generator).to(torch.bfloat16)
     weight = torch.randn(40, generator=generator).to(torch.bfloat16)
     expected = weight * torch.nn.functional.rms_norm(x.float(), (40,), eps=EPS).to(torch.bfloat16)
-    assert torch.equal(fused_ops.rms_norm(x, weight, EPS, use_kernel=False), expected)
-    total, normed = fused_ops.add_rms_norm(x, x.flip(0), weight, EPS, use_kernel=False)
+    assert torch.equal(layer_ops.rms_norm(x, weight, EPS, use_kernel=False), expected)
+    total, normed = layer_ops.add_rms_norm(x, x.flip(0), weight, EPS, use_kernel=False)
     assert torch.equal(total, x + x.flip(0))
-    assert torch.equal(normed, fused_ops.rms_norm(x + x.flip(0), weight, EPS, use_kernel=False))
+    assert torch.equal(normed, layer_ops.rms_norm(x + x.flip(0), weight, EPS, use_kernel=False))
     cos, sin = x[0, :1], x[1, :1]
-    rotated = fused_ops.rotary(x, cos, sin, use_kernel=False)
+    rotated = layer_ops.rotary(x, cos, sin, use_kernel=False)
     assert torch.equal(rotated, x * cos + torch.cat((x[..., 20:], x[..., :20]), -1) * sin)
     gate, up = x[..., :20], x[..., 20:]
-    assert torch.equal(fused_ops.silu_mul(x, use_kernel=False), torch.nn.functional.silu(gate) * up)
+    assert torch.equal(layer_ops.silu_mul(x, use_kernel=False), torch.nn.functional.silu(gate) * up)
 
 
 def test_decode_step_benchmark_quick(tmp_path) -> None:

@@ -25,13 +25,13 @@ import pytest
 import torch
 from helpers_interpreter import run_interpreted
 
-from slime_meta_engine.paged_attention import (
+from slime_meta_engine.fast_path.paged.cache import PagedKVCache
+from slime_meta_engine.fast_path.paged.model import PagedDecoder
+from slime_meta_engine.kernels.paged_attention import (
     choose_num_splits,
     paged_attention_unavailable_reason,
     paged_decode_attention,
 )
-from slime_meta_engine.paged_cache import PagedKVCache
-from slime_meta_engine.paged_model import PagedDecoder
 
 HAS_CUDA = torch.cuda.is_available()
 TRITON_MISSING = importlib.util.find_spec("triton") is None
@@ -161,8 +161,8 @@ def decode_both_ways(
     runs it on the gather path and leads; else the gather path leads: every decoder is fed the
     leader's greedy token. Per path: the largest logit difference from the leader over the leader's
     largest logit, and the (step, row) pairs whose greedy token differs from the leader's."""
-    from slime_meta_engine.cuda_graphs import DecodeGraphs
-    from slime_meta_engine.model_support import model_shape
+    from slime_meta_engine.fast_path.decode_graphs import DecodeGraphs
+    from slime_meta_engine.fast_path.model_support import model_shape
 
     shape, rows = model_shape(model), len(prompt_lengths)
     max_row_tokens = 256
@@ -280,7 +280,7 @@ def test_kernel_availability_and_the_decoders_choice(monkeypatch) -> None:
     """No triton needed: what the kernel refuses, and that the CPU decoder keeps the gather path."""
     from test_worker_static_decode import tiny_model
 
-    from slime_meta_engine.model_support import model_shape
+    from slime_meta_engine.fast_path.model_support import model_shape
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert "CUDA" in paged_attention_unavailable_reason(torch.device("cpu"), torch.float32, 64)

@@ -26,9 +26,9 @@ from test_worker_static_decode import (
 )
 
 from slime_meta_engine.engine import GenerationEngine
-from slime_meta_engine.model_support import model_shape, unsupported_reason
-from slime_meta_engine.paged_batch import build_paged_batch
-from slime_meta_engine.static_batch import build_static_batch
+from slime_meta_engine.fast_path.model_support import model_shape, unsupported_reason
+from slime_meta_engine.fast_path.paged.batch import build_paged_batch
+from slime_meta_engine.fast_path.static.batch import build_static_batch
 from slime_meta_engine.weights import copy_into_model, read_checkpoint
 
 VOCAB = 300

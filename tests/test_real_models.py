@@ -112,11 +112,11 @@ def test_cached_qwen_checkpoint_through_the_engine_equals_hf_greedy():
     from helpers_real import SHORT_ANSWER_QUESTION, chat_prompt_ids
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from slime_meta_engine.api.protocol import GenerationSpec, SamplingParams
     from slime_meta_engine.engine import GenerationEngine
-    from slime_meta_engine.protocol import GenerationSpec, SamplingParams
+    from slime_meta_engine.fast_path.static.batch import build_static_batch
     from slime_meta_engine.rows import GenerationJob
     from slime_meta_engine.server import _eos_token_ids
-    from slime_meta_engine.static_batch import build_static_batch
 
     tokenizer = AutoTokenizer.from_pretrained(directory)
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()

@@ -32,7 +32,7 @@ import os
 
 import torch
 
-from slime_meta_engine.fused_ops import next_power_of_two
+from slime_meta_engine.kernels.layer_ops import next_power_of_two
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_GROUP_TILE = 16  # tl.dot needs 16 rows at least; smaller groups are padded with masked heads

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from slime_meta_engine.family_forward import _ATTENTION_BACKENDS, LlamaFamilyForward
-from slime_meta_engine.static_cache import StaticKVCache
+from slime_meta_engine.fast_path.family_forward import _ATTENTION_BACKENDS, LlamaFamilyForward
+from slime_meta_engine.fast_path.static.cache import StaticKVCache
 
 
 class StaticDecoder(LlamaFamilyForward):

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
-from slime_meta_engine.cuda_graphs import DecodeGraphs
-from slime_meta_engine.prefill_graphs import PrefillGraphs
+from slime_meta_engine.fast_path.decode_graphs import DecodeGraphs
+from slime_meta_engine.fast_path.prefill_graphs import PrefillGraphs
 from slime_meta_engine.rows import GenerationJob, RowState
 from slime_meta_engine.sampling import RowSampling
 

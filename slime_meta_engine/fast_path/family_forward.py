@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from slime_meta_engine import fused_ops
-from slime_meta_engine.fused_weights import fuse_linear
-from slime_meta_engine.model_support import QK_NORM_MODEL_TYPES, model_shape, unsupported_reason
+from slime_meta_engine.fast_path.fused_weights import fuse_linear
+from slime_meta_engine.fast_path.model_support import QK_NORM_MODEL_TYPES, model_shape, unsupported_reason
+from slime_meta_engine.kernels import layer_ops
 
 # cuDNN's attention plans anew for every shape and is not needed here; the others are all fine.
 _ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -45,9 +45,9 @@ def _rms_norm(x: torch.Tensor, norm: torch.nn.Module, use_kernel: bool) -> torch
     """HF's RMSNorm: normalise in float32, cast back, then scale (the cast comes before the weight).
 
     torch's `rms_norm` does the float32 part in one kernel on CUDA instead of five; `use_kernel`:
-    all of it in one Triton kernel (fused_ops.rms_norm).
+    all of it in one Triton kernel (layer_ops.rms_norm).
     """
-    return fused_ops.rms_norm(x, norm.weight, norm.variance_epsilon, use_kernel=use_kernel)
+    return layer_ops.rms_norm(x, norm.weight, norm.variance_epsilon, use_kernel=use_kernel)
 
 
 def _linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
@@ -59,9 +59,9 @@ def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, 
 
     (x2, x1) is a roll by half the head, and the minus sign lives in `signed_sin` = (-sin1, sin2):
     negating a factor is exact, so every element is the same product and sum as HF's. `use_kernel`:
-    in one Triton kernel, rounded as torch rounds (fused_ops.rotary).
+    in one Triton kernel, rounded as torch rounds (layer_ops.rotary).
     """
-    return fused_ops.rotary(x, cos, signed_sin, use_kernel=use_kernel)
+    return layer_ops.rotary(x, cos, signed_sin, use_kernel=use_kernel)
 
 
 class LlamaFamilyForward:
@@ -79,9 +79,9 @@ class LlamaFamilyForward:
         self.model = model
         self.shape = model_shape(model)
         if fused_kernels is None:
-            fused_kernels = fused_ops.kernels_by_default(self.shape.device, self.shape.dtype)
+            fused_kernels = layer_ops.kernels_by_default(self.shape.device, self.shape.dtype)
         elif fused_kernels:
-            reason = fused_ops.kernels_unavailable_reason(self.shape.device, self.shape.dtype)
+            reason = layer_ops.kernels_unavailable_reason(self.shape.device, self.shape.dtype)
             if reason is not None:
                 raise ValueError(f"the fused kernels cannot run: {reason}")
         self.fused_kernels = fused_kernels
@@ -119,7 +119,7 @@ class LlamaFamilyForward:
         fused = mlp.__dict__.get("_fused_gate_up")
         if fused is None:
             return _linear(F.silu(_linear(x, mlp.gate_proj)) * _linear(x, mlp.up_proj), mlp.down_proj)
-        activated = fused_ops.silu_mul(F.linear(x, *fused), use_kernel=self.fused_kernels)
+        activated = layer_ops.silu_mul(F.linear(x, *fused), use_kernel=self.fused_kernels)
         return _linear(activated, mlp.down_proj)
 
     def _qkv(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -162,7 +162,7 @@ class LlamaFamilyForward:
         """Queries and keys (..., D) through the layer's per-head RMSNorm (`q_norm`, `k_norm`: Qwen3),
         as HF applies it, before the rotation; unchanged for models without one.
 
-        It is `fused_ops.rms_norm` over the last dimension, the layers' own norm, so with
+        It is `layer_ops.rms_norm` over the last dimension, the layers' own norm, so with
         `fused_kernels` it is the Triton RMSNorm kernel on (rows x heads, D) and its output then
         enters the rotation kernels (`rotary`, `rotate_into_cache`) like any q/k/v product. That
         GPU path was written by reading the kernels and was not run on a CPU (Triton does not run
@@ -322,7 +322,7 @@ class LlamaFamilyForward:
         use_kernel = self.fused_kernels
         norm = layer.post_attention_layernorm
         attention_out = _linear(attended_HD, layer.self_attn.o_proj)
-        hidden, normed = fused_ops.add_rms_norm(
+        hidden, normed = layer_ops.add_rms_norm(
             hidden, attention_out, norm.weight, norm.variance_epsilon, use_kernel=use_kernel
         )
         mlp_out = self._mlp(layer, normed)
@@ -330,7 +330,7 @@ class LlamaFamilyForward:
         if next_layer is None:  # the last layer: the final norm reads only the rows `_logits` gets
             return hidden + mlp_out
         norm = next_layer.input_layernorm
-        hidden, normed = fused_ops.add_rms_norm(
+        hidden, normed = layer_ops.add_rms_norm(
             hidden, mlp_out, norm.weight, norm.variance_epsilon, use_kernel=use_kernel
         )
         self._normed_ahead = (hidden, next_layer, normed)

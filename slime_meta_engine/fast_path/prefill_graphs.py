@@ -37,7 +37,7 @@ from functools import partial
 
 import torch
 
-from slime_meta_engine.cuda_graphs import DecodeGraphs, capture_graph
+from slime_meta_engine.fast_path.decode_graphs import DecodeGraphs, capture_graph
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slime_meta_engine.model_support import ModelShape
+from slime_meta_engine.fast_path.model_support import ModelShape
 
 SCRATCH_PAGE = 0
 

@@ -303,6 +303,6 @@ def _launch_silu_mul(gate_up):
 
 def _kernels():
     """The kernels' module, imported on first use, so importing this module never imports triton."""
-    from slime_meta_engine import fused_kernels
+    from slime_meta_engine.kernels import layer_triton
 
-    return fused_kernels
+    return layer_triton

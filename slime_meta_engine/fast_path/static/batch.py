@@ -19,15 +19,15 @@ from collections.abc import Sequence
 
 import torch
 
-from slime_meta_engine.cuda_graphs import DecodeGraphs
-from slime_meta_engine.model_support import model_shape, unsupported_reason
-from slime_meta_engine.paged_batch import DEFAULT_PAGE_SIZE, PagedBatch, build_paged_batch
-from slime_meta_engine.prefill_graphs import PrefillGraphs, build_prefill_graphs
-from slime_meta_engine.protocol import GenerationSpec
+from slime_meta_engine.api.protocol import GenerationSpec
+from slime_meta_engine.fast_path.decode_graphs import DecodeGraphs
+from slime_meta_engine.fast_path.model_support import model_shape, unsupported_reason
+from slime_meta_engine.fast_path.paged.batch import DEFAULT_PAGE_SIZE, PagedBatch, build_paged_batch
+from slime_meta_engine.fast_path.prefill_graphs import PrefillGraphs, build_prefill_graphs
+from slime_meta_engine.fast_path.slot_batch import SlotBatch
+from slime_meta_engine.fast_path.static.cache import StaticKVCache, fit_capacity
+from slime_meta_engine.fast_path.static.model import StaticDecoder
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
-from slime_meta_engine.slot_batch import SlotBatch
-from slime_meta_engine.static_cache import StaticKVCache, fit_capacity
-from slime_meta_engine.static_model import StaticDecoder
 
 logger = logging.getLogger("slime_meta.worker")
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 from torch.nn.attention import sdpa_kernel
 
-from slime_meta_engine import fused_ops
-from slime_meta_engine.family_forward import _ATTENTION_BACKENDS, LlamaFamilyForward
-from slime_meta_engine.paged_attention import paged_attention_unavailable_reason, paged_decode_attention
-from slime_meta_engine.paged_cache import SCRATCH_PAGE, PagedKVCache
+from slime_meta_engine.fast_path.family_forward import _ATTENTION_BACKENDS, LlamaFamilyForward
+from slime_meta_engine.fast_path.paged.cache import SCRATCH_PAGE, PagedKVCache
+from slime_meta_engine.kernels import layer_ops
+from slime_meta_engine.kernels.paged_attention import paged_attention_unavailable_reason, paged_decode_attention
 
 ATTENTION_CHOICES = ("auto", "kernel", "gather")
 
@@ -147,7 +147,7 @@ class PagedDecoder(LlamaFamilyForward):
             values_P_S_K_D = self.cache.values_L_P_S_K_D[index]
             # The rotation and both cache writes: one kernel with the fused kernels, three without
             # (the product's queries and keys are already head-normalised where the model does so).
-            q_B_H_D = fused_ops.rotate_into_cache(
+            q_B_H_D = layer_ops.rotate_into_cache(
                 self._decode_qkv_product(layer, hidden_B_E),
                 cos_B_1_D,
                 sin_B_1_D,

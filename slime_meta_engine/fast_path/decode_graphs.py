@@ -31,7 +31,7 @@ from functools import partial
 
 import torch
 
-from slime_meta_engine.static_model import StaticDecoder
+from slime_meta_engine.fast_path.static.model import StaticDecoder
 
 logger = logging.getLogger(__name__)
 

@@ -35,9 +35,9 @@ from typing import Any
 
 from aiohttp import web
 
-from slime_meta_engine.context import WorkerContext
-from slime_meta_engine.openai_routes import OpenAIContext, add_openai_routes
-from slime_meta_engine.protocol import (
+from slime_meta_engine.api.context import WorkerContext
+from slime_meta_engine.api.openai_routes import OpenAIContext, add_openai_routes
+from slime_meta_engine.api.protocol import (
     GenerationSpec,
     RequestError,
     SamplingParams,
@@ -45,7 +45,7 @@ from slime_meta_engine.protocol import (
     generate_response,
     parse_generate_request,
 )
-from slime_meta_engine.weight_routes import add_weight_routes
+from slime_meta_engine.api.weight_routes import add_weight_routes
 
 logger = logging.getLogger("slime_meta.worker")
 _HEALTH_GENERATE_TIMEOUT_S = 60.0
