@@ -8,7 +8,7 @@
 The model: random-init Qwen2 with Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 query heads over
 2 kv heads of 64, FFN 4864, vocab 151,936, tied embeddings), bf16, behind the engine's paged batch
 (`build_paged_batch`, each row given distinct pages; `--kv-cache static`: `build_static_batch`),
-graphs captured for every row bucket. fused_ops.py makes each RMSNorm, rotation and SiLU-and-
+graphs captured for every row bucket. kernels/layer_ops.py makes each RMSNorm, rotation and SiLU-and-
 multiply one kernel, joins the residual adds to the norms after them, and on the paged cache the
 rotation and the two cache writes. `SLIME_META_FUSED_OPS=0` (read when the decoder is built) turns
 them off; each setting builds its own batch.

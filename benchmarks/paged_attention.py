@@ -4,12 +4,12 @@
     python benchmarks/paged_attention.py --splits auto,1,2,4,8,16,32                           # sweep
     TRITON_INTERPRET=1 python benchmarks/paged_attention.py --quick --out /tmp/paged_attention.json  # CPU smoke
 
-The two ways PagedDecoder can attend for one new token per row (paged_model.py), at the attention
+The two ways PagedDecoder can attend for one new token per row (fast_path/paged/model.py), at the attention
 shapes of Qwen2.5-0.5B (14 query heads over 2 kv heads of 64) and Qwen2.5-1.5B (12 over 2, of 128),
 bf16, pages of 16 tokens in scrambled order:
 - gather: each row's first `attended // 16` pages copied into a contiguous block (keys, values),
   then SDPA under the rows' length mask (`_decode_attention`): every row pays for `attended`;
-- kernel: paged_attention.py, reading pages in place and stopping at each row's length.
+- kernel: kernels/paged_attention.py, reading pages in place and stopping at each row's length.
 Cases per rows (8, 32, 64): every row `L` tokens long (attended = L) for L in 256, 1,024, 4,400,
 and "mixed": attended 4,400 with one row in eight that long and the others 300.
 
@@ -53,7 +53,7 @@ MAX_LAYERS = 256
 
 
 def gather_attention(q_B_H_D, keys_P_S_K_D, values_P_S_K_D, pages_B_A, mask_B_1_1_T, scale) -> torch.Tensor:
-    """PagedDecoder's gather path for one layer (paged_model.py, static_model._decode_attention)."""
+    """PagedDecoder's gather path for one layer (fast_path/paged/model.py; family_forward._decode_attention)."""
     rows, heads, head_dim = q_B_H_D.shape
     page_size, kv_heads = keys_P_S_K_D.shape[1], keys_P_S_K_D.shape[2]
     attended = pages_B_A.shape[1] * page_size

@@ -30,11 +30,11 @@ How batching works (continuous batching on top of HF's `DynamicCache`):
 
 Admission and prefill live in prefill.py (a mixin of the engine).
 
-The fast path (CUDA, Llama/Qwen2 family; static_batch.py, paged_batch.py): when the engine is
+The fast path (CUDA, Llama/Qwen2 family; fast_path/static/batch.py, fast_path/paged/batch.py): when the engine is
 given a `StaticBatch` or a `PagedBatch`, requests it can serve (no prompt scoring, prompt plus
 max_new_tokens within its cache) run there instead: each row owns a slot of a preallocated KV
 cache (static) or pages of one pool (paged), and decode steps replay CUDA graphs, as do prefills
-of a few short prompts (prefill_graphs.py). A paged batch gates admission: a request waits in the
+of a few short prompts (fast_path/prefill_graphs.py). A paged batch gates admission: a request waits in the
 queue until the pool can promise it every page it may need. Everything else (scoring, longer
 requests) runs on the DynamicCache batch beside it; each loop turn steps both. Token choice, stop
 rules and answers are shared by the two.

@@ -9,7 +9,7 @@ Chunked prefill (`--chunked-prefill-size N`): a prefill runs in column windows o
 tokens (at least one column) over all its prompts, each window extending the same cache, so the
 activations and attention scores of one forward cover about N tokens, not every prompt token at
 once; the outputs are those of one forward up to float rounding (tests/test_worker_chunked_prefill.py).
-The static batch does the same in its own forward (static_model.py).
+The static batch does the same in its own forward (fast_path/static/model.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ token, taken before any top-p/top-k cut, with temperature 1 for greedy rows. Inp
 log-probs always use temperature 1. Everything is computed in float32 whatever the model dtype.
 
 Where the batch needs no top-p/top-k cut and no top log-probs (the rollouts' case), the choice can
-run as two Triton kernels (`kernel_seed`, sampling_kernel.py: chunks of the vocabulary, then each
+run as two Triton kernels (`kernel_seed`, kernels/sampling_triton.py: chunks of the vocabulary, then each
 row's chunks merged) instead of about ten torch kernels over a float32 copy of the logits. Per
 row: log_softmax(logits / T), and a token by the Gumbel-max trick (argmax of logits / T plus
 Gumbel noise from Triton's Philox stream under `kernel_seed`), the same distribution as

@@ -2,7 +2,7 @@
 
 Why it exists: slime-meta drives teachers and students through SGLang's HTTP API behind
 sglang-router. On a laptop, in CI, or for tiny models there is no SGLang; this worker runs any
-local Hugging Face causal LM behind the same endpoints (routes.py), so the rest of the program
+local Hugging Face causal LM behind the same endpoints (api/routes.py), so the rest of the program
 (and the real router) cannot tell the difference for the calls it makes.
 
     python -m slime_meta_engine --model-path DIR --host 127.0.0.1 --port P \
@@ -19,7 +19,7 @@ rows share one prefill of the prompt (see engine.py).
 
 The model runs in a single generation thread (see engine.py); the asyncio event loop
 only parses, queues and answers. On CUDA, for Llama/Qwen2/Qwen3-family models, decoding runs
-through a static or paged KV cache and CUDA graphs (`--cuda-graphs`, static_batch.py);
+through a static or paged KV cache and CUDA graphs (`--cuda-graphs`, fast_path/static/batch.py);
 `/get_server_info` says which path is active (`engine.decode_path`). The line
 `worker ready on http://HOST:PORT` goes to stdout once the socket is listening; logs go to stderr.
 """

@@ -1,9 +1,9 @@
-"""fused_ops.py: each Triton kernel against its torch expression, and the decoders with and without them.
+"""kernels/layer_ops.py: each Triton kernel against its torch expression, and the decoders with and without them.
 
 Kernel cases: hidden sizes 896, 576 and 1536 (Qwen2.5-0.5B, SmolLM2-135M, Qwen2.5-1.5B), query+kv heads
 14+2, 9+3 and 12+2 of 64 and 128, FFN widths 4864, 8960 and 1000, 1, 3 and 64 rows, bf16 and float32
 (float16 too on CUDA), inputs that are slices of wider tensors as the decoders pass them, and the
-prefill's (rows, heads, cols, D) view of a (rows, cols, heads, D) product. What must hold (fused_ops.py
+prefill's (rows, heads, cols, D) view of a (rows, cols, heads, D) product. What must hold (kernels/layer_ops.py
 says why): the rotation and the residual add equal torch's bit for bit; SiLU-and-multiply too on CUDA
 (under the interpreter numpy's exp stands in for expf: bf16 within one ulp in rare elements); RMSNorm
 within one ulp of the model dtype before its weight (so two after it), in rare elements, and its weight
@@ -161,7 +161,7 @@ def op_results(device: str, dtypes: tuple[torch.dtype, ...]) -> dict[str, dict[s
 
 
 def failures(results: dict[str, dict], family: str, compiled: bool) -> list[str]:
-    """The cases of `family` that break what fused_ops.py promises, described."""
+    """The cases of `family` that break what kernels/layer_ops.py promises, described."""
     bad = []
     for case, result in results[family].items():
         half = not case.startswith("float32")

@@ -1,4 +1,4 @@
-"""Decode attention over the paged KV cache in place (paged_attention.py) and its use in PagedDecoder.
+"""Decode attention over the paged KV cache in place (kernels/paged_attention.py) and its use in PagedDecoder.
 
 The kernel against attention in float64 over each row's tokens gathered by hand: pages in scrambled
 order, every cache slot that no row may read set to NaN (so any read past a row's length or outside
@@ -11,7 +11,7 @@ On CPU these run through Triton's interpreter, in a child process (TRITON_INTERP
 before triton is imported, and must not leak into other tests); its bf16 dot multiplies raw bits,
 so bf16 is checked on CUDA only. They skip where triton is not installed. With CUDA the kernel
 runs compiled, in this process, bf16 and longer rows included, and the decoders also through
-captured graphs (cuda_graphs.py).
+captured graphs (fast_path/decode_graphs.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prefill graphs (prefill_graphs.py): prompts run at a (rows, length) bucket's shapes, padding rows
+"""Prefill graphs (fast_path/prefill_graphs.py): prompts run at a (rows, length) bucket's shapes, padding rows
 and columns included, give what the plain prefill gives, and write nothing a running row reads.
 
 On CPU the buckets run eagerly (`use_graphs=False` with `prefill_graph_tokens`), which checks the

@@ -1,4 +1,4 @@
-"""The worker's paged KV cache: one pool of pages for every running row (paged_*.py).
+"""The worker's paged KV cache: one pool of pages for every running row (fast_path/paged/*.py).
 
 On CPU (float32, eager) the paged forward must give HF's greedy tokens and its log-probs within
 1e-4, as the static forward does, for the tiny Qwen2/Llama models and the real SmolLM2-135M, with

@@ -4,7 +4,7 @@ Endpoints: GET /health, /health_generate, /get_model_info (/model_info), /get_se
 (/server_info); POST /generate, /update_weights_from_disk, /abort_request; GET|POST /flush_cache;
 POST /v1/completions, /v1/chat/completions, GET /v1/models. Same-host weight transfers of our
 own (POST /update_weights_from_shared_memory, /update_weights_from_cuda_ipc, GET
-/weight_transfer_info): see weight_routes.py.
+/weight_transfer_info): see api/weight_routes.py.
 
 Log-prob semantics (a contract with the trainer, which recomputes them for the PPO ratio):
 - `output_token_logprobs[i]` = log_softmax(logits / temperature)[token], computed in float32

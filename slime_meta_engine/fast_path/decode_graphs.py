@@ -97,7 +97,7 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.use_graphs = use_graphs
         self.capture_s = 0.0
-        self.pool = None  # the graphs' memory pool, which the prefill graphs share (prefill_graphs.py)
+        self.pool = None  # the graphs' memory pool, which the prefill graphs share (fast_path/prefill_graphs.py)
         if use_graphs:
             self._capture_all()
 

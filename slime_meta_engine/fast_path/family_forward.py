@@ -4,7 +4,7 @@ Why our own forward: Hugging Face's forward is dozens of small Python-driven ker
 layer with shapes that change every step, so a decode step is bound by the CPU, not the GPU. This
 forward has fixed shapes for a given (rows, attended length) pair, touches no Python state that
 changes between steps and never synchronises with the host, so one decode step can be captured in
-a CUDA graph (cuda_graphs.py) and replayed.
+a CUDA graph (fast_path/decode_graphs.py) and replayed.
 
 It computes what the HF modules compute in the same dtypes (RMSNorm in float32 then cast back
 before the weight, rotary tables in float32 cast to the model dtype, SiLU-gated MLP, q/k/v biases
@@ -15,16 +15,16 @@ queries and keys rotate in one pass, the attention mask is built once per step, 
 float32 part is torch's fused `rms_norm` (on CUDA its float32 sum may round differently from
 HF's, far below bf16 resolution). On CUDA with triton, the norms, the rotation
 and SiLU-and-multiply are one Triton kernel each, and each residual add joins the norm after it,
-the MLP's that of the next layer (fused_ops.py, which says how they round: as torch does, but
+the MLP's that of the next layer (kernels/layer_ops.py, which says how they round: as torch does, but
 for RMSNorm's float32 sum); `SLIME_META_FUSED_OPS=0` or `fused_kernels=False` keeps torch's.
 
 It reads every weight from the loaded HF modules at call time, so an in-place weight update
 (`/update_weights_from_disk` copies into the existing parameters) reaches this path, and the
 captured graphs, which hold the same storage, too.
 
-Each cache layout (static_model.py: one slot per row; paged_model.py: pages) subclasses
+Each cache layout (fast_path/static/model.py: one slot per row; fast_path/paged/model.py: pages) subclasses
 `LlamaFamilyForward` and says only how it stores and reads keys and values; which models are
-supported: model_support.py.
+supported: fast_path/model_support.py.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class LlamaFamilyForward:
     loaded HF Llama/Qwen2/Qwen3 model, for positions 0..`max_positions`-1.
 
     `fused_kernels`: whether the norms, rotation and gated activation run as Triton kernels
-    (fused_ops.py); None: where they can on CUDA, unless SLIME_META_FUSED_OPS=0 (read here, once).
+    (kernels/layer_ops.py); None: where they can on CUDA, unless SLIME_META_FUSED_OPS=0 (read here, once).
     """
 
     def __init__(self, model: torch.nn.Module, max_positions: int, *, fused_kernels: bool | None = None):
@@ -89,7 +89,7 @@ class LlamaFamilyForward:
         self._layers = list(model.model.layers)
         self._scaling = self._layers[0].self_attn.scaling
         self._qk_norm = getattr(model.config, "model_type", None) in QK_NORM_MODEL_TYPES
-        for layer in self._layers:  # q/k/v in one product, gate/up in one (views: see fused_weights.py)
+        for layer in self._layers:  # q/k/v in one product, gate/up in one (views: see fast_path/fused_weights.py)
             attention, mlp = layer.self_attn, layer.mlp
             fuse_linear(attention, "_fused_qkv", (attention.q_proj, attention.k_proj, attention.v_proj))
             fuse_linear(mlp, "_fused_gate_up", (mlp.gate_proj, mlp.up_proj))

@@ -1,6 +1,6 @@
 """Which Hugging Face models the engine's fast path runs, and the shapes its caches are built to.
 
-The fast path (static_model.py, paged_model.py) computes the Llama/Qwen2/Qwen3 decoder itself:
+The fast path (fast_path/static/model.py, fast_path/paged/model.py) computes the Llama/Qwen2/Qwen3 decoder itself:
 `model_type` llama, qwen2 or qwen3, SiLU activation, full attention in every layer, rotary types
 whose frequencies do not depend on the sequence length (default, linear, llama3, yarn).
 Anything else uses the generic DynamicCache path; `unsupported_reason` says why.

@@ -1,10 +1,10 @@
 """Prefills of a few prompts captured as CUDA graphs, one per (row bucket, length bucket).
 
-Why: a prefill through the fast path's forward (family_forward.py) launches about twenty kernels
+Why: a prefill through the fast path's forward (fast_path/family_forward.py) launches about twenty kernels
 a layer from Python, so for a small model a prefill of one short prompt costs what the host takes
 to launch them (about 25 ms for a 30-layer 135M model), whatever its rows and tokens. When
 requests come one by one from independent clients, that is nearly every prefill. A captured graph
-replays the same launches with one call, as decode steps do (cuda_graphs.py).
+replays the same launches with one call, as decode steps do (fast_path/decode_graphs.py).
 
 A graph fixes its shapes and addresses, so:
 - prompts go through persistent buffers (token ids; each row's length and where its keys go, the

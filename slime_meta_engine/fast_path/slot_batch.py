@@ -1,6 +1,6 @@
 """What the static and the paged fast path share: running rows held in slots, each slot with the
 number of tokens its row holds, prompts run through a captured prefill graph when one holds them
-(prefill_graphs.py), and one decode step's logits handed back in the rows' order."""
+(fast_path/prefill_graphs.py), and one decode step's logits handed back in the rows' order."""
 
 from __future__ import annotations
 

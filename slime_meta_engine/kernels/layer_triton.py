@@ -1,6 +1,6 @@
-"""The Triton kernels of fused_ops.py (imported there on first use: importing this module imports triton).
+"""The Triton kernels of kernels/layer_ops.py (imported there on first use: importing this module imports triton).
 
-fused_ops.py says what each computes and how it rounds.
+kernels/layer_ops.py says what each computes and how it rounds.
 """
 
 import triton

@@ -1,6 +1,6 @@
 """Decode attention that reads the paged KV cache in place: a split-K ("flash-decoding") Triton kernel.
 
-Why: the gather path of paged_model.py copies each row's first `attended` tokens (a fixed bucket
+Why: the gather path of fast_path/paged/model.py copies each row's first `attended` tokens (a fixed bucket
 per captured graph) into a contiguous block, twice per layer, then attends under a length mask,
 so every row pays for the bucket's length and the copies. Here each program follows one row's
 page table and stops at the row's own length; nothing is copied.

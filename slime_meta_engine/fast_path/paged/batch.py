@@ -1,6 +1,6 @@
-"""The fast path's running batch over a paged KV cache (paged_cache.py, paged_model.py).
+"""The fast path's running batch over a paged KV cache (fast_path/paged/cache.py, fast_path/paged/model.py).
 
-The same contract as `StaticBatch` (static_batch.py), which the generation loop drives: `prefill`
+The same contract as `StaticBatch` (fast_path/static/batch.py), which the generation loop drives: `prefill`
 places new rows in the lowest free page-table rows, `decode` advances every row by one token
 through `DecodeGraphs`, `release` lets rows go. What differs is memory:
 - a row takes pages for its prompt at prefill and one more page each time its tokens reach the
@@ -235,7 +235,7 @@ def build_paged_batch(
 
     A row may grow to the pool's size or the model's positions, whichever is smaller. Graphs are
     captured for (rows, attended) pairs that gather at most twice the pool's tokens per layer.
-    `prefill_graph_tokens`: the largest prefill graph's rows x length (prefill_graphs.py; None: the
+    `prefill_graph_tokens`: the largest prefill graph's rows x length (fast_path/prefill_graphs.py; None: the
     default with `use_graphs`, none without; with it but without `use_graphs`, the prompts run
     eagerly at the graphs' bucketed shapes). Raises ValueError when the model is not supported.
     """

@@ -1,10 +1,10 @@
-"""The Llama/Qwen2/Qwen3 forward (family_forward.py) over a paged KV cache (paged_cache.py).
+"""The Llama/Qwen2/Qwen3 forward (fast_path/family_forward.py) over a paged KV cache (fast_path/paged/cache.py).
 
 The layers compute what the static forward computes (same projections, norms and MLP in the same
 dtypes); only where keys and values live differs. A row's tokens are found through its page table
 row, a persistent (rows, max pages) tensor on the device. Decode writes the new token's key/value
 at its page and offset, then attends in one of two ways (`attention`):
-- "kernel" (paged_attention.py): a Triton kernel follows each row's page table in place and stops
+- "kernel" (kernels/paged_attention.py): a Triton kernel follows each row's page table in place and stops
   at the row's own length (position + 1); nothing is copied. The default wherever it can run (CUDA
   with triton installed, or Triton's CPU interpreter under TRITON_INTERPRET=1).
 - "gather": gather each row's first `attended // page_size` pages into a contiguous
@@ -12,7 +12,7 @@ at its page and offset, then attends in one of two ways (`attention`):
   values, and attend to it with SDPA under a mask of the row's length, as the static forward does.
   Every row pays for the bucket's length and the copies; the fallback everywhere else (the CPU).
 Both keep every shape fixed for a (rows, attended) pair and read the page numbers and lengths from
-device memory, so a decode step can still be captured in a CUDA graph (cuda_graphs.py) and
+device memory, so a decode step can still be captured in a CUDA graph (fast_path/decode_graphs.py) and
 replayed whatever pages the rows hold. Prefill attends with SDPA either way, over the prompts'
 own keys (in windows, with the earlier windows' keys gathered by slot).
 """

@@ -1,10 +1,10 @@
-"""The fast path's forward over a static, slot-indexed KV cache (static_cache.py).
+"""The fast path's forward over a static, slot-indexed KV cache (fast_path/static/cache.py).
 
-The layers are `LlamaFamilyForward`'s (family_forward.py); here, only where keys and values live:
+The layers are `LlamaFamilyForward`'s (fast_path/family_forward.py); here, only where keys and values live:
 row i of a prefill writes its columns into its slot, and a decode step over rows 0..B-1 writes
 each new token's key/value at slot i, column = its position, then attends to the slot's first
 `attended` columns under a mask of the row's own length. Shapes are fixed for a (rows, attended)
-pair, so a decode step can be captured in a CUDA graph (cuda_graphs.py) and replayed.
+pair, so a decode step can be captured in a CUDA graph (fast_path/decode_graphs.py) and replayed.
 """
 
 from __future__ import annotations
