@@ -1,8 +1,8 @@
 """The embedded inference worker: any local Hugging Face causal LM behind SGLang's HTTP API.
 
 `python -m slime_meta_engine --model-path DIR --port P` starts one worker (see `server.py`).
-The training side never imports this package: it reaches workers over HTTP through the router,
-as it would a real SGLang fleet. One module per concern; the top level holds the process, the
+The training side reaches workers over HTTP through the router, as it would a real SGLang fleet;
+it imports only weights.py's shared-memory buffer names and GPU id, for the local weight push. One module per concern; the top level holds the process, the
 loop and what every path shares:
 
 - server.py         process entry point: flags, loading the model and engine, serving, exiting
