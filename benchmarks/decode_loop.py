@@ -39,10 +39,10 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
 from decode_step import QWEN_0_5B, TINY, build_model, kernels_per_step
 
-from slime_meta_engine.api.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.fast_path.paged.batch import build_paged_batch
 from slime_meta_engine.kernels import layer_ops
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.rows import GenerationJob
 from slime_meta_engine.sampling import RowSampling, choose_next_tokens
 

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generation import build_model_dir, prompts  # noqa: E402
 
-from slime_meta_engine.api.protocol import GenerationSpec, SamplingParams  # noqa: E402
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams  # noqa: E402
 from slime_meta_engine.rows import GenerationJob  # noqa: E402
 from slime_meta_engine.server import build_context, parse_args  # noqa: E402
 

@@ -55,11 +55,11 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
-from slime_meta_engine.api.protocol import FinishedGeneration
 from slime_meta_engine.caches import supports_row_surgery, trim_unused_columns
 from slime_meta_engine.fast_path.static.batch import StaticBatch
 from slime_meta_engine.kernels import layer_ops
 from slime_meta_engine.prefill import _Prefill, _RunningBatch
+from slime_meta_engine.protocol import FinishedGeneration
 from slime_meta_engine.rows import GenerationJob, RowState
 from slime_meta_engine.sampling import RowSampling, choose_next_tokens
 

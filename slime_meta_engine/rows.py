@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from slime_meta_engine.api.protocol import FinishedGeneration, GenerationSpec, render_output_text
+from slime_meta_engine.protocol import FinishedGeneration, GenerationSpec, render_output_text
 from slime_meta_engine.sampling import prompt_logprobs
 
 Decode = Callable[[Sequence[int], bool], str]  # (token ids, skip_special_tokens) -> text

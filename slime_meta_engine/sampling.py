@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from slime_meta_engine.api.protocol import SamplingParams
 from slime_meta_engine.kernels.layer_ops import kernels_unavailable_reason, next_power_of_two
+from slime_meta_engine.protocol import SamplingParams
 
 
 @dataclass(frozen=True)

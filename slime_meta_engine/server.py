@@ -38,12 +38,12 @@ import torch
 from aiohttp import web
 
 from slime_meta_engine.api.context import WorkerContext
-from slime_meta_engine.api.protocol import RouterHttp2ProbeFilter
 from slime_meta_engine.api.routes import build_app
 from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.fast_path.memory_budget import plan_for_device
 from slime_meta_engine.fast_path.prefill_graphs import DEFAULT_MAX_TOKENS
 from slime_meta_engine.fast_path.static.batch import build_fast_path
-from slime_meta_engine.memory_budget import plan_for_device
+from slime_meta_engine.protocol import RouterHttp2ProbeFilter
 from slime_meta_engine.weights import release_cuda_ipc_buffers, remove_buffers
 
 logger = logging.getLogger("slime_meta.worker")

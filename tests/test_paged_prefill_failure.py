@@ -12,9 +12,9 @@ import pytest
 import torch
 from test_worker_static_decode import greedy_spec, hf_greedy, random_prompts, submit_all, tiny_model
 
-from slime_meta_engine.api.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.fast_path.paged.batch import build_paged_batch
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.rows import GenerationJob
 
 PAGE = 4

@@ -19,10 +19,10 @@ from test_worker_static_decode import (
     tiny_model,
 )
 
-from slime_meta_engine.api.protocol import GenerationSpec
 from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.fast_path.paged.batch import build_paged_batch
 from slime_meta_engine.fast_path.static.batch import build_static_batch
+from slime_meta_engine.protocol import GenerationSpec
 from slime_meta_engine.rows import GenerationJob
 from slime_meta_engine.server import parse_args
 

@@ -84,9 +84,9 @@ def test_the_model_is_the_one_described(real_model, real_tokenizer, hf_greedy) -
 
 @pytest.mark.parametrize("decode_path", ["dynamic_cache", "static_eager"])
 def test_engine_matches_hf_greedy_tokens_and_logprobs(decode_path: str, real_model, real_tokenizer, hf_greedy) -> None:
-    from slime_meta_engine.api.protocol import GenerationSpec, SamplingParams
     from slime_meta_engine.engine import GenerationEngine
     from slime_meta_engine.fast_path.static.batch import build_static_batch
+    from slime_meta_engine.protocol import GenerationSpec, SamplingParams
     from slime_meta_engine.rows import GenerationJob
     from slime_meta_engine.server import _eos_token_ids
 

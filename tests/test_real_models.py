@@ -112,9 +112,9 @@ def test_cached_qwen_checkpoint_through_the_engine_equals_hf_greedy():
     from helpers_real import SHORT_ANSWER_QUESTION, chat_prompt_ids
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from slime_meta_engine.api.protocol import GenerationSpec, SamplingParams
     from slime_meta_engine.engine import GenerationEngine
     from slime_meta_engine.fast_path.static.batch import build_static_batch
+    from slime_meta_engine.protocol import GenerationSpec, SamplingParams
     from slime_meta_engine.rows import GenerationJob
     from slime_meta_engine.server import _eos_token_ids
 

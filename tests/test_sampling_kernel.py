@@ -27,7 +27,7 @@ import pytest
 import torch
 from helpers_interpreter import run_interpreted
 
-from slime_meta_engine.api.protocol import SamplingParams
+from slime_meta_engine.protocol import SamplingParams
 from slime_meta_engine.sampling import RowSampling, choose_next_tokens, kernel_can_choose
 
 HAS_CUDA = torch.cuda.is_available()
@@ -149,8 +149,8 @@ def engine_check(device: str) -> dict:
     from test_worker_static_decode import full_logprobs, random_prompts, submit_all, tiny_model
 
     from slime_meta_engine import sampling
-    from slime_meta_engine.api.protocol import GenerationSpec
     from slime_meta_engine.engine import GenerationEngine
+    from slime_meta_engine.protocol import GenerationSpec
 
     used = {"calls": 0}
     original = sampling._choose_with_kernel

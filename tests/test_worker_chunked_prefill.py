@@ -18,9 +18,9 @@ from test_worker_static_decode import (
     tiny_model,
 )
 
-from slime_meta_engine.api.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.fast_path.static.batch import build_static_batch
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams
 
 # Prompts of very different lengths, so windows cut through some prompts' padding and others' ends.
 PROMPT_LENGTHS = [37, 5, 61, 18]

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from slime_meta_engine.api.protocol import FinishedGeneration, GenerationSpec, SamplingParams
 from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.protocol import FinishedGeneration, GenerationSpec, SamplingParams
 from slime_meta_engine.rows import GenerationJob
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime_meta_engine.memory_budget import (
+from slime_meta_engine.fast_path.memory_budget import (
     MIN_CACHE_LEN,
     model_bytes,
     plan_for_device,

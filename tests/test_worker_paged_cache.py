@@ -17,11 +17,11 @@ import pytest
 import torch
 from test_worker_static_decode import full_logprobs, greedy_spec, hf_greedy, random_prompts, submit_all, tiny_model
 
-from slime_meta_engine.api.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.fast_path.memory_budget import MIN_CACHE_LEN, plan_paged_worker_memory
 from slime_meta_engine.fast_path.paged.batch import build_paged_batch
 from slime_meta_engine.fast_path.paged.cache import PagePool
-from slime_meta_engine.memory_budget import MIN_CACHE_LEN, plan_paged_worker_memory
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.rows import GenerationJob
 
 HAS_CUDA = torch.cuda.is_available()

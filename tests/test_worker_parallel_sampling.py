@@ -20,8 +20,8 @@ import torch
 from helpers_tiny import full_logprobs
 
 from slime_meta.backends.local.workers.launcher import LocalProcessGroup
-from slime_meta_engine.api.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.rows import GenerationJob
 
 

@@ -14,12 +14,12 @@ import time
 import pytest
 import torch
 
-from slime_meta_engine.api.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.fast_path.decode_graphs import length_buckets, row_buckets, smallest_bucket
 from slime_meta_engine.fast_path.model_support import unsupported_reason
 from slime_meta_engine.fast_path.static.batch import build_fast_path, build_static_batch
 from slime_meta_engine.fast_path.static.cache import fit_capacity
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.rows import GenerationJob
 from slime_meta_engine.weights import copy_into_model
 

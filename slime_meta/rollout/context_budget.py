@@ -43,7 +43,7 @@ MIN_ANSWER_TOKENS = 16
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 # SGLang's limits on one request (its tokenizer manager: prompt + max_new_tokens >= context is
 # refused; its scheduler: a prompt of context - 6 tokens or more is aborted). The embedded worker
-# refuses the same (slime_meta_engine/api/protocol.py), so a run tested here is not refused on a cluster.
+# refuses the same (slime_meta_engine/protocol.py), so a run tested here is not refused on a cluster.
 SGLANG_INPUT_MARGIN = 6
 
 

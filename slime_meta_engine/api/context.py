@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from slime_meta_engine.api.protocol import FinishedGeneration, GenerationSpec
 from slime_meta_engine.engine import GenerationEngine
+from slime_meta_engine.protocol import FinishedGeneration, GenerationSpec
 from slime_meta_engine.rows import GenerationJob
 
 

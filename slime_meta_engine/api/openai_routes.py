@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from slime_meta_engine.api.protocol import (
+from slime_meta_engine.protocol import (
     FinishedGeneration,
     GenerationSpec,
     RequestError,

@@ -37,7 +37,8 @@ from aiohttp import web
 
 from slime_meta_engine.api.context import WorkerContext
 from slime_meta_engine.api.openai_routes import OpenAIContext, add_openai_routes
-from slime_meta_engine.api.protocol import (
+from slime_meta_engine.api.weight_routes import add_weight_routes
+from slime_meta_engine.protocol import (
     GenerationSpec,
     RequestError,
     SamplingParams,
@@ -45,7 +46,6 @@ from slime_meta_engine.api.protocol import (
     generate_response,
     parse_generate_request,
 )
-from slime_meta_engine.api.weight_routes import add_weight_routes
 
 logger = logging.getLogger("slime_meta.worker")
 _HEALTH_GENERATE_TIMEOUT_S = 60.0

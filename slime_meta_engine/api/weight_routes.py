@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from aiohttp import web
 
-from slime_meta_engine.api.protocol import RequestError
+from slime_meta_engine.protocol import RequestError
 from slime_meta_engine.weights import (
     SUPPORTED_LOAD_FORMATS,
     WeightUpdateError,

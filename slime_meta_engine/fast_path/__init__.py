@@ -8,6 +8,7 @@ Modules, one concern each:
 - `slot_batch`: what the static and the paged batch share: rows in slots, logits in row order;
 - `decode_graphs`: captured decode graphs and their size buckets;
 - `prefill_graphs`: captured prefills of a few prompts and their size buckets;
+- `memory_budget`: `--mem-fraction-static`: the weights and the preallocated cache inside F of the GPU;
 - `static/`: fixed slots of a preallocated cache (its cache, its forward, its batch);
 - `paged/`: one pool of pages that rows take as their tokens arrive (its cache, its forward, its batch).
 """

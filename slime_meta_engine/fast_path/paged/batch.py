@@ -21,13 +21,13 @@ from collections.abc import Sequence
 
 import torch
 
-from slime_meta_engine.api.protocol import GenerationSpec
 from slime_meta_engine.fast_path.decode_graphs import DecodeGraphs
 from slime_meta_engine.fast_path.model_support import model_shape, unsupported_reason
 from slime_meta_engine.fast_path.paged.cache import SCRATCH_PAGE, PagedKVCache, PagePool, pages_for
 from slime_meta_engine.fast_path.paged.model import PagedDecoder
 from slime_meta_engine.fast_path.prefill_graphs import PrefillGraphs, build_prefill_graphs
 from slime_meta_engine.fast_path.slot_batch import SlotBatch
+from slime_meta_engine.protocol import GenerationSpec
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
 
 logger = logging.getLogger("slime_meta.worker")

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 
 import torch
 
-from slime_meta_engine.api.protocol import GenerationSpec
 from slime_meta_engine.fast_path.decode_graphs import DecodeGraphs
 from slime_meta_engine.fast_path.model_support import model_shape, unsupported_reason
 from slime_meta_engine.fast_path.paged.batch import DEFAULT_PAGE_SIZE, PagedBatch, build_paged_batch
@@ -27,6 +26,7 @@ from slime_meta_engine.fast_path.prefill_graphs import PrefillGraphs, build_pref
 from slime_meta_engine.fast_path.slot_batch import SlotBatch
 from slime_meta_engine.fast_path.static.cache import StaticKVCache, fit_capacity
 from slime_meta_engine.fast_path.static.model import StaticDecoder
+from slime_meta_engine.protocol import GenerationSpec
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
 
 logger = logging.getLogger("slime_meta.worker")
@@ -135,7 +135,7 @@ def build_static_batch(
 ) -> StaticBatch:
     """Allocate the static cache, build the decoder and (with `use_graphs`) capture the graphs.
 
-    `budgeted`: the slots and capacity come from a memory budget (memory_budget.py) and are
+    `budgeted`: the slots and capacity come from a memory budget (fast_path/memory_budget.py) and are
     allocated as they are; otherwise the capacity is capped to a share of the free memory.
     `prefill_graph_tokens`: as in `build_paged_batch`. Raises ValueError when the model is not
     supported or the cache does not fit in memory.

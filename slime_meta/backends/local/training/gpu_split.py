@@ -1,7 +1,7 @@
 """Dividing one GPU between the local trainer and the workers that share it, checked at start.
 
 The workers' share is given, as in slime, by --sglang-mem-fraction-static F: each worker may hold
-F x the GPU's total memory for its weights and static KV cache (slime_meta_engine/memory_budget.py). The
+F x the GPU's total memory for its weights and static KV cache (slime_meta_engine/fast_path/memory_budget.py). The
 trainer's need is estimated from its model and settings (`estimate_trainer`); a split whose sum
 exceeds the GPU is refused before anything starts, with the numbers and the flag to change,
 instead of an out-of-memory error in the first rollout or step.
