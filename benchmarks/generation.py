@@ -122,7 +122,7 @@ def build_model_dir(kind: str, out: Path, dtype: torch.dtype) -> Path:
     if kind == "qwen0.5b":
         config = Qwen2Config(**QWEN25_05B, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     else:
-        from slime_meta.models.tiny_tokenizer import MODEL_SHAPE
+        from slime_meta.models.tiny.tokenizer import MODEL_SHAPE
 
         shape = dict(MODEL_SHAPE, max_position_embeddings=1024)  # 128 + 128 tokens fit with room
         config = LlamaConfig(vocab_size=512, bos_token_id=1, eos_token_id=2, pad_token_id=0, **shape)

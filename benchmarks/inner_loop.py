@@ -160,7 +160,7 @@ _TOKENIZER: list[Any] = []
 def char_tokenizer() -> Any:
     """The demo model's kind of tokenizer (one token a character), built once."""
     if not _TOKENIZER:
-        from slime_meta.models.tiny_tokenizer import train_char_tokenizer
+        from slime_meta.models.tiny.tokenizer import train_char_tokenizer
 
         tokenizer = train_char_tokenizer([])
         tokenizer.model_max_length = 10**9  # prompts here are longer than the tiny model's context

@@ -110,7 +110,7 @@ COMPARED = (
 
 
 def tiny_checkpoint() -> Path:
-    from slime_meta.models.tiny import ensure_tiny_checkpoint
+    from slime_meta.models.tiny.build import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(REPO / ".cache/models")
 

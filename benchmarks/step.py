@@ -186,7 +186,7 @@ def padded_char_tokenizer(texts: Sequence[str], vocab_size: int):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from slime_meta.models.tiny_tokenizer import train_char_tokenizer
+    from slime_meta.models.tiny.tokenizer import train_char_tokenizer
 
     base = train_char_tokenizer(texts)
     backend = base.backend_tokenizer

@@ -17,7 +17,7 @@ import pytest
 
 from slime_meta.data.tasks import bracket
 from slime_meta.data.tasks.bracket import BracketGeneratorTemplate, BracketTeacherTemplate
-from slime_meta.models import tiny
+from slime_meta.models.tiny import build as tiny
 from slime_meta.prompt_templates import load_template
 from slime_meta.types import Grade, GradedAttempt, Problem
 

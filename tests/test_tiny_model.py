@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from slime_meta.data.tasks import synthetic
-from slime_meta.models import tiny, tiny_tokenizer
+from slime_meta.models.tiny import build as tiny
+from slime_meta.models.tiny import tokenizer as tiny_tokenizer
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 FEW_STEPS = 4

@@ -239,7 +239,7 @@ def test_the_synthetic_tasks_model_shape_samples_with_exact_log_probs_under_load
     (float32) the decode steps replay captured graphs, as the efficacy benchmark's workers do."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from slime_meta.models.tiny_tokenizer import MODEL_SHAPE
+    from slime_meta.models.tiny.tokenizer import MODEL_SHAPE
 
     config = LlamaConfig(**MODEL_SHAPE, vocab_size=100, initializer_range=0.2, pad_token_id=0, eos_token_id=2)
     torch.manual_seed(0)

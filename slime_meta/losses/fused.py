@@ -3,7 +3,7 @@
 Why: the chunked torch code (`_common.rowwise`) runs about a dozen float32 elementwise kernels
 per chunk, forward and again in the recomputing backward; on an H100 at 8,192 tokens x vocab
 151,936 that is 80-110x the time needed to read the logits once and write one gradient. The
-kernels in `_fused_kernels.py` stream each row through registers instead: the token log-prob
+kernels in `triton_kernels.py` stream each row through registers instead: the token log-prob
 reads the logits once forward and once backward, the divergence three times, and each writes
 one gradient (the logits' dtype). No `[rows, V]` float32 temporary exists at any point.
 
@@ -45,11 +45,11 @@ MAX_BLOCK, MAX_WARPS = 4096, 8
 def kernels() -> ModuleType | None:
     """The Triton kernel module, or None where Triton cannot be imported (its error is kept)."""
     try:
-        from . import _fused_kernels
+        from . import triton_kernels
     except Exception as error:  # ImportError, or a broken Triton install: the torch code runs
         kernels.import_error = error  # type: ignore[attr-defined]
         return None
-    return _fused_kernels
+    return triton_kernels
 
 
 def kernels_usable(*tensors: Tensor) -> bool:

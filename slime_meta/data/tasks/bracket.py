@@ -17,7 +17,7 @@ Formats are character level, one token a character in the tiny model, and those 
   student prompt   `S{hint}|{word}=`                        completion `{h0}{word}{h1}.` + EOS
   teacher prompt   `T{previous_info}#{word}:{attempt}!{expected};...>`  completion `{hint}.` + EOS
 
-The teacher's pretraining prior (slime_meta/models/tiny.py builds it): its target is two letters
+The teacher's pretraining prior (slime_meta/models/tiny/build.py builds it): its target is two letters
 drawn uniformly from the hint letters (a-h) that occur anywhere in its own prompt, never the rule's
 choice. The key's letters are always in the prompt, so that prior writes the correct key only by
 chance (about 1 in 38 for 3 train problems), but it teaches the teacher to read its prompt and

@@ -239,9 +239,9 @@ class SyntheticTeacherTemplate(TeacherPromptTemplate):
 class PretrainingSampler:
     """(prompt, completion) pairs for both roles of the tiny model; words are fresh, not the data's rows.
 
-    `formats` renders them (slime_meta.models.tiny.Formats: this task's templates). The teacher's
+    `formats` renders them (slime_meta.models.tiny.build.Formats: this task's templates). The teacher's
     target is the family's suffix in `teacher_correct_fraction` of the examples, a random one
-    otherwise (slime_meta/models/tiny.py says why). A task on the same format subclasses it and
+    otherwise (slime_meta/models/tiny/build.py says why). A task on the same format subclasses it and
     changes the rule (`hint`, `answer`) and the teacher's other targets (`other_teacher_target`).
     """
 

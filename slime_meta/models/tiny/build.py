@@ -15,8 +15,8 @@ minute on 2 CPU cores, a 0.6M-parameter Llama on the synthetic suffix task
     temperature 1 gives it only a quarter to a third of the time (0.27-0.33 measured): a
     behaviour that RL can sharpen.
 
-The tokenizer and the model's shape are in `tiny_tokenizer`, the pretraining loop and decoding in
-`tiny_training`; this module holds the tasks' recipes and formats, the build, its checks, the cache
+The tokenizer and the model's shape are in `tokenizer.py`, the pretraining loop and decoding in
+`training.py`; this module holds the tasks' recipes and formats, the build, its checks, the cache
 and the CLI.
 
 Checkpoints are cached by `ensure_tiny_checkpoint`, keyed by the build settings, the data file's
@@ -50,8 +50,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from slime_meta.data.tasks import bracket, synthetic
-from slime_meta.models.tiny_tokenizer import new_model, train_char_tokenizer
-from slime_meta.models.tiny_training import (
+from slime_meta.models.tiny.tokenizer import new_model, train_char_tokenizer
+from slime_meta.models.tiny.training import (
     EMPTY_HINT_FRACTION,
     LEARNING_RATE,
     STUDENT_BATCH,
@@ -64,7 +64,7 @@ from slime_meta.models.tiny_training import (
 from slime_meta.types import Grade, GradedAttempt, Problem
 
 BUILD_VERSION = 1  # bump when the build recipe changes, so cached checkpoints are rebuilt
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_TASK = "synthetic_suffix"
 DEFAULT_DATA = "data/synthetic_suffix.jsonl"
 DEFAULT_STEPS = 200
@@ -385,7 +385,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         build_tiny_checkpoint(args.out, **settings) if args.out else ensure_tiny_checkpoint(args.cache_dir, **settings)
     )
     print(path)
-
-
-if __name__ == "__main__":
-    main()
