@@ -28,7 +28,7 @@ from slime_meta.rollout.context_budget import SGLANG_INPUT_MARGIN, longest_promp
 from slime_meta.rollout.pools import PoolUnavailable, SGLangPool
 from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole
 from slime_meta.types import Grade, GradedAttempt, Problem
-from slime_meta_engine.api import protocol
+from slime_meta_engine import protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 256  # the tiny model's max_position_embeddings
