@@ -54,9 +54,10 @@ def small_step_args(checkpoint, run_dir, *extra: str) -> list[str]:
 
 
 def test_one_outer_step_with_default_prompts_gives_grades_and_a_gradient(real_checkpoint, tmp_path):
-    # About 1 in 10 of this model's sampled answers is right, so a step of 34 answers is all wrong in
-    # a few runs of a hundred (sampling order varies with batching whatever the seed): a second,
-    # independent step is drawn only then. Both all wrong (about 0.1%) fails.
+    # About 1 in 10 of this model's sampled answers is right, so a step of 34 answers is all wrong,
+    # or its right answers fall where no teacher sample's reward differs from another's (no gradient),
+    # in a few runs of a hundred (sampling order varies with batching whatever the seed): a second,
+    # independent step is drawn only then. Both without a signal fails.
     for seed in ("1", "2"):
         run_dir = tmp_path / f"real-step-{seed}"
         args = small_step_args(real_checkpoint, run_dir, "--grader", "verifier", "--seed", seed)
@@ -68,7 +69,7 @@ def test_one_outer_step_with_default_prompts_gives_grades_and_a_gradient(real_ch
             record["meta_learning/avg_holdout_grade"],
             record["meta_learning/holdout_grade_no_info"],
         ]
-        if max(grades) > 0:
+        if max(grades) > 0 and not record.get("train/skipped_no_signal", 0):
             break
     assert max(grades) > 0, (grades, result.stdout[-3000:])
     # The default renders every role with the model's own chat template (the tokenizer has one).
