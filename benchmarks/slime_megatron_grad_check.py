@@ -52,18 +52,10 @@ def megatron_step(args, checkpoint: Path, data: dict, tensor_parallel: int) -> d
     import torch
     import torch.distributed as dist
     from megatron.core import mpu
-    from megatron.core.packed_seq_params import PackedSeqParams
-    from megatron.training.global_vars import set_args
-    from slime.backends.megatron_utils.hf_to_megatron import load_hf_weights
     from slime.backends.megatron_utils.loss import loss_function
-    from slime.backends.megatron_utils.model_provider import get_model_provider_func
-    from slime_megatron_hooks import local_spec_hf_names
-    from slime_megatron_tp_check import packed_micro_batch
+    from slime_megatron_tp_check import packed_micro_batch, rank_model, thd_params
 
-    set_args(args)
-    local_spec_hf_names(args)
-    model = get_model_provider_func(args)(pre_process=True, post_process=True)
-    load_hf_weights(args, [model], str(checkpoint))
+    model = rank_model(args, checkpoint)
     model.train()
     if args.bf16:  # as the GPU run: bf16 weights, each micro-batch's gradient added to an fp32 copy (DDP's main_grad)
         model = model.to(torch.bfloat16)
@@ -74,14 +66,7 @@ def megatron_step(args, checkpoint: Path, data: dict, tensor_parallel: int) -> d
     for i in range(count):
         tokens = data["tokens"][i].long()
         flat, cu_seqlens = packed_micro_batch([tokens.tolist()], tensor_parallel)
-        longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        params = PackedSeqParams(
-            cu_seqlens_q=cu_seqlens,
-            cu_seqlens_kv=cu_seqlens,
-            max_seqlen_q=longest,
-            max_seqlen_kv=longest,
-            qkv_format="thd",
-        )
+        params = thd_params(cu_seqlens)
         logits = model(input_ids=flat, position_ids=None, attention_mask=None, packed_seq_params=params)
         batch = {
             key: [data[key][i]]

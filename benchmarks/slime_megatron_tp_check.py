@@ -47,12 +47,22 @@ def packed_micro_batch(sequences, tensor_parallel: int, pad_multiplier: int = 12
     return flat[None], torch.tensor(bounds, dtype=torch.int32)
 
 
-def megatron_logits(args, checkpoint: Path, tensor_parallel: int):
-    """This rank's model, built and loaded as in slime's actor, and the full-vocabulary logits `[T, V_padded]`."""
-    import torch
-    import torch.distributed as dist
-    from megatron.core import mpu
+def thd_params(cu_seqlens):
+    """Megatron's THD packing parameters for a micro-batch with these sequence bounds, as slime passes them."""
     from megatron.core.packed_seq_params import PackedSeqParams
+
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    return PackedSeqParams(
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_kv=cu_seqlens,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+        qkv_format="thd",
+    )
+
+
+def rank_model(args, checkpoint: Path):
+    """This rank's shard of slime's Megatron model (local spec with the HF names), loaded by slime's HF loader."""
     from megatron.training.global_vars import set_args
     from slime.backends.megatron_utils.hf_to_megatron import load_hf_weights
     from slime.backends.megatron_utils.model_provider import get_model_provider_func
@@ -62,16 +72,19 @@ def megatron_logits(args, checkpoint: Path, tensor_parallel: int):
     local_spec_hf_names(args)
     model = get_model_provider_func(args)(pre_process=True, post_process=True)
     load_hf_weights(args, [model], str(checkpoint))
+    return model
+
+
+def megatron_logits(args, checkpoint: Path, tensor_parallel: int):
+    """This rank's model, built and loaded as in slime's actor, and the full-vocabulary logits `[T, V_padded]`."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import mpu
+
+    model = rank_model(args, checkpoint)
     model.eval()
     tokens, cu_seqlens = packed_micro_batch(SEQUENCES, tensor_parallel)
-    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    params = PackedSeqParams(
-        cu_seqlens_q=cu_seqlens,
-        cu_seqlens_kv=cu_seqlens,
-        max_seqlen_q=longest,
-        max_seqlen_kv=longest,
-        qkv_format="thd",
-    )
+    params = thd_params(cu_seqlens)
     with torch.no_grad():
         local = model(input_ids=tokens, position_ids=None, attention_mask=None, packed_seq_params=params)
     local = local.reshape(tokens.shape[1], -1).float().contiguous()  # [T, V / TP] on this rank
