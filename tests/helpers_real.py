@@ -43,3 +43,28 @@ def chat_prompt_ids(tokenizer, question: str) -> list[int]:
         [{"role": "user", "content": question}], add_generation_prompt=True, return_dict=True
     )
     return list(rendered["input_ids"])
+
+
+# Tokens of the greedy references below: past 32 for the long answers, the short one ends before.
+GREEDY_NEW_TOKENS = 40
+
+
+def hf_greedy_references(checkpoint: Path) -> dict[str, tuple[list[int], list[int]]]:
+    """question -> (prompt ids, HF generate's greedy tokens, at most GREEDY_NEW_TOKENS, stopping at the model's own
+    EOS) for LONG_ANSWER_QUESTIONS and SHORT_ANSWER_QUESTION in that order: the model in float32 on CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    model.requires_grad_(False)
+    references = {}
+    for question in (*LONG_ANSWER_QUESTIONS, SHORT_ANSWER_QUESTION):
+        prompt = chat_prompt_ids(tokenizer, question)
+        ids = torch.tensor([prompt])
+        with torch.inference_mode():
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=GREEDY_NEW_TOKENS, do_sample=False
+            )
+        references[question] = (prompt, out[0, len(prompt) :].tolist())
+    return references

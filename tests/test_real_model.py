@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_real import LONG_ANSWER_QUESTIONS, SHORT_ANSWER_QUESTION, chat_prompt_ids, real_gguf_or_skip
+from helpers_real import GREEDY_NEW_TOKENS, LONG_ANSWER_QUESTIONS, SHORT_ANSWER_QUESTION, real_gguf_or_skip
 
 from slime_meta.models.real import GGUF_NAME, GGUF_SHA256
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-NEW_TOKENS = 40
+NEW_TOKENS = GREEDY_NEW_TOKENS
 LOGPROB_TOLERANCE = 1e-4
 BASE_FLAGS = ["--use-meta-learning", "--prompt-data", "data/math_word_problems.jsonl"]
 
@@ -48,18 +48,10 @@ def real_model(real_checkpoint: Path):
 
 
 @pytest.fixture(scope="module")
-def hf_greedy(real_model, real_tokenizer) -> dict[str, tuple[list[int], list[int]]]:
-    """question -> (prompt ids, HF generate's greedy tokens, stopping at the model's own EOS)."""
-    references = {}
-    for question in (*LONG_ANSWER_QUESTIONS, SHORT_ANSWER_QUESTION):
-        prompt = chat_prompt_ids(real_tokenizer, question)
-        ids = torch.tensor([prompt])
-        with torch.inference_mode():
-            out = real_model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
-            )
-        references[question] = (prompt, out[0, len(prompt) :].tolist())
-    return references
+def hf_greedy(real_hf_greedy) -> dict[str, tuple[list[int], list[int]]]:
+    """question -> (prompt ids, HF generate's greedy tokens, stopping at the model's own EOS), computed once per
+    session (conftest.py) and shared with the paged engine's test."""
+    return real_hf_greedy
 
 
 def full_forward_logprobs(model, prompt: list[int], output_ids: list[int]) -> torch.Tensor:

@@ -378,10 +378,11 @@ def test_the_pool_is_sized_from_mem_fraction_static() -> None:
 # ----- the real model --------------------------------------------------------------------------
 
 
-def test_real_model_paged_engine_matches_hf(real_checkpoint) -> None:
-    """SmolLM2-135M (GQA 9 over 3, tied head) on the paged path: greedy tokens of HF `generate`,
-    EOS included, log-probs within 1e-4 of a full forward, prompts of different lengths together."""
-    from helpers_real import LONG_ANSWER_QUESTIONS, SHORT_ANSWER_QUESTION, chat_prompt_ids
+def test_real_model_paged_engine_matches_hf(real_checkpoint, real_hf_greedy) -> None:
+    """SmolLM2-135M (GQA 9 over 3, tied head) on the paged path: greedy tokens of HF `generate`
+    (conftest.py's, computed once per session), EOS included, log-probs within 1e-4 of a full forward,
+    prompts of different lengths together."""
+    from helpers_real import GREEDY_NEW_TOKENS, SHORT_ANSWER_QUESTION
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(real_checkpoint)
@@ -399,10 +400,13 @@ def test_real_model_paged_engine_matches_hf(real_checkpoint) -> None:
         max_batch_size=8,
         static_batch=paged,
     )
-    questions = (*LONG_ANSWER_QUESTIONS, SHORT_ANSWER_QUESTION)
-    prompts = [chat_prompt_ids(tokenizer, question) for question in questions]
+    assert list(real_hf_greedy)[-1] == SHORT_ANSWER_QUESTION  # the one answer that ends with EOS comes last
+    prompts = [prompt for prompt, _ in real_hf_greedy.values()]
+    references = [reference for _, reference in real_hf_greedy.values()]
     specs = [
-        GenerationSpec(f"q{i}", tuple(p), SamplingParams(max_new_tokens=40, temperature=0.0), return_logprob=True)
+        GenerationSpec(
+            f"q{i}", tuple(p), SamplingParams(max_new_tokens=GREEDY_NEW_TOKENS, temperature=0.0), return_logprob=True
+        )
         for i, p in enumerate(prompts)
     ]
     engine.start()
@@ -411,11 +415,8 @@ def test_real_model_paged_engine_matches_hf(real_checkpoint) -> None:
     finally:
         engine.stop()
     assert engine.counters["static_requests"] == len(specs)
-    for prompt, result in zip(prompts, results):
-        ids = torch.tensor([prompt])
-        with torch.inference_mode():
-            reference = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
-        assert result.output_ids == reference[0, len(prompt) :].tolist()
+    for prompt, reference, result in zip(prompts, references, results):
+        assert result.output_ids == reference
         expected = full_logprobs(model, prompt + result.output_ids)
         for step, (token, logprob) in enumerate(zip(result.output_ids, result.output_logprobs)):
             assert logprob == pytest.approx(float(expected[len(prompt) - 1 + step, token]), abs=1e-4)
