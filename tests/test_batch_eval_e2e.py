@@ -7,7 +7,11 @@ verifier: what is checked is what a step draws, sends and logs, not learning.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from statistics import fmean
 
@@ -162,6 +166,59 @@ def test_fixed_eval_set_is_never_trained_on_and_is_logged_and_plotted(tiny_check
     for step in (0, 1, 2):
         assert f"eval at step {step}: held holdout" in result.stdout
     assert png_width(run_dir / "holdout.png") > 1500  # the third panel: the eval set
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def test_an_eval_whose_step_never_ran_is_written_when_the_run_is_stopped(tiny_checkpoint, tmp_path):
+    """A time limit (SIGTERM) between an eval and the step record it rides with loses no eval."""
+    rows = [json.loads(line) for line in SYNTHETIC.read_text().splitlines() if line.strip()]
+    eval_file = tmp_path / "held.jsonl"
+    eval_file.write_text("".join(json.dumps(row) + "\n" for row in rows if row["family"] == "f00"))
+    run_dir = tmp_path / "stopped"
+    args = base_args(
+        tiny_checkpoint,
+        run_dir,
+        "--rollout-batch-size",
+        "4",
+        "--num-rollout",
+        "3",
+        "--trace-sample-rate",
+        "0",
+        "--eval-prompt-data",
+        "held",
+        str(eval_file),
+        "--eval-interval",
+        "1",
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("OPENAI_API_KEY", None)
+    run = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = []
+    try:
+        for line in run.stdout:
+            seen.append(line)
+            if line.startswith("eval at step 1:"):
+                run.send_signal(signal.SIGTERM)  # step 1 has only begun: its record is not written
+                break
+        output = "".join(seen) + run.stdout.read()
+        run.wait(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert any(line.startswith("eval at step 1:") for line in seen), output[-3000:]
+
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    with_eval = [r for r in records if "eval/held/holdout_grade" in r]
+    # Step 0's eval rode with step 0's record; step 1's, evaluated before the stop, is there once.
+    assert [r["step"] for r in with_eval] == [0, 1], output[-3000:]
+    assert 0.0 <= with_eval[1]["eval/held/holdout_grade"] <= 1.0
     assert processes_mentioning(str(run_dir)) == []
 
 

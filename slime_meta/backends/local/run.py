@@ -99,6 +99,7 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
         # thread that trained kept 60-90 MB (the trainer +190 MB in 40 steps, 850 -> 1,040 MB).
         trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
         progress, plot = RunProgress(start_step, cfg.meta.num_rollout), PlotRefresher(run_dir)
+        eval_step = start_step  # the step whose record will carry `evaluation`
         try:
             for rollout_id in range(start_step, cfg.meta.num_rollout):
                 clock = StepClock()
@@ -122,6 +123,7 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
                 metrics.update(baseline if rollout_id == start_step else {})
                 metrics.update(evaluation)
                 tracker.log(rollout_id, metrics)
+                evaluation = {}
                 tracker.write_traces([describe_batch(batch.episodes, rollout_id), *batch.result.traces])
                 line = format_step_line(
                     rollout_id,
@@ -133,13 +135,14 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
                 )
                 print(line, flush=True)
                 plot.after_step()
-                done, evaluation = rollout_id + 1, {}
+                done = rollout_id + 1
                 if eval_due(cfg, done) and data.eval_sets:
-                    # Weights `done` are on the workers: logged with step `done` (the end: a record of its own).
-                    evaluation = await evaluate(cfg, rollout, data.eval_sets, done)
+                    # Weights `done` are on the workers: logged with step `done` (the end, or a stop first: own record).
+                    evaluation, eval_step = await evaluate(cfg, rollout, data.eval_sets, done), done
                     print_eval(done, evaluation)
                     if done == cfg.meta.num_rollout:
                         tracker.log(done, evaluation)
+                        evaluation = {}
 
                 if should_save(cfg, rollout_id):
                     state = {"next_rollout_id": done, "sampler": pipeline.sampler_state_for_resume(done)}
@@ -154,6 +157,8 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
                         state=state,
                     )
         finally:
+            if evaluation:  # evaluated, but the run stopped before the step it rides with: a record of its own
+                tracker.log(eval_step, evaluation)
             await pipeline.cancel()
             await close_clients(teacher_pool, student_pool, pieces.grader, replayer)
             sync.close()  # its /dev/shm file; the process group removes it too, also on SIGTERM
