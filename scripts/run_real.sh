@@ -111,7 +111,9 @@ case "${GRADER:-verifier}" in
   local) GRADER_ARGS=(--grader local --grader-max-tokens 256) ;;   # the same model grades, a frozen copy
   *) echo "GRADER=$GRADER: use verifier (the default) or local" >&2; exit 2 ;;
 esac
-OUTPUT_ARGS=(--run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 10)
+# A checkpoint every 10 steps to resume from (each holds the model and its optimizer's state); those
+# of steps 100, 200, ... stay, each other one is deleted once a newer one is written.
+OUTPUT_ARGS=(--run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 10 --save-retain-interval 100)
 
 $PY train.py "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${SAMPLING_ARGS[@]}" \
   "${GRADER_ARGS[@]}" "${TRAIN_ARGS[@]}" "${OUTPUT_ARGS[@]}" "$@"

@@ -68,6 +68,8 @@ def test_flags_slime_already_defines_are_skipped():
         (["--student-router-port", "30000"], "--student-router-port"),
         (["--external-student-url", "http://h:1", "--student-num-gpus", "1"], "--external-student-url"),
         (["--save-interval", "2"], "--save"),
+        (["--save", "ck", "--save-retain-interval", "4"], "--save-retain-interval 4"),
+        (["--save", "ck", "--save-interval", "3", "--save-retain-interval", "4"], "multiple of --save-interval (3)"),
         (["--load", "/nonexistent/ckpt"], "--load"),
         (["--lr", "-1"], "--lr"),
         (["--teacher-temperature", "-0.1"], "--teacher-temperature"),

@@ -194,3 +194,42 @@ def test_checkpoints_of_the_previous_format_still_load_and_resume_the_rng_stream
     random.seed(0), np.random.seed(0), torch.manual_seed(0)
     ck.set_rng_state(loaded.trainer_state["rng"])
     assert (random.gauss(0, 1), random.random(), float(np.random.randn()), torch.rand(2).tolist()) == expected
+
+
+def test_save_retain_interval_keeps_the_multiples_and_the_latest(tiny_checkpoint, tmp_path):
+    """--save-retain-interval 2 (Megatron's rule): each save deletes the earlier non-multiples, once
+    the pointer names the new checkpoint; a later step's directory from an earlier run stays."""
+    from transformers import AutoTokenizer
+
+    import slime_meta.artifacts.train_state as ck
+    from slime_meta.backends.local.training.settings import TrainerSettings
+    from slime_meta.backends.local.training.trainer import LocalTrainer
+
+    trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu"))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    save_dir = tmp_path / "ckpt"
+    (save_dir / "iter_0000009").mkdir(parents=True)  # an earlier run that went further
+    kept_after = {}
+    for iteration in range(1, 6):
+        state = {"next_rollout_id": iteration, "sampler": {"cursor": iteration}}
+        ck.save_checkpoint(save_dir, iteration, trainer=trainer, tokenizer=tokenizer, state=state, retain_interval=2)
+        kept_after[iteration] = sorted(p.name for p in save_dir.glob("iter_*"))
+    assert kept_after == {
+        1: ["iter_0000001", "iter_0000009"],
+        2: ["iter_0000002", "iter_0000009"],
+        3: ["iter_0000002", "iter_0000003", "iter_0000009"],
+        4: ["iter_0000002", "iter_0000004", "iter_0000009"],
+        5: ["iter_0000002", "iter_0000004", "iter_0000005", "iter_0000009"],
+    }
+    loaded = ck.load_checkpoint(save_dir)
+    assert loaded.iteration == 5 and loaded.state["sampler"] == {"cursor": 5}
+    # Saving the same step again keeps it; without the flag nothing is deleted.
+    ck.save_checkpoint(save_dir, 5, trainer=trainer, tokenizer=tokenizer, state=loaded.state, retain_interval=2)
+    ck.save_checkpoint(save_dir, 7, trainer=trainer, tokenizer=tokenizer, state=loaded.state)
+    assert sorted(p.name for p in save_dir.glob("iter_*")) == [
+        "iter_0000002",
+        "iter_0000004",
+        "iter_0000005",
+        "iter_0000007",
+        "iter_0000009",
+    ]

@@ -136,7 +136,20 @@ class LoadedCheckpoint:
     state: dict[str, Any]
 
 
-def save_checkpoint(save_dir: Path, iteration: int, *, trainer, tokenizer, state: dict[str, Any]) -> Path:
+def save_checkpoint(
+    save_dir: Path,
+    iteration: int,
+    *,
+    trainer,
+    tokenizer,
+    state: dict[str, Any],
+    retain_interval: int | None = None,
+) -> Path:
+    """Write checkpoint `iteration` whole, then move the pointer to it.
+
+    With `retain_interval` N (--save-retain-interval), the earlier checkpoints of steps that are not
+    multiples of N are deleted once the pointer has moved, so a 400-step run keeps a few, not 40.
+    """
     save_dir.mkdir(parents=True, exist_ok=True)
     final = save_dir / f"iter_{iteration:07d}"
     tmp = save_dir / f".tmp-iter_{iteration:07d}"
@@ -152,7 +165,25 @@ def save_checkpoint(save_dir: Path, iteration: int, *, trainer, tokenizer, state
     os.replace(tmp, final)
     _fsync_dir(save_dir)
     _write_atomic(save_dir / POINTER, f"{iteration}\n")
+    if retain_interval:
+        _delete_unretained(save_dir, iteration, retain_interval)
     return final
+
+
+def _delete_unretained(save_dir: Path, latest: int, retain_interval: int) -> None:
+    """Delete the checkpoints before `latest` whose step is not a multiple of `retain_interval`.
+
+    Only earlier ones: a directory of a later step (an earlier run that went further) stays. A link
+    is left alone (it points at something kept elsewhere), and a failed delete is not fatal: the
+    pointer already names the new checkpoint.
+    """
+    for path in save_dir.glob("iter_*"):
+        try:
+            step = int(path.name.removeprefix("iter_"))
+        except ValueError:
+            continue
+        if step < latest and step % retain_interval and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def load_checkpoint(load_dir: Path) -> LoadedCheckpoint:

@@ -130,6 +130,7 @@ SLIME_HELP_GROUPS = {
         "--save",
         "--load",
         "--save-interval",
+        "--save-retain-interval",
         "--seed",
     ),
     "train (Megatron)": ("--weight-decay", "--adam-beta1", "--adam-beta2", "--recompute-granularity"),

@@ -12,6 +12,7 @@ class CheckpointConfig:
     save: str | None
     load: str | None
     save_interval: int | None
+    save_retain_interval: int | None
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,13 @@ def add_checkpoint_and_tracking_flags(add: AddFlag) -> None:
         type=positive_int,
         default=None,
         help="Save every N outer steps (and at the end); default: at the end only.",
+    )
+    add(
+        "--save-retain-interval",
+        type=positive_int,
+        default=None,
+        help="Keep the checkpoints of steps that are multiples of N and the latest; delete each other one once a "
+        "newer one is saved (Megatron's flag; a multiple of --save-interval); default: keep every checkpoint.",
     )
     add("--run-dir", default=None, help="Where metrics, traces, config and plot go (default runs/<time>).")
     add("--use-wandb", action="store_true", help="Also log to wandb (pip install -e '.[wandb]').")

@@ -56,6 +56,11 @@ def validate_flags(ns: argparse.Namespace) -> None:
         fail(f"--load {ns.load}: no such directory; give a --save directory of an earlier run")
     if ns.save_interval and not ns.save:
         fail("--save-interval needs --save DIR (where checkpoints go)")
+    if ns.save_retain_interval and not (ns.save_interval and ns.save_retain_interval % ns.save_interval == 0):
+        fail(
+            f"--save-retain-interval {ns.save_retain_interval}: must be a multiple of --save-interval "
+            f"({ns.save_interval or 'not given'}); give --save-interval N and a multiple of N"
+        )
     validate_objective_flags(ns)
     if ns.wandb_mode == "online" and ns.use_wandb:
         import os

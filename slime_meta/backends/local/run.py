@@ -155,6 +155,7 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
                         trainer=trainer,
                         tokenizer=tokenizer,
                         state=state,
+                        retain_interval=cfg.checkpoint.save_retain_interval,
                     )
         finally:
             if evaluation:  # evaluated, but the run stopped before the step it rides with: a record of its own

@@ -142,6 +142,14 @@ def config_from_slime_args(args: argparse.Namespace, *, default_run_dir: str = "
     if values["meta_rollout_batch_size"] is not None:
         values["rollout_batch_size"] = values["meta_rollout_batch_size"]
     # slime does checkpoints and wandb here (its --wandb-key, its run); ours would be a second copy.
-    values.update(backend="slime", load=None, save=None, save_interval=None, use_wandb=False, use_meta_learning=True)
+    values.update(
+        backend="slime",
+        load=None,
+        save=None,
+        save_interval=None,
+        save_retain_interval=None,
+        use_wandb=False,
+        use_meta_learning=True,
+    )
     values["replay_teachers"] = list(values.get("replay_teachers") or [])
     return build_config(argparse.Namespace(**values), default_run_dir=default_run_dir)

@@ -257,9 +257,8 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
     run_dir = Path(ns.run_dir or default_run_dir).resolve()  # the rollout manager's cwd is not ours
 
     # Validated with our own rules; --load/--save are Megatron's checkpoints here (slime checks them).
-    checked = argparse.Namespace(
-        **{**vars(ns), "load": None, "save": None, "save_interval": None, "run_dir": str(run_dir)}
-    )
+    megatron_owned = {"load": None, "save": None, "save_interval": None, "save_retain_interval": None}
+    checked = argparse.Namespace(**{**vars(ns), **megatron_owned, "run_dir": str(run_dir)})
     config = build_config(checked)
     batch = batch_plan(config)
     groups_samples = batch.groups * ns.n_samples_per_prompt
