@@ -9,6 +9,7 @@ Local backend (one machine, embedded workers behind the real sglang-router) by d
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 import sys
 import time
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         return slime_main(argv)
     quiet_library_progress_bars()
     take_sigint()
+    # `kill -USR1 <pid>` prints every thread's stack to stderr and the run goes on: where a hung run waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         config = parse_config(argv, default_run_dir=time.strftime("runs/%Y%m%d-%H%M%S"))
         backend = get_backend(config.backend)

@@ -192,13 +192,15 @@ def test_a_killed_run_leaves_no_buffer(signal_number, tiny_checkpoint, tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     args = run_dir_args(tiny_checkpoint, tmp_path / "run", "--weight-sync", "shared-memory")
     args[args.index("--num-rollout") + 1] = "50"
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    stderr_path = tmp_path / "stderr.txt"
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
     prefix = f"slime-meta-weights-{process.pid}-"
     try:
         deadline = time.monotonic() + 180
@@ -206,7 +208,12 @@ def test_a_killed_run_leaves_no_buffer(signal_number, tiny_checkpoint, tmp_path)
             time.sleep(0.2)
         assert buffers_named(prefix), "the run never made its buffer"
         process.send_signal(signal_number)
-        process.wait(timeout=60)
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # name where it waits: every thread's stack (train.py's SIGUSR1)
+            process.send_signal(signal.SIGUSR1)
+            time.sleep(3)
+            pytest.fail(f"still running 120 s after signal {signal_number}:\n{stderr_path.read_text()[-6000:]}")
         deadline = time.monotonic() + 30  # after SIGKILL the workers remove it on their way out
         while buffers_named(prefix) and time.monotonic() < deadline:
             time.sleep(0.2)
