@@ -33,8 +33,6 @@ def main(argv: list[str] | None = None) -> int:
         return slime_main(argv)
     quiet_library_progress_bars()
     take_sigint()
-    # `kill -USR1 <pid>` prints every thread's stack to stderr and the run goes on: where a hung run waits.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         config = parse_config(argv, default_run_dir=time.strftime("runs/%Y%m%d-%H%M%S"))
         backend = get_backend(config.backend)
@@ -72,4 +70,7 @@ def quiet_library_progress_bars() -> None:
 
 
 if __name__ == "__main__":
+    # `kill -USR1 <pid>` prints every thread's stack to stderr and the run goes on: where a hung run waits.
+    # Here, not in main(): main() also runs in-process (tests, notebooks), where stderr may have no file.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     sys.exit(main())
