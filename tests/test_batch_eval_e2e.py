@@ -54,6 +54,11 @@ def base_args(checkpoint: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
+def eval_every_step(eval_file: Path) -> list[str]:
+    """The fixed eval set `held`, evaluated before step 0 and after every step; no traces."""
+    return ["--trace-sample-rate", "0", "--eval-prompt-data", "held", str(eval_file), "--eval-interval", "1"]
+
+
 def png_width(path: Path) -> int:
     return struct.unpack(">I", path.read_bytes()[16:20])[0]
 
@@ -133,13 +138,7 @@ def test_fixed_eval_set_is_never_trained_on_and_is_logged_and_plotted(tiny_check
             "4",
             "--num-rollout",
             "2",
-            "--trace-sample-rate",
-            "0",
-            "--eval-prompt-data",
-            "held",
-            str(eval_file),
-            "--eval-interval",
-            "1",
+            *eval_every_step(eval_file),
         )
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -182,13 +181,7 @@ def test_an_eval_whose_step_never_ran_is_written_when_the_run_is_stopped(tiny_ch
         "4",
         "--num-rollout",
         "3",
-        "--trace-sample-rate",
-        "0",
-        "--eval-prompt-data",
-        "held",
-        str(eval_file),
-        "--eval-interval",
-        "1",
+        *eval_every_step(eval_file),
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("OPENAI_API_KEY", None)
