@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # slime_meta.artifacts.plot from this checkout
 
 from slime_meta.artifacts.plot import plot_run  # noqa: E402
-from slime_meta.artifacts.tracking import read_metrics  # noqa: E402
+from slime_meta.artifacts.tracking import read_metrics, step_records  # noqa: E402
 from slime_meta.artifacts.train_state import POINTER  # noqa: E402
 
 SYNTHETIC_TASKS = ("synthetic_suffix", "bracket")  # tiny models built by the project (scripts/run_synthetic.sh)
@@ -99,6 +99,83 @@ def training_elapsed(records: list[dict], run_dir: Path) -> list[float]:
     return elapsed
 
 
+def run_figures(records: list[dict], run_dir: Path, args: argparse.Namespace) -> dict:
+    """The run's figures from its metrics records: per-step figures from the step records, the
+    eval curve from every record (an eval-only record, the final eval's or one evaluated just
+    before a stop, holds an eval and no step)."""
+    steps = step_records(records)
+    if not steps:
+        raise SystemExit(f"[efficacy] {run_dir / 'metrics.jsonl'} holds no finished step; nothing to report")
+    name = args.task  # the eval set is named after the data file's stem: data/<task>.jsonl
+    r_oracle = steps[0][f"eval/{name}/baseline_teacher/avg"]
+    r_final = fmean(r["meta_learning/avg_holdout_grade"] for r in steps[-args.window :])
+    r_start = fmean(r["meta_learning/avg_holdout_grade"] for r in steps[: args.window])
+    r_no_info = fmean(r["meta_learning/holdout_grade_no_info"] for r in steps)
+
+    def gain(r: float) -> float:
+        return (r - r_no_info) / (r_oracle - r_no_info) if r_oracle > r_no_info else float("nan")
+
+    # What RL added: the share of the room left at the start (R_start to R_oracle) that it closed.
+    gain_over_start = (r_final - r_start) / (r_oracle - r_start) if r_oracle > r_start else float("nan")
+
+    # Elapsed training time at each step's end, from the start of step 0 (the model build and the
+    # workers' start are in `wall_s`, not here); a resumed run's restart is not training time.
+    elapsed = training_elapsed(steps, run_dir)
+    within = [r for r, t in zip(steps, elapsed) if args.budget_s is None or t <= args.budget_s]
+    r_budget = fmean(r["meta_learning/avg_holdout_grade"] for r in within[-args.window :]) if within else float("nan")
+    # Gain and no-info control per consecutive block of --block steps: does the gain hold?
+    blocks = [steps[i : i + args.block] for i in range(0, len(steps), args.block)]
+    by_block = [
+        {
+            "first_step": b[0]["step"],
+            "last_step": b[-1]["step"],
+            "holdout": fmean(r["meta_learning/avg_holdout_grade"] for r in b),
+            "no_info": fmean(r["meta_learning/holdout_grade_no_info"] for r in b),
+            "normalised_gain": gain(fmean(r["meta_learning/avg_holdout_grade"] for r in b)),
+        }
+        for b in blocks
+    ]
+    # The fixed eval set of problems never trained on (data/<task>_eval.jsonl), when the run has one.
+    eval_name = f"{name}_eval"
+    eval_curve = [
+        {
+            "step": r["step"],
+            "holdout": r[f"eval/{eval_name}/holdout_grade"],
+            "no_info": r[f"eval/{eval_name}/holdout_grade_no_info"],
+        }
+        for r in records
+        if f"eval/{eval_name}/holdout_grade" in r
+    ]
+    curve = [
+        {
+            "step": r["step"],
+            "elapsed_s": round(t, 2),
+            "holdout": r["meta_learning/avg_holdout_grade"],
+            "no_info": r["meta_learning/holdout_grade_no_info"],
+        }
+        for r, t in zip(steps, elapsed)
+    ]
+    return {
+        "steps": len(steps),
+        "r_oracle": r_oracle,
+        "r_no_info": r_no_info,
+        "r_first_steps": r_start,
+        "r_last_steps": r_final,
+        "normalised_gain_first_steps": gain(r_start),
+        "normalised_gain_last_steps": gain(r_final),
+        "gain_over_start": gain_over_start,
+        "budget_s": args.budget_s,
+        "steps_within_budget": len(within),
+        "training_s": elapsed[-1],
+        "resumed_at_steps": resume_steps(run_dir),
+        "normalised_gain_within_budget": gain(r_budget),
+        "block_steps": args.block,
+        "by_block": by_block,
+        "curve": curve,
+        "eval_curve": eval_curve,
+    }
+
+
 def run(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     run_dir = Path(args.run_dir) if args.run_dir else out / f"efficacy-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -145,82 +222,15 @@ def run(args: argparse.Namespace) -> dict:
         if returncode != 0:
             raise SystemExit(f"[efficacy] the run failed (exit code {returncode}); its output is above")
     wall = time.perf_counter() - started
-    records = read_metrics(run_dir)
-    first = records[0]
-    name = args.task  # the eval set is named after the data file's stem: data/<task>.jsonl
-    r_oracle = first[f"eval/{name}/baseline_teacher/avg"]
-    window = records[-args.window :]
-    r_final = fmean(r["meta_learning/avg_holdout_grade"] for r in window)
-    r_start = fmean(r["meta_learning/avg_holdout_grade"] for r in records[: args.window])
-    r_no_info = fmean(r["meta_learning/holdout_grade_no_info"] for r in records)
-
-    def gain(r: float) -> float:
-        return (r - r_no_info) / (r_oracle - r_no_info) if r_oracle > r_no_info else float("nan")
-
-    # What RL added: the share of the room left at the start (R_start to R_oracle) that it closed.
-    gain_over_start = (r_final - r_start) / (r_oracle - r_start) if r_oracle > r_start else float("nan")
-
-    # Elapsed training time at each step's end, from the start of step 0 (the model build and the
-    # workers' start are in `wall_s`, not here); a resumed run's restart is not training time.
-    elapsed = training_elapsed(records, run_dir)
-    within = [r for r, t in zip(records, elapsed) if args.budget_s is None or t <= args.budget_s]
-    r_budget = fmean(r["meta_learning/avg_holdout_grade"] for r in within[-args.window :]) if within else float("nan")
-    # Gain and no-info control per consecutive block of --block steps: does the gain hold?
-    blocks = [records[i : i + args.block] for i in range(0, len(records), args.block)]
-    by_block = [
-        {
-            "first_step": b[0]["step"],
-            "last_step": b[-1]["step"],
-            "holdout": fmean(r["meta_learning/avg_holdout_grade"] for r in b),
-            "no_info": fmean(r["meta_learning/holdout_grade_no_info"] for r in b),
-            "normalised_gain": gain(fmean(r["meta_learning/avg_holdout_grade"] for r in b)),
-        }
-        for b in blocks
-    ]
-    # The fixed eval set of problems never trained on (data/<task>_eval.jsonl), when the run has one.
-    eval_name = f"{name}_eval"
-    eval_curve = [
-        {
-            "step": r["step"],
-            "holdout": r[f"eval/{eval_name}/holdout_grade"],
-            "no_info": r[f"eval/{eval_name}/holdout_grade_no_info"],
-        }
-        for r in records
-        if f"eval/{eval_name}/holdout_grade" in r
-    ]
-    curve = [
-        {
-            "step": r["step"],
-            "elapsed_s": round(t, 2),
-            "holdout": r["meta_learning/avg_holdout_grade"],
-            "no_info": r["meta_learning/holdout_grade_no_info"],
-        }
-        for r, t in zip(records, elapsed)
-    ]
+    figures = run_figures(read_metrics(run_dir), run_dir, args)
     result = {
         "benchmark": "efficacy",
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.node()} {platform.machine()} ({os.cpu_count()} cpus)",
         "gpu": gpu_name(),
         "command": " ".join(sys.argv),
-        "steps": len(records),
         "wall_s": wall,
-        "r_oracle": r_oracle,
-        "r_no_info": r_no_info,
-        "r_first_steps": r_start,
-        "r_last_steps": r_final,
-        "normalised_gain_first_steps": gain(r_start),
-        "normalised_gain_last_steps": gain(r_final),
-        "gain_over_start": gain_over_start,
-        "budget_s": args.budget_s,
-        "steps_within_budget": len(within),
-        "training_s": elapsed[-1],
-        "resumed_at_steps": resume_steps(run_dir),
-        "normalised_gain_within_budget": gain(r_budget),
-        "block_steps": args.block,
-        "by_block": by_block,
-        "curve": curve,
-        "eval_curve": eval_curve,
+        **figures,
         "task": args.task,
         "model": args.model or ("from --model-dir" if args.model_dir else None),
         "student": "shared" if args.shared_student else "frozen",

@@ -48,3 +48,49 @@ def test_training_time_counts_each_step_once_and_no_restart(tmp_path):
     # Without the resume recorded, the restart would count as training time.
     (run_dir / "efficacy_resumes.json").unlink()
     assert efficacy.training_elapsed(records, run_dir)[-1] == 541.0
+
+
+def _step_metrics(step: int) -> dict:
+    metrics = {
+        "meta_learning/avg_holdout_grade": 0.5 + 0.1 * step,
+        "meta_learning/holdout_grade_no_info": 0.4,
+        "perf/step_time": 10.0,
+    }
+    if step == 0:  # --eval-baseline's figures ride with the first step, as does the eval before training
+        metrics |= {"eval/price_lists/baseline_teacher/avg": 0.9, "eval/price_lists_eval/holdout_grade": 0.6}
+        metrics |= {"eval/price_lists_eval/holdout_grade_no_info": 0.4}
+    return metrics
+
+
+def _final_eval() -> dict:
+    return {"eval/price_lists_eval/holdout_grade": 0.95, "eval/price_lists_eval/holdout_grade_no_info": 0.45}
+
+
+def test_a_run_that_ends_on_an_eval_only_record_reports_its_steps_and_that_eval(tmp_path):
+    from argparse import Namespace
+
+    from slime_meta.artifacts.tracking import Tracker, read_metrics
+    from slime_meta.config.tracking import TrackingConfig
+
+    config = TrackingConfig(
+        run_dir=str(tmp_path), use_wandb=False, wandb_project="p", wandb_group=None, wandb_mode="disabled"
+    )
+    tracker = Tracker(config, tmp_path, {})
+    for step in range(4):
+        tracker.log(step, _step_metrics(step))
+    tracker.log(4, _final_eval())  # what train.py logs after its last step: the final eval alone
+    args = Namespace(task="price_lists", window=2, block=50, budget_s=None)
+
+    figures = efficacy.run_figures(read_metrics(tmp_path), tmp_path, args)
+    assert figures["steps"] == 4 and figures["r_oracle"] == 0.9
+    assert figures["r_last_steps"] == pytest.approx((0.7 + 0.8) / 2)  # steps 2 and 3, not the eval record
+    assert [p["step"] for p in figures["curve"]] == [0, 1, 2, 3]
+    assert [(p["step"], p["holdout"]) for p in figures["eval_curve"]] == [(0, 0.6), (4, 0.95)]
+    assert figures["training_s"] >= 10.0  # the first step counts its own step time
+
+    # Resumed from the checkpoint of step 4: the eval of those weights stays (the run does not redo it).
+    Tracker(config, tmp_path, {}, start_step=4)
+    assert [p["step"] for p in efficacy.run_figures(read_metrics(tmp_path), tmp_path, args)["eval_curve"]] == [0, 4]
+    # Resumed from step 3: step 3's record and the later eval give way, as the resumed run redoes both.
+    Tracker(config, tmp_path, {}, start_step=3)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]

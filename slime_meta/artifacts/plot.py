@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from slime_meta.artifacts.tracking import read_metrics, reference_grades
+from slime_meta.artifacts.tracking import read_metrics, reference_grades, step_records
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
     records = read_metrics(run_dir)
     if not records:
         return None
-    train_records = [r for r in records if "meta_learning/avg_holdout_grade" in r]  # not the final eval-only record
+    train_records = step_records(records)  # not an eval-only record (the final eval's, say)
     steps = [r["step"] for r in train_records]
 
     def series(key: str) -> list[float]:

@@ -58,10 +58,16 @@ class Tracker:
 
 
 def _keep_records_before(path: Path, step: int, *, key: str) -> None:
+    """Keep the records of the steps before `step`, and an eval-only record at `step` itself: it
+    evaluated the weights the resumed run starts from (the checkpoint's), which it does not redo."""
     if not path.exists():
         return
     lines = jsonl_lines(path.read_text(encoding="utf-8"))
-    kept = [line for line in lines if json.loads(line).get(key, -1) < step]
+    kept = [
+        line
+        for line in lines
+        if (record := json.loads(line)).get(key, -1) < step or (record.get(key) == step and is_eval_only(record))
+    ]
     if len(kept) == len(lines):
         return
     backup = path.with_name(path.name + ".before-resume")
@@ -81,6 +87,17 @@ def jsonl_lines(text: str) -> list[str]:
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in jsonl_lines(path.read_text(encoding="utf-8"))]
+
+
+def is_eval_only(record: Mapping[str, Any]) -> bool:
+    """A record of an eval alone (the final eval, or one done just before a stop), not of a step:
+    it holds `step`, `time` and `eval/...` figures and nothing a step logs."""
+    return all(key in ("step", "time") or key.startswith("eval/") for key in record)
+
+
+def step_records(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records of the training steps: what per-step figures and curves are read from."""
+    return [record for record in records if not is_eval_only(record)]
 
 
 class RunProgress:
