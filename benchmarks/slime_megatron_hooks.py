@@ -20,10 +20,15 @@ Nothing here imports Megatron or slime at module level.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from pathlib import Path
+
+# The spec for Megatron's local layers over slime's packed micro-batches, and the name translation,
+# are the product's (`--transformer-impl local` on the slime backend); re-exported for the flags above.
+from slime_meta.backends.slime.megatron_local import packed_local_layer_spec, translate_local_spec_names
+
+__all__ = ["packed_local_layer_spec", "actor_init", "actor_init_fp32", "grad_norm_report", "numpy_gate_site"]
 
 
 def actor_init(args) -> None:
@@ -62,88 +67,9 @@ def report_peak_memory(interval_s: float = 0.5) -> None:
 
 
 def local_spec_hf_names(args) -> None:
-    """--custom-megatron-init-path hook (runs in slime's Megatron actor before the model is built).
-
-    slime 624b824's HF->Megatron loader for Llama/Qwen names the input layer norm the way the
-    TransformerEngine spec has it, fused into the QKV projection (`linear_qkv.layer_norm_weight`);
-    Megatron's local spec keeps it as a module of its own (`input_layernorm.weight`), which the loader
-    refuses (KeyError). This maps that one name to the HF tensor the fused one reads; nothing else changes.
-    """
-    from slime.backends.megatron_utils import hf_to_megatron
-    from slime.backends.megatron_utils.hf_to_megatron.common import strip_mcore_wrappers
-
-    llama = hf_to_megatron._LOADERS["llama"]
-
-    def llama_local_spec(name, reader, config):
-        match = re.fullmatch(r"decoder\.layers\.(\d+)\.input_layernorm\.weight", strip_mcore_wrappers(name))
-        if match:
-            return reader.get_tensor(f"model.layers.{match.group(1)}.input_layernorm.weight")
-        return llama(name, reader, config)
-
-    hf_to_megatron._LOADERS["llama"] = llama_local_spec
-
-
-def packed_causal_attention_class():
-    """Causal attention over slime's packed micro-batches in plain torch, for Megatron's local spec.
-
-    slime packs every micro-batch as THD sequences (`PackedSeqParams`, qkv_format "thd"); Megatron's
-    local `DotProductAttention` asserts `packed_seq_params is None` (only TransformerEngine's attention
-    takes THD). This one takes query/key/value `[T, H, D]` and lets each packed sequence (cu_seqlens)
-    attend causally to itself, through torch's scaled_dot_product_attention. Under tensor parallelism each
-    rank gets its own heads (Megatron's per-partition counts, H / TP and G / TP): the head and group counts
-    are read from the tensors, so the same code serves every TP size.
-    """
-    import torch
-    import torch.nn.functional as F
-    from megatron.core.transformer.module import MegatronModule
-
-    class PackedCausalAttention(MegatronModule):
-        def __init__(self, config, layer_number, attn_mask_type, attention_type, softmax_scale=None, **_unused):
-            super().__init__(config=config)
-            self.softmax_scale = softmax_scale
-
-        def forward(
-            self,
-            query_T_H_D,
-            key_T_G_D,
-            value_T_G_D,
-            attention_mask=None,
-            attn_mask_type=None,
-            attention_bias=None,
-            packed_seq_params=None,
-            **_unused,
-        ):
-            if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
-                raise NotImplementedError("PackedCausalAttention takes slime's THD-packed micro-batches only")
-            bounds = packed_seq_params.cu_seqlens_q.tolist()
-            groups = query_T_H_D.shape[1] // key_T_G_D.shape[1]
-            out = []
-            for start, end in zip(bounds[:-1], bounds[1:]):
-                q_H_S_D = query_T_H_D[start:end].transpose(0, 1)
-                k_H_S_D = key_T_G_D[start:end].transpose(0, 1).repeat_interleave(groups, dim=0)
-                v_H_S_D = value_T_G_D[start:end].transpose(0, 1).repeat_interleave(groups, dim=0)
-                o_H_S_D = F.scaled_dot_product_attention(
-                    q_H_S_D, k_H_S_D, v_H_S_D, is_causal=True, scale=self.softmax_scale
-                )
-                out.append(o_H_S_D.transpose(0, 1))
-            return torch.cat(out)  # [T, H, D]: Megatron's Attention reshapes it to [T, 1, H * D]
-
-    return PackedCausalAttention
-
-
-def packed_local_layer_spec(args, config, vp_stage=None):
-    """--spec hook: slime's own local layer spec (its model_provider's call) with the attention above."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    spec = get_gpt_layer_local_spec(
-        num_experts=args.num_experts,
-        moe_grouped_gemm=args.moe_grouped_gemm,
-        qk_layernorm=args.qk_layernorm,
-        multi_latent_attention=args.multi_latent_attention,
-        moe_use_legacy_grouped_gemm=args.moe_use_legacy_grouped_gemm,
-    )
-    spec.submodules.self_attention.submodules.core_attention = packed_causal_attention_class()
-    return spec
+    """The local spec's layer-norm names for slime's HF->Megatron loaders and Megatron->HF converters
+    (slime_meta.backends.slime.megatron_local, which `--transformer-impl local` runs use too)."""
+    translate_local_spec_names()
 
 
 NUMPY_GATE_SITE = '''"""slime's Megatron init asserts numpy 1.x (slime/backends/megatron_utils/initialize.py, after

@@ -34,6 +34,8 @@ PLUGINS = {
     "--rollout-data-postprocess-path": "slime_meta.backends.slime.loss.hold_sdpo_topk",
 }
 SGLANG_CONFIG_NAME = "sglang_config.yaml"
+# Megatron's local layers (no TransformerEngine) over slime's packed micro-batches.
+LOCAL_TRANSFORMER_MODULE = "slime_meta.backends.slime.megatron_local"
 
 # Our flags the translation rewrites: flag -> whether it takes a value.
 _REWRITTEN = {
@@ -117,6 +119,7 @@ def _slime_side_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-steps-per-rollout", type=int, default=None)
     parser.add_argument("--num-epoch", type=int, default=None)
     parser.add_argument("--context-parallel-size", type=int, default=1)
+    parser.add_argument("--transformer-impl", default="transformer_engine")
     return parser
 
 
@@ -330,4 +333,19 @@ def translate(argv: Sequence[str], *, default_run_dir: str = "runs/slime") -> La
         out += ["--rollout-data-postprocess-path", PLUGINS["--rollout-data-postprocess-path"]]
     if o.needs_solver_samples:  # solver and replay samples: advantages per kind
         out += ["--custom-advantage-function-path", PLUGINS["--custom-advantage-function-path"]]
+    out += local_transformer_hooks(argv, slime_ns)
     return LaunchPlan(tuple(out), config, layout, run_dir, ns.dry_run)
+
+
+def local_transformer_hooks(argv: Sequence[str], slime_ns: argparse.Namespace) -> list[str]:
+    """With `--transformer-impl local` (a host without TransformerEngine), the layer spec and the
+    actor hook that let slime train that model and sync its weights (megatron_local.py), unless
+    the command line names its own."""
+    if slime_ns.transformer_impl != "local":
+        return []
+    hooks = []
+    if not given(argv, "--spec"):
+        hooks += ["--spec", LOCAL_TRANSFORMER_MODULE, "packed_local_layer_spec"]
+    if not given(argv, "--custom-megatron-init-path"):
+        hooks += ["--custom-megatron-init-path", f"{LOCAL_TRANSFORMER_MODULE}.actor_init"]
+    return hooks
