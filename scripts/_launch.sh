@@ -17,6 +17,23 @@ load_model_args() {
   fi
 }
 
+# Megatron's transformer layers (LAYER_ARGS) by TRANSFORMER_IMPL: TransformerEngine's (the default;
+# slime's docker image has it) with FlashAttention, or `local` on a host without TransformerEngine:
+# Megatron's own layers (the translation adds the spec and hooks slime needs for them,
+# slime_meta/backends/slime/megatron_local.py) with the fused kernels of TE and apex turned off.
+layer_args() {
+  case "${TRANSFORMER_IMPL:-transformer_engine}" in
+    transformer_engine) LAYER_ARGS=(--attention-backend flash) ;;
+    local)
+      LAYER_ARGS=(
+        --transformer-impl local
+        --no-gradient-accumulation-fusion --no-masked-softmax-fusion --no-bias-swiglu-fusion
+        --no-bias-dropout-fusion --no-rope-fusion --no-persist-layer-norm
+      ) ;;
+    *) echo "error: TRANSFORMER_IMPL=$TRANSFORMER_IMPL: use transformer_engine (the default) or local" >&2; exit 2 ;;
+  esac
+}
+
 # The grader by GRADER (verifier, openai, self-hosted). A key stays in the environment: Ray's
 # workers inherit it from `ray start`, and it never reaches the command line or the run's files.
 grader_args() {
@@ -40,17 +57,25 @@ plan_only_if_dry_run() {
   fi
 }
 
-# The data in slime's layout, then Ray's head on this node with GPUS GPUs.
+# The data in slime's layout, then Ray's head on this node with GPUS GPUs. Ray's workers (slime's
+# actors, the SGLang engines) inherit this environment: Megatron and this repository on PYTHONPATH.
 start_head() {
   local gpus=$1
   "$PYTHON" -m slime_meta.backends.slime.data "$DATA" "$PROMPTS"
-  export PYTHONUNBUFFERED=1
+  export PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=1
+  export PYTHONPATH="$MEGATRON_DIR:$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}"
   ray start --head --node-ip-address "$MASTER_ADDR" --num-gpus "$gpus" --disable-usage-stats
 }
 
-# The run itself, as a Ray job: slime's driver with our flags and any given after them.
+# The run itself: slime's driver with our flags and any given after them, as a Ray job where Ray's
+# job server runs (ray[default]), else on this node, attached to the cluster started above.
 submit_run() {
-  local runtime_env="{\"env_vars\": {\"PYTHONPATH\": \"$MEGATRON_DIR:$REPO_DIR\", \"CUDA_DEVICE_MAX_CONNECTIONS\": \"1\"}}"
-  ray job submit --address="http://127.0.0.1:8265" --runtime-env-json="$runtime_env" \
-    -- "$PYTHON" "$REPO_DIR/train.py" --backend slime "${ARGS[@]}" "$@"
+  if "$PYTHON" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8265/api/version', timeout=5)" 2>/dev/null; then
+    local runtime_env="{\"env_vars\": {\"PYTHONPATH\": \"$PYTHONPATH\", \"CUDA_DEVICE_MAX_CONNECTIONS\": \"1\"}}"
+    ray job submit --address="http://127.0.0.1:8265" --runtime-env-json="$runtime_env" \
+      -- "$PYTHON" "$REPO_DIR/train.py" --backend slime "${ARGS[@]}" "$@"
+  else
+    echo "[launch] no Ray job server at 127.0.0.1:8265 (it comes with ray[default]): the driver runs here"
+    RAY_ADDRESS="$MASTER_ADDR:6379" "$PYTHON" "$REPO_DIR/train.py" --backend slime "${ARGS[@]}" "$@"
+  fi
 }

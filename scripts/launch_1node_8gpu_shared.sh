@@ -64,6 +64,7 @@ SAMPLING_ARGS=(
 # term to --ref-load is the default here (0.1, k3); the solver-role GRPO term on the policy's own
 # graded attempts is the local backend's default and given here, as slime needs equal temperatures.
 ANTI_DRIFT_ARGS=(--adv-tau 1 --kl-loss-coef 0.1)
+layer_args        # LAYER_ARGS: TransformerEngine's layers, or Megatron's own (TRANSFORMER_IMPL=local)
 grader_args       # GRADER_ARGS: the built-in verifier, openai or self-hosted
 POOL_ARGS=(
   --actor-num-nodes 1 --actor-num-gpus-per-node 8
@@ -83,14 +84,14 @@ PERF_ARGS=(
 SGLANG_ARGS=(--sglang-mem-fraction-static 0.7)
 MISC_ARGS=(
   --attention-dropout 0.0 --hidden-dropout 0.0
-  --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32 --attention-backend flash
+  --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32
 )
 OUTPUT_ARGS=(--run-dir "$RUN_DIR")
 
 ARGS=(
   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${SAMPLING_ARGS[@]}" "${ANTI_DRIFT_ARGS[@]}"
   "${GRADER_ARGS[@]}" "${POOL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${PERF_ARGS[@]}" "${SGLANG_ARGS[@]}"
-  "${MISC_ARGS[@]}" "${OUTPUT_ARGS[@]}"
+  "${MISC_ARGS[@]}" "${LAYER_ARGS[@]}" "${OUTPUT_ARGS[@]}"
 )
 
 plan_only_if_dry_run "$@"

@@ -65,6 +65,7 @@ SAMPLING_ARGS=(
   --teacher-temperature 1.0 --teacher-max-tokens 512        # the trained policy
   --rollout-temperature 0.7 --rollout-max-response-len 1024 # the student
 )
+layer_args        # LAYER_ARGS: TransformerEngine's layers, or Megatron's own (TRANSFORMER_IMPL=local)
 grader_args       # GRADER_ARGS: the built-in verifier, openai or self-hosted
 POOL_ARGS=(
   --actor-num-nodes 1 --actor-num-gpus-per-node 4          # training: GPUs 0-3
@@ -84,14 +85,14 @@ PERF_ARGS=(
 SGLANG_ARGS=(--sglang-mem-fraction-static 0.7)
 MISC_ARGS=(
   --attention-dropout 0.0 --hidden-dropout 0.0
-  --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32 --attention-backend flash
+  --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32
 )
 OUTPUT_ARGS=(--run-dir "$RUN_DIR")
 
 ARGS=(
   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${SAMPLING_ARGS[@]}"
   "${GRADER_ARGS[@]}" "${POOL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${PERF_ARGS[@]}" "${SGLANG_ARGS[@]}"
-  "${MISC_ARGS[@]}" "${OUTPUT_ARGS[@]}"
+  "${MISC_ARGS[@]}" "${LAYER_ARGS[@]}" "${OUTPUT_ARGS[@]}"
 )
 
 plan_only_if_dry_run "$@"

@@ -66,6 +66,7 @@ SAMPLING_ARGS=(
   --teacher-temperature 1.0 --teacher-max-tokens 512        # the trained policy
   --rollout-temperature 0.7 --rollout-max-response-len 1024 # the student
 )
+layer_args        # LAYER_ARGS: TransformerEngine's layers, or Megatron's own (TRANSFORMER_IMPL=local)
 grader_args       # GRADER_ARGS: the built-in verifier, openai or self-hosted
 POOL_ARGS=(
   --actor-num-nodes 1 --actor-num-gpus-per-node 8          # training: node 0
@@ -86,21 +87,23 @@ PERF_ARGS=(
 SGLANG_ARGS=(--sglang-mem-fraction-static 0.7)
 MISC_ARGS=(
   --attention-dropout 0.0 --hidden-dropout 0.0
-  --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32 --attention-backend flash
+  --accumulate-allreduce-grads-in-fp32 --attention-softmax-in-fp32
 )
 OUTPUT_ARGS=(--run-dir "$RUN_DIR")
 
 ARGS=(
   "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${SAMPLING_ARGS[@]}"
   "${GRADER_ARGS[@]}" "${POOL_ARGS[@]}" "${TRAIN_ARGS[@]}" "${PERF_ARGS[@]}" "${SGLANG_ARGS[@]}"
-  "${MISC_ARGS[@]}" "${OUTPUT_ARGS[@]}"
+  "${MISC_ARGS[@]}" "${LAYER_ARGS[@]}" "${OUTPUT_ARGS[@]}"
 )
 
 plan_only_if_dry_run "$@"
 
 export PYTHONUNBUFFERED=1
 if [ "$NODE_RANK" != 0 ]; then
-  # The student node only lends its GPUs to the cluster; the head schedules everything.
+  # The student node only lends its GPUs to the cluster; the head schedules everything. Its workers
+  # (SGLang engines) import this repository, as the head's do.
+  export PYTHONPATH="$MEGATRON_DIR:$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}"
   exec ray start --address "$MASTER_ADDR:6379" --num-gpus 4 --disable-usage-stats --block
 fi
 start_head 8
