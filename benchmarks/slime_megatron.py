@@ -116,7 +116,8 @@ def tiny_checkpoint() -> Path:
 
 
 def megatron_shape(checkpoint: Path, tensor_parallel: int, vocab_multiple: int) -> list[str]:
-    """Megatron's model flags for an HF Llama config (slime checks them against the config at parse time)."""
+    """Megatron's model flags for an HF Llama or Qwen2 config (slime checks them against the config at
+    parse time). Qwen2 is Llama with biases on the query, key and value projections."""
     config = json.loads((checkpoint / "config.json").read_text())
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
@@ -145,6 +146,8 @@ def megatron_shape(checkpoint: Path, tensor_parallel: int, vocab_multiple: int) 
     ]
     if kv_heads != heads:
         flags += ["--group-query-attention", "--num-query-groups", str(kv_heads)]
+    if config.get("model_type") == "qwen2":
+        flags.append("--add-qkv-bias")
     if not config.get("tie_word_embeddings", False):
         flags.append("--untie-embeddings-and-output-weights")
     return flags

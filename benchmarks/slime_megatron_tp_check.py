@@ -11,8 +11,13 @@ vocabulary), then one forward of a micro-batch packed and padded as slime's data
 gathered over the TP group and compared with the HF model's, sequence by sequence; the padded vocabulary
 rows must give logit 0. float32 throughout (bf16 is the GPU run's).
 
+`--sync-check` (tensor parallel 1) also sends every Megatron parameter through slime's Megatron->HF
+conversion, as its weight sync to SGLang does (`convert_to_hf` with the checkpoint's model type), and
+compares the HF tensors it yields with the checkpoint's: every HF tensor named once, each equal.
+
   PYTHONPATH=MEGATRON:SLIME:SITE python benchmarks/slime_megatron_tp_check.py --tensor-parallel 2 \\
       --checkpoint DIR --slime-src SLIME       # exit code 0: every rank within --tolerance
+  ... --tensor-parallel 1 --sync-check --checkpoint QWEN2_DIR   # and the weight sync's names and tensors
 """
 
 from __future__ import annotations
@@ -75,13 +80,40 @@ def rank_model(args, checkpoint: Path):
     return model
 
 
-def megatron_logits(args, checkpoint: Path, tensor_parallel: int):
+def sync_check(args, model, checkpoint: Path) -> dict:
+    """Every parameter of the (TP 1) model through slime's Megatron->HF conversion, as the weight sync
+    sends it to SGLang, against the checkpoint's tensors: names missing, extra or sent twice, and the
+    largest difference."""
+    from safetensors.torch import load_file
+    from slime.backends.megatron_utils.megatron_to_hf import convert_to_hf
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    reference = {}
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        reference.update(load_file(str(path)))
+    if config.get("tie_word_embeddings"):
+        reference.pop("lm_head.weight", None)
+    sent, largest = [], 0.0
+    for name, param in model.named_parameters():
+        for hf_name, tensor in convert_to_hf(args, config["model_type"], f"module.module.{name}", param.detach()):
+            sent.append(hf_name)
+            if hf_name in reference:
+                largest = max(largest, (tensor.float() - reference[hf_name].float()).abs().max().item())
+    return {
+        "missing": sorted(set(reference) - set(sent)),
+        "unknown": sorted(set(sent) - set(reference)),
+        "sent_twice": sorted({n for n in sent if sent.count(n) > 1}),
+        "max_abs_diff": largest,
+    }
+
+
+def megatron_logits(args, checkpoint: Path, tensor_parallel: int, model=None):
     """This rank's model, built and loaded as in slime's actor, and the full-vocabulary logits `[T, V_padded]`."""
     import torch
     import torch.distributed as dist
     from megatron.core import mpu
 
-    model = rank_model(args, checkpoint)
+    model = model or rank_model(args, checkpoint)
     model.eval()
     tokens, cu_seqlens = packed_micro_batch(SEQUENCES, tensor_parallel)
     params = thd_params(cu_seqlens)
@@ -110,15 +142,21 @@ def rank_main(rank: int, ns: argparse.Namespace, port: int) -> None:
     out = Path(ns.work)
     argv = slime_megatron.train_argv(out, ns.checkpoint, ns.tensor_parallel, 1, ns.vocab_multiple)
     args = slime_megatron_cpu.megatron_rank_args_on_cpu(rank, ns.tensor_parallel, port, out, argv)
-    logits, cu_seqlens = megatron_logits(args, ns.checkpoint, ns.tensor_parallel)
+    model = rank_model(args, ns.checkpoint)
+    logits, cu_seqlens = megatron_logits(args, ns.checkpoint, ns.tensor_parallel, model)
     vocab = json.loads((ns.checkpoint / "config.json").read_text())["vocab_size"]
     report = {"rank": rank, "padded_vocab_size": int(args.padded_vocab_size), "sequences": []}
+    if ns.sync_check:
+        report["sync"] = sync_check(args, model, ns.checkpoint)
     for i, reference in enumerate(hf_logits(ns.checkpoint)):
         rows = logits[int(cu_seqlens[i]) : int(cu_seqlens[i + 1])]
         difference = (rows[:, :vocab] - reference).abs().max().item()
         padding = rows[:, vocab:].abs().max().item() if rows.shape[1] > vocab else 0.0
         report["sequences"].append({"max_abs_diff": difference, "padded_rows_max_abs": padding})
     report["ok"] = all(s["max_abs_diff"] <= ns.tolerance and s["padded_rows_max_abs"] == 0 for s in report["sequences"])
+    if ns.sync_check:
+        sync = report["sync"]
+        report["ok"] &= not (sync["missing"] or sync["unknown"] or sync["sent_twice"]) and sync["max_abs_diff"] == 0
     print(json.dumps(report), flush=True)
     (out / f"tp_check_rank{rank}.json").write_text(json.dumps(report) + "\n")
     dist.destroy_process_group()
@@ -127,12 +165,19 @@ def rank_main(rank: int, ns: argparse.Namespace, port: int) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tensor-parallel", type=int, default=2)
-    parser.add_argument("--checkpoint", type=Path, required=True, help="the HF Llama directory (the tiny one)")
+    parser.add_argument(
+        "--checkpoint", type=Path, required=True, help="the HF Llama or Qwen2 directory (the tiny Llama)"
+    )
     parser.add_argument("--slime-src", default=os.environ.get("SLIME_SRC"), help="a THUDM/slime checkout (624b824)")
     parser.add_argument("--vocab-multiple", type=int, default=2)
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest |logit difference| accepted")
     parser.add_argument("--port", type=int, default=29533)
+    parser.add_argument(
+        "--sync-check", action="store_true", help="also the weight sync's Megatron->HF conversion (TP 1 only)"
+    )
     ns = parser.parse_args(argv)
+    if ns.sync_check and ns.tensor_parallel != 1:
+        parser.error("--sync-check needs --tensor-parallel 1 (slime gathers a TP shard before converting it)")
     # The spawned ranks import slime, this repository and the hooks: on their path through the environment.
     paths = [str(BENCHMARKS), str(REPO), *([str(Path(ns.slime_src).resolve())] if ns.slime_src else [])]
     os.environ["PYTHONPATH"] = os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")])
