@@ -130,10 +130,15 @@ SLIME_HELP_GROUPS = {
         "--save",
         "--load",
         "--save-interval",
-        "--save-retain-interval",
         "--seed",
     ),
-    "train (Megatron)": ("--weight-decay", "--adam-beta1", "--adam-beta2", "--recompute-granularity"),
+    "train (Megatron)": (
+        "--weight-decay",
+        "--adam-beta1",
+        "--adam-beta2",
+        "--recompute-granularity",
+        "--save-retain-interval",
+    ),
     "wandb": ("--use-wandb", "--wandb-project", "--wandb-group", "--wandb-mode"),
 }
 _SLIME_GROUP_OF = {flag: group for group, flags in SLIME_HELP_GROUPS.items() for flag in flags}
