@@ -43,13 +43,21 @@ COMMON=("${TASK_ARGS[@]}" "${BATCH_ARGS[@]}" "${OPTIM_ARGS[@]}" --num-rollout "$
 # the server attends with its Triton kernels and samples in torch (flashinfer would JIT-compile first).
 SGLANG_KERNEL_ARGS=(--sglang-attention-backend triton --sglang-sampling-backend pytorch --sglang-cuda-graph-max-bs 128)
 
+# Megatron's shape must match the checkpoint's config exactly (slime checks it): the model converted from
+# the GGUF keeps its own output layer (untied) and the file's float32 epsilon; slime's qwen2.5-0.5B.sh says
+# tied and 1e-6.
+read -r NORM_EPS TIED < <($PY -c "import json, sys; c = json.load(open(sys.argv[1] + '/config.json')); \
+print(repr(c['rms_norm_eps']), int(bool(c.get('tie_word_embeddings'))))" "$MODEL_DIR")
+SHAPE_ARGS=(--norm-epsilon "$NORM_EPS")
+[ "$TIED" = 1 ] || SHAPE_ARGS+=(--untie-embeddings-and-output-weights)
+
 case "${1:-slime}" in
   slime)
     RUN_DIR="$OUT/slime_2gpu_seed$SEED"
     # The launch script as written; our settings go after it (the last value of a flag wins).
     MODEL=qwen2.5-0.5B HF_CHECKPOINT="$MODEL_DIR" REF_LOAD="$MODEL_DIR" DATA=data/price_lists.jsonl \
       RUN_DIR="$RUN_DIR" SAVE_DIR="$RUN_DIR/checkpoints" PYTHON="$PY" \
-      bash scripts/launch_1node_2gpu.sh "${COMMON[@]}" "${SGLANG_KERNEL_ARGS[@]}" --sglang-dtype bfloat16 \
+      bash scripts/launch_1node_2gpu.sh "${SHAPE_ARGS[@]}" "${COMMON[@]}" "${SGLANG_KERNEL_ARGS[@]}" --sglang-dtype bfloat16 \
       --save-interval "$STEPS"
     ;;
   local)

@@ -327,6 +327,21 @@ def test_context_distillation_advantages():
     torch.testing.assert_close(plain["advantages"][0], torch.full((4,), 0.5))
 
 
+def test_solver_advantages_are_computed_where_the_actors_log_probs_are():
+    """slime's actor holds the teacher log-probs on its GPU and the rollout's on the host: the shaped
+    advantage is computed on the first one's device (here `meta` stands in for the GPU)."""
+    args = Namespace(adv_tau=1.0, teacher_tau=0.5, student_tau=0.25)
+    data = {
+        "rewards": [1.0],
+        "kl": [torch.zeros(3, device="meta")],
+        "sample_indices": [SOLVER_INDEX_BASE],
+        "teacher_log_probs": [torch.tensor([-1.0, -2.0, -0.5], device="meta")],
+        "rollout_log_probs": [torch.tensor([-0.5, -0.5, -0.5])],
+    }
+    meta_advantages(args, data)
+    assert data["advantages"][0].device.type == "meta" and data["advantages"][0].shape == (3,)
+
+
 @pytest.fixture
 def slime_ppo_utils(monkeypatch):
     """slime.utils.ppo_utils from SLIME_SRC (or an installed slime); slime's modules are dropped afterwards."""

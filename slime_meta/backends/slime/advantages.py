@@ -46,8 +46,11 @@ def _taus(args: Namespace) -> dict[str, float]:
 def solver_advantages(
     args: Namespace, kind: str, reward: float, teacher_logp: torch.Tensor, rollout_logp: torch.Tensor
 ) -> torch.Tensor:
-    """One solver sample's token advantages `[R]` (float32); `kind` "distill" or "sdpo"."""
-    task = torch.tensor([float(reward)], dtype=torch.float64)
+    """One solver sample's token advantages `[R]` (float32); `kind` "distill" or "sdpo". On the device of
+    `teacher_logp` (slime's actor holds some of the rollout's tensors on the GPU, others on the host)."""
+    device = teacher_logp.device
+    task = torch.tensor([float(reward)], dtype=torch.float64, device=device)
+    rollout_logp = rollout_logp.to(device)
     if kind == "sdpo":  # alpha * (log p_hint - log p), no task term: as the local shaping pass
         alpha = float(args.sdpo_alpha)
         taus = {"adv_tau": 0.0, "teacher_tau": alpha, "student_tau": alpha}
