@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # slime_meta.artifacts.plot from this checkout
 
 from slime_meta.artifacts.plot import plot_run  # noqa: E402
-from slime_meta.artifacts.tracking import read_metrics, step_records  # noqa: E402
+from slime_meta.artifacts.tracking import read_metrics, reference_grades, step_records  # noqa: E402
 from slime_meta.artifacts.train_state import POINTER  # noqa: E402
 
 SYNTHETIC_TASKS = ("synthetic_suffix", "bracket")  # tiny models built by the project (scripts/run_synthetic.sh)
@@ -94,7 +94,8 @@ def training_elapsed(records: list[dict], run_dir: Path) -> list[float]:
     restarts = {records[0]["step"], *resume_steps(run_dir)}
     elapsed, total = [], 0.0
     for previous, r in zip([None, *records], records):
-        total += r["perf/step_time"] if r["step"] in restarts else r["time"] - previous["time"]
+        # A record without the local backend's step time (slime's) starts its count at 0.
+        total += r.get("perf/step_time", 0.0) if r["step"] in restarts else r["time"] - previous["time"]
         elapsed.append(total)
     return elapsed
 
@@ -107,7 +108,12 @@ def run_figures(records: list[dict], run_dir: Path, args: argparse.Namespace) ->
     if not steps:
         raise SystemExit(f"[efficacy] {run_dir / 'metrics.jsonl'} holds no finished step; nothing to report")
     name = args.task  # the eval set is named after the data file's stem: data/<task>.jsonl
-    r_oracle = steps[0][f"eval/{name}/baseline_teacher/avg"]
+    # --eval-baseline's figures are named after the training data file: data/<task>.jsonl locally, the
+    # converted prompts.slime.jsonl on slime; either way the first step holds exactly one set of them.
+    oracles = reference_grades([dict(steps[0])])
+    r_oracle = oracles[name] if name in oracles else oracles[next(iter(oracles))] if len(oracles) == 1 else None
+    if r_oracle is None:
+        raise SystemExit(f"[efficacy] {run_dir}: the first step holds no single R_oracle (--eval-baseline): {oracles}")
     r_final = fmean(r["meta_learning/avg_holdout_grade"] for r in steps[-args.window :])
     r_start = fmean(r["meta_learning/avg_holdout_grade"] for r in steps[: args.window])
     r_no_info = fmean(r["meta_learning/holdout_grade_no_info"] for r in steps)
@@ -244,6 +250,26 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
+def summarise(args: argparse.Namespace) -> dict:
+    """The figures of a run directory already there (a run on a cluster, say), without running anything."""
+    out, run_dir = Path(args.out), Path(args.summarise)
+    if not (run_dir / "metrics.jsonl").is_file():
+        print(f"--summarise: {run_dir / 'metrics.jsonl'} not found; give the run's directory", file=sys.stderr)
+        raise SystemExit(2)
+    result = {
+        "benchmark": "efficacy",
+        "summarised_from": str(run_dir),
+        "command": " ".join(sys.argv),
+        "wall_s": None,
+        **run_figures(read_metrics(run_dir), run_dir, args),
+        "task": args.task,
+        "plot": str(out / "efficacy.png"),
+    }
+    plot_run(run_dir, out / "efficacy.png")
+    (out / "efficacy.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
@@ -300,18 +326,25 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="3 steps, window 1: checks that it runs.")
     parser.add_argument("extra", nargs="*", help="Extra train.py flags after --, e.g. -- --lr 3e-4")
+    parser.add_argument(
+        "--summarise",
+        metavar="RUN_DIR",
+        default=None,
+        help="Run nothing: the figures of a finished run's directory (any backend), as JSON and PNG in --out.",
+    )
     args = parser.parse_args()
     if args.quick:
         args.steps, args.window = 3, 1
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    r = run(args)
+    r = summarise(args) if args.summarise else run(args)
     print()
     print(
         f"{'steps':>6} {'wall s':>7} {'train s':>7} {'R_no_info':>9} {'R_oracle':>8} {'R first':>7} {'R last':>7} "
         f"{'gain first':>10} {'gain last':>9} {'gain in budget':>14} {'over start':>10}"
     )
     print(
-        f"{r['steps']:>6} {r['wall_s']:>7.0f} {r['training_s']:>7.0f} {r['r_no_info']:>9.3f} {r['r_oracle']:>8.3f} "
+        f"{r['steps']:>6} {r['wall_s'] or float('nan'):>7.0f} {r['training_s']:>7.0f} "
+        f"{r['r_no_info']:>9.3f} {r['r_oracle']:>8.3f} "
         f"{r['r_first_steps']:>7.3f} {r['r_last_steps']:>7.3f} {r['normalised_gain_first_steps']:>10.3f} "
         f"{r['normalised_gain_last_steps']:>9.3f} {r['normalised_gain_within_budget']:>14.3f} "
         f"{r['gain_over_start']:>10.3f}"
