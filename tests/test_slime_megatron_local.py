@@ -32,16 +32,26 @@ def test_the_two_local_layer_norm_names_map_to_the_fused_ones_and_nothing_else_c
         assert te_name(name) == name
 
 
-def _slime_modules():
+@pytest.fixture
+def slime_modules():
+    """slime's HF->Megatron loaders and Megatron->HF conversion, imported from SLIME_SRC for this test
+    only: the path and slime's modules (patched by the test) are gone afterwards."""
     source = os.environ.get("SLIME_SRC")
-    if source and source not in sys.path:
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
+    if source:
         sys.path.insert(0, source)
-    if importlib.util.find_spec("slime") is None:
-        pytest.skip("needs slime's source: set SLIME_SRC to a THUDM/slime checkout")
-    with warnings.catch_warnings():  # without Megatron slime warns that its grad-coalesce patch is off
-        warnings.simplefilter("ignore")
-        from slime.backends.megatron_utils import hf_to_megatron, megatron_to_hf
-    return hf_to_megatron, megatron_to_hf
+    try:
+        if importlib.util.find_spec("slime") is None:
+            pytest.skip("needs slime's source: set SLIME_SRC to a THUDM/slime checkout")
+        with warnings.catch_warnings():  # without Megatron slime warns that its grad-coalesce patch is off
+            warnings.simplefilter("ignore")
+            from slime.backends.megatron_utils import hf_to_megatron, megatron_to_hf
+        yield hf_to_megatron, megatron_to_hf
+    finally:
+        sys.path[:] = saved_path
+        for name in set(sys.modules) - saved_modules:
+            if name == "slime" or name.startswith("slime."):
+                del sys.modules[name]
 
 
 # Qwen2.5-0.5B's shape, shrunk: 4 heads in 2 KV groups of head dim 2, hidden 8.
@@ -66,8 +76,8 @@ class _Reader:
         return name in self.tensors
 
 
-def test_slime_loads_and_syncs_the_local_specs_layer_norms_as_the_hf_ones():
-    hf_to_megatron, megatron_to_hf = _slime_modules()
+def test_slime_loads_and_syncs_the_local_specs_layer_norms_as_the_hf_ones(slime_modules):
+    hf_to_megatron, megatron_to_hf = slime_modules
     from slime_meta.backends.slime.megatron_local import translate_local_spec_names
 
     norm = torch.arange(8.0)
