@@ -13,7 +13,8 @@
 #                                        # and the small model exist (made the first time, which takes longer)
 #   NUM_ROLLOUT=40 scripts/demo.sh       # longer
 #   RUN_DIR=runs/mine scripts/demo.sh    # where outputs go
+#   scripts/demo.sh --use-tis            # any train.py flags at the end
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/_env.sh
+source scripts/_env.sh ""   # no extras: this script's own arguments are train.py flags for the run
 exec bash scripts/run_synthetic.sh "$@"
