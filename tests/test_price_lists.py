@@ -52,3 +52,17 @@ def test_the_writer_refuses_a_missing_training_file_in_one_line(tmp_path):
     assert not (tmp_path / "e.jsonl").exists()
     result = subprocess.run(command + ["--n", "3"], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
     assert len([json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]) == 15
+
+
+def test_a_training_file_holding_every_problem_of_a_shop_is_refused_not_drawn_forever():
+    import random
+
+    import pytest
+
+    from slime_meta.errors import UserInputError
+
+    shop = price_lists.SHOPS["kims_stall"]
+    rng = random.Random(0)
+    every = {shop.draw(rng, price_stated=i % 2 == 1).prompt for i in range(60_000)}
+    with pytest.raises(UserInputError, match=r"kims_stall: no problem outside the .* lower --n"):
+        price_lists.generate_rows(2, seed=0, families=["kims_stall"], avoid=every)

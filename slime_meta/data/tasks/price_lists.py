@@ -34,6 +34,7 @@ from slime_meta.data.tasks.word_problems import (
     interleaved_family_rows,
     oracle_hint_with_example,
 )
+from slime_meta.errors import UserInputError
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ SHOPS: dict[str, Shop] = {
 }
 
 
+# Draws of one problem before a shop counts as exhausted by `avoid`: a shop poses about 1,300 distinct ones.
+MAX_DRAWS = 10_000
+
+
 def generate_rows(
     n: int, seed: int = 0, families: Sequence[str] | None = None, avoid: Collection[str] = ()
 ) -> list[dict]:
@@ -97,10 +102,14 @@ def generate_rows(
     chosen = choose_families(families, SHOPS, SHOPS, n)
 
     def draw(rng: random.Random, index: int, shop: Shop) -> Story:
-        while True:
+        for _ in range(MAX_DRAWS):
             story = shop.draw(rng, price_stated=index % 2 == 1)
             if story.prompt not in avoid:
                 return story
+        raise UserInputError(
+            f"{shop.name}: no problem outside the {len(avoid)} prompts to avoid (--disjoint-from) in {MAX_DRAWS} "
+            f"draws: that file holds (nearly) every problem this shop can pose; lower --n ({n}) or give a smaller file"
+        )
 
     return interleaved_family_rows("price_lists", SHOPS, chosen, n, seed, draw)
 
