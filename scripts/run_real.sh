@@ -63,7 +63,7 @@ DATA_ARGS=(
 # without the teacher's info before training, every 10 steps and after the last.
 if [ -f "data/${DATA}_eval.jsonl" ]; then
   DATA_ARGS+=(--eval-prompt-data "${DATA}_eval" "data/${DATA}_eval.jsonl" --eval-interval 10)
-  if [ -n "$ON_GPU" ]; then DATA_ARGS+=(--eval-num-batches 2); fi   # 48 eval problems a time on a GPU
+  if [ -n "$ON_GPU" ]; then DATA_ARGS+=(--eval-num-batches 2); fi   # on a GPU 48 problems a time: 32 holdout ones graded
 fi
 if [ -n "$ON_GPU" ]; then
   META_ARGS=(
