@@ -1,0 +1,28 @@
+"""benchmarks/eval_lift.py: the eval set's lift in standard errors, the eval problems as units."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import eval_lift  # noqa: E402
+
+
+def test_the_lift_is_the_difference_over_the_two_binomial_errors_combined():
+    # 0.932 vs 0.531 on 32 problems: sqrt((0.932 * 0.068 + 0.531 * 0.469) / 32) = 0.0989
+    assert eval_lift.lift_in_se(0.932, 0.531, 32) == pytest.approx(0.401 / 0.09887, rel=1e-3)
+    assert eval_lift.lift_in_se(0.932, 0.531, 48) > eval_lift.lift_in_se(0.932, 0.531, 32)  # more units, less error
+
+
+def test_it_reads_the_last_or_the_given_eval_step_of_a_results_file(tmp_path, capsys):
+    path = tmp_path / "run.json"
+    curve = [{"step": 0, "holdout": 0.5, "no_info": 0.5}, {"step": 10, "holdout": 0.9, "no_info": 0.5}]
+    path.write_text(json.dumps({"eval_curve": curve, "normalised_gain_last_steps": 0.8}))
+    assert eval_lift.main([str(path)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1].split()
+    assert last[1:4] == ["10", "0.900", "0.500"] and last[-1] == "0.80"
+    eval_lift.main(["--step", "0", str(path)])
+    assert capsys.readouterr().out.splitlines()[-1].split()[-2] == "0.00"  # no lift at step 0
