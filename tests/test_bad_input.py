@@ -392,3 +392,15 @@ def test_a_real_process_prints_one_line_and_exits_2(tmp_path, tiny_checkpoint):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "missing.parquet" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_a_mistyped_flag_gets_the_closest_real_one_suggested(capsys):
+    from slime_meta.config.arguments import build_parser
+
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["--use-meta-learing", "--rollout-batch-sise", "4", "--zzz"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1
+    assert "--use-meta-learing: did you mean --use-meta-learning?" in err
+    assert "--rollout-batch-sise: did you mean --rollout-batch-size?" in err
+    assert "--zzz:" not in err  # nothing close: no guess

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -221,10 +222,22 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
-    """Bad flags end in one line and exit code 2, not a usage dump."""
+    """Bad flags end in one line and exit code 2, not a usage dump; a mistyped flag gets the closest
+    real one suggested."""
 
     def error(self, message: str):
-        self.exit(2, f"error: {message} (see python train.py --help)\n")
+        self.exit(2, f"error: {message}{self._suggestion(message)} (see python train.py --help)\n")
+
+    def _suggestion(self, message: str) -> str:
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [flag for flag in self._option_string_actions if flag.startswith("--")]
+        hints = []
+        for token in message.split(":", 1)[1].split():
+            flag = token.split("=", 1)[0]
+            if flag.startswith("--") and (close := difflib.get_close_matches(flag, known, n=1, cutoff=0.75)):
+                hints.append(f"{flag}: did you mean {close[0]}?")
+        return f"; {'; '.join(hints)}" if hints else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
