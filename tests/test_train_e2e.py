@@ -150,6 +150,7 @@ def test_outer_steps_write_metrics_traces_plot_config_and_checkpoint(full_run):
     assert (run_dir / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     assert (run_dir / "ckpt" / "iter_0000003" / "model" / "model.safetensors").is_file()
     assert "step 3/3 [" in result.stdout and " holdout " in result.stdout
+    assert "summary: 3 steps; holdout with the teacher's info " in result.stdout  # the run's result at its end
     assert processes_mentioning(str(run_dir)) == []
 
 

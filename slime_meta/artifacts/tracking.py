@@ -20,11 +20,19 @@ def _jsonable(value: float) -> float | None:
 
 
 class Tracker:
-    def __init__(self, config: TrackingConfig, run_dir: Path, full_config: Mapping[str, Any], *, start_step: int = 0):
+    def __init__(
+        self, config: TrackingConfig, run_dir: Path, full_config: Mapping[str, Any], *, start_step: int | None = 0
+    ):
+        """`start_step`: the first step this run trains (0: a new run; None: not known here, records are
+        appended to what the run dir holds, as on slime, whose trainer knows where a resume starts)."""
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.traces_path = run_dir / "traces.jsonl"
-        if start_step > 0:
+        if start_step == 0:
+            # A new run in a run dir that holds another run's records: those are kept beside, not mixed in.
+            for path in (self.metrics_path, self.traces_path):
+                _set_aside(path)
+        elif start_step is not None:
             # A resumed run redoes the steps after its checkpoint: their old records give way.
             _keep_records_before(self.metrics_path, start_step, key="step")
             _keep_records_before(self.traces_path, start_step, key="rollout_id")
@@ -55,6 +63,17 @@ class Tracker:
     def finish(self) -> None:
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _set_aside(path: Path) -> None:
+    """Move an earlier run's records out of the way (`NAME.earlier-N`, the first N free): nothing is lost."""
+    if not path.exists() or not path.stat().st_size:
+        return
+    n = 1
+    while (aside := path.with_name(f"{path.name}.earlier-{n}")).exists():
+        n += 1
+    path.replace(aside)
+    print(f"[tracking] {path} held an earlier run's records: moved to {aside.name}", flush=True)
 
 
 def _keep_records_before(path: Path, step: int, *, key: str) -> None:
@@ -199,6 +218,34 @@ def normalised_gain(holdout: float, no_info: float, oracle: float) -> float:
     """(holdout - no info) / (oracle - no info): 0 is the no-info control, 1 the reference context;
     NaN when the reference is no better than no info (nothing to measure against)."""
     return (holdout - no_info) / (oracle - no_info) if oracle > no_info else float("nan")
+
+
+def summary_line(records: Iterable[Mapping[str, Any]], window: int = 10) -> str | None:
+    """The run's result in one line: the holdout grade with the teacher's info over the first and
+    the last `window` steps (half the steps each when fewer), the no-info control over all of them
+    and, with --eval-baseline's R_oracle, the normalised gain of each window. None without steps."""
+    steps = [r for r in step_records(records) if r.get("meta_learning/avg_holdout_grade") is not None]
+    if not steps:
+        return None
+    n = max(1, min(window, len(steps) // 2))
+    first = sum(r["meta_learning/avg_holdout_grade"] for r in steps[:n]) / n
+    last = sum(r["meta_learning/avg_holdout_grade"] for r in steps[-n:]) / n
+    controls = [
+        r["meta_learning/holdout_grade_no_info"]
+        for r in steps
+        if r.get("meta_learning/holdout_grade_no_info") is not None
+    ]
+    line = f"summary: {len(steps)} steps; holdout with the teacher's info {first:.3f} over the first {n}"
+    line += f" -> {last:.3f} over the last {n}"
+    if not controls:
+        return line
+    no_info = sum(controls) / len(controls)
+    oracles = reference_grades([dict(steps[0])])
+    if len(oracles) != 1:
+        return f"{line} (no info {no_info:.3f})"
+    oracle = next(iter(oracles.values()))
+    gains = (format_gain(normalised_gain(first, no_info, oracle)), format_gain(normalised_gain(last, no_info, oracle)))
+    return f"{line} (no info {no_info:.3f}, oracle {oracle:.3f}: normalised gain {gains[0]} -> {gains[1]})"
 
 
 def format_gain(gain: float) -> str:

@@ -14,7 +14,15 @@ from pathlib import Path
 
 from slime_meta.artifacts.model_files import with_converted_checkpoints
 from slime_meta.artifacts.plot import PlotRefresher, write_plot
-from slime_meta.artifacts.tracking import RunProgress, Tracker, format_eval_line, format_step_line, oracle_grade
+from slime_meta.artifacts.tracking import (
+    RunProgress,
+    Tracker,
+    format_eval_line,
+    format_step_line,
+    oracle_grade,
+    read_metrics,
+    summary_line,
+)
 from slime_meta.artifacts.train_state import load_checkpoint, save_checkpoint, set_rng_state
 from slime_meta.assembly import build_loop_parts, build_role_pieces, load_tokenizer
 from slime_meta.backends.local.data import describe_plan, load_data
@@ -57,6 +65,9 @@ async def _run(cfg: MetaConfig) -> Path:
         await _train(cfg, data, resume, start_step, teacher_model, tokenizer, pieces, run_dir)
     finally:  # however the run ends: the last step, an error, Ctrl-C or SIGTERM
         write_plot(run_dir)
+    summary = summary_line(read_metrics(run_dir)) if (run_dir / "metrics.jsonl").is_file() else None
+    if summary:
+        print(summary, flush=True)
     return run_dir
 
 

@@ -123,7 +123,8 @@ def build_runtime(args: Namespace) -> Runtime:
         topk = replace(solver_builder.settings, sdpo_topk_scoring=cfg.objectives.sdpo_topk or DEFAULT_SDPO_TOPK)
         solver_builder.settings = topk
     replayer = parts.replayer
-    tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict())
+    # Where a resumed run starts is the trainer's to know (its checkpoint): our records are appended.
+    tracker = Tracker(cfg.tracking, run_dir, cfg.to_dict(), start_step=None)
     return Runtime(
         args=args,
         cfg=cfg,
