@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--units", type=int, default=32, help="eval problems graded with and without info (32)")
     parser.add_argument("--step", type=int, default=None, help="the eval step to read (default: the last)")
     args = parser.parse_args(argv)
+    missing = [str(path) for path in args.results if not path.is_file()]
+    if missing:
+        parser.exit(2, f"eval_lift: {missing[0]} not found: give efficacy results JSONs (benchmarks/results/*.json)\n")
     header = f"{'results':<60} {'step':>5} {'with':>6} {'without':>7} {'lift':>6}"
     print(f"{header} {'SE units':>8} {'lift/SE':>7} {'gain last':>9}")
     for path in args.results:

@@ -26,3 +26,10 @@ def test_it_reads_the_last_or_the_given_eval_step_of_a_results_file(tmp_path, ca
     assert last[1:4] == ["10", "0.900", "0.500"] and last[-1] == "0.80"
     eval_lift.main(["--step", "0", str(path)])
     assert capsys.readouterr().out.splitlines()[-1].split()[-2] == "0.00"  # no lift at step 0
+
+
+def test_a_missing_results_file_is_one_line_and_exit_code_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        eval_lift.main([str(tmp_path / "none.json")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1 and "none.json" in err
