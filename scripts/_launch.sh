@@ -64,7 +64,43 @@ start_head() {
   "$PYTHON" -m slime_meta.backends.slime.data "$DATA" "$PROMPTS"
   export PYTHONUNBUFFERED=1 CUDA_DEVICE_MAX_CONNECTIONS=1
   export PYTHONPATH="$MEGATRON_DIR:$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}"
-  ray start --head --node-ip-address "$MASTER_ADDR" --num-gpus "$gpus" --disable-usage-stats
+  local launch_id
+  launch_id="$(hostname)-$$-$(date +%s%N)"
+  SLIME_META_LAUNCH="$launch_id" ray start --head --node-ip-address "$MASTER_ADDR" --num-gpus "$gpus" --disable-usage-stats
+  # From here on this launch owns Ray on this node (a Ray already running makes `ray start` fail above).
+  LAUNCH_ID=$launch_id
+  trap stop_everything EXIT
+  trap 'echo "[launch] interrupted: stopping the run and Ray on this node" >&2; exit 130' INT
+  trap 'echo "[launch] terminated: stopping the run and Ray on this node" >&2; exit 143' TERM
+}
+
+# Ctrl-C, SIGTERM, a failed run or its end: every process this launch started goes, with the GPU
+# memory it held. `ray stop` ends Ray's own processes and actors, but an SGLang server is a child
+# process of its engine actor and outlives a killed actor; so every process that inherited this
+# launch's marker (Ray's head and workers get it from `ray start`, the driver from submit_run) is
+# signalled as well: SIGTERM, then SIGKILL for what is left after a grace period.
+stop_everything() {
+  local status=$?
+  trap - EXIT INT TERM
+  [ -n "${LAUNCH_ID:-}" ] || exit "$status"
+  ray stop --force >/dev/null 2>&1 || true
+  signal_launched TERM
+  local waited=0
+  while [ -n "$(launched_pids)" ] && [ "$waited" -lt "${STOP_GRACE_S:-15}" ]; do sleep 1; waited=$((waited + 1)); done
+  signal_launched KILL
+  echo "[launch] stopped: no process of this launch is left on $(hostname)" >&2
+  exit "$status"
+}
+
+launched_pids() {
+  grep -lsza "^SLIME_META_LAUNCH=$LAUNCH_ID\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | grep -vx "$$" || true
+}
+
+signal_launched() {
+  local pids
+  pids=$(launched_pids)
+  # shellcheck disable=SC2086
+  [ -z "$pids" ] || kill -"$1" $pids 2>/dev/null || true
 }
 
 # The run itself: slime's driver with our flags and any given after them, as a Ray job where Ray's
@@ -72,10 +108,14 @@ start_head() {
 submit_run() {
   if "$PYTHON" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8265/api/version', timeout=5)" 2>/dev/null; then
     local runtime_env="{\"env_vars\": {\"PYTHONPATH\": \"$PYTHONPATH\", \"CUDA_DEVICE_MAX_CONNECTIONS\": \"1\"}}"
-    ray job submit --address="http://127.0.0.1:8265" --runtime-env-json="$runtime_env" \
-      -- "$PYTHON" "$REPO_DIR/train.py" --backend slime "${ARGS[@]}" "$@"
+    SLIME_META_LAUNCH="$LAUNCH_ID" ray job submit --address="http://127.0.0.1:8265" --runtime-env-json="$runtime_env" \
+      -- "$PYTHON" "$REPO_DIR/train.py" --backend slime "${ARGS[@]}" "$@" &
   else
     echo "[launch] no Ray job server at 127.0.0.1:8265 (it comes with ray[default]): the driver runs here"
-    RAY_ADDRESS="$MASTER_ADDR:6379" "$PYTHON" "$REPO_DIR/train.py" --backend slime "${ARGS[@]}" "$@"
+    SLIME_META_LAUNCH="$LAUNCH_ID" RAY_ADDRESS="$MASTER_ADDR:6379" \
+      "$PYTHON" "$REPO_DIR/train.py" --backend slime "${ARGS[@]}" "$@" &
   fi
+  # In the background so that a signal reaches this script's trap at once (bash runs a trap only
+  # after the foreground command ends); the run's exit status is this script's.
+  wait $!
 }

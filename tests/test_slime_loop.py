@@ -21,9 +21,9 @@ class _Remote:
     def __init__(self, log, name):
         self.log, self.name = log, name
 
-    def remote(self, *args):
-        self.log.append((self.name, *args))
-        return (self.name, *args)
+    def remote(self, *args, **kwargs):
+        self.log.append((self.name, *args, *kwargs.values()))
+        return (self.name, *args, *kwargs.values())
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def recorded(monkeypatch):
     rollout = types.SimpleNamespace(
         **{
             n: _Remote(log, n)
-            for n in ("generate", "eval", "save", "offload", "onload_weights", "onload_kv", "dispose")
+            for n in ("generate", "eval", "save", "offload", "onload_weights", "onload_kv", "dispose", "check_weights")
         }
     )
     teacher = types.SimpleNamespace(
@@ -76,6 +76,7 @@ def args(**overrides):
         save_interval=None,
         rollout_global_dataset=True,
         max_async_level=0,
+        check_weight_update_equal=False,
     )
     return Namespace(**{**values, **overrides})
 
@@ -117,3 +118,16 @@ def test_one_step_ahead_starts_the_next_rollout_before_training(recorded):
         ("train", 2, ("generate", 2)),
         ("update_weights",),
     ]
+
+
+@pytest.mark.parametrize("async_level", [0, 1])
+def test_slimes_weight_check_compares_after_the_first_sync_before_any_rollout(recorded, async_level):
+    loop.train(args(max_async_level=async_level, check_weight_update_equal=True))
+    order = events(recorded, "update_weights", "check_weights", "generate")
+    assert order[:3] == [("update_weights",), ("check_weights", "compare"), ("generate", 0)]
+    assert events(recorded, "check_weights") == [("check_weights", "compare")]
+
+
+def test_no_weight_check_unless_asked(recorded):
+    loop.train(args())
+    assert events(recorded, "check_weights") == []

@@ -46,6 +46,10 @@ def train(args) -> None:
             ray.get(rollout.eval.remote(rollout_id))
 
     wake_rollout_engines()  # the engines start from --hf-checkpoint; the trainer may have resumed
+    if args.check_weight_update_equal:
+        # slime's own check, as its train.py runs it: the engines' weights were snapshotted and zeroed
+        # at start, so this first sync must restore every tensor bit for bit.
+        ray.get(rollout.check_weights.remote(action="compare"))
     if args.num_rollout == 0 and args.eval_interval is not None:
         ray.get(rollout.eval.remote(0))  # evaluation only
     if getattr(args, "max_async_level", 0):
