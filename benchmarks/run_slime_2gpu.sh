@@ -7,6 +7,10 @@
 #   source BUNDLE/env.sh                              # an offline install (docs/cluster.md, Install)
 #   bash benchmarks/run_slime_2gpu.sh slime           # the two-GPU run
 #   bash benchmarks/run_slime_2gpu.sh local           # the local backend on one GPU, same flags
+#   bash benchmarks/run_slime_2gpu.sh check           # the two-GPU run, steps in turn, no evals: slime's
+#                                                     # weight check at the first sync, and each step's
+#                                                     # SGLang-vs-Megatron log-probs on the same weights
+#   bash benchmarks/run_slime_2gpu.sh slime --flag v  # any extra flags go last
 #
 # Environment: SEED (31), STEPS (50), OUT (runs/benchmarks: run dirs and logs), SLIME_DIR and
 # MEGATRON_DIR (the sources env.sh names), TRANSFORMER_IMPL (local where TransformerEngine is
@@ -27,9 +31,11 @@ MODEL_DIR=${MODEL_DIR:-$($PY -m slime_meta.models.real qwen2.5-coder-0.5b | tail
 # sample at one temperature) and its clipping.
 TASK_ARGS=(
   --rubric-key rubric --group-key category
+  --teacher-template prompt_templates/teacher_rules.txt
+)
+EVAL_ARGS=(
   --context-key oracle_hint --eval-baseline      # R_oracle and the no-info control before training
   --eval-prompt-data price_lists_eval "$PWD/data/price_lists_eval.jsonl" --eval-interval 10 --eval-num-batches 2
-  --teacher-template prompt_templates/teacher_rules.txt
 )
 BATCH_ARGS=(
   --rollout-batch-size 24 --heldout-ipb 16 --n-problems-per-prompt 2 --n-samples-per-prompt 8
@@ -38,6 +44,9 @@ BATCH_ARGS=(
 )
 OPTIM_ARGS=(--lr 3e-6 --weight-decay 0.0 --adam-beta1 0.9 --adam-beta2 0.999 --eps-clip 0.2 --eps-clip-high 0.28)
 COMMON=("${TASK_ARGS[@]}" "${BATCH_ARGS[@]}" "${OPTIM_ARGS[@]}" --num-rollout "$STEPS" --seed "$SEED")
+MODE=${1:-slime}
+shift || true
+EXTRA_ARGS=("$@")
 
 # SGLang's kernels: an offline bundle made with --hopper-only leaves FlashAttention 3 out (578 MB), so
 # the server attends with its Triton kernels and samples in torch (flashinfer would JIT-compile first).
@@ -51,14 +60,24 @@ print(repr(c['rms_norm_eps']), int(bool(c.get('tie_word_embeddings'))))" "$MODEL
 SHAPE_ARGS=(--norm-epsilon "$NORM_EPS")
 [ "$TIED" = 1 ] || SHAPE_ARGS+=(--untie-embeddings-and-output-weights)
 
-case "${1:-slime}" in
+launch_2gpu() {  # the launch script as written; our settings go after it (the last value of a flag wins)
+  MODEL=qwen2.5-0.5B HF_CHECKPOINT="$MODEL_DIR" REF_LOAD="$MODEL_DIR" DATA=data/price_lists.jsonl \
+    RUN_DIR="$RUN_DIR" SAVE_DIR="$RUN_DIR/checkpoints" PYTHON="$PY" \
+    bash scripts/launch_1node_2gpu.sh "${SHAPE_ARGS[@]}" "${COMMON[@]}" "${SGLANG_KERNEL_ARGS[@]}" --sglang-dtype bfloat16 \
+    "$@" "${EXTRA_ARGS[@]}"
+}
+
+case "$MODE" in
   slime)
     RUN_DIR="$OUT/slime_2gpu_seed$SEED"
-    # The launch script as written; our settings go after it (the last value of a flag wins).
-    MODEL=qwen2.5-0.5B HF_CHECKPOINT="$MODEL_DIR" REF_LOAD="$MODEL_DIR" DATA=data/price_lists.jsonl \
-      RUN_DIR="$RUN_DIR" SAVE_DIR="$RUN_DIR/checkpoints" PYTHON="$PY" \
-      bash scripts/launch_1node_2gpu.sh "${SHAPE_ARGS[@]}" "${COMMON[@]}" "${SGLANG_KERNEL_ARGS[@]}" --sglang-dtype bfloat16 \
-      --save-interval "$STEPS"
+    launch_2gpu "${EVAL_ARGS[@]}" --save-interval "$STEPS"
+    ;;
+  check)
+    # Steps in turn (--max-async-level 0): each step's rollout is drawn with the weights the trainer
+    # then scores it with, so slime's train/train_rollout_logprob_abs_diff compares SGLang's log-probs
+    # with Megatron's on the same weights after every sync (one step ahead, the two differ by a step).
+    RUN_DIR="$OUT/slime_2gpu_check_seed$SEED"
+    launch_2gpu --max-async-level 0 --check-weight-update-equal --save-interval 100000
     ;;
   local)
     RUN_DIR="$OUT/local_1gpu_seed$SEED"
@@ -66,8 +85,8 @@ case "${1:-slime}" in
       --input-key prompt --label-key label --rollout-shuffle --apply-chat-template \
       --teacher-temperature 1.0 --rollout-temperature 1.0 --adv-tau 1 --kl-loss-coef 0.1 \
       --grader verifier --verifier-metric numeric --max-async-level 1 \
-      "${COMMON[@]}" --run-dir "$RUN_DIR"
+      "${COMMON[@]}" "${EVAL_ARGS[@]}" --run-dir "$RUN_DIR" "${EXTRA_ARGS[@]}"
     ;;
-  *) echo "usage: $0 slime|local" >&2; exit 2 ;;
+  *) echo "usage: $0 slime|check|local [extra train.py flags]" >&2; exit 2 ;;
 esac
 echo "run directory: $RUN_DIR"
