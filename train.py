@@ -13,6 +13,7 @@ import faulthandler
 import signal
 import sys
 import time
+from pathlib import Path
 
 from slime_meta.backends import get_backend
 from slime_meta.backends.local.workers.processes import LaunchError
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         return slime_main(argv)
     quiet_library_progress_bars()
     take_sigint()
+    started_at, config = time.time(), None
     try:
         config = parse_config(argv, default_run_dir=time.strftime("runs/%Y%m%d-%H%M%S"))
         backend = get_backend(config.backend)
@@ -46,9 +48,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         print("interrupted: workers and routers stopped", file=sys.stderr)
+        print_resume_note(config, argv, started_at)
         return 130
+    except SystemExit as stop:
+        # The worker launcher turns SIGTERM (a scheduler's time limit, `timeout`) into SystemExit(143).
+        if stop.code != 128 + signal.SIGTERM or config is None:
+            raise
+        print("stopped by SIGTERM: workers and routers stopped", file=sys.stderr)
+        print_resume_note(config, argv, started_at)
+        return stop.code
     print(f"run directory: {run_dir}")
     return 0
+
+
+def print_resume_note(config, argv: list[str], started_at: float) -> None:
+    """The stopped run's latest checkpoint and the command that resumes from it (or when the first is due)."""
+    if config is None:  # stopped while the flags were read: nothing started
+        return
+    from slime_meta.artifacts.resume import program_words, resume_note
+
+    note = resume_note(config, argv, program=program_words(Path(__file__)), started_at=started_at)
+    print(note, file=sys.stderr, flush=True)
 
 
 def take_sigint() -> None:

@@ -186,6 +186,16 @@ def _delete_unretained(save_dir: Path, latest: int, retain_interval: int) -> Non
             shutil.rmtree(path, ignore_errors=True)
 
 
+def latest_checkpoint_dir(save_dir: Path) -> Path | None:
+    """The checkpoint `--load save_dir` would resume from (the pointer's iter_* directory, whole), or None."""
+    try:
+        iteration = int((save_dir / POINTER).read_text(encoding="utf-8", errors="replace").strip())
+    except (OSError, ValueError):
+        return None
+    root = save_dir / f"iter_{iteration:07d}"
+    return root if (root / "state.json").is_file() else None
+
+
 def load_checkpoint(load_dir: Path) -> LoadedCheckpoint:
     pointer = load_dir / POINTER
     if not pointer.exists():
