@@ -144,10 +144,14 @@ def test_abbreviated_flags_are_refused_as_on_slime():
 
 
 def test_missing_required_flags():
-    with pytest.raises(UserInputError, match="--use-meta-learning"):
-        parse_config(["--prompt-data", "x.jsonl"])
     with pytest.raises(UserInputError, match="--prompt-data"):
         parse_config(["--use-meta-learning"])
+
+
+def test_use_meta_learning_is_the_default_and_still_accepted():
+    """This program runs nothing else: a command line without the flag runs the same (slime's command lines name it)."""
+    without = parse_config(["--prompt-data", "data/math_word_problems.jsonl"])
+    assert without == parse_config(BASE)
 
 
 def test_argparse_errors_are_one_line_with_exit_code_2(capsys):

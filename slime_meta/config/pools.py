@@ -39,9 +39,10 @@ def add_pool_flags(add: AddFlag) -> None:
     add(
         "--hf-checkpoint",
         default=None,
-        help="Required. Teacher model: a local HF checkpoint directory, or a .gguf file (converted once into an HF "
-        "directory cached under $SLIME_META_CACHE, default ~/.cache/slime-meta; needs the packages gguf and "
-        "accelerate).",
+        help="Required: the teacher model to train; nothing is downloaded unasked, so there is no default. A local "
+        "HF checkpoint directory, or a .gguf file (converted once into an HF directory cached under "
+        "$SLIME_META_CACHE, default ~/.cache/slime-meta; needs the packages gguf and accelerate). The demo's small "
+        "model: python -m slime_meta.models.tiny; real ones: python -m slime_meta.models.real NAME.",
     )
     add(
         "--rollout-num-gpus",

@@ -63,7 +63,13 @@ class SamplingConfig:
 
 def add_meta_learning_flags(add: AddFlag) -> None:
     """The outer and inner loop's sizes, the info's placement, templates, evaluation."""
-    add("--use-meta-learning", action="store_true", help="Required: train a teacher with the meta-learning rollout.")
+    add(
+        "--use-meta-learning",
+        action="store_true",
+        default=True,
+        help="Train a teacher with the meta-learning rollout: this program's only mode, so on whether given or "
+        "not; accepted because slime's command lines name their rollout with it.",
+    )
     add(
         "--num-inner-iterations", type=positive_int, default=3, help="K: student -> grader -> teacher rounds per chain."
     )
@@ -198,7 +204,12 @@ def add_meta_learning_flags(add: AddFlag) -> None:
 
 def add_data_flags(add: AddFlag) -> None:
     """The dataset's columns and the draw per outer step (slime's names)."""
-    add("--prompt-data", default=None, help="Required. Dataset: .parquet, .jsonl or .json.")
+    add(
+        "--prompt-data",
+        default=None,
+        help="Required: the problems the teacher learns to write infos for; no data set suits every model, so none "
+        "is assumed. A .parquet, .jsonl or .json file (the demo's: data/synthetic_suffix.jsonl).",
+    )
     add("--input-key", default="prompt", help="Column with the problem text (a `messages` chat column also works).")
     add(
         "--label-key",

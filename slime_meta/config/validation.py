@@ -17,10 +17,9 @@ def validate_flags(ns: argparse.Namespace) -> None:
     def fail(message: str) -> None:
         raise UserInputError(message)
 
-    if not ns.use_meta_learning or not ns.prompt_data:
+    if not ns.prompt_data:
         # Every missing required flag in one message, not one per attempt.
         required = (
-            (ns.use_meta_learning, "--use-meta-learning (the training mode this program runs)"),
             (ns.prompt_data, "--prompt-data (a .parquet, .jsonl or .json dataset, e.g. data/math_word_problems.jsonl)"),
             (ns.hf_checkpoint, "--hf-checkpoint (the teacher model: an HF checkpoint directory or a .gguf file)"),
         )
