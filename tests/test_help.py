@@ -54,3 +54,19 @@ def test_the_required_flags_are_reported_together():
     message = str(error.value)
     assert all(flag in message for flag in ("--prompt-data", "--hf-checkpoint"))
     assert "--use-meta-learning" not in message  # the default: the one mode this program runs
+
+
+def test_help_opens_with_the_flags_most_runs_set():
+    """A short usage line, then model, data and its columns, the draw per step, steps, run dir and
+    checkpoints: not argparse's list of every flag, and not the meta-learning loop's own knobs."""
+    text = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--help"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    usage, rest = text.split("\n\n", 1)
+    assert usage.count("\n") == 0 and "--hf-checkpoint MODEL --prompt-data FILE" in usage
+    first_group = rest.split("\n\n")[2]  # after the description and "options:"
+    assert first_group.startswith("the flags most runs set:\n  --hf-checkpoint")
+    flags = re.findall(r"^  (--[a-z-]+)", first_group, re.MULTILINE)
+    assert flags[:2] == ["--hf-checkpoint", "--prompt-data"]
+    for flag in ("--group-key", "--rollout-batch-size", "--num-rollout", "--run-dir", "--save", "--load"):
+        assert flag in flags

@@ -1,5 +1,6 @@
-"""--help shows the flags slime (and Megatron under slime) define too under slime's own group names,
-and, with slime's source at hand (SLIME_SRC), those groups are the ones slime declares them in."""
+"""--help shows first the flags most runs set, then the other flags slime (and Megatron under slime)
+define too under slime's own group names, titled as used by both backends; with slime's source at
+hand (SLIME_SRC), those groups are the ones slime declares them in."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from slime_meta.config.arguments import SLIME_HELP_GROUPS, add_meta_learning_arguments, slime_group_title
+from slime_meta.config.arguments import (
+    COMMON_FLAGS,
+    COMMON_GROUP_TITLE,
+    SLIME_HELP_GROUPS,
+    add_meta_learning_arguments,
+    slime_group_title,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MEGATRON_GROUP = "train (Megatron)"  # Megatron's own parser, not slime's arguments.py
@@ -24,13 +31,23 @@ def our_groups() -> dict[str, list[str]]:
 
 
 def test_each_flag_slime_shares_sits_in_slimes_group_and_ours_stay_in_ours():
+    """Apart from the flags most runs set, which --help shows first whoever defines them."""
     groups = our_groups()
     for group, flags in SLIME_HELP_GROUPS.items():
-        assert groups[slime_group_title(group)] == sorted(flags, key=groups[slime_group_title(group)].index)
-        assert set(groups[slime_group_title(group)]) == set(flags)
+        shown = groups[slime_group_title(group)]
+        assert len(shown) == len(set(shown)) and set(shown) == set(flags) - set(COMMON_FLAGS)
+    assert groups[COMMON_GROUP_TITLE] == list(COMMON_FLAGS)
     assert "--num-inner-iterations" in groups["meta-learning"] and "--teacher-port" in groups["pools and resources"]
     titles = list(groups)
-    assert titles.index("meta-learning") < titles.index(slime_group_title("cluster")) < titles.index("grader")
+    assert titles.index(COMMON_GROUP_TITLE) < titles.index("meta-learning") < titles.index(slime_group_title("cluster"))
+    assert titles.index(slime_group_title("cluster")) < titles.index("grader")
+
+
+def test_on_slimes_parser_there_is_no_first_group_of_our_few():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompt-data")  # slime's parser holds slime's flags already
+    titles = [group.title for group in add_meta_learning_arguments(parser)._action_groups]
+    assert COMMON_GROUP_TITLE not in titles and "--group-key" in parser._option_string_actions
 
 
 def test_help_prints_the_slime_groups_with_the_defaults():
@@ -38,6 +55,8 @@ def test_help_prints_the_slime_groups_with_the_defaults():
     text = out.stdout
     for group in SLIME_HELP_GROUPS:
         assert f"\n{slime_group_title(group)}:\n" in text
+    # Flags both backends read are not shown as slime's alone.
+    assert "\nslime:" not in text and "both backends" in slime_group_title("data")
     algo = text.split(f"\n{slime_group_title('algo')}:\n", 1)[1].split("\n\n", 1)[0]
     assert "--kl-loss-type" in algo and "(default: k3)" in algo and "--teacher-tau" not in algo
 

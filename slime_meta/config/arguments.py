@@ -144,18 +144,45 @@ SLIME_HELP_GROUPS = {
 }
 _SLIME_GROUP_OF = {flag: group for group, flags in SLIME_HELP_GROUPS.items() for flag in flags}
 
+# What --help shows first, in this order: the flags most runs set (model, data and its columns, the
+# draw per step, steps, where outputs go, checkpoints), wherever their concern's module adds them.
+COMMON_FLAGS = (
+    "--hf-checkpoint",
+    "--prompt-data",
+    "--input-key",
+    "--label-key",
+    "--rubric-key",
+    "--group-key",
+    "--rollout-batch-size",
+    "--heldout-ipb",
+    "--num-rollout",
+    "--run-dir",
+    "--save",
+    "--save-interval",
+    "--load",
+)
+COMMON_GROUP_TITLE = "the flags most runs set"
+
 
 def slime_group_title(group: str) -> str:
-    return f"slime: {group}"
+    """The title of a group of flags slime defines too: both backends use them (a flag that only one
+    backend reads says so in its help); the name is the group slime's --help lists them under."""
+    return f"{group}, both backends (grouped as in slime)"
 
 
 class _Groups:
-    """Adds flags to argparse groups, skipping those the parser already defines (slime's); a flag
-    slime defines too goes to the group named after slime's (SLIME_HELP_GROUPS)."""
+    """Adds flags to argparse groups, skipping those the parser already defines (slime's). The flags
+    most runs set go to the first group (COMMON_FLAGS); another flag slime defines too goes to the
+    group named after slime's (SLIME_HELP_GROUPS).
+
+    On slime's own parser (it holds slime's flags already, or has them reserved) there is no first
+    group: it would show only the few of those flags that are ours alone."""
 
     def __init__(self, parser: argparse.ArgumentParser):
         self.parser = parser
         self.slime_groups: dict[str, argparse._ArgumentGroup] = {}
+        on_slimes_parser = "--prompt-data" in parser._option_string_actions
+        self.common = None if on_slimes_parser else parser.add_argument_group(COMMON_GROUP_TITLE)
 
     def slime_group(self, group: str) -> argparse._ArgumentGroup:
         if group not in self.slime_groups:
@@ -174,10 +201,17 @@ class _Groups:
         def add(*flags: str, **kwargs):
             if any(flag in existing for flag in flags):
                 return None
+            if self.common is not None and flags[0] in COMMON_FLAGS:
+                return self.common.add_argument(*flags, **kwargs)
             slime_group = _SLIME_GROUP_OF.get(flags[0])
             return (self.slime_group(slime_group) if slime_group else group).add_argument(*flags, **kwargs)
 
         return add
+
+    def order_common_flags(self) -> None:
+        """The first group in COMMON_FLAGS' order, not the order the concerns' modules add them in."""
+        if self.common is not None:  # argparse has no public way to reorder a group
+            self.common._group_actions.sort(key=lambda action: COMMON_FLAGS.index(action.option_strings[0]))
 
 
 def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -208,6 +242,7 @@ def add_meta_learning_arguments(parser: argparse.ArgumentParser) -> argparse.Arg
         default=1234,
         help="Seed of the problem draws, their train/holdout split and the choice of traced chains.",
     )
+    groups.order_common_flags()
     return parser
 
 
@@ -243,6 +278,8 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineErrorParser(
         prog="train.py",
+        # Not argparse's list of all ~130 flags, which would fill the first screens of --help.
+        usage="%(prog)s --hf-checkpoint MODEL --prompt-data FILE [FLAG VALUE ...]   (the flags below)",
         allow_abbrev=False,  # as on slime: `--lr` never silently means a longer flag
         description="Train a teacher LLM to write additional_info, rewarded by a student's holdout grades.",
         formatter_class=_HelpFormatter,

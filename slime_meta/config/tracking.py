@@ -27,7 +27,12 @@ class TrackingConfig:
 def add_checkpoint_and_tracking_flags(add: AddFlag) -> None:
     """Checkpoint directories and intervals, the run directory, wandb."""
     add("--save", default=None, help="Checkpoint directory; default: no checkpoints.")
-    add("--load", default=None, help="Resume from this checkpoint directory; default: start from --hf-checkpoint.")
+    add(
+        "--load",
+        default=None,
+        help="Resume from this checkpoint directory (a --save directory; a stopped run prints the command that "
+        "resumes it); default: start from --hf-checkpoint.",
+    )
     add(
         "--save-interval",
         type=positive_int,
