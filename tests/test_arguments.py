@@ -85,7 +85,7 @@ def test_flags_slime_already_defines_are_skipped():
         (["--rollout-batch-size", "2"], "nearest --rollout-batch-size that works: 3 (2 train + 1 holdout)"),
         (["--rollout-batch-size", "8", "--n-problems-per-prompt", "4"], "--n-problems-per-prompt 4"),
         (["--rollout-batch-size", "4", "--heldout-ipb", "4"], "--heldout-ipb 4"),
-        (["--group-key", "family", "--rollout-batch-size", "10", "--heldout-ipb", "3"], "split evenly"),
+        (["--group-key", "topic", "--rollout-batch-size", "10", "--heldout-ipb", "3"], "split evenly"),
         (["--eval-prompt-data", "held"], "NAME PATH pairs"),
         (["--eval-prompt-data", "held", "/nonexistent/held.jsonl"], "--eval-prompt-data held /nonexistent/held.jsonl"),
         (["--eval-interval", "2"], "--eval-interval needs --eval-prompt-data"),

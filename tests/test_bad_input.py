@@ -102,6 +102,22 @@ def case_args(tmp_path: Path, checkpoint: Path, name: str) -> tuple[list[str], s
             ["--prompt-data", str(good), "--group-key", "topic", "--rollout-batch-size", "4", "--heldout-ipb", "2"],
             "topic",
         ),
+        # Reported as missing, not as a holdout that does not split over that column's families.
+        "missing group column and an uneven split": (
+            [
+                "--prompt-data",
+                str(good),
+                "--group-key",
+                "topic",
+                "--rollout-batch-size",
+                "7",
+                "--heldout-ipb",
+                "3",
+                "--n-problems-per-prompt",
+                "2",
+            ],
+            "no 'topic' column for the task family",
+        ),
         "ratio outside (0, 1)": (
             ["--prompt-data", str(good), "--inner-loop-train-ratio", "1.5"],
             "--inner-loop-train-ratio",
@@ -290,6 +306,7 @@ CASES = [
     "batch too small to split",
     "family too small",
     "missing group column",
+    "missing group column and an uneven split",
     "ratio outside (0, 1)",
     "unreachable router",
     "no checkpoint",

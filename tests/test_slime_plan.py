@@ -150,7 +150,7 @@ def test_write_sglang_config(tmp_path):
         (["--colocate", "--rollout-function-path", "my.rollout"], "--rollout-function-path is set by --backend slime"),
         (["--colocate", "--loss-type", "policy_loss"], "--loss-type policy_loss"),
         (["--colocate", "--advantage-estimator", "ppo"], "--advantage-estimator ppo"),
-        (["--colocate", "--group-key", "family"], "--heldout-ipb"),  # per family: the holdout must divide evenly
+        (["--colocate", "--group-key", "topic"], "--heldout-ipb"),  # per family: the holdout must divide evenly
         (
             ["--colocate", "--sdpo-alpha", "0.1", "--sdpo-topk", "8", "--no-sdpo-topk-tail"],
             "keeps the hint's mass outside",

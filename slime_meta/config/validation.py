@@ -10,6 +10,7 @@ from typing import Any
 
 from slime_meta.config.objectives import validate_objective_flags
 from slime_meta.data.batch_split import plan_batch
+from slime_meta.data.problems import check_group_column
 from slime_meta.errors import UserInputError
 
 
@@ -27,13 +28,20 @@ def validate_flags(ns: argparse.Namespace) -> None:
         fail(f"{'these flags are' if len(missing) > 1 else 'this flag is'} required: " + "; ".join(missing))
     if not 0.0 < ns.inner_loop_train_ratio < 1.0:
         fail(f"--inner-loop-train-ratio {ns.inner_loop_train_ratio}: must be strictly between 0 and 1 (e.g. 0.75)")
-    plan_batch(
-        rollout_batch_size=ns.rollout_batch_size,
-        train_ratio=ns.inner_loop_train_ratio,
-        heldout_ipb=ns.heldout_ipb,
-        problems_per_prompt=ns.n_problems_per_prompt,
-        per_family=ns.group_key is not None,
-    )
+    try:
+        plan_batch(
+            rollout_batch_size=ns.rollout_batch_size,
+            train_ratio=ns.inner_loop_train_ratio,
+            heldout_ipb=ns.heldout_ipb,
+            problems_per_prompt=ns.n_problems_per_prompt,
+            per_family=ns.group_key is not None,
+        )
+    except UserInputError:
+        if ns.group_key is not None:
+            # The split's advice counts --group-key's families: a column that is not there is the first
+            # thing to fix (the data is read only here, where the split failed: config building stays cheap).
+            check_group_column(ns.prompt_data, ns.group_key)
+        raise
     validate_eval_flags(ns)
     if not 0.0 <= ns.trace_sample_rate <= 1.0:
         fail(f"--trace-sample-rate {ns.trace_sample_rate}: must be between 0 and 1")

@@ -160,6 +160,35 @@ def _missing_column(path: Path, column: str, what: str, flag: str, columns: Sequ
     )
 
 
+def _read_rows(path: Path) -> tuple[list[dict], list[str]]:
+    """The rows of a .parquet, .jsonl or .json file and their names; one-line errors otherwise."""
+    if not path.is_file():
+        raise UserInputError(f"{path}: no such file; check the --prompt-data path")
+    extension = path.suffix.lower()
+    readers = {".parquet": _read_parquet, ".jsonl": _read_jsonl, ".json": _read_json}
+    if extension not in readers:
+        raise UserInputError(f"{path}: unknown extension '{path.suffix}'; use .parquet, .jsonl or .json")
+    try:
+        rows, row_names = readers[extension](path)
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8")
+    if not rows:
+        raise UserInputError(f"{path}: the dataset has no rows; give a file with at least one problem")
+    return rows, row_names
+
+
+def _columns_of(rows: Sequence[dict]) -> list[str]:
+    return list(dict.fromkeys(key for row in rows for key in row))
+
+
+def check_group_column(path: str | Path, group_key: str) -> None:
+    """Refuse a --group-key that names no column of the dataset (the same error `load_problems` gives)."""
+    path = Path(path)
+    columns = _columns_of(_read_rows(path)[0])
+    if group_key not in columns:
+        raise _missing_column(path, group_key, "task family (group)", "--group-key", columns)
+
+
 def load_problems(
     path: str | Path,
     *,
@@ -177,20 +206,8 @@ def load_problems(
     `metadata_keys` when given.
     """
     path = Path(path)
-    if not path.is_file():
-        raise UserInputError(f"{path}: no such file; check the --prompt-data path")
-    extension = path.suffix.lower()
-    readers = {".parquet": _read_parquet, ".jsonl": _read_jsonl, ".json": _read_json}
-    if extension not in readers:
-        raise UserInputError(f"{path}: unknown extension '{path.suffix}'; use .parquet, .jsonl or .json")
-    try:
-        rows, row_names = readers[extension](path)
-    except UnicodeDecodeError as exc:
-        raise UserInputError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8")
-    if not rows:
-        raise UserInputError(f"{path}: the dataset has no rows; give a file with at least one problem")
-
-    columns = list(dict.fromkeys(key for row in rows for key in row))
+    rows, row_names = _read_rows(path)
+    columns = _columns_of(rows)
     if input_key and input_key in columns:
         text_column = input_key
     elif MESSAGES_COLUMN in columns:
