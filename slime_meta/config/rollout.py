@@ -167,7 +167,13 @@ def add_meta_learning_flags(add: AddFlag) -> None:
             "(a subclass); default prompt_templates/teacher.txt."
         ),
     )
-    add("--trace-sample-rate", type=float, default=0.1, help="Share of chains written in full to traces.jsonl.")
+    add(
+        "--trace-sample-rate",
+        type=float,
+        default=0.1,
+        help="Share of chains written in full to traces.jsonl (the teacher's infos, the student's answers, the "
+        "grades); at least one chain per step unless 0.",
+    )
     add(
         "--n-holdout-samples",
         type=positive_int,
