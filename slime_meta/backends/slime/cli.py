@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 from slime_meta.backends.slime.dry_run import describe
@@ -60,6 +61,46 @@ def missing_slime() -> str | None:
     return None
 
 
+def flag_values(argv: Sequence[str], flag: str) -> list[str]:
+    """The values given to `flag` in `argv` (`--flag v` or `--flag=v`; for nargs flags, up to the next flag)."""
+    values: list[str] = []
+    for index, token in enumerate(argv):
+        if token.startswith(flag + "="):
+            values.append(token.split("=", 1)[1])
+        elif token == flag:
+            for value in argv[index + 1 :]:
+                if value.startswith("--"):
+                    break
+                values.append(value)
+    return values
+
+
+def missing_path(slime_argv: Sequence[str]) -> str | None:
+    """The first input path of the launch that is not there, in one line naming its flag; else None.
+
+    Checked before Ray, SGLang and Megatron start (minutes of start-up), which would each fail on it
+    later and in their own words."""
+    checkpoint = flag_values(slime_argv, "--hf-checkpoint")
+    for path in checkpoint:
+        if not (Path(path) / "config.json").is_file():
+            return (
+                f"--hf-checkpoint {path}: no HF checkpoint there (no config.json); give the model's directory "
+                "(SGLang serves it and Megatron's shape is checked against its config.json)"
+            )
+    for flag in ("--ref-load", "--load"):
+        for path in flag_values(slime_argv, flag):
+            if flag == "--load" and path in flag_values(slime_argv, "--save"):
+                continue  # slime's resume pattern: --load $SAVE starts from --ref-load while nothing is saved
+            if not Path(path).exists():
+                return f"{flag} {path}: no such directory; give Megatron's weights (an HF or torch_dist directory)"
+    for flag in ("--prompt-data", "--eval-prompt-data"):
+        for value in flag_values(slime_argv, flag):
+            looks_like_path = "/" in value or value.endswith((".jsonl", ".json", ".parquet"))
+            if looks_like_path and not Path(value).is_file():
+                return f"{flag} {value}: no such file; check the path"
+    return None
+
+
 def parse_slime_args(slime_argv: Sequence[str]):
     """slime's parse_args over `slime_argv` with our flag groups (slime and Megatron read sys.argv)."""
     from slime.utils.arguments import parse_args
@@ -107,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if plan.dry_run:
             print(describe(plan))
             return 0
-        problem = missing_slime()
+        problem = missing_path(plan.slime_argv) or missing_slime()
         if problem:
             raise UserInputError(problem)
         run(plan)
