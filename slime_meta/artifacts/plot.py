@@ -1,8 +1,13 @@
 """Plot a run: holdout grade with the teacher's info against the no-info control, per step.
 
+Steps are numbered as the console numbers them: `step 1/N` is 1 on the x axis (the records count
+from 0), on whole-number ticks.
+
 Where the run measured a reference context before training (`--eval-baseline` with
 `--context-key` or `--teacher-context`, e.g. the synthetic task's `oracle_hint` column), the
-student's grade with it is drawn as a horizontal line: the oracle the teacher's info aims at.
+student's grade with it is drawn as a horizontal line: the oracle the teacher's info aims at; a
+panel then shows the normalised gain, (holdout - no info) / (oracle - no info), per step and over
+the last 10 steps (0: no better than no info, 1: as good as the oracle).
 
 With fixed eval sets (--eval-prompt-data) a third panel shows their holdout grade with and
 without the info: problems the teacher never trained on.
@@ -21,7 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from slime_meta.artifacts.tracking import read_metrics, reference_grades, step_records
+from slime_meta.artifacts.tracking import normalised_gain, read_metrics, reference_grades, step_records
+
+GAIN_WINDOW = 10  # steps in the gain panel's running mean, as the run's summary line takes
 
 logger = logging.getLogger(__name__)
 
@@ -31,19 +38,26 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
 
     matplotlib.use("Agg")  # no display on clusters and CI
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     records = read_metrics(run_dir)
     if not records:
         return None
     train_records = step_records(records)  # not an eval-only record (the final eval's, say)
-    steps = [r["step"] for r in train_records]
+    steps = [r["step"] + 1 for r in train_records]  # the console's `step 1/N` is record 0
 
     def series(key: str) -> list[float]:
         return [r.get(key) if r.get(key) is not None else float("nan") for r in train_records]
 
     eval_names = sorted({k.split("/")[1] for r in records for k in r if k.startswith("eval/") and k.endswith("/gain")})
-    fig, axes = plt.subplots(1, 3 if eval_names else 2, figsize=(16.5 if eval_names else 11, 4))
-    ax_holdout, ax_inner = axes[0], axes[1]
+    oracles = reference_grades(records)
+    oracle = next(iter(oracles.values())) if len(oracles) == 1 else None
+    panels = 2 + (oracle is not None) + bool(eval_names)
+    rows, columns = (2, 2) if panels == 4 else (1, panels)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), squeeze=False)
+    axes = list(axes.flat)
+    # Holdout, then the gain where there is an oracle, the inner iterations, the eval sets last.
+    ax_holdout, ax_inner = axes[0], axes[2 if oracle is not None else 1]
     ax_holdout.plot(steps, series("meta_learning/avg_holdout_grade"), marker="o", label="with teacher's info")
     ax_holdout.plot(
         steps, series("meta_learning/holdout_grade_no_info"), marker="s", linestyle="--", label="no info (control)"
@@ -51,12 +65,20 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
     ax_holdout.plot(
         steps, series("meta_learning/best_info_holdout_grade"), marker=".", alpha=0.5, label="best info of group"
     )
-    for name, oracle in reference_grades(records).items():
+    for name, grade in oracles.items():
         ax_holdout.axhline(
-            oracle, color="black", linestyle=":", label=f"{name}: student with the reference context (oracle)"
+            grade, color="black", linestyle=":", label=f"{name}: student with the reference context (oracle)"
         )
     ax_holdout.set(xlabel="outer step", ylabel="holdout grade", title="Holdout grade", ylim=(-0.02, 1.02))
     ax_holdout.legend()
+    if oracle is not None:
+        draw_gain(
+            axes[1],
+            steps,
+            series("meta_learning/avg_holdout_grade"),
+            series("meta_learning/holdout_grade_no_info"),
+            oracle,
+        )
     iteration_keys = sorted(
         (k for k in train_records[-1] if k.startswith("meta_learning/inner_grade_iter_")) if train_records else (),
         key=lambda k: int(k.rsplit("_", 1)[1]),
@@ -68,25 +90,48 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
     )
     if iteration_keys:
         ax_inner.legend()
+    ax_eval = axes[-1]
     for name in eval_names:
         for key, style, label in (("holdout_grade", "-", "with info"), ("holdout_grade_no_info", "--", "no info")):
+            # An eval's record step counts the steps done before it (0: before training), as its console line does.
             points = [(r["step"], r[f"eval/{name}/{key}"]) for r in records if r.get(f"eval/{name}/{key}") is not None]
-            axes[2].plot(
+            ax_eval.plot(
                 [p[0] for p in points], [p[1] for p in points], marker="o", linestyle=style, label=f"{name}: {label}"
             )
     if eval_names:
-        axes[2].set(
+        ax_eval.set(
             xlabel="training steps done",
             ylabel="holdout grade",
             title="Fixed eval sets (never trained on)",
             ylim=(-0.02, 1.02),
         )
-        axes[2].legend()
+        ax_eval.legend()
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     out = out or Path(run_dir) / "holdout.png"
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def draw_gain(ax, steps: list[int], holdout: list[float], no_info: list[float], oracle: float) -> None:
+    """The normalised gain of each step, and its mean over the last GAIN_WINDOW steps at each step."""
+    gains = [normalised_gain(h, n, oracle) for h, n in zip(holdout, no_info)]
+    ax.plot(steps, gains, marker="o", linestyle="none", alpha=0.4, label="one step")
+    running = []
+    for index in range(len(gains)):
+        window = [g for g in gains[max(0, index + 1 - GAIN_WINDOW) : index + 1] if g == g]  # NaN: no gain that step
+        running.append(sum(window) / len(window) if window else float("nan"))
+    ax.plot(steps, running, label=f"mean of the last {GAIN_WINDOW} steps")
+    ax.axhline(1.0, color="black", linestyle=":", label="1: as good as the oracle")
+    ax.axhline(0.0, color="gray", linestyle="--", label="0: no better than no info")
+    ax.set(
+        xlabel="outer step",
+        ylabel="normalised gain",
+        title="Normalised gain: (holdout - no info) / (oracle - no info)",
+    )
+    ax.legend()
 
 
 def write_plot(run_dir: Path) -> Path | None:
