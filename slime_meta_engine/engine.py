@@ -55,6 +55,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
+from slime_meta_engine.cache_names import cache_of
 from slime_meta_engine.caches import supports_row_surgery, trim_unused_columns
 from slime_meta_engine.fast_path.static.batch import StaticBatch
 from slime_meta_engine.kernels import layer_ops
@@ -345,7 +346,7 @@ class GenerationEngine(_Prefill):
         """One-token forward: doubles as a warm-up and tells which cache layout the model uses."""
         with torch.inference_mode():
             probe = torch.tensor([[self._pad_token_id]], device=self._device)
-            cache = self._model(input_ids=probe, use_cache=True).past_key_values
+            cache = cache_of(self._model(input_ids=probe, use_cache=True))
         if not supports_row_surgery(cache):
             logger.warning("cache type %s cannot be joined: static batching only", type(cache).__name__)
             return False

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from slime_meta_engine.cache_names import cache_kwargs, cache_of
 from slime_meta_engine.caches import join_caches, left_pad_columns
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
 from slime_meta_engine.sampling import RowSampling
@@ -40,7 +41,7 @@ class _RunningBatch:
 @dataclass
 class _PrefillOutput:
     logits: torch.Tensor  # (P, T, V) with all logits, else (P, 1, V): after each prompt's last token
-    past_key_values: Any
+    cache: Any
 
 
 class _Prefill:
@@ -52,8 +53,8 @@ class _Prefill:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
+            **cache_kwargs(self._model, cache),
             **extra,
         )
 
@@ -74,7 +75,7 @@ class _Prefill:
             )
             if all_logits or end == width:  # otherwise one logit row per prompt, not needed
                 logits_parts.append(output.logits)
-            cache = output.past_key_values
+            cache = cache_of(output)
         logits = logits_parts[0] if len(logits_parts) == 1 else torch.cat(logits_parts, dim=1)
         return _PrefillOutput(logits, cache)
 
@@ -137,7 +138,7 @@ class _Prefill:
             for row, prompt in zip(rows, prompt_of_row):
                 if row.job.spec.wants_input_logprobs:
                     row.record_prompt_logprobs(output.logits[prompt], input_ids_P_T[prompt], width - lengths[prompt])
-        cache, mask_R_T, last_logits_R_V = output.past_key_values, mask_P_T, output.logits[:, -1, :]
+        cache, mask_R_T, last_logits_R_V = output.cache, mask_P_T, output.logits[:, -1, :]
         if len(prompt_jobs) < len(jobs):
             # Each of a prompt's k rows starts from a copy of that prompt's keys and values.
             prompt_of_row_R = torch.tensor(prompt_of_row, dtype=torch.int64, device=self._device)

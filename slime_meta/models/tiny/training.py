@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from slime_meta.data.tasks import synthetic
+from slime_meta_engine.cache_names import cache_kwargs, cache_of
 
 STUDENT_BATCH, TEACHER_BATCH = 96, 32  # per step, as in the prototype
 EMPTY_HINT_FRACTION = synthetic.PretrainingSampler.empty_hint_fraction  # both tasks' samplers use it
@@ -103,7 +104,7 @@ def generate(
             else:
                 next_B = logits_B_V.argmax(dim=-1)
             new_tokens.append(next_B)
-            out = model(input_ids=next_B[:, None], past_key_values=out.past_key_values, use_cache=True)
+            out = model(input_ids=next_B[:, None], use_cache=True, **cache_kwargs(model, cache_of(out)))
         for row, index in enumerate(indices):
             ids = [int(t[row]) for t in new_tokens]
             if tokenizer.eos_token_id in ids:
