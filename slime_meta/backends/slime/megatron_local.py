@@ -74,14 +74,45 @@ def _converter_for_local_names(convert):
     return convert_local
 
 
+def varlen_causal_attention():
+    """torch's FlashAttention over THD-packed sequences in one call (`torch.nn.attention.varlen`), as
+    `fn(q_T_H_D, k_T_G_D, v_T_G_D, cu_seqlens, max_seqlen, scale) -> o_T_H_D`; None where this torch
+    has none. Its keywords changed across releases: causal is `window_size=(-1, 0)` where that
+    exists, else `is_causal=True`; grouped keys and values are repeated where `enable_gqa` is missing."""
+    import inspect
+
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    native_gqa = "enable_gqa" in params
+
+    def attend(q_T_H_D, k_T_G_D, v_T_G_D, cu_seqlens, max_seqlen: int, scale):
+        groups = q_T_H_D.shape[1] // k_T_G_D.shape[1]
+        extra = dict(causal)
+        if groups > 1 and native_gqa:
+            extra["enable_gqa"] = True
+        elif groups > 1:
+            k_T_G_D = k_T_G_D.repeat_interleave(groups, dim=1)
+            v_T_G_D = v_T_G_D.repeat_interleave(groups, dim=1)
+        return varlen_attn(
+            q_T_H_D, k_T_G_D, v_T_G_D, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scale, **extra
+        )
+
+    return attend
+
+
 def packed_causal_attention_class():
     """Causal attention over slime's packed micro-batches in plain torch, for Megatron's local spec.
 
     slime packs every micro-batch as THD sequences (`PackedSeqParams`, qkv_format "thd"). This one
     takes query/key/value `[T, H, D]` and lets each packed sequence (cu_seqlens) attend causally to
-    itself, through torch's scaled_dot_product_attention (FlashAttention's kernel on the GPU). Under
-    tensor parallelism each rank gets its own heads (H / TP and G / TP): the counts are read from
-    the tensors, so the same code serves every TP size.
+    itself: on the GPU in one FlashAttention call over the whole micro-batch where torch has
+    `varlen_attn` (with slime's padding segment as one more sequence), else sequence by sequence through
+    scaled_dot_product_attention. Under tensor parallelism each rank gets its own heads (H / TP and
+    G / TP): the counts are read from the tensors, so the same code serves every TP size.
     """
     import torch
     import torch.nn.functional as F
@@ -105,6 +136,8 @@ def packed_causal_attention_class():
         ):
             if packed_seq_params is None or packed_seq_params.qkv_format != "thd":
                 raise NotImplementedError("PackedCausalAttention takes slime's THD-packed micro-batches only")
+            if varlen is not None and query_T_H_D.is_cuda and query_T_H_D.dtype in (torch.bfloat16, torch.float16):
+                return self._varlen(query_T_H_D, key_T_G_D, value_T_G_D, packed_seq_params.cu_seqlens_q)
             bounds = packed_seq_params.cu_seqlens_q.tolist()
             groups = query_T_H_D.shape[1] // key_T_G_D.shape[1]
             out = []
@@ -124,6 +157,15 @@ def packed_causal_attention_class():
                 out.append(query_T_H_D.new_zeros((tail, *query_T_H_D.shape[1:])))
             return torch.cat(out)  # [T, H, D]: Megatron's Attention reshapes it to [T, 1, H * D]
 
+        def _varlen(self, query_T_H_D, key_T_G_D, value_T_G_D, cu_seqlens):
+            total = query_T_H_D.shape[0]
+            bounds = cu_seqlens.to(torch.int32)
+            if int(bounds[-1]) < total:  # padding past the last sequence: attends to itself only
+                bounds = torch.cat([bounds, bounds.new_tensor([total])])
+            max_seqlen = int((bounds[1:] - bounds[:-1]).max())
+            return varlen(query_T_H_D, key_T_G_D, value_T_G_D, bounds, max_seqlen, self.softmax_scale)
+
+    varlen = varlen_causal_attention()
     return PackedCausalAttention
 
 
