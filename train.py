@@ -15,10 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from slime_meta.artifacts.resume import program_words, resume_note
 from slime_meta.backends import get_backend
 from slime_meta.backends.local.workers.processes import LaunchError
 from slime_meta.backends.slime.cli import requested_backend
-from slime_meta.config.arguments import parse_config
+from slime_meta.config.arguments import MetaConfig, parse_config
 from slime_meta.errors import EXIT_USER_ERROR, NonFiniteTrainingError, UserInputError
 from slime_meta.rollout.pools import PoolUnavailable
 
@@ -61,12 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_resume_note(config, argv: list[str], started_at: float) -> None:
+def print_resume_note(config: MetaConfig | None, argv: list[str], started_at: float) -> None:
     """The stopped run's latest checkpoint and the command that resumes from it (or when the first is due)."""
     if config is None:  # stopped while the flags were read: nothing started
         return
-    from slime_meta.artifacts.resume import program_words, resume_note
-
     note = resume_note(config, argv, program=program_words(Path(__file__)), started_at=started_at)
     print(note, file=sys.stderr, flush=True)
 
