@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     grad_out = torch.randn(shape_q, device="cuda")
 
     def run(path, dtype):
-        q, k, v = (t.to(dtype).requires_grad_() for t in (q32, k32, v32))
+        q, k, v = (t.detach().to(dtype).clone().requires_grad_() for t in (q32, k32, v32))
         if path == "varlen":
             o = attend(q, k, v, cu_seqlens, max(lengths), None)
         else:
