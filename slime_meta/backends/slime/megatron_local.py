@@ -20,6 +20,7 @@ module level, so the core and the tests import it anywhere.
 
 from __future__ import annotations
 
+import os
 import re
 
 # Local spec name (per layer) -> the TransformerEngine spec's name of the same tensor.
@@ -165,7 +166,9 @@ def packed_causal_attention_class():
             max_seqlen = int((bounds[1:] - bounds[:-1]).max())
             return varlen(query_T_H_D, key_T_G_D, value_T_G_D, bounds, max_seqlen, self.softmax_scale)
 
-    varlen = varlen_causal_attention()
+    # SLIME_META_PACKED_ATTENTION=loop keeps the sequence-by-sequence path (to compare, or where a
+    # torch's varlen kernel misbehaves); Ray's workers inherit it from `ray start`.
+    varlen = None if os.environ.get("SLIME_META_PACKED_ATTENTION") == "loop" else varlen_causal_attention()
     return PackedCausalAttention
 
 
