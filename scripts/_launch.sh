@@ -34,6 +34,18 @@ layer_args() {
   esac
 }
 
+# Megatron's activation recompute (RECOMPUTE_ARGS) by RECOMPUTE, default the script's: `full` recomputes
+# every layer in the backward (activation memory for models that fill the training GPUs), `none` keeps
+# the activations (no second forward: faster where they fit, as a model under 1B does on one 80 GB GPU
+# at --max-tokens-per-gpu 9216).
+recompute_args() {
+  case "${RECOMPUTE:-$1}" in
+    full) RECOMPUTE_ARGS=(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1) ;;
+    none) RECOMPUTE_ARGS=() ;;
+    *) echo "error: RECOMPUTE=${RECOMPUTE:-$1}: use full or none" >&2; exit 2 ;;
+  esac
+}
+
 # The grader by GRADER (verifier, openai, self-hosted). A key stays in the environment: Ray's
 # workers inherit it from `ray start`, and it never reaches the command line or the run's files.
 grader_args() {

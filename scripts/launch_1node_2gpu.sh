@@ -77,9 +77,10 @@ TRAIN_ARGS=(
   --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98
   --eps-clip 0.2 --eps-clip-high 0.28
 )
+recompute_args none  # RECOMPUTE_ARGS: the default models fit their activations; RECOMPUTE=full for larger ones
 PERF_ARGS=(
   --tensor-model-parallel-size 1
-  --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+  "${RECOMPUTE_ARGS[@]}"
   --use-dynamic-batch-size --max-tokens-per-gpu 9216
 )
 SGLANG_ARGS=(--sglang-mem-fraction-static 0.7)

@@ -77,9 +77,10 @@ TRAIN_ARGS=(
   --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98
   --eps-clip 0.2 --eps-clip-high 0.28
 )
+recompute_args full  # RECOMPUTE_ARGS: every layer recomputed in the backward (RECOMPUTE=none where they fit)
 PERF_ARGS=(
   --tensor-model-parallel-size 2 --sequence-parallel
-  --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+  "${RECOMPUTE_ARGS[@]}"
   --use-dynamic-batch-size --max-tokens-per-gpu 9216
 )
 SGLANG_ARGS=(--sglang-mem-fraction-static 0.7)

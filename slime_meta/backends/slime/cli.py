@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if plan.dry_run:
             print(describe(plan))
             return 0
-        problem = missing_path(plan.slime_argv) or missing_slime()
+        problem = missing_slime() or missing_path(plan.slime_argv)
         if problem:
             raise UserInputError(problem)
         run(plan)
