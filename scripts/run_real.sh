@@ -74,7 +74,8 @@ if [ -n "$ON_GPU" ]; then
     --num-inner-iterations 2        # K
     --n-samples-per-inner-prompt 2  # m
   )
-else  # 2 CPU cores: a small step (about a minute or two) that still has spread within a group
+else  # 2 CPU cores: a small step that still has spread within a group; with SmolLM2 still minutes a
+      # step (the first took 354 s on a 2-core VM), after about 3 minutes of --eval-baseline
   META_ARGS=(
     --rollout-batch-size 6 --heldout-ipb 4 --n-problems-per-prompt 1
     --n-samples-per-prompt 4 --num-inner-iterations 1 --n-samples-per-inner-prompt 2
