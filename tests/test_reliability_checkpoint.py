@@ -233,3 +233,21 @@ def test_save_retain_interval_keeps_the_multiples_and_the_latest(tiny_checkpoint
         "iter_0000007",
         "iter_0000009",
     ]
+
+
+def test_a_save_clears_what_earlier_failed_saves_left(tiny_checkpoint, tmp_path):
+    """A save that died leaves `.tmp-iter_*` (a whole model and optimizer): the next save removes them all."""
+    from transformers import AutoTokenizer
+
+    import slime_meta.artifacts.train_state as ck
+    from slime_meta.backends.local.training.settings import TrainerSettings
+    from slime_meta.backends.local.training.trainer import LocalTrainer
+
+    trainer = LocalTrainer(str(tiny_checkpoint), TrainerSettings(lr=1e-3, device="cpu"))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    save_dir = tmp_path / "ckpt"
+    for iteration in (3, 4):  # two saves that died before their rename
+        (save_dir / f".tmp-iter_{iteration:07d}" / "model").mkdir(parents=True)
+        (save_dir / f".tmp-iter_{iteration:07d}" / "trainer.pt").write_bytes(b"x" * 1024)
+    ck.save_checkpoint(save_dir, 5, trainer=trainer, tokenizer=tokenizer, state={"next_rollout_id": 5})
+    assert sorted(p.name for p in save_dir.iterdir()) == ["iter_0000005", ck.POINTER]

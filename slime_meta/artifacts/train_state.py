@@ -153,7 +153,10 @@ def save_checkpoint(
     save_dir.mkdir(parents=True, exist_ok=True)
     final = save_dir / f"iter_{iteration:07d}"
     tmp = save_dir / f".tmp-iter_{iteration:07d}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    # What earlier saves that died left behind (one run writes a save dir): each is a whole model and
+    # optimizer that nothing would ever load or delete.
+    for leftover in save_dir.glob(".tmp-iter_*"):
+        shutil.rmtree(leftover, ignore_errors=True)
     tmp.mkdir()
     trainer.model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
