@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from slime_meta.artifacts.atomic_files import replace_atomically
 from slime_meta.artifacts.tracking import normalised_gain, read_metrics, reference_grades, step_records
 
 GAIN_WINDOW = 10  # steps in the gain panel's running mean, as the run's summary line takes
@@ -109,8 +110,9 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path | None:
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    out = out or Path(run_dir) / "holdout.png"
-    fig.savefig(out, dpi=110)
+    out = Path(out or Path(run_dir) / "holdout.png")
+    # A stop in the middle leaves the previous plot, never a cut one (the name alone no longer says the format).
+    replace_atomically(out, lambda tmp: fig.savefig(tmp, dpi=110, format=out.suffix.lstrip(".") or "png"))
     plt.close(fig)
     return out
 

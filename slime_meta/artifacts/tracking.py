@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from slime_meta.artifacts.atomic_files import drop_torn_tail
 from slime_meta.config.tracking import TrackingConfig
 
 
@@ -28,6 +29,9 @@ class Tracker:
         self.run_dir = run_dir
         self.metrics_path = run_dir / "metrics.jsonl"
         self.traces_path = run_dir / "traces.jsonl"
+        for path in (self.metrics_path, self.traces_path):
+            if drop_torn_tail(path):  # a line cut by a kill: the file goes back to its last whole record
+                print(f"[tracking] {path}: dropped a last record cut short by a stop", flush=True)
         if start_step == 0:
             # A new run in a run dir that holds another run's records: those are kept beside, not mixed in.
             for path in (self.metrics_path, self.traces_path):

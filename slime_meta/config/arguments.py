@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
 
+from slime_meta.artifacts.atomic_files import replace_atomically
 from slime_meta.config.grading import GraderConfig, add_grader_flags
 from slime_meta.config.objectives import ObjectivesConfig, add_objective_arguments, shared_student_objective_defaults
 from slime_meta.config.pools import PoolConfig, add_pool_flags
@@ -68,7 +69,8 @@ class MetaConfig:
 
     def save(self, path: Path) -> None:
         # Secrets never live in the config: API keys are read from the environment by name.
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+        replace_atomically(Path(path), lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def settings_from(cls, *sections: Any, **given: Any):
