@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import signal
@@ -45,12 +46,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # slime_meta.artifacts.plot from this checkout
 
 from slime_meta.artifacts.plot import plot_run  # noqa: E402
-from slime_meta.artifacts.tracking import read_metrics, reference_grades, step_records  # noqa: E402
+from slime_meta.artifacts.tracking import (  # noqa: E402
+    gain_interval,
+    read_metrics,
+    reference_grade_se,
+    reference_grades,
+    step_records,
+)
 from slime_meta.artifacts.train_state import POINTER  # noqa: E402
 
 SYNTHETIC_TASKS = ("synthetic_suffix", "bracket")  # tiny models built by the project (scripts/run_synthetic.sh)
 # A real model on real language (scripts/run_real.sh).
 REAL_TASKS = ("easy_word_problems", "price_lists", "house_rules", "champ")
+LEGACY_BASELINE_PROBLEMS = 32  # --eval-baseline before --eval-baseline-problems: 32 problems, one attempt each
 
 
 def gpu_name() -> str | None:
@@ -161,14 +169,36 @@ def run_figures(records: list[dict], run_dir: Path, args: argparse.Namespace) ->
         }
         for r, t in zip(steps, elapsed)
     ]
+    # Each gain's 95% interval: the holdout's and the control's errors over their steps, R_oracle's over its
+    # problems (recorded by --eval-baseline since it measures several attempts a problem; absent before).
+    oracle_ses = reference_grade_se([dict(steps[0])])
+    r_oracle_se = oracle_ses.get(name, next(iter(oracle_ses.values()), None))
+    r_oracle_se_source = "recorded: over --eval-baseline-problems, each the mean of its attempts"
+    if r_oracle_se is None:
+        # Runs before the error was recorded measured R_oracle as one graded attempt (0 or 1) at each of 32
+        # problems: the binomial standard error of that mean.
+        r_oracle_se = math.sqrt(r_oracle * (1 - r_oracle) / (LEGACY_BASELINE_PROBLEMS - 1))
+        r_oracle_se_source = f"binomial: one 0/1 attempt at each of {LEGACY_BASELINE_PROBLEMS} problems (older runs)"
+    holdout = [r["meta_learning/avg_holdout_grade"] for r in steps]
+    controls = [r["meta_learning/holdout_grade_no_info"] for r in steps]
+    intervals = {
+        f"normalised_gain_{which}_steps_interval": [
+            bound if math.isfinite(bound) else None
+            for bound in gain_interval(part, controls, r_oracle, r_oracle_se)[1:]
+        ]
+        for which, part in (("first", holdout[: args.window]), ("last", holdout[-args.window :]))
+    }
     return {
         "steps": len(steps),
         "r_oracle": r_oracle,
+        "r_oracle_se": r_oracle_se,
+        "r_oracle_se_source": r_oracle_se_source,
         "r_no_info": r_no_info,
         "r_first_steps": r_start,
         "r_last_steps": r_final,
         "normalised_gain_first_steps": gain(r_start),
         "normalised_gain_last_steps": gain(r_final),
+        **intervals,
         "gain_over_start": gain_over_start,
         "budget_s": args.budget_s,
         "steps_within_budget": len(within),

@@ -31,7 +31,8 @@ case "$1" in
     # The head: a daemon in a session of its own, with a child that ignores SIGTERM (an SGLang server).
     setsid "$REAL_PYTHON" -c '
 import os, signal, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+child = subprocess.Popen([sys.executable, "-c", deaf])
 open(os.environ["LOG_DIR"] + "/head.pid", "w").write(f"{os.getpid()} {child.pid}")
 time.sleep(600)
 ' </dev/null >/dev/null 2>&1 &

@@ -246,7 +246,12 @@ def test_student_pool_compact_steps_and_distillation(slime, pools, tiny_checkpoi
         "eval/prompts.slime/baseline_student/avg",
         "eval/prompts.slime/baseline_teacher/avg",
         "eval/prompts.slime/baseline_diff",
+        "eval/prompts.slime/baseline_student/se",
+        "eval/prompts.slime/baseline_teacher/se",
+        "eval/prompts.slime/baseline_problems",
+        "eval/prompts.slime/baseline_attempts",
     }
+    assert baseline["eval/prompts.slime/baseline_attempts"] == 4  # --eval-baseline-attempts' default
     assert not any("baseline" in k for k in plugin.generate_rollout(args, 1, slime.DataSource(args)).metrics)
 
     assert len(output.samples) == 2 and all(len(group) == 2 for group in output.samples)

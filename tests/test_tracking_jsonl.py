@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from slime_meta.artifacts.tracking import Tracker, jsonl_lines, read_metrics
 from slime_meta.config.tracking import TrackingConfig
 
@@ -64,3 +66,27 @@ def test_the_summary_line_gives_the_first_and_last_windows_and_their_gain():
     assert line.startswith("summary: 4 steps; holdout with the teacher's info 0.550 over the first 2 -> 0.750 over")
     assert line.endswith("(no info 0.500, oracle 0.900: normalised gain 0.13 -> 0.62)")
     assert summary_line([{"step": 0, "eval/x_eval/holdout_grade": 0.5}]) is None
+
+
+def test_the_summary_line_gives_each_gain_with_its_interval_when_r_oracle_has_an_error():
+    from slime_meta.artifacts.tracking import gain_interval, summary_line
+
+    holdout = [0.5, 0.6, 0.7, 0.8]
+    no_info = [0.45, 0.55, 0.5, 0.5]
+    records = [
+        {"step": s, "meta_learning/avg_holdout_grade": h, "meta_learning/holdout_grade_no_info": n}
+        for s, (h, n) in enumerate(zip(holdout, no_info))
+    ]
+    records[0].update({"eval/x/baseline_teacher/avg": 0.9, "eval/x/baseline_teacher/se": 0.03})
+    line = summary_line(records)
+    gain, low, high = gain_interval(holdout[-2:], no_info, 0.9, 0.03)
+    assert gain == pytest.approx((0.75 - 0.5) / (0.9 - 0.5))
+    assert low < gain < high and high - low > 0.1  # two steps a window: a wide interval
+    assert line.endswith(
+        f"oracle 0.900 ± 0.030: normalised gain 0.13 [{gain_interval(holdout[:2], no_info, 0.9, 0.03)[1]:.2f}, "
+        f"{gain_interval(holdout[:2], no_info, 0.9, 0.03)[2]:.2f}] -> 0.62 [{low:.2f}, {high:.2f}])"
+    )
+    # R_oracle's error widens the interval: none of it, a narrower one.
+    assert gain_interval(holdout[-2:], no_info, 0.9, 0.0)[2] < high
+    # Without a recorded error (an older run) the gain is given alone.
+    assert gain_interval(holdout, no_info, 0.9, None)[1] != gain_interval(holdout, no_info, 0.9, None)[1]  # NaN

@@ -10,7 +10,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from slime_meta.artifacts.atomic_files import drop_torn_tail
 from slime_meta.config.tracking import TrackingConfig
@@ -224,6 +224,43 @@ def normalised_gain(holdout: float, no_info: float, oracle: float) -> float:
     return (holdout - no_info) / (oracle - no_info) if oracle > no_info else float("nan")
 
 
+def reference_grade_se(records: list[dict]) -> dict[str, float]:
+    """Per data set, the standard error of its R_oracle over the problems (--eval-baseline), where recorded."""
+    suffix = "/baseline_teacher/se"
+    return {
+        key[len("eval/") : -len(suffix)]: value
+        for record in records
+        for key, value in record.items()
+        if key.startswith("eval/") and key.endswith(suffix) and value is not None and math.isfinite(value)
+    }
+
+
+def gain_interval(
+    holdout: Sequence[float], no_info: Sequence[float], oracle: float, oracle_se: float | None, z: float = 1.96
+) -> tuple[float, float, float]:
+    """The normalised gain of mean(holdout) against mean(no_info) and R_oracle, with its 95% interval.
+
+    First-order (delta-method) propagation of three standard errors: the holdout's and the control's
+    over their steps, R_oracle's over its problems. The holdout and the control of one step grade the
+    same problems, so their errors are positively correlated; treating them as independent makes the
+    interval wider, not narrower. (NaN, NaN) bounds where an error is unknown."""
+    h, n = sum(holdout) / len(holdout), sum(no_info) / len(no_info)
+    gain = normalised_gain(h, n, oracle)
+    if not math.isfinite(gain) or oracle_se is None or len(holdout) < 2 or len(no_info) < 2:
+        return gain, float("nan"), float("nan")
+    span = oracle - n
+
+    def se(values: Sequence[float]) -> float:
+        mean = sum(values) / len(values)
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+
+    variance = (
+        (se(holdout) / span) ** 2 + (oracle_se * (h - n) / span**2) ** 2 + (se(no_info) * (h - oracle) / span**2) ** 2
+    )
+    half = z * math.sqrt(variance)
+    return gain, gain - half, gain + half
+
+
 def summary_line(records: Iterable[Mapping[str, Any]], window: int = 10) -> str | None:
     """The run's result in one line: the holdout grade with the teacher's info over the first and
     the last `window` steps (half the steps each when fewer), the no-info control over all of them
@@ -248,8 +285,19 @@ def summary_line(records: Iterable[Mapping[str, Any]], window: int = 10) -> str 
     if len(oracles) != 1:
         return f"{line} (no info {no_info:.3f})"
     oracle = next(iter(oracles.values()))
-    gains = (format_gain(normalised_gain(first, no_info, oracle)), format_gain(normalised_gain(last, no_info, oracle)))
-    return f"{line} (no info {no_info:.3f}, oracle {oracle:.3f}: normalised gain {gains[0]} -> {gains[1]})"
+    oracle_se = next(iter(reference_grade_se([dict(steps[0])]).values()), None)
+    holdout = [r["meta_learning/avg_holdout_grade"] for r in steps]
+    gains = [
+        format_gain_interval(*gain_interval(part, controls, oracle, oracle_se)) for part in (holdout[:n], holdout[-n:])
+    ]
+    oracle_text = f"oracle {oracle:.3f}" + (f" ± {oracle_se:.3f}" if oracle_se is not None else "")
+    return f"{line} (no info {no_info:.3f}, {oracle_text}: normalised gain {gains[0]} -> {gains[1]})"
+
+
+def format_gain_interval(gain: float, low: float, high: float) -> str:
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return format_gain(gain)
+    return f"{format_gain(gain)} [{low:.2f}, {high:.2f}]"
 
 
 def format_gain(gain: float) -> str:

@@ -44,6 +44,8 @@ class ObjectivesConfig:
     student_tau: float
     skip_verification: bool
     eval_baseline: bool
+    eval_baseline_problems: int
+    eval_baseline_attempts: int
     # JSD self-distillation to the hint-conditioned self (SDPO)
     sdpo_alpha: float
     sdpo_beta: float
@@ -169,6 +171,19 @@ def add_objective_arguments(add_group) -> None:
     add("--student-tau", type=float, default=0.0, help="Weight of -log p(token | prompt).")
     add("--skip-verification", action="store_true", help="Pure distillation: the solver samples get no task advantage.")
     add("--eval-baseline", action="store_true", help="Before training, grade the student with and without the context.")
+    add(
+        "--eval-baseline-problems",
+        type=int,
+        default=64,
+        help="--eval-baseline: how many training problems (on slime: at most the first step's).",
+    )
+    add(
+        "--eval-baseline-attempts",
+        type=int,
+        default=4,
+        help="--eval-baseline: attempts at each problem, with and without the context. R_oracle scales every "
+        "normalised gain: its standard error (over the problems, reported with it) shrinks with both counts.",
+    )
 
     add = add_group("objectives: JSD self-distillation to the hint-conditioned self (SDPO)")
     add(

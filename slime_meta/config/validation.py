@@ -53,6 +53,9 @@ def validate_flags(ns: argparse.Namespace) -> None:
         fail(f"--host {ns.host!r}: not an IP address or host name; use 127.0.0.1 (default) or this machine's address")
     if ns.request_retries < 0:
         fail(f"--request-retries {ns.request_retries}: must be >= 0")
+    for flag in ("eval_baseline_problems", "eval_baseline_attempts"):
+        if getattr(ns, flag) < 1:
+            fail(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: must be >= 1")
     if ns.max_async_level < 0:
         fail(f"--max-async-level {ns.max_async_level}: must be >= 0")
     if ns.lr <= 0:
