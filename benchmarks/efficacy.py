@@ -108,6 +108,20 @@ def training_elapsed(records: list[dict], run_dir: Path) -> list[float]:
     return elapsed
 
 
+def legacy_oracle_se(r_oracle: float) -> tuple[float | None, str]:
+    """R_oracle's standard error for runs that did not record it. --eval-baseline then graded one attempt
+    (0 or 1) at each of 32 problems: the binomial error of that proportion, where the grade is a multiple
+    of 1/32; otherwise (an older measure) it is not known."""
+    hits = r_oracle * LEGACY_BASELINE_PROBLEMS
+    if abs(hits - round(hits)) > 1e-6:
+        return None, "not recorded, and not one attempt at each of 32 problems: unknown"
+    # Agresti-Coull's adjusted proportion: 32 hits of 32 do not make an error of 0.
+    n = LEGACY_BASELINE_PROBLEMS + 4
+    adjusted = (round(hits) + 2) / n
+    se = math.sqrt(adjusted * (1 - adjusted) / n)
+    return se, f"binomial (Agresti-Coull): one 0/1 attempt at each of {LEGACY_BASELINE_PROBLEMS} problems (older runs)"
+
+
 def run_figures(records: list[dict], run_dir: Path, args: argparse.Namespace) -> dict:
     """The run's figures from its metrics records: per-step figures from the step records, the
     eval curve from every record (an eval-only record, the final eval's or one evaluated just
@@ -175,10 +189,7 @@ def run_figures(records: list[dict], run_dir: Path, args: argparse.Namespace) ->
     r_oracle_se = oracle_ses.get(name, next(iter(oracle_ses.values()), None))
     r_oracle_se_source = "recorded: over --eval-baseline-problems, each the mean of its attempts"
     if r_oracle_se is None:
-        # Runs before the error was recorded measured R_oracle as one graded attempt (0 or 1) at each of 32
-        # problems: the binomial standard error of that mean.
-        r_oracle_se = math.sqrt(r_oracle * (1 - r_oracle) / (LEGACY_BASELINE_PROBLEMS - 1))
-        r_oracle_se_source = f"binomial: one 0/1 attempt at each of {LEGACY_BASELINE_PROBLEMS} problems (older runs)"
+        r_oracle_se, r_oracle_se_source = legacy_oracle_se(r_oracle)
     holdout = [r["meta_learning/avg_holdout_grade"] for r in steps]
     controls = [r["meta_learning/holdout_grade_no_info"] for r in steps]
     intervals = {
