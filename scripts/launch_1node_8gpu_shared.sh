@@ -14,7 +14,9 @@
 #       bash scripts/launch_1node_8gpu_shared.sh --num-rollout 300 --lr 5e-7   # extra flags go last
 #
 # Environment: SLIME_DIR (slime checkout, for its scripts/models/$MODEL.sh), MEGATRON_DIR,
-# HF_CHECKPOINT, REF_LOAD (Megatron torch_dist copy of it), SAVE_DIR, DATA, RUN_DIR, GRADER.
+# HF_CHECKPOINT, REF_LOAD (Megatron torch_dist copy of it), SAVE_DIR, DATA, RUN_DIR, GRADER,
+# TRANSFORMER_IMPL (local without TransformerEngine), RECOMPUTE (full or none), STOP_GRACE_S (the
+# seconds processes get between SIGTERM and SIGKILL when the launch ends: 15).
 set -euo pipefail
 REPO_DIR="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$REPO_DIR"
