@@ -41,7 +41,28 @@ from slime_meta.rollout.solver_samples import SolverSampleBuilder, SolverSetting
 
 
 def load_tokenizer(model_dir: str):
-    return AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    without_word_cache(tokenizer)
+    return tokenizer
+
+
+def without_word_cache(tokenizer) -> bool:
+    """Turn off the BPE (or Unigram) model's word cache where the tokenizer has no pre-tokenizer.
+
+    `tokenizers` caches each word it has merged, up to 10,000 words under 256 bytes for each thread
+    that encodes, kept for the thread's life (0.23: clearing only orphans them). With a pre-tokenizer
+    a word is a word, and the cache soon holds the few thousand a run meets; without one (the demo's
+    character-level models) the whole text is the word, so the cache kept every distinct prompt:
+    the demo's trainer grew 0.22 MiB a step, about 70 new prompts of 3 KiB each (docs/reliability.md,
+    "Memory over long runs"). A whole prompt seldom comes again, and merging one again is cheap.
+    True when the cache was turned off.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    model = getattr(backend, "model", None)
+    if backend is None or backend.pre_tokenizer is not None or not hasattr(model, "_resize_cache"):
+        return False
+    model._resize_cache(0)  # no new entries: tokenizers >= 0.20 checks the capacity before inserting
+    return True
 
 
 def batch_plan(cfg: MetaConfig) -> BatchPlan:
