@@ -52,14 +52,20 @@ class RolloutPipeline:
         """Step `rollout_id`'s batch; launches the rollouts the staleness bound allows."""
         self._launch_ready(weights_version, rollout_id)
         output = await self._tasks.pop(rollout_id)
+        # A checkpoint after this step resumes at the next step's draw: the cursors before this one are
+        # never needed again (kept, a run without --save held one copy of the sampler's state a step).
+        self._forget_states_before(rollout_id + 1)
         self._launch_ready(weights_version, rollout_id + self.max_async_level)
         return output
 
     def sampler_state_for_resume(self, next_rollout_id: int) -> dict:
         """The data cursor as it was before step `next_rollout_id` drew its batch."""
-        for step in [s for s in self._state_before_draw if s < next_rollout_id]:
-            del self._state_before_draw[step]
+        self._forget_states_before(next_rollout_id)
         return self._state_before_draw.get(next_rollout_id) or self._sampler_state()
+
+    def _forget_states_before(self, step: int) -> None:
+        for earlier in [s for s in self._state_before_draw if s < step]:
+            del self._state_before_draw[earlier]
 
     async def cancel(self) -> None:
         for task in self._tasks.values():
