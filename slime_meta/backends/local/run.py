@@ -31,6 +31,7 @@ from slime_meta.backends.local.inputs import check_models, check_servers, prepar
 from slime_meta.backends.local.step.batch import batch_producer, train_on_batch
 from slime_meta.backends.local.step.metrics import StepClock, StepCounters, staleness_metrics
 from slime_meta.backends.local.step.pipeline import RolloutPipeline
+from slime_meta.backends.local.training.settings import return_freed_heap
 from slime_meta.backends.local.training.setup import make_trainer, with_trainer_plan
 from slime_meta.backends.local.workers import weight_sync
 from slime_meta.backends.local.workers.launcher import LocalProcessGroup
@@ -126,6 +127,8 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
                         trainer_thread, push, trainer, workers, weights_root, rollout_id + 1, processes, sync
                     )
                 clock.mark("push")
+                # The step's freed memory back to the system: glibc keeps it resident otherwise (settings.py).
+                await on_thread(trainer_thread, return_freed_heap)
 
                 metrics = {**batch.result.metrics, **batch.solver_metrics, **train_metrics, **clock.metrics()}
                 metrics.update(counters.counters())
