@@ -1,187 +1,192 @@
 """Soak (slow, run separately): 50 outer steps of the embedded default without resident memory
-or file descriptors growing after warm-up.
+or file descriptors growing after warm-up; and a fast check of the same thing in the default run.
 
     python -m pytest -q -s -m slow tests/test_reliability_soak.py
     # longer, under CPU contention (busy loops beside the run): 200 steps, one core kept busy
     SLIME_META_SOAK_STEPS=200 SLIME_META_SOAK_CPU_LOAD=1 python -m pytest -q -s -m slow tests/test_reliability_soak.py
 
 The run is `scripts/run_synthetic.sh` (what `scripts/demo.sh` runs: the demo model, four teacher
-prompts x eight infos, checkpoints every two steps) with `NUM_ROLLOUT=50`. After every step
-(a new line in metrics.jsonl) the test samples the resident set size and the open file
-descriptors of the trainer and of each child (router, worker). Warm-up is the first
-`WARMUP_STEPS` steps (allocator arenas, torch caches, the optimizer's state, the router's
-connection pool); the figure is the median of the last five samples before the final step (which
-is taken while the run shuts down) against the median of the five samples after warm-up: at
-most 10% more. The samples are written to `soak.json` in the run
+prompts x eight infos, checkpoints every two steps) with `NUM_ROLLOUT=50`, sampled by
+`benchmarks/soak.py` (the same run as a benchmark with a results file): after every step (a new
+line in metrics.jsonl) the resident set size and the open file descriptors of the trainer and of
+each child (router, worker). Warm-up is the first `WARMUP_STEPS` steps (allocator arenas, torch
+caches, the optimizer's state, the router's connection pool), and lasts until the run's first plot
+(drawn 60 s in: matplotlib's import and caches, ~30 MiB once); the figure is the median of the last
+five samples before the final step (which is taken while the run shuts down) against the median of
+the five samples after warm-up: at most 10% more. The samples are written to `soak.json` in the run
 directory and printed.
 
 Under contention the trainer once grew 24% (895 -> 1,107 MB) while it stayed flat alone: its
 step ran on asyncio's default executor, which starts a new thread when asked while its last one
 is still winding down, and each new thread that trained kept its own glibc arena of freed memory.
 The trainer's work now runs on one thread of its own; the fast test below holds that in place.
+
+Alone on an idle machine it later grew 15% in 50 steps (430 -> 495 MiB) and kept creeping: the
+tokenizer's word cache held every distinct prompt (`assembly.without_word_cache`), and the trainer
+thread's arena held 10-60 MiB of freed memory, a different amount each step
+(`settings.return_freed_heap`). `test_the_trainer_keeps_no_memory_from_step_to_step` catches the
+first kind (memory kept per step) in the default run, from glibc's count of bytes in use.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.soak import run_soak, summarise  # noqa: E402
+
 NUM_ROLLOUT = int(os.environ.get("SLIME_META_SOAK_STEPS", "50"))
 CPU_LOAD = int(os.environ.get("SLIME_META_SOAK_CPU_LOAD", "0"))  # busy-loop processes beside the run
 WARMUP_STEPS = 10
-WINDOW = 5
 MAX_GROWTH = 0.10
-
-
-def rss_kib(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def fd_count(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """Child processes (recursively) of `pid`: pid -> a short name (router / worker port)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = {}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, child_parent in parents.items():
-            if child_parent == parent and child not in found:
-                try:
-                    argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                words = [a.decode(errors="replace") for a in argv]
-                role = (
-                    "router"
-                    if any("sglang" in w and "router" in w for w in words)
-                    # it renames itself sglang::router
-                    else "worker"
-                    if any(w == "slime_meta_engine" for w in words)
-                    else "trainer"
-                    if any(w.endswith("train.py") for w in words)
-                    else "other"
-                )
-                port = words[words.index("--port") + 1] if "--port" in words else "?"
-                found[child] = f"{role}:{port}"
-                frontier.append(child)
-    return found
-
-
-def growth(samples: list[int]) -> tuple[float, float, float]:
-    """(median after warm-up, median at the end, relative growth). The sample of the last step
-    is left out: the run is already shutting down when it is taken."""
-    early = statistics.median(samples[WARMUP_STEPS : WARMUP_STEPS + WINDOW])
-    late = statistics.median(samples[-WINDOW - 1 : -1])
-    return early, late, (late - early) / early
 
 
 @pytest.mark.slow
 def test_fifty_outer_steps_without_memory_or_fd_growth(tmp_path):
-    run_dir = tmp_path / "soak"
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "NUM_ROLLOUT": str(NUM_ROLLOUT),
-        "RUN_DIR": str(run_dir),
-        "PYTHON": sys.executable,
-        "MODEL_CACHE": str(ROOT / ".cache" / "models"),
-    }
-    env.pop("OPENAI_API_KEY", None)
-    log = (tmp_path / "soak.log").open("w")
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(CPU_LOAD)]
-    process = subprocess.Popen(
-        ["bash", str(ROOT / "scripts/run_synthetic.sh")], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    run = run_soak(NUM_ROLLOUT, tmp_path / "soak", cpu_load=CPU_LOAD, log_path=tmp_path / "soak.log")
+    assert run.returncode == 0, run.log[-3000:]
+    assert len(run.step_times) == NUM_ROLLOUT
+    report = summarise(run, WARMUP_STEPS)
+    (tmp_path / "soak" / "soak.json").write_text(
+        json.dumps({"samples": run.samples, "plot_steps": run.plot_steps, "report": report}, indent=1)
     )
-    samples: dict[str, list[int]] = {}
-    fds: dict[str, list[int]] = {}
-    seen_steps, trainer_pid, started = 0, None, time.monotonic()
-    try:
-        while process.poll() is None and time.monotonic() - started < max(1800, 60 * NUM_ROLLOUT):
-            time.sleep(0.1)
-            if trainer_pid is None:
-                trainer_pid = next(
-                    (p for p, name in descendants(process.pid).items() if name.startswith("trainer")), None
-                )
-                continue
-            metrics = run_dir / "metrics.jsonl"
-            steps = metrics.read_text().count("\n") if metrics.exists() else 0
-            if steps > seen_steps:
-                seen_steps = steps
-                who = {trainer_pid: "trainer", **{p: n for p, n in descendants(trainer_pid).items()}}
-                for pid, name in who.items():
-                    rss, count = rss_kib(pid), fd_count(pid)
-                    if rss is not None and count is not None:
-                        samples.setdefault(name, []).append(rss)
-                        fds.setdefault(name, []).append(count)
-        process.wait(timeout=120)
-    finally:
-        for burner in burners:
-            burner.kill()
-            burner.wait()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        log.close()
-    output = (tmp_path / "soak.log").read_text()
-    assert process.returncode == 0, output[-3000:]
-    assert seen_steps == NUM_ROLLOUT
-    report = {}
-    for name, values in samples.items():
-        if len(values) < WARMUP_STEPS + 2 * WINDOW:
-            continue  # a process that did not live through the run (none expected)
-        early, late, relative = growth(values)
-        # Descriptors: the end's median against the most seen in the first half after warm-up.
-        # Connection pools grow to the largest burst they have served, and under load a larger burst
-        # can come late (a worker's count wandered 120-133 over 200 loaded steps); a leak climbs past.
-        first_half = fds[name][WARMUP_STEPS : WARMUP_STEPS + (len(values) - WARMUP_STEPS) // 2]
-        report[name] = {
-            "rss_kib_after_warmup": early,
-            "rss_kib_end": late,
-            "growth": round(relative, 4),
-            "rss_kib_first": values[0],
-            "fds_after_warmup": max(first_half),
-            "fds_end": growth(fds[name])[1],
-            "fds_max": max(fds[name]),
-        }
-    (run_dir / "soak.json").write_text(json.dumps({"samples": samples, "fds": fds, "report": report}, indent=1))
-    step_times = [r["perf/step_time"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
     print(
-        f"\nsoak: {NUM_ROLLOUT} steps in {time.monotonic() - started:.0f}s (median step "
-        f"{statistics.median(step_times):.1f}s, {CPU_LOAD} busy loop(s) beside the run)"
+        f"\nsoak: {NUM_ROLLOUT} steps in {run.seconds:.0f}s (median step {statistics.median(run.step_times):.1f}s, "
+        f"{CPU_LOAD} busy loop(s) beside the run, warm-up to step {run.warmup_end(WARMUP_STEPS)})"
     )
-    for name, figures in sorted(report.items()):
+    for name, figures in report.items():
         print(f"  {name}: {json.dumps(figures)}")
     assert "trainer" in report and any(name.startswith("worker") for name in report)
     for name, figures in report.items():
         assert figures["growth"] <= MAX_GROWTH, (name, figures)
         assert figures["fds_end"] <= figures["fds_after_warmup"] + 8, (name, figures)
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+        + ("keepcost",)
+    ]
+
+
+def heap_in_use() -> int:
+    """Bytes the process's malloc calls hold, every arena and mmapped block (glibc's mallinfo2):
+    what the program keeps, Python's objects and native libraries' alike, without the freed memory
+    glibc keeps resident (which `return_freed_heap` hands back, and RSS shows)."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _Mallinfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+FAST_STEPS = 22
+FAST_WARMUP = 6
+FAST_BATCH = ("--rollout-batch-size", "16", "--heldout-ipb", "8")  # 4 teacher prompts x 3 infos a step
+# What a typical step after warm-up adds to the heap in use, KiB. Measured with this configuration
+# (docs/reliability.md, "Memory over long runs"): 50-52 KiB with the tokenizer's word cache on
+# (every prompt kept), 2-3 KiB with it off.
+MAX_KIB_PER_STEP = 16
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer_checkpoint(tmp_path_factory) -> Path:
+    """The demo model's tokenizer (character-level BPE without a pre-tokenizer, as
+    `python -m slime_meta.models.tiny` builds it) with an untrained model of its shape: its infos are
+    random, so nearly every prompt of a step is one the process has not encoded before."""
+    import torch
+
+    from slime_meta.models.tiny import build as tiny
+    from slime_meta.models.tiny.tokenizer import new_model, train_char_tokenizer
+
+    out = tmp_path_factory.mktemp("demo-tokenizer")
+    tokenizer = train_char_tokenizer(tiny.tokenizer_corpus(tiny.read_rows(ROOT / "data/synthetic_suffix.jsonl")))
+    torch.manual_seed(0)
+    new_model(tokenizer).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallinfo2")
+def test_the_trainer_keeps_no_memory_from_step_to_step(demo_tokenizer_checkpoint, tmp_path, monkeypatch):
+    """22 outer steps in this process; after each (and a garbage collection), the bytes malloc holds.
+    The typical step's change, the median of the step-to-step differences after 6 steps of warm-up,
+    stays near zero: a per-step cache, list or native buffer that is never freed shows up here within
+    a minute, where RSS needs the slow soak's 50 steps to rise above the noise of freed memory.
+    One-time costs (a code path run for the first time) are single jumps the median leaves out."""
+    from test_train_e2e import synthetic_args
+
+    from slime_meta.artifacts.tracking import Tracker
+    from slime_meta.backends.local import run as local_run
+    from slime_meta.config.arguments import parse_config
+
+    in_use: list[int] = []
+    log = Tracker.log
+
+    def sampled(self, step, metrics):
+        log(self, step, metrics)
+        gc.collect()  # cyclic garbage (closed connections, a redrawn plot) is not kept memory
+        in_use.append(heap_in_use())
+
+    monkeypatch.setattr(Tracker, "log", sampled)
+    # The plot is drawn at the end; a redraw 60 s in would import matplotlib mid-run (warm-up, not growth).
+    monkeypatch.setattr(local_run.PlotRefresher, "after_step", lambda self: None)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    args = synthetic_args(demo_tokenizer_checkpoint, tmp_path / "run", "--num-rollout", str(FAST_STEPS), *FAST_BATCH)
+    local_run.run(parse_config(args))
+    assert len(in_use) == FAST_STEPS
+    kept = typical_step_kib(in_use[FAST_WARMUP:])
+    print(
+        f"\nheap in use {in_use[FAST_WARMUP] / 2**20:.1f} -> {in_use[-1] / 2**20:.1f} MiB after warm-up, "
+        f"{kept:+.1f} KiB kept by a typical step"
+    )
+    assert kept <= MAX_KIB_PER_STEP, [round(b / 2**20, 3) for b in in_use]
+
+
+def typical_step_kib(series: list[int]) -> float:
+    """The median of the step-to-step differences of `series` (bytes), KiB."""
+    return statistics.median((b - a) / 1024 for a, b in zip(series, series[1:]))
+
+
+@pytest.mark.parametrize("max_async_level", [0, 1, 2])
+def test_the_pipeline_keeps_the_data_cursors_of_steps_still_to_come_only(max_async_level):
+    """A run without --save (or with a long interval) kept a copy of the sampler's state for every
+    step it drew (17 KiB a step with the synthetic data's 64 families). Now the cursors before a
+    finished step are dropped, and a checkpoint still gets the cursor before the next step's draw."""
+    import asyncio
+
+    from slime_meta.backends.local.step.pipeline import RolloutPipeline
+
+    sampler = {"drawn": 0}
+
+    def draw():
+        sampler["drawn"] += 1
+        return []
+
+    async def produce(step, episodes):
+        return step
+
+    async def steps():
+        pipeline = RolloutPipeline(
+            produce, draw, lambda: dict(sampler), max_async_level=max_async_level, start_step=0, end_step=40
+        )
+        for step in range(40):
+            assert await pipeline.result(step, weights_version=step) == step
+            assert len(pipeline._state_before_draw) <= max_async_level
+            # What a checkpoint after this step resumes from: the cursor before step + 1 drew.
+            assert pipeline.sampler_state_for_resume(step + 1) == {"drawn": step + 1}
+
+    asyncio.run(steps())
 
 
 def test_the_trainers_work_runs_on_one_thread_of_its_own(tiny_checkpoint, tmp_path, monkeypatch):

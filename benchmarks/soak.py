@@ -1,0 +1,324 @@
+"""Soak: N outer steps of the demo's run, every process's resident memory and open files after each step.
+
+    python benchmarks/soak.py --steps 500       # benchmarks/results/soak_cpu_500steps.json and .png
+    python benchmarks/soak.py --steps 40 --out /tmp/soak.json
+    python benchmarks/soak.py --steps 200 --cpu-load 1             # one busy loop beside the run
+    python benchmarks/soak.py --steps 60 -- --max-async-level 1    # extra train.py flags after --
+
+The run is `scripts/run_synthetic.sh` (what `scripts/demo.sh` runs: the tiny model, four teacher prompts
+x eight infos, a checkpoint every two steps). After each step (a new line in metrics.jsonl) the
+resident set size and the open file descriptors of the trainer and of each of its children (router,
+workers) are read from /proc; the trainer's RSS also split into anonymous and file-backed pages.
+
+Warm-up is the first `--warmup` steps (10: allocator arenas, torch's caches, AdamW's state, the
+router's connections) and lasts at least until the run's first plot (holdout.png, drawn once 60 s
+have passed: matplotlib's import, fonts and caches, about 30 MiB once). After it, per process:
+- slope: the least-squares slope of RSS against the step, MiB a step, and what it adds up to over
+  the steps measured; `noise`: the standard deviation of RSS around that line;
+- growth: the median of the last 5 samples (before the last one, which is taken while the run
+  shuts down) over the median of the first 5 after warm-up, as `tests/test_reliability_soak.py` checks it.
+The JSON holds every sample; the PNG draws RSS and descriptors per process against the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+WINDOW = 5  # samples per median in `growth`
+PLOT_NAME = "holdout.png"
+STATUS_FIELDS = {"VmRSS": "rss_kib", "RssAnon": "anon_kib", "RssFile": "file_kib"}
+
+
+def memory_kib(pid: int) -> dict[str, int] | None:
+    """Resident memory of a process from /proc/PID/status: rss, anon(ymous) and file(-backed) pages, KiB."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    out = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in STATUS_FIELDS:
+            out[STATUS_FIELDS[key]] = int(value.split()[0])
+    return out if "rss_kib" in out else None
+
+
+def fd_count(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Child processes (recursively) of `pid`: pid -> a short name: router:PORT, worker:PORT (the pid
+    where the command line has no --port: a router renames itself sglang::router), trainer, and
+    other:PID for anything else (the verifier's math children)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = {}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, child_parent in parents.items():
+            if child_parent == parent and child not in found:
+                try:
+                    argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                words = [a.decode(errors="replace") for a in argv]
+                port = words[words.index("--port") + 1] if "--port" in words else str(child)  # else its pid
+                if any("sglang" in w and "router" in w for w in words):  # it renames itself sglang::router
+                    found[child] = f"router:{port}"
+                elif any(w == "slime_meta_engine" for w in words):
+                    found[child] = f"worker:{port}"
+                elif any(w.endswith("train.py") for w in words):
+                    found[child] = "trainer"
+                else:
+                    found[child] = f"other:{child}"
+                frontier.append(child)
+    return found
+
+
+@dataclass
+class SoakRun:
+    """What `run_soak` saw: per process name, one sample per step (step, rss_kib, fds, and for the
+    trainer anon_kib and file_kib), the steps after which the run had redrawn its plot, the run's
+    step times and exit code."""
+
+    steps: int
+    seconds: float
+    returncode: int | None
+    samples: dict[str, list[dict]] = field(default_factory=dict)
+    plot_steps: list[int] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    log: str = ""
+
+    def warmup_end(self, warmup: int) -> int:
+        """The first step measured after warm-up: `warmup`, or the step after the first plot when later."""
+        return max(warmup, self.plot_steps[0] + 1) if self.plot_steps else warmup
+
+    def series(self, name: str, key: str = "rss_kib") -> list[int]:
+        return [s[key] for s in self.samples.get(name, [])]
+
+
+def run_soak(
+    steps: int,
+    run_dir: Path,
+    *,
+    cpu_load: int = 0,
+    extra_args: tuple[str, ...] = (),
+    timeout_s: float | None = None,
+    log_path: Path | None = None,
+) -> SoakRun:
+    """`scripts/run_synthetic.sh` for `steps` outer steps in `run_dir`, sampled after each step."""
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "NUM_ROLLOUT": str(steps),
+        "RUN_DIR": str(run_dir),
+        "PYTHON": sys.executable,
+        "MODEL_CACHE": str(ROOT / ".cache" / "models"),
+    }
+    env.pop("OPENAI_API_KEY", None)
+    log_path = log_path or run_dir.parent / f"{run_dir.name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpu_load)]
+    started = time.monotonic()
+    result = SoakRun(steps=steps, seconds=0.0, returncode=None)
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            ["bash", str(ROOT / "scripts/run_synthetic.sh"), *extra_args],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        seen_steps, trainer_pid, plot_mtime = 0, None, None
+        limit = timeout_s or max(1800, 60 * steps)
+        try:
+            while process.poll() is None and time.monotonic() - started < limit:
+                time.sleep(0.1)
+                if trainer_pid is None:
+                    trainer_pid = next((p for p, n in descendants(process.pid).items() if n == "trainer"), None)
+                    continue
+                metrics = run_dir / "metrics.jsonl"
+                done = metrics.read_text().count("\n") if metrics.exists() else 0
+                if done <= seen_steps:
+                    continue
+                seen_steps = done
+                for pid, name in {trainer_pid: "trainer", **descendants(trainer_pid)}.items():
+                    memory, fds = memory_kib(pid), fd_count(pid)
+                    if memory is not None and fds is not None:
+                        if not name.startswith("trainer"):
+                            memory = {"rss_kib": memory["rss_kib"]}
+                        result.samples.setdefault(name, []).append({"step": done, **memory, "fds": fds})
+                try:
+                    mtime = (run_dir / PLOT_NAME).stat().st_mtime
+                except OSError:
+                    mtime = None
+                if mtime is not None and mtime != plot_mtime:
+                    plot_mtime = mtime
+                    result.plot_steps.append(done)
+            process.wait(timeout=120)
+        finally:
+            for burner in burners:
+                burner.kill()
+                burner.wait()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    result.seconds = time.monotonic() - started
+    result.returncode = process.returncode
+    result.log = log_path.read_text(errors="replace")
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        result.step_times = [r["perf/step_time"] for r in records if "perf/step_time" in r]
+    return result
+
+
+def fitted_slope(steps: list[int], values_kib: list[int]) -> tuple[float, float]:
+    """(least-squares slope in MiB a step, standard deviation of the residuals in MiB)."""
+    ys = [v / 1024 for v in values_kib]
+    mean_x, mean_y = statistics.fmean(steps), statistics.fmean(ys)
+    sxx = sum((x - mean_x) ** 2 for x in steps)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, ys)) / sxx if sxx else 0.0
+    residuals = [y - (mean_y + slope * (x - mean_x)) for x, y in zip(steps, ys)]
+    return slope, statistics.pstdev(residuals)
+
+
+def growth(values: list[int], start: int) -> tuple[float, float, float]:
+    """(median of the WINDOW samples from `start`, median of the last WINDOW before the final
+    sample, their relative difference). The final sample is taken while the run shuts down."""
+    early = statistics.median(values[start : start + WINDOW])
+    late = statistics.median(values[-WINDOW - 1 : -1])
+    return early, late, (late - early) / early
+
+
+def summarise(run: SoakRun, warmup: int) -> dict[str, dict]:
+    """Per process that lived through the run: its figures after warm-up (see the module's doc)."""
+    start = run.warmup_end(warmup)
+    report = {}
+    for name, samples in sorted(run.samples.items()):
+        if len(samples) < start + 2 * WINDOW + 1:
+            continue  # a process that did not live through the run (a math child, say)
+        rss = [s["rss_kib"] for s in samples]
+        fds = [s["fds"] for s in samples]
+        measured = samples[start:-1]
+        slope, noise = fitted_slope([s["step"] for s in measured], [s["rss_kib"] for s in measured])
+        early, late, relative = growth(rss, start)
+        # Descriptors: the end's median against the most seen in the first half after warm-up.
+        # Connection pools grow to the largest burst they have served, and under load a larger burst
+        # can come late (a worker's count wandered 120-133 over 200 loaded steps); a leak climbs past.
+        first_half = fds[start : start + (len(fds) - start) // 2]
+        report[name] = {
+            "rss_mib_first": round(rss[0] / 1024, 1),
+            "rss_mib_after_warmup": round(early / 1024, 1),
+            "rss_mib_end": round(late / 1024, 1),
+            "growth": round(relative, 4),
+            "slope_mib_per_step": round(slope, 4),
+            "fitted_change_mib": round(slope * (measured[-1]["step"] - measured[0]["step"]), 1),
+            "noise_mib": round(noise, 2),
+            "fds_after_warmup": max(first_half),
+            "fds_end": growth(fds, start)[1],
+            "fds_max": max(fds),
+        }
+    return report
+
+
+def plot(run: SoakRun, warmup: int, out: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_rss, ax_fds) = plt.subplots(1, 2, figsize=(14, 4.5))
+    for name, samples in sorted(run.samples.items()):
+        if len(samples) < 3:
+            continue
+        steps = [s["step"] for s in samples]
+        ax_rss.plot(steps, [s["rss_kib"] / 1024 for s in samples], label=name)
+        ax_fds.plot(steps, [s["fds"] for s in samples], label=name)
+        if name == "trainer" and "anon_kib" in samples[0]:
+            ax_rss.plot(steps, [s["anon_kib"] / 1024 for s in samples], linestyle=":", label="trainer: anonymous")
+    for ax in (ax_rss, ax_fds):
+        ax.axvline(run.warmup_end(warmup), color="grey", linestyle="--", label="end of warm-up")
+        ax.set_xlabel("outer step")
+    ax_rss.set(ylabel="resident memory (MiB)", title=f"Resident memory per process: {title}")
+    ax_fds.set(ylabel="open file descriptors", title="Open descriptors per process")
+    ax_rss.legend(fontsize=8)
+    ax_fds.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=50, help="outer steps of the run (NUM_ROLLOUT)")
+    parser.add_argument("--warmup", type=int, default=10, help="steps left out before the figures (at least)")
+    parser.add_argument("--cpu-load", type=int, default=0, help="busy-loop processes beside the run")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default benchmarks/results/soak_cpu_<N>steps.json)"
+    )
+    parser.add_argument("--run-dir", type=Path, default=None, help="the run's directory (default: a temporary one)")
+    parser.add_argument("extra", nargs="*", help="extra train.py flags, after --")
+    args = parser.parse_args(argv)
+    out = args.out or ROOT / "benchmarks" / "results" / f"soak_cpu_{args.steps}steps.json"
+    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+        run_dir = args.run_dir or Path(tmp) / "run"
+        run = run_soak(args.steps, run_dir, cpu_load=args.cpu_load, extra_args=tuple(args.extra))
+    if run.returncode != 0:
+        print(run.log[-3000:], file=sys.stderr)
+        print(f"error: the run ended with exit code {run.returncode}", file=sys.stderr)
+        return 1
+    report = C.report_header(
+        "soak", {"steps": args.steps, "warmup": args.warmup, "cpu_load": args.cpu_load, "extra": args.extra}
+    )
+    report.update(
+        seconds=round(run.seconds, 1),
+        median_step_s=round(statistics.median(run.step_times), 2) if run.step_times else None,
+        warmup_end_step=run.warmup_end(args.warmup),
+        plot_steps=run.plot_steps,
+        processes=summarise(run, args.warmup),
+        samples=run.samples,
+    )
+    C.write_json(report, out)
+    png = plot(run, args.warmup, out.with_suffix(".png"), f"{args.steps} steps, {report['machine']['cpu_count']} CPUs")
+    rows = [
+        [name, f["rss_mib_after_warmup"], f["rss_mib_end"], f["growth"], f["slope_mib_per_step"], f["noise_mib"]]
+        + [f"{f['fds_after_warmup']} -> {f['fds_end']:g}"]
+        for name, f in report["processes"].items()
+    ]
+    header = ["process", "RSS after warm-up", "RSS end", "growth", "MiB/step", "noise MiB", "descriptors"]
+    print(
+        f"soak: {args.steps} steps in {run.seconds:.0f} s (median step {report['median_step_s']} s), warm-up to step "
+        f"{report['warmup_end_step']}"
+    )
+    print(C.table(rows, header))
+    print(f"wrote {out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
