@@ -10,6 +10,7 @@ Local backend (one machine, embedded workers behind the real sglang-router) by d
 from __future__ import annotations
 
 import faulthandler
+import logging
 import signal
 import sys
 import time
@@ -63,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_resume_note(config: MetaConfig | None, argv: list[str], started_at: float) -> None:
-    """The stopped run's latest checkpoint and the command that resumes from it (or when the first is due)."""
+    """The stopped run's latest checkpoint and the command that resumes from it (or when the first is due).
+
+    The note is the last thing the run prints: SIGTERM's SystemExit may have ended an asyncio task
+    (an HTTP request in flight) whose "exception was never retrieved" asyncio would log at shutdown,
+    a traceback under the note for a stop that went as planned.
+    """
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     if config is None:  # stopped while the flags were read: nothing started
         return
     note = resume_note(config, argv, program=program_words(Path(__file__)), started_at=started_at)

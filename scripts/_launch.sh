@@ -100,7 +100,15 @@ stop_everything() {
   local waited=0
   while [ -n "$(launched_pids)" ] && [ "$waited" -lt "${STOP_GRACE_S:-15}" ]; do sleep 1; waited=$((waited + 1)); done
   signal_launched KILL
-  echo "[launch] stopped: no process of this launch is left on $(hostname)" >&2
+  # SIGKILL is delivered at once but a process takes a moment to die (its memory is freed first):
+  # report only what is seen, after waiting up to 10 s for the last of them.
+  waited=0
+  while [ -n "$(launched_pids)" ] && [ "$waited" -lt 100 ]; do sleep 0.1; waited=$((waited + 1)); done
+  if [ -n "$(launched_pids)" ]; then
+    echo "[launch] still alive after SIGKILL on $(hostname): $(launched_pids | tr '\n' ' ')" >&2
+  else
+    echo "[launch] stopped: no process of this launch is left on $(hostname)" >&2
+  fi
   exit "$status"
 }
 
