@@ -80,6 +80,7 @@ class Story:
 
     prompt: str
     answer: int
+    rubric: str | None = None  # this problem's own rubric (an answer key); None: its family's
 
 
 @dataclass(frozen=True)
@@ -333,7 +334,7 @@ def family_rows(
                 "category": family.name,
                 "prompt": story.prompt,
                 "label": story.answer,
-                "rubric": family.rubric,
+                "rubric": family.rubric if story.rubric is None else story.rubric,
                 "oracle_hint": family.oracle_hint,
                 "bad_hint": family.bad_hint,
             }
