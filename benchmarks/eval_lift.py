@@ -20,9 +20,14 @@ import math
 from pathlib import Path
 
 
+def lift_se(with_info: float, without: float, units: int) -> float:
+    """The standard error of (with - without): the two binomial errors over `units` problems combined."""
+    return math.sqrt((with_info * (1 - with_info) + without * (1 - without)) / units)
+
+
 def lift_in_se(with_info: float, without: float, units: int) -> float:
-    variance = (with_info * (1 - with_info) + without * (1 - without)) / units
-    return (with_info - without) / math.sqrt(variance) if variance > 0 else float("inf")
+    se = lift_se(with_info, without, units)
+    return (with_info - without) / se if se > 0 else float("inf")
 
 
 def main(argv: list[str] | None = None) -> int:
