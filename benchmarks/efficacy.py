@@ -35,6 +35,7 @@ import json
 import math
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -57,7 +58,7 @@ from slime_meta.artifacts.train_state import POINTER  # noqa: E402
 
 SYNTHETIC_TASKS = ("synthetic_suffix", "bracket")  # tiny models built by the project (scripts/run_synthetic.sh)
 # A real model on real language (scripts/run_real.sh).
-REAL_TASKS = ("easy_word_problems", "price_lists", "house_rules", "champ")
+REAL_TASKS = ("easy_word_problems", "price_lists", "price_keys", "house_rules", "champ")
 LEGACY_BASELINE_PROBLEMS = 32  # --eval-baseline before --eval-baseline-problems: 32 problems, one attempt each
 
 
@@ -163,17 +164,22 @@ def run_figures(records: list[dict], run_dir: Path, args: argparse.Namespace) ->
         }
         for b in blocks
     ]
-    # The fixed eval set of problems never trained on (data/<task>_eval.jsonl), when the run has one.
-    eval_name = f"{name}_eval"
-    eval_curve = [
-        {
-            "step": r["step"],
-            "holdout": r[f"eval/{eval_name}/holdout_grade"],
-            "no_info": r[f"eval/{eval_name}/holdout_grade_no_info"],
-        }
-        for r in records
-        if f"eval/{eval_name}/holdout_grade" in r
-    ]
+    # The fixed eval sets of problems never trained on, when the run has them: `eval_curve` that of
+    # data/<task>_eval.jsonl, `eval_curves` every one by name (the shop tasks' new shops beside it).
+    eval_names = sorted({k.split("/")[1] for r in records for k in r if re.fullmatch(r"eval/[^/]+/holdout_grade", k)})
+    eval_curves = {
+        eval_name: [
+            {
+                "step": r["step"],
+                "holdout": r[f"eval/{eval_name}/holdout_grade"],
+                "no_info": r[f"eval/{eval_name}/holdout_grade_no_info"],
+            }
+            for r in records
+            if f"eval/{eval_name}/holdout_grade" in r
+        ]
+        for eval_name in eval_names
+    }
+    eval_curve = eval_curves.get(f"{name}_eval", [])
     curve = [
         {
             "step": r["step"],
@@ -220,6 +226,7 @@ def run_figures(records: list[dict], run_dir: Path, args: argparse.Namespace) ->
         "by_block": by_block,
         "curve": curve,
         "eval_curve": eval_curve,
+        "eval_curves": eval_curves,
     }
 
 
@@ -319,7 +326,7 @@ def main() -> None:
         default="synthetic_suffix",
         choices=SYNTHETIC_TASKS + REAL_TASKS,
         help="The task (default synthetic_suffix; bracket: a teacher that never saw the key; "
-        "easy_word_problems or champ: the real model SmolLM2-135M-Instruct, scripts/run_real.sh).",
+        "easy_word_problems, price_lists, price_keys, house_rules or champ: a real model, scripts/run_real.sh).",
     )
     parser.add_argument(
         "--time-limit-s",
@@ -390,6 +397,14 @@ def main() -> None:
         f"{r['normalised_gain_last_steps']:>9.3f} {r['normalised_gain_within_budget']:>14.3f} "
         f"{r['gain_over_start']:>10.3f}"
     )
+    # Each eval set's first and last eval: with the teacher's info and without (the lift is the difference).
+    for eval_name, curve in r["eval_curves"].items():
+        if curve:
+            first, last = curve[0], curve[-1]
+            print(
+                f"eval {eval_name}: step {first['step']} {first['holdout']:.3f} (no info {first['no_info']:.3f}), "
+                f"step {last['step']} {last['holdout']:.3f} (no info {last['no_info']:.3f})"
+            )
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@
 #                                               # HF's own bf16 floor), served tokens/s vs HF generate,
 #                                               # CHAMP: the student with no hint and with the human hints
 #   bash benchmarks/run_gpu_real.sh efficacy    # the teacher trained on easy word problems (~9 min)
-#   MODEL=qwen2.5-coder-0.5b SEED=7 bash benchmarks/run_gpu_real.sh price_lists   # or house_rules
+#   MODEL=qwen2.5-coder-0.5b SEED=7 bash benchmarks/run_gpu_real.sh price_lists   # or price_keys, house_rules
 #                                               # the teacher trained on that task (TIME_LIMIT_S, ~9 min;
+#                                               # the shop tasks graded on two eval sets: the training
+#                                               # shops' and new shops', data/<task>_eval_new_shops.jsonl;
 #                                               # SHARED=1: the student is the trained model, else frozen;
 #                                               # TRAIN_FLAGS: more train.py flags; RUN_DIR: the
 #                                               # run's directory, resumed from its checkpoint if any)
@@ -42,7 +44,7 @@ case "${1:-engine}" in
       --trace-rate 0.05 --model-dir "$MODEL_DIR" --out "$OUT" > "$OUT/efficacy_real.log" 2>&1
     echo "efficacy rc=$?"; tail -n 8 "$OUT/efficacy_real.log"
     ;;
-  house_rules|price_lists)
+  house_rules|price_lists|price_keys)
     $PY benchmarks/efficacy.py --task "$1" --model "$MODEL" --steps 400 \
       --time-limit-s "${TIME_LIMIT_S:-540}" --trace-rate 0.05 --model-dir "$MODEL_DIR" --out "$OUT" \
       ${SHARED:+--shared-student} ${RUN_DIR:+--run-dir "$RUN_DIR"} -- --seed "${SEED:-1}" ${TRAIN_FLAGS:-} > "$OUT/efficacy_$1.log" 2>&1

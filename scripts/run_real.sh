@@ -5,13 +5,17 @@
 # the default, Apache-2.0) or Qwen2.5-Coder-0.5B-Instruct (MODEL=qwen2.5-coder-0.5b, Apache-2.0).
 # Data: easy word problems (data/easy_word_problems.jsonl), price lists (data/price_lists.jsonl:
 # shop problems, every other one needing the shop's price that only the rubric and the hint state),
-# house rules (data/house_rules.jsonl: shop and venue problems whose answer needs a rule only the
-# rubric and the hint state) or CHAMP competition math (data/champ.jsonl, MIT). Where
-# data/<DATA>_eval.jsonl exists, that fixed eval set is graded before training and every 10 steps. Runs on CPU or one GPU (picked automatically). Needs the project
+# price keys (data/price_keys.jsonl: the same shops, each rubric only its problem's answer key, so
+# the price must be inferred), house rules (data/house_rules.jsonl: shop and venue problems whose
+# answer needs a rule only the rubric and the hint state) or CHAMP competition math (data/champ.jsonl,
+# MIT). Where data/<DATA>_eval.jsonl exists, that fixed eval set is graded before training and every
+# 10 steps, and beside it data/<DATA>_eval_new_shops.jsonl where that exists (shops, goods, prices
+# and wording the training file never holds). Runs on CPU or one GPU (picked automatically). Needs the project
 # installed with the `real` extra (GGUF conversion): pip install -e '.[real]'.
 #
 #   bash scripts/run_real.sh                              # word problems, the built-in verifier
 #   MODEL=qwen2.5-coder-0.5b DATA=price_lists bash scripts/run_real.sh   # the 0.5B model, price lists
+#   MODEL=qwen2.5-coder-0.5b DATA=price_keys bash scripts/run_real.sh    # ... the price inferred from keys
 #   DATA=champ bash scripts/run_real.sh                   # CHAMP (the model solves almost none unaided)
 #   GRADER=local bash scripts/run_real.sh                 # an LLM grader served by the run itself
 #                                                         # (rubric + chain of thought, no API key)
@@ -26,8 +30,8 @@ RUN_DIR=${RUN_DIR:-runs/real-$(date +%Y%m%d-%H%M%S)}
 NUM_ROLLOUT=${NUM_ROLLOUT:-20}
 DATA=${DATA:-easy_word_problems}
 case "$DATA" in
-  easy_word_problems|price_lists|house_rules|champ) ;;
-  *) echo "DATA=$DATA: unknown data set; use easy_word_problems (the default), price_lists, house_rules or champ" >&2
+  easy_word_problems|price_lists|price_keys|house_rules|champ) ;;
+  *) echo "DATA=$DATA: unknown data set; use easy_word_problems (the default), price_lists, price_keys, house_rules or champ" >&2
      exit 2 ;;
 esac
 MODEL=${MODEL:-smollm2-135m}
@@ -60,9 +64,15 @@ DATA_ARGS=(
   --context-key oracle_hint --eval-baseline
 )
 # A fixed eval set of problems never trained on (removed from the training pool), graded with and
-# without the teacher's info before training, every 10 steps and after the last.
-if [ -f "data/${DATA}_eval.jsonl" ]; then
-  DATA_ARGS+=(--eval-prompt-data "${DATA}_eval" "data/${DATA}_eval.jsonl" --eval-interval 10)
+# without the teacher's info before training, every 10 steps and after the last; on the shop tasks
+# also one of shops never trained on (eval/<DATA>_eval_new_shops/...): a relayed rule carries there,
+# one learnt by heart does not.
+EVAL_SETS=()
+for eval_set in "${DATA}_eval" "${DATA}_eval_new_shops"; do
+  if [ -f "data/$eval_set.jsonl" ]; then EVAL_SETS+=("$eval_set" "data/$eval_set.jsonl"); fi
+done
+if [ ${#EVAL_SETS[@]} -gt 0 ]; then
+  DATA_ARGS+=(--eval-prompt-data "${EVAL_SETS[@]}" --eval-interval 10)
   if [ -n "$ON_GPU" ]; then DATA_ARGS+=(--eval-num-batches 2); fi   # on a GPU 48 problems a time: 32 holdout ones graded
 fi
 if [ -n "$ON_GPU" ]; then
@@ -91,8 +101,9 @@ SAMPLING_ARGS=(--teacher-temperature 1.0 --rollout-temperature 0.5)
 # Price lists and house rules hinge on a rule only the rubric states: the teacher's prompt tells it
 # the student sees neither rubric nor grades and asks it to relay such a rule (the default prompt
 # does not; on price lists the 0.5B teacher learned with this one, docs/performance.md section 9).
+# Price keys take the same prompt, so that the two shop tasks differ only in their rubrics.
 case "$DATA" in
-  price_lists|house_rules) SAMPLING_ARGS+=(--teacher-template prompt_templates/teacher_rules.txt) ;;
+  price_lists|price_keys|house_rules) SAMPLING_ARGS+=(--teacher-template prompt_templates/teacher_rules.txt) ;;
 esac
 case "$MODEL" in
   smollm2-135m)

@@ -94,3 +94,31 @@ def test_a_run_that_ends_on_an_eval_only_record_reports_its_steps_and_that_eval(
     # Resumed from step 3: step 3's record and the later eval give way, as the resumed run redoes both.
     Tracker(config, tmp_path, {}, start_step=3)
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]
+
+
+def test_every_eval_set_of_a_run_has_its_curve_the_task_s_own_also_as_eval_curve(tmp_path):
+    from argparse import Namespace
+
+    from slime_meta.artifacts.tracking import Tracker, read_metrics
+    from slime_meta.config.tracking import TrackingConfig
+
+    config = TrackingConfig(
+        run_dir=str(tmp_path), use_wandb=False, wandb_project="p", wandb_group=None, wandb_mode="disabled"
+    )
+    tracker = Tracker(config, tmp_path, {})
+    new_shops = {"eval/price_keys_eval_new_shops/holdout_grade": 0.3, "eval/price_keys_eval_new_shops/gain": 0.1}
+    new_shops["eval/price_keys_eval_new_shops/holdout_grade_no_info"] = 0.2
+    for step in range(3):
+        metrics = _step_metrics(step)
+        metrics = {k.replace("price_lists", "price_keys"): v for k, v in metrics.items()}
+        tracker.log(step, metrics | (new_shops if step == 0 else {}))
+    tracker.log(3, {k.replace("price_lists", "price_keys"): v for k, v in _final_eval().items()} | new_shops)
+    args = Namespace(task="price_keys", window=1, block=50, budget_s=None)
+
+    figures = efficacy.run_figures(read_metrics(tmp_path), tmp_path, args)
+    assert set(figures["eval_curves"]) == {"price_keys_eval", "price_keys_eval_new_shops"}
+    assert figures["eval_curves"]["price_keys_eval"] == figures["eval_curve"]
+    assert [(p["step"], p["holdout"], p["no_info"]) for p in figures["eval_curves"]["price_keys_eval_new_shops"]] == [
+        (0, 0.3, 0.2),
+        (3, 0.3, 0.2),
+    ]

@@ -5,6 +5,7 @@ evaluation sets of both shop tasks share no shop, goods, price or wording with t
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -193,3 +194,51 @@ def test_the_cli_writes_the_file_and_refuses_bad_input_in_one_line(tmp_path, nam
     )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 15 and {row["category"] for row in rows} == set(HELD_OUT_SHOPS)
+
+
+def run_real_argv(tmp_path: Path, data: str, gpu: bool) -> list[str]:
+    """The train.py command line scripts/run_real.sh builds for DATA=`data` (a stand-in interpreter records it)."""
+    python, record = tmp_path / "python", tmp_path / f"argv-{data}-{gpu}"
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'case "$1" in\n'
+        '  -c) exit "$STAND_IN_GPU" ;;\n'
+        '  train.py) shift; printf "%s\\0" "$@" > "$STAND_IN_ARGV" ;;\n'
+        "esac\n"
+    )
+    python.chmod(0o755)
+    env = {
+        **os.environ,
+        "PYTHON": str(python),
+        "STAND_IN_ARGV": str(record),
+        "STAND_IN_GPU": "0" if gpu else "1",
+        "MODEL": "qwen2.5-coder-0.5b",
+        "MODEL_DIR": "/placeholder/model",
+        "RUN_DIR": str(tmp_path / "run"),
+        "DATA": data,
+    }
+    subprocess.run(["bash", "scripts/run_real.sh"], cwd=REPO_ROOT, env=env, capture_output=True, check=True, timeout=60)
+    return record.read_text().split("\0")[:-1]
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("data", TASKS)
+def test_run_real_grades_both_eval_sets_of_a_shop_task_and_each_can_be_drawn(tmp_path, data, gpu):
+    from slime_meta.assembly import batch_plan
+    from slime_meta.config.arguments import build_config, build_parser
+    from slime_meta.data.problems import ProblemSampler, load_problems
+
+    argv = run_real_argv(tmp_path, data, gpu)
+    cfg = build_config(build_parser().parse_args(argv))
+    pairs = dict(zip(cfg.meta.eval_prompt_data[0::2], cfg.meta.eval_prompt_data[1::2]))
+    assert pairs == {
+        f"{data}_eval": f"data/{data}_eval.jsonl",
+        f"{data}_eval_new_shops": f"data/{data}_eval_new_shops.jsonl",
+    }
+    assert cfg.data.prompt_data == f"data/{data}.jsonl" and cfg.data.group_key == "category"
+    plan = batch_plan(cfg)
+    for path in pairs.values():  # every eval batch the run draws: its teacher prompts' and holdout problems
+        problems = load_problems(path, group_key="category")
+        sampler = ProblemSampler(problems, seed=cfg.seed, shuffle=True, group_key_used=True)
+        sampler.validate(cfg.meta.n_problems_per_prompt, plan.holdout_per_episode, plan.groups)
+    assert argv[argv.index("--teacher-template") + 1] == "prompt_templates/teacher_rules.txt"
