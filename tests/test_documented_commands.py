@@ -8,7 +8,7 @@ The scripts' own flags are part of the command: `scripts/run_synthetic.sh` (and 
 which hands its arguments to it; tests/test_demo_script.py shows that) and `scripts/run_real.sh` run
 for real with a stand-in interpreter (`PYTHON`) that records the train.py command line and does
 nothing else; run_real.sh both in its CPU and its GPU shape. `benchmarks/run_gpu_real.sh
-price_lists|house_rules` is run_real.sh's GPU shape with the flags it and benchmarks/efficacy.py add
+price_lists|price_keys|house_rules` is run_real.sh's GPU shape with the flags it and benchmarks/efficacy.py add
 (`--trace-sample-rate 0.05 --seed SEED` and TRAIN_FLAGS).
 
 Left out: `--backend slime` command lines (slime's and Megatron's flags are slime's parser's; the
@@ -118,7 +118,11 @@ def documented_commands() -> list[Command]:
             command = parse_command(line, f"{document.relative_to(ROOT)}:{number}")
             if command is None or "slime" in _backend(command.arguments):
                 continue
-            if command.program == GPU_BENCHMARK and command.arguments[:1] not in (["price_lists"], ["house_rules"]):
+            if command.program == GPU_BENCHMARK and command.arguments[:1] not in (
+                ["price_lists"],
+                ["price_keys"],
+                ["house_rules"],
+            ):
                 continue  # its other parts take no train.py flags
             commands.append(command)
     return commands
