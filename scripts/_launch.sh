@@ -139,3 +139,104 @@ submit_run() {
   # after the foreground command ends); the run's exit status is this script's.
   wait $!
 }
+
+# ---------------------------------------------------------------- split topologies
+# The scripts whose student is a separate, frozen SGLang pool (launch_1node_4gpu_split.sh,
+# launch_1node_8gpu_split.sh, launch_2node_teacher8_student4.sh) share what follows; each sets its
+# counts and keeps its own flag groups:
+#   TRAIN_GPUS                Megatron's GPUs (one node)
+#   TEACHER_GPUS              SGLang model 'actor', engines of TEACHER_GPUS_PER_ENGINE (default 1)
+#   STUDENT_GPUS              SGLang model 'student' (frozen, its own router), engines of
+#                             STUDENT_GPUS_PER_ENGINE (empty: the teacher's engine size)
+#   STUDENT_CHECKPOINT        empty: a frozen copy of the teacher's start weights (HF_CHECKPOINT)
+#   COLOCATE=1                teacher inference on the training GPUs (offloaded while Megatron trains)
+#   STUDENT_NODE=1            the student pool is a second node of STUDENT_GPUS GPUs (NODE_RANK=1 there)
+
+# POOL_ARGS (slime's placement flags and our student flags), and the arithmetic slime does with them
+# (docs/cluster.md, Topology): PLACEMENT_GPUS in the Ray placement group, HEAD_GPUS on this node.
+split_pool_args() {
+  local teacher_per_engine=${TEACHER_GPUS_PER_ENGINE:-1}
+  local student_per_engine=${STUDENT_GPUS_PER_ENGINE:-$teacher_per_engine}
+  if [ $((TEACHER_GPUS % teacher_per_engine)) != 0 ] || [ $((STUDENT_GPUS % student_per_engine)) != 0 ]; then
+    echo "error: TEACHER_GPUS=$TEACHER_GPUS, STUDENT_GPUS=$STUDENT_GPUS: not whole engines of $teacher_per_engine / $student_per_engine GPUs" >&2
+    exit 2
+  fi
+  POOL_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "$TRAIN_GPUS")
+  if [ "${COLOCATE:-0}" = 1 ]; then
+    POOL_ARGS+=(--colocate)
+    PLACEMENT_GPUS=$(( (TRAIN_GPUS > TEACHER_GPUS ? TRAIN_GPUS : TEACHER_GPUS) + STUDENT_GPUS ))
+  else
+    PLACEMENT_GPUS=$((TRAIN_GPUS + TEACHER_GPUS + STUDENT_GPUS))
+  fi
+  POOL_ARGS+=(--rollout-num-gpus "$TEACHER_GPUS" --rollout-num-gpus-per-engine "$teacher_per_engine")
+  if [ -n "${STUDENT_CHECKPOINT:-}" ]; then POOL_ARGS+=(--student-checkpoint "$STUDENT_CHECKPOINT"); fi
+  POOL_ARGS+=(--student-num-gpus "$STUDENT_GPUS")
+  if [ -n "${STUDENT_GPUS_PER_ENGINE:-}" ]; then POOL_ARGS+=(--student-num-gpus-per-engine "$STUDENT_GPUS_PER_ENGINE"); fi
+  HEAD_GPUS=$PLACEMENT_GPUS
+  [ "${STUDENT_NODE:-0}" != 1 ] || HEAD_GPUS=$((PLACEMENT_GPUS - STUDENT_GPUS))
+}
+
+# The GPU map in words (after split_pool_args and tensor_parallel_args), with GPU numbers as slime
+# places the bundles: training first, then the teacher's engines (from GPU 0 when colocated), then the student's.
+topology() {
+  local teacher_per_engine=${TEACHER_GPUS_PER_ENGINE:-1}
+  local student_per_engine=${STUDENT_GPUS_PER_ENGINE:-$teacher_per_engine}
+  local inference_start=$TRAIN_GPUS student_where
+  [ "${COLOCATE:-0}" != 1 ] || inference_start=0
+  if [ "${STUDENT_NODE:-0}" = 1 ]; then
+    student_where="node 1's GPUs $(gpu_range 0 "$STUDENT_GPUS")"
+  else
+    student_where="GPU(s) $(gpu_range $((inference_start + TEACHER_GPUS)) "$STUDENT_GPUS")"
+  fi
+  local text
+  text="GPU(s) $(gpu_range 0 "$TRAIN_GPUS") Megatron, tensor parallel $TENSOR_PARALLEL x data parallel $DATA_PARALLEL"
+  text+="; GPU(s) $(gpu_range "$inference_start" "$TEACHER_GPUS") SGLang 'actor', $((TEACHER_GPUS / teacher_per_engine)) engine(s) x $teacher_per_engine GPU"
+  [ "${COLOCATE:-0}" != 1 ] || text+=" (colocated: offloaded while Megatron trains)"
+  text+="; $student_where SGLang 'student', $((STUDENT_GPUS / student_per_engine)) engine(s) x $student_per_engine GPU, own router, frozen ${STUDENT_CHECKPOINT:-$HF_CHECKPOINT}"
+  echo "$text; Ray: $HEAD_GPUS GPUs on the head, $PLACEMENT_GPUS in the placement group"
+}
+
+# "0-1" for GPUs 0 and 1, "2" for GPU 2: COUNT GPUs from FIRST.
+gpu_range() {
+  if [ "$2" -le 1 ]; then echo "$1"; else echo "$1-$(($1 + $2 - 1))"; fi
+}
+
+# TP_ARGS for Megatron's tensor parallel size TP over the TRAIN_GPUS training GPUs: the data parallel
+# size is what is left (DATA_PARALLEL = TRAIN_GPUS / TP, as Megatron derives it). Sequence parallelism
+# comes with TP > 1 where the layers are TransformerEngine's; Megatron's local layers (TRANSFORMER_IMPL=local)
+# have no sequence-parallel norm, so there it is left out.
+tensor_parallel_args() {
+  TENSOR_PARALLEL=$1
+  if [ "$TENSOR_PARALLEL" -lt 1 ] || [ $((TRAIN_GPUS % TENSOR_PARALLEL)) != 0 ]; then
+    echo "error: tensor parallel $TENSOR_PARALLEL does not divide the $TRAIN_GPUS training GPUs" >&2
+    exit 2
+  fi
+  DATA_PARALLEL=$((TRAIN_GPUS / TENSOR_PARALLEL))
+  TP_ARGS=(--tensor-model-parallel-size "$TENSOR_PARALLEL")
+  if [ "$TENSOR_PARALLEL" -gt 1 ] && [ "${TRANSFORMER_IMPL:-transformer_engine}" != local ]; then
+    TP_ARGS+=(--sequence-parallel)
+  fi
+}
+
+# The rest of a split launch: print the GPU map; --dry-run prints the plan and stops; on NODE_RANK 1
+# (STUDENT_NODE=1) this node joins the head's Ray with its STUDENT_GPUS GPUs and blocks; on the head,
+# Ray with HEAD_GPUS GPUs, a wait until every node's GPUs have joined, then the run.
+launch_split() {
+  echo "[topology] $(topology)"
+  plan_only_if_dry_run "$@"
+  MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+  export PYTHONUNBUFFERED=1
+  if [ "${NODE_RANK:-0}" != 0 ]; then
+    # The student node only lends its GPUs to the cluster; the head schedules everything. Its workers
+    # (SGLang engines) import this repository, as the head's do.
+    export PYTHONPATH="$MEGATRON_DIR:$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}"
+    exec ray start --address "$MASTER_ADDR:6379" --num-gpus "$STUDENT_GPUS" --disable-usage-stats --block
+  fi
+  start_head "$HEAD_GPUS"
+  if [ "$PLACEMENT_GPUS" -gt "$HEAD_GPUS" ]; then
+    until [ "$("$PYTHON" -c "import ray; ray.init(address='auto', logging_level='ERROR'); print(int(ray.cluster_resources().get('GPU', 0)))" 2>/dev/null)" = "$PLACEMENT_GPUS" ]; do
+      echo "[head] waiting for node 1 (NODE_RANK=1 MASTER_ADDR=$MASTER_ADDR) to join with its $STUDENT_GPUS GPUs ..."; sleep 10
+    done
+  fi
+  submit_run "$@"
+}

@@ -39,6 +39,10 @@ DATA=${DATA:-data/math_word_problems.jsonl}
 RUN_DIR=${RUN_DIR:-$REPO_DIR/runs/cluster-split-$(date +%Y%m%d-%H%M%S)}
 PROMPTS="$RUN_DIR/prompts.slime.jsonl"   # DATA with rubric and id under `metadata`, for slime's data source
 
+# The topology (functions in _launch.sh, shared with launch_1node_4gpu_split.sh, which has the smallest
+# counts): engines of one GPU each, the student's as large as the teacher's.
+TRAIN_GPUS=4 TEACHER_GPUS=2 TEACHER_GPUS_PER_ENGINE=1 STUDENT_GPUS=2 STUDENT_GPUS_PER_ENGINE='' COLOCATE=0 STUDENT_NODE=0
+
 # shellcheck source=scripts/_launch.sh
 source "$REPO_DIR/scripts/_launch.sh"
 load_model_args   # Megatron's model shape (MODEL_ARGS), from slime's own script for the model
@@ -69,19 +73,15 @@ SAMPLING_ARGS=(
 )
 layer_args        # LAYER_ARGS: TransformerEngine's layers, or Megatron's own (TRANSFORMER_IMPL=local)
 grader_args       # GRADER_ARGS: the built-in verifier, openai or self-hosted
-POOL_ARGS=(
-  --actor-num-nodes 1 --actor-num-gpus-per-node 4          # training: GPUs 0-3
-  --rollout-num-gpus 2 --rollout-num-gpus-per-engine 1     # teacher inference: GPUs 4-5, 2 engines
-  --student-num-gpus 2                                     # a separate, frozen student pool: GPUs 6-7, 2 engines
-)                                                          # (engines of --rollout-num-gpus-per-engine GPUs)
-if [ -n "$STUDENT_CHECKPOINT" ]; then POOL_ARGS+=(--student-checkpoint "$STUDENT_CHECKPOINT"); fi
+split_pool_args   # POOL_ARGS: training GPUs 0-3, teacher inference GPUs 4-5 (2 engines), student GPUs 6-7 (2 engines)
 TRAIN_ARGS=(
   --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98
   --eps-clip 0.2 --eps-clip-high 0.28
 )
 recompute_args full  # RECOMPUTE_ARGS: every layer recomputed in the backward (RECOMPUTE=none where they fit)
+tensor_parallel_args 2   # TP_ARGS: tensor parallel 2 (with sequence parallelism on TransformerEngine), data parallel 2
 PERF_ARGS=(
-  --tensor-model-parallel-size 2 --sequence-parallel
+  "${TP_ARGS[@]}"
   "${RECOMPUTE_ARGS[@]}"
   --use-dynamic-batch-size --max-tokens-per-gpu 9216
 )
@@ -98,8 +98,4 @@ ARGS=(
   "${MISC_ARGS[@]}" "${LAYER_ARGS[@]}" "${OUTPUT_ARGS[@]}"
 )
 
-plan_only_if_dry_run "$@"
-
-MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-start_head 8
-submit_run "$@"
+launch_split "$@"   # the GPU map; --dry-run: the plan; else Ray on this node with 8 GPUs, then the run

@@ -40,6 +40,11 @@ DATA=${DATA:-data/math_word_problems.jsonl}
 RUN_DIR=${RUN_DIR:-$REPO_DIR/runs/cluster-2node-$(date +%Y%m%d-%H%M%S)}
 PROMPTS="$RUN_DIR/prompts.slime.jsonl"   # DATA with rubric and id under `metadata`, for slime's data source
 
+# The topology (functions in _launch.sh, shared with launch_1node_4gpu_split.sh): the teacher's
+# inference colocated with training on node 0 (engines of 2 GPUs), the student pool on node 1 (engines of 1).
+TRAIN_GPUS=8 TEACHER_GPUS=8 TEACHER_GPUS_PER_ENGINE=2 COLOCATE=1
+STUDENT_GPUS=4 STUDENT_GPUS_PER_ENGINE=1 STUDENT_NODE=1
+
 # shellcheck source=scripts/_launch.sh
 source "$REPO_DIR/scripts/_launch.sh"
 load_model_args   # Megatron's model shape (MODEL_ARGS), from slime's own script for the model
@@ -70,20 +75,15 @@ SAMPLING_ARGS=(
 )
 layer_args        # LAYER_ARGS: TransformerEngine's layers, or Megatron's own (TRANSFORMER_IMPL=local)
 grader_args       # GRADER_ARGS: the built-in verifier, openai or self-hosted
-POOL_ARGS=(
-  --actor-num-nodes 1 --actor-num-gpus-per-node 8          # training: node 0
-  --colocate                                               # teacher inference on the training GPUs
-  --rollout-num-gpus 8 --rollout-num-gpus-per-engine 2     # teacher inference: 4 engines on node 0
-  --student-checkpoint "$STUDENT_CHECKPOINT"               # a separate, frozen student pool ...
-  --student-num-gpus 4 --student-num-gpus-per-engine 1     # ... 4 engines on node 1 (never offloaded)
-)
+split_pool_args   # POOL_ARGS: training and teacher inference (4 engines x 2) on node 0, 4 student engines on node 1
 TRAIN_ARGS=(
   --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.98
   --eps-clip 0.2 --eps-clip-high 0.28
 )
 recompute_args full  # RECOMPUTE_ARGS: every layer recomputed in the backward (RECOMPUTE=none where they fit)
+tensor_parallel_args 2   # TP_ARGS: tensor parallel 2 (with sequence parallelism on TransformerEngine), data parallel 4
 PERF_ARGS=(
-  --tensor-model-parallel-size 2 --sequence-parallel
+  "${TP_ARGS[@]}"
   "${RECOMPUTE_ARGS[@]}"
   --use-dynamic-batch-size --max-tokens-per-gpu 9216
 )
@@ -100,17 +100,6 @@ ARGS=(
   "${MISC_ARGS[@]}" "${LAYER_ARGS[@]}" "${OUTPUT_ARGS[@]}"
 )
 
-plan_only_if_dry_run "$@"
-
-export PYTHONUNBUFFERED=1
-if [ "$NODE_RANK" != 0 ]; then
-  # The student node only lends its GPUs to the cluster; the head schedules everything. Its workers
-  # (SGLang engines) import this repository, as the head's do.
-  export PYTHONPATH="$MEGATRON_DIR:$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}"
-  exec ray start --address "$MASTER_ADDR:6379" --num-gpus 4 --disable-usage-stats --block
-fi
-start_head 8
-until [ "$("$PYTHON" -c "import ray; ray.init(address='auto', logging_level='ERROR'); print(int(ray.cluster_resources().get('GPU', 0)))" 2>/dev/null)" = 12 ]; do
-  echo "[head] waiting for node 1 (NODE_RANK=1 MASTER_ADDR=$MASTER_ADDR) to join with its 4 GPUs ..."; sleep 10
-done
-submit_run "$@"
+# the GPU map; --dry-run: the plan; node 1 joins the head's Ray and blocks; the head starts Ray with
+# 8 GPUs, waits for node 1's 4, then the run
+launch_split "$@"

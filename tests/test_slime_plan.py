@@ -601,6 +601,7 @@ SCRIPTS = {
     "launch_1node_2gpu.sh": {"training": 1, "teacher": 1, "student": None, "rollout": 1, "total": 2, "nodes": 1},
     "launch_1node_8gpu_shared.sh": {"training": 8, "teacher": 8, "student": None, "rollout": 8, "total": 8, "nodes": 1},
     "launch_1node_8gpu_split.sh": {"training": 4, "teacher": 2, "student": 2, "rollout": 4, "total": 8, "nodes": 1},
+    "launch_1node_4gpu_split.sh": {"training": 2, "teacher": 1, "student": 1, "rollout": 2, "total": 4, "nodes": 1},
     "launch_2node_teacher8_student4.sh": {
         "training": 8,
         "teacher": 8,
@@ -644,6 +645,126 @@ def test_launch_script_dry_run(name, tmp_path):
     if expected["student"] is None:  # the shared student carries both anti-drift terms, as locally
         assert "--use-kl-loss \\" in out and "--kl-loss-coef 0.1 \\" in out and "--adv-tau 1 \\" in out
         assert "--custom-advantage-function-path" in out
+
+
+def slime_arguments(out: str) -> list[str]:
+    """The slime argument block of a dry run, as one token list."""
+    block = out.split("\nslime arguments\n", 1)[1]
+    return [token for line in block.splitlines() for token in line.strip().rstrip("\\").split()]
+
+
+def sglang_config(out: str) -> dict:
+    """The --sglang-config a dry run prints (the YAML under its heading, up to the blank line)."""
+    block = out.split("(written when the run starts)\n", 1)[1].split("\n\n", 1)[0]
+    return yaml.safe_load(block)
+
+
+def pools(config: dict) -> list[tuple]:
+    return [
+        (model["name"], model["model_path"], model["update_weights"], *model["server_groups"][0].values())
+        for model in config["sglang"]
+    ]
+
+
+def test_four_gpu_split_dry_run_plans_actor_tp2_one_teacher_and_one_student_engine(tmp_path):
+    result = run_script("launch_1node_4gpu_split.sh", tmp_path)
+    assert result.returncode == 0, result.stderr
+    out, argv = result.stdout, slime_arguments(result.stdout)
+    assert "[topology] GPU(s) 0-1 Megatron, tensor parallel 2 x data parallel 1; GPU(s) 2 SGLang 'actor'" in out
+    assert "GPU(s) 3 SGLang 'student', 1 engine(s) x 1 GPU, own router" in out
+    assert (value(argv, "--actor-num-nodes"), value(argv, "--actor-num-gpus-per-node")) == ("1", "2")
+    assert value(argv, "--tensor-model-parallel-size") == "2" and "--sequence-parallel" in argv
+    assert value(argv, "--make-vocab-size-divisible-by") == "64"  # 128 x TP 2: the vocabulary stays unpadded
+    # slime's --rollout-num-gpus is the sum over both models; each model one engine of one GPU.
+    assert (value(argv, "--rollout-num-gpus"), value(argv, "--rollout-num-gpus-per-engine")) == ("2", "1")
+    assert value(argv, "--student-num-gpus") == "1" and "--student-checkpoint" not in argv
+    assert "--colocate" not in argv and value(argv, "--max-async-level") == "1"
+    assert value(argv, "--sglang-config") == str(tmp_path / "run/sglang_config.yaml")
+    checkpoint = "/root/Qwen2.5-Coder-0.5B-Instruct"
+    assert pools(sglang_config(out)) == [
+        ("actor", checkpoint, True, "regular", 1, 1),
+        ("student", checkpoint, False, "regular", 1, 1),
+    ]
+    assert "router of model 'student' (args.sglang_model_routers['student'])" in out
+    assert "SGLang model 'actor': 1 engine(s) x 1 GPU" in out and "SGLang model 'student': 1 engine(s) x 1 GPU" in out
+    # The two-GPU run's task settings (benchmarks/run_slime_2gpu.sh), so the runs compare.
+    for flag, expected in {
+        "--meta-rollout-batch-size": "24",
+        "--heldout-ipb": "16",
+        "--n-problems-per-prompt": "2",
+        "--n-samples-per-prompt": "8",
+        "--n-samples-per-inner-prompt": "2",
+        "--n-holdout-samples": "2",
+        "--lr": "3e-6",
+        "--adam-beta2": "0.999",
+        "--grader": "verifier",
+        "--eval-interval": "10",
+    }.items():
+        assert value(argv, flag) == expected, flag
+    assert "data/price_lists_eval.jsonl" in out and out.startswith("[topology]")
+
+
+def test_four_gpu_split_data_parallel_and_local_layers(tmp_path):
+    dp = run_script("launch_1node_4gpu_split.sh", tmp_path, TP="1")
+    assert dp.returncode == 0, dp.stderr
+    argv = slime_arguments(dp.stdout)
+    assert "tensor parallel 1 x data parallel 2" in dp.stdout and value(argv, "--actor-num-gpus-per-node") == "2"
+    assert value(argv, "--tensor-model-parallel-size") == "1" and "--sequence-parallel" not in argv
+    assert value(argv, "--make-vocab-size-divisible-by") == "128"
+    # Megatron's local layers have no sequence-parallel norm: TP 2 without --sequence-parallel there.
+    local = run_script("launch_1node_4gpu_split.sh", tmp_path, TRANSFORMER_IMPL="local")
+    assert local.returncode == 0, local.stderr
+    argv = slime_arguments(local.stdout)
+    assert value(argv, "--tensor-model-parallel-size") == "2" and "--sequence-parallel" not in argv
+    assert value(argv, "--transformer-impl") == "local"
+    bad = run_script("launch_1node_4gpu_split.sh", tmp_path, TP="3")
+    assert bad.returncode == 2 and "tensor parallel 3 does not divide the 2 training GPUs" in bad.stderr
+
+
+# The split scripts' pools and parallel layout as they were before the three shared one code path
+# (scripts/_launch.sh: split_pool_args, tensor_parallel_args, launch_split).
+SPLIT_LAYOUTS = {
+    "launch_1node_8gpu_split.sh": {
+        "topology": "[topology] GPU(s) 0-3 Megatron, tensor parallel 2 x data parallel 2; GPU(s) 4-5 SGLang 'actor', "
+        "2 engine(s) x 1 GPU; GPU(s) 6-7 SGLang 'student', 2 engine(s) x 1 GPU, own router, frozen /root/Qwen3-4B; "
+        "Ray: 8 GPUs on the head, 8 in the placement group",
+        "flags": ["--rollout-num-gpus-per-engine", "1", "--student-num-gpus", "2"],
+        "placement": ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "4"],
+        "pools": [
+            ("actor", "/root/Qwen3-4B", True, "regular", 2, 1),
+            ("student", "/root/Qwen3-4B", False, "regular", 2, 1),
+        ],
+    },
+    "launch_2node_teacher8_student4.sh": {
+        "topology": "[topology] GPU(s) 0-7 Megatron, tensor parallel 2 x data parallel 4; GPU(s) 0-7 SGLang 'actor', "
+        "4 engine(s) x 2 GPU (colocated: offloaded while Megatron trains); node 1's GPUs 0-3 SGLang 'student', "
+        "4 engine(s) x 1 GPU, own router, frozen /root/Qwen3-1.7B; Ray: 8 GPUs on the head, 12 in the placement group",
+        "flags": [
+            *("--rollout-num-gpus-per-engine", "2", "--student-checkpoint", "/root/Qwen3-1.7B"),
+            *("--student-num-gpus", "4", "--student-num-gpus-per-engine", "1"),
+        ],
+        "placement": ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--rollout-num-gpus", "12"],
+        "pools": [
+            ("actor", "/root/Qwen3-4B", True, "regular", 8, 2),
+            ("student", "/root/Qwen3-1.7B", False, "regular", 4, 1),
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_LAYOUTS))
+def test_split_scripts_keep_their_pools_on_the_shared_code_path(name, tmp_path):
+    expected = SPLIT_LAYOUTS[name]
+    result = run_script(name, tmp_path)
+    assert result.returncode == 0, result.stderr
+    out, argv = result.stdout, slime_arguments(result.stdout)
+    assert out.splitlines()[0] == expected["topology"]
+    joined_argv = " ".join(argv)
+    assert " ".join(expected["flags"]) in joined_argv and " ".join(expected["placement"]) in joined_argv
+    assert ("--colocate" in argv) == (name == "launch_2node_teacher8_student4.sh")
+    assert value(argv, "--tensor-model-parallel-size") == "2" and "--sequence-parallel" in argv
+    assert pools(sglang_config(out)) == expected["pools"]
+    assert not (tmp_path / "run").exists()
 
 
 def test_launch_script_grader_switch_keeps_the_key_off_the_command_line(tmp_path):
@@ -725,13 +846,16 @@ ALL_CHANNELS = (
 def test_launch_script_dry_run_with_every_channel_slime_runs(name, tmp_path):
     """Distillation, SDPO (its default JSD form, the hint's top-k), TIS: the dry run prints each plugin
     path and the channel flags."""
-    result = run_script(name, tmp_path, *ALL_CHANNELS)
+    channels = ALL_CHANNELS
+    if name == "launch_1node_4gpu_split.sh":  # it has its context source already: --context-key oracle_hint
+        channels = tuple(without(ALL_CHANNELS, {"--teacher-context": True}))
+    result = run_script(name, tmp_path, *channels)
     assert result.returncode == 0, result.stderr
     for flag, path in PLUGINS.items():
         assert re.search(rf"{re.escape(flag)} {re.escape(path)}\b", result.stdout), flag
     for flag in ("--teacher-tau 0.5", "--sdpo-alpha 0.5", "--sdpo-topk 100", "--use-tis", "--eval-baseline"):
         assert flag in result.stdout
-    shaping = run_script(name, tmp_path, *ALL_CHANNELS, "--sdpo-form", "shaping")
+    shaping = run_script(name, tmp_path, *channels, "--sdpo-form", "shaping")
     assert shaping.returncode == 0, shaping.stderr
     assert "--sdpo-form shaping" in shaping.stdout and "--rollout-data-postprocess-path" not in shaping.stdout
 
