@@ -91,7 +91,7 @@ from slime_meta.types import Chain, Episode
 
 # ----------------------------------------------------------------------------- the instruction of a template
 
-_SLOT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SLOT = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")  # prompt_templates' own: {{ and }} are literal braces
 
 
 def split_template(text: str) -> tuple[str, str]:
@@ -100,7 +100,7 @@ def split_template(text: str) -> tuple[str, str]:
     A template whose first slot has no blank line before it (a one-line completion format) has an
     empty instruction: a new one goes in front of it as a paragraph of its own.
     """
-    first = next((m for m in _SLOT.finditer(text) if text[max(0, m.start() - 1)] != "{"), None)
+    first = next((m for m in _SLOT.finditer(text) if m.group(1)), None)
     if first is None:
         return text.strip(), ""
     cut = text.rfind("\n\n", 0, first.start())

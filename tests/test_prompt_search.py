@@ -213,6 +213,19 @@ def test_the_reflection_of_the_tiny_model_gives_a_candidate_with_the_templates_s
     assert not template.text.startswith("Teach the suffix.")
 
 
+def test_the_instruction_is_the_text_before_the_paragraph_of_the_first_slot():
+    assert ps.split_template("Teach {{braces}}.\nMore.\n\nSee {problem}\n\n{attempts_and_grades}") == (
+        "Teach {{braces}}.\nMore.",
+        "See {problem}\n\n{attempts_and_grades}",
+    )
+    assert ps.split_template("T{previous_info}#{attempts_and_grades}>") == (
+        "",
+        "T{previous_info}#{attempts_and_grades}>",
+    )
+    assert ps.split_template("{problem}\n\n{attempts_and_grades}") == ("", "{problem}\n\n{attempts_and_grades}")
+    assert ps.join_template("", "{attempts_and_grades}") == "{attempts_and_grades}"
+
+
 def test_a_reply_with_braces_becomes_literal_text_not_slots():
     seed = TeacherPromptTemplate()
     instruction, scaffold = ps.split_template(seed.text)
@@ -270,3 +283,20 @@ def test_bad_flags_are_one_line_and_exit_code_2(tiny_checkpoint, tmp_path, capsy
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and flag in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_documented_gpu_command_parses(tiny_checkpoint):
+    """docs/performance.md's command for the real-model GPU run: its flags are read and its budget computed."""
+    import shlex
+
+    text = (ROOT / "docs/performance.md").read_text()
+    start = text.index("    python benchmarks/prompt_search.py")
+    lines = []
+    for line in text[start:].splitlines():
+        lines.append(line.split("#", 1)[0].strip().rstrip("\\"))
+        if not line.rstrip().endswith("\\"):
+            break
+    argv = shlex.split(" ".join(lines).replace('"$MODEL_DIR"', str(tiny_checkpoint)))[2:]
+    cfg, opts = ps.parse(argv)
+    total, rl = ps.budget_of(cfg, opts)
+    assert total == rl["student_attempts"] == 27_200 and opts.compare_with and opts.method == "reflect"
