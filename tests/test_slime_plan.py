@@ -767,6 +767,62 @@ def test_split_scripts_keep_their_pools_on_the_shared_code_path(name, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def final_flags(out: str) -> dict[str, str]:
+    """The slime arguments of a dry run, each flag's last value (what the parser keeps; "" for a switch)."""
+    block = out.split("\nslime arguments\n", 1)[1].splitlines()
+    tokens = [t for line in block if line.startswith("  ") for t in line.strip().rstrip("\\").split()]
+    flags, flag = {}, None
+    for token in tokens:
+        if token.startswith("--"):
+            flag = token
+            flags[flag] = ""
+        else:
+            flags[flag] = f"{flags[flag]} {token}".strip()
+    return flags
+
+
+def run_benchmark(script: str, mode: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """A benchmark script's launch with --dry-run: the plan it would run, on a stand-in model directory."""
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({"rms_norm_eps": 1e-06, "tie_word_embeddings": False}))
+    environment = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "OUT": str(tmp_path / "out"),
+        "MODEL_DIR": str(model),
+        "SLIME_DIR": os.environ.get("SLIME_SRC", str(tmp_path / "no-slime")),
+    }
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environment.get("PYTHONPATH")]))
+    command = ["bash", str(REPO / "benchmarks" / script), mode, "--dry-run"]
+    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=180, check=False)
+
+
+# What the four-GPU benchmark may run differently from the two-GPU one: the topology, its run directory,
+# the resume (--load, --save-interval), and the shared student's anti-drift terms (the student is frozen).
+FOUR_GPU_DIFFERENCES = {
+    *("--actor-num-gpus-per-node", "--num-gpus-per-node", "--rollout-num-gpus", "--student-num-gpus"),
+    *("--sglang-config", "--tensor-model-parallel-size", "--sequence-parallel", "--make-vocab-size-divisible-by"),
+    *("--run-dir", "--prompt-data", "--save", "--load", "--save-interval"),
+    *("--adv-tau", "--use-kl-loss", "--kl-loss-coef", "--kl-loss-type", "--custom-advantage-function-path"),
+}
+
+
+def test_four_gpu_benchmark_runs_the_two_gpu_benchmarks_settings(tmp_path):
+    two = run_benchmark("run_slime_2gpu.sh", "slime", tmp_path)
+    four = run_benchmark("run_slime_4gpu.sh", "slime", tmp_path)
+    assert two.returncode == 0 and four.returncode == 0, two.stderr + four.stderr
+    a, b = final_flags(two.stdout), final_flags(four.stdout)
+    differing = {flag for flag in a.keys() | b.keys() if a.get(flag) != b.get(flag)}
+    assert differing <= FOUR_GPU_DIFFERENCES, differing - FOUR_GPU_DIFFERENCES
+    assert (b["--seed"], b["--num-rollout"], b["--meta-rollout-batch-size"], b["--lr"]) == ("31", "50", "24", "3e-6")
+    assert b["--tensor-model-parallel-size"] == "2" and b["--load"] == b["--save"]
+    dp2 = final_flags(run_benchmark("run_slime_4gpu.sh", "dp2", tmp_path).stdout)
+    assert (dp2["--tensor-model-parallel-size"], dp2["--actor-num-gpus-per-node"]) == ("1", "2")
+    assert "--sequence-parallel" not in dp2 and dp2["--run-dir"].endswith("slime_4gpu_dp2_seed31")
+    assert not (tmp_path / "out" / "slime_4gpu_seed31").exists()  # a dry run writes no run directory
+
+
 def test_launch_script_grader_switch_keeps_the_key_off_the_command_line(tmp_path):
     secret = "sk-test-0123456789abcdef"
     result = run_script(
