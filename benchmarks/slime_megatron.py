@@ -21,6 +21,13 @@ Stages, each its own subcommand:
   compare  every train_<tag>.json of --out against the reference tag's (default tp1): relative differences
            of the first step's loss terms and grad norm, step time and peak memory per GPU; one JSON
            (compare_parallel.json) and a table on stdout.
+  parallel (GPUs) one command for a set of layouts on one saved rollout: `train` at each (--layouts; by
+           default tensor parallel 1, 2 and data parallel 2 on --gpus 2; tensor parallel 1, 4 and tensor
+           parallel 2 x data parallel 2 on --gpus 4), each in its own Ray session, nvidia-smi sampled per
+           GPU while it runs (nvsmi_<tag>.csv), then `compare` of these runs against tensor parallel 1:
+           compare_parallel_g<N>.json. Every run of the set pads the vocabulary alike (a multiple of every
+           TP of the set). --kl-loss-coef W adds the KL term to the start weights (slime's reference model
+           from the checkpoint) in every run, so its value is compared too.
 
 The vocabulary: Megatron pads it to a multiple of --make-vocab-size-divisible-by x TP with zero rows (logit 0:
 each padded token takes a share of every softmax, so padding changes the function). The tiny Llama has 357
@@ -39,6 +46,7 @@ training run gets a sitecustomize that lets slime's numpy-1.x assertion pass (th
   python benchmarks/slime_megatron.py train --slime-src /tmp/slime_src --out $OUT --tensor-parallel 2 --tag tp2
   python benchmarks/slime_megatron.py train --slime-src /tmp/slime_src --out $OUT --data-parallel 2 --tag dp2
   python benchmarks/slime_megatron.py compare --out $OUT                                             # table
+  python benchmarks/slime_megatron.py parallel --slime-src /tmp/slime_src --out $OUT --gpus 4        # 4 GPUs
 """
 
 from __future__ import annotations
@@ -47,8 +55,10 @@ import argparse
 import ast
 import contextlib
 import json
+import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,10 +113,14 @@ COMPARED = (
     "train/pg_loss",
     "train/loss/grpo",
     "train/loss/sdpo_kl",
+    "train/kl_loss",
+    "train/ppo_kl",
     "train/grad_norm",
     "train/entropy_loss",
     "train/train_rollout_logprob_abs_diff",
 )
+# The parallel stage's layouts by GPU count: the reference (tensor parallel 1) first.
+LAYOUTS = {2: ("tp1", "tp2", "dp2"), 4: ("tp1", "tp4", "tp2dp2")}
 
 
 def tiny_checkpoint() -> Path:
@@ -161,10 +175,12 @@ def train_argv(
     vocab_multiple: int = 2,
     grad_report: bool = False,
     fp32: bool = False,
+    kl_loss_coef: float = 0.0,
 ):
     """`train.py --backend slime` flags: ours as at rollout time, slime's debug-train-only mode, Megatron's.
     `grad_report`: each parameter's gradient norm in the log (slime_megatron_hooks.grad_norm_report);
-    `fp32`: the model, gradients and optimizer in float32, not slime's bf16 (slime_megatron_hooks.actor_init_fp32)."""
+    `fp32`: the model, gradients and optimizer in float32, not slime's bf16 (slime_megatron_hooks.actor_init_fp32);
+    `kl_loss_coef`: the KL term to the start weights (slime's reference model, read from the checkpoint)."""
     from slime_meta.backends.slime.data import convert
 
     prompts = out / "prompts.slime.jsonl"
@@ -184,6 +200,7 @@ def train_argv(
         *MEGATRON_FLAGS,
         *(FP32_HOOK_FLAGS if fp32 else HOOK_FLAGS),
         *(GRAD_REPORT_FLAGS if grad_report else []),
+        *(("--kl-loss-coef", str(kl_loss_coef), "--ref-load", str(checkpoint)) if kl_loss_coef else ()),
     ]
 
 
@@ -238,7 +255,16 @@ def run_train(out: Path, checkpoint: Path, slime_src: str, ns: argparse.Namespac
     # Megatron's argument check on Hopper and older: TP or CP > 1 needs one CUDA connection (parse time, driver side).
     env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     env["RAY_DEDUP_LOGS"] = "0"  # Ray folds lines that differ only in numbers: each rank's memory lines must stay
-    argv = train_argv(out, checkpoint, ns.tensor_parallel, ns.data_parallel, ns.vocab_multiple, ns.grad_report, ns.fp32)
+    argv = train_argv(
+        out,
+        checkpoint,
+        ns.tensor_parallel,
+        ns.data_parallel,
+        ns.vocab_multiple,
+        ns.grad_report,
+        ns.fp32,
+        getattr(ns, "kl_loss_coef", 0.0),
+    )
     command = [sys.executable, str(REPO / "train.py"), "--backend", "slime", *argv]
     print("+", " ".join(command), flush=True)
     log_path = out / f"train_{ns.tag}.log"
@@ -278,6 +304,7 @@ def run_train(out: Path, checkpoint: Path, slime_src: str, ns: argparse.Namespac
         "data_parallel": ns.data_parallel,
         "gpus": ns.tensor_parallel * ns.data_parallel,
         "vocab_multiple": ns.vocab_multiple,
+        "kl_loss_coef": getattr(ns, "kl_loss_coef", 0.0),
         "returncode": code,
         "seconds": round(time.perf_counter() - started, 1),
         "first_step": logged_dict(text, r"\bstep 0:"),
@@ -313,13 +340,19 @@ def gpu_peaks(out: Path, tag: str) -> dict | None:
     return peaks
 
 
-def run_compare(out: Path, reference_tag: str) -> dict:
+def run_compare(out: Path, reference_tag: str, tags=None, name: str = "compare_parallel.json") -> dict:
+    """The runs' first steps against the reference's; `tags`: only these runs (default every train_*.json)."""
     runs = {p.stem.removeprefix("train_"): json.loads(p.read_text()) for p in sorted(out.glob("train_*.json"))}
+    if tags is not None:
+        runs = {tag: run for tag, run in runs.items() if tag in tags}
     if reference_tag not in runs:
         raise SystemExit(f"error: {out}/train_{reference_tag}.json is missing: the reference run")
     reference = runs[reference_tag].get("first_step") or {}
-    # The reference first, then by GPU count.
-    order = sorted(runs, key=lambda t: (t != reference_tag, runs[t].get("gpus", 1), t))
+    # The reference first, then in the order given, or by GPU count.
+    if tags is not None:
+        order = [reference_tag, *(t for t in tags if t in runs and t != reference_tag)]
+    else:
+        order = sorted(runs, key=lambda t: (t != reference_tag, runs[t].get("gpus", 1), t))
     runs = {tag: runs[tag] for tag in order}
     table = {}
     for tag, run in runs.items():
@@ -331,6 +364,11 @@ def run_compare(out: Path, reference_tag: str) -> dict:
             "returncode": run.get("returncode"),
             "metrics": {k: first.get(k) for k in COMPARED},
             "rel_diff_vs_reference": {k: relative_difference(first.get(k), reference.get(k)) for k in COMPARED},
+            # for the terms near 0 at the first step (the KL to the start weights), where a ratio says nothing
+            "abs_diff_vs_reference": {
+                k: None if first.get(k) is None or reference.get(k) is None else abs(first[k] - reference[k])
+                for k in COMPARED
+            },
             "step_time_s": perf.get("perf/step_time"),
             "actor_train_time_s": perf.get("perf/actor_train_time"),
             "log_probs_time_s": perf.get("perf/log_probs_time"),
@@ -339,7 +377,7 @@ def run_compare(out: Path, reference_tag: str) -> dict:
             "nvidia_smi_peak_MiB_per_gpu": gpu_peaks(out, tag),
         }
     result = {"reference": reference_tag, "runs": table}
-    (out / "compare_parallel.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / name).write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)
     return result
 
@@ -351,10 +389,12 @@ def print_table(result: dict) -> None:
     short = {
         "train/loss": "loss",
         "train/pg_loss": "pg_loss",
+        "train/loss/grpo": "grpo",
         "train/loss/sdpo_kl": "sdpo_kl",
+        "train/kl_loss": "kl",
         "train/grad_norm": "grad_norm",
     }
-    head = f"{'run':8} {'TPxDP':6} {'rc':>4}" + "".join(f" {s:>11} {'rel':>8}" for s in short.values())
+    head = f"{'run':10} {'TPxDP':6} {'rc':>4}" + "".join(f" {s:>11} {'rel':>8}" for s in short.values())
     print(head + f" {'step s':>7} {'peak alloc GiB/rank':>20} {'smi peak MiB/GPU':>18}")
     for tag, row in result["runs"].items():
         cells = "".join(
@@ -367,15 +407,106 @@ def print_table(result: dict) -> None:
         smi = "/".join(f"{v:.0f}" for v in (row["nvidia_smi_peak_MiB_per_gpu"] or {}).values())
         layout = f"{row['tensor_parallel']}x{row['data_parallel']}"
         print(
-            f"{tag:8} {layout:6} {number(row['returncode'], 'd'):>4}{cells} {number(row['step_time_s'], '.2f'):>7}"
+            f"{tag:10} {layout:6} {number(row['returncode'], 'd'):>4}{cells} {number(row['step_time_s'], '.2f'):>7}"
             f" {allocated or '-':>20} {smi or '-':>18}"
         )
     print(f"(rel: relative difference to {result['reference']}; bf16 noise is about 1e-3 to 1e-2)")
 
 
+# ---------------------------------------------------------------- parallel (GPUs): one command for a set of layouts
+
+
+def parse_layout(name: str) -> tuple[int, int]:
+    """`tp4` -> (4, 1), `dp2` -> (1, 2), `tp2dp2` -> (2, 2): Megatron's tensor parallel and the data parallel size."""
+    match = re.fullmatch(r"(?:tp(\d+))?(?:dp(\d+))?", name)
+    if not name or match is None:
+        raise ValueError(f"layout {name!r}: write tpN, dpM or tpNdpM (e.g. tp4, dp2, tp2dp2)")
+    tp, dp = int(match.group(1) or 1), int(match.group(2) or 1)
+    if tp < 1 or dp < 1:
+        raise ValueError(f"layout {name!r}: sizes must be >= 1")
+    return tp, dp
+
+
+def parallel_plan(gpus: int, layouts: str | None, vocab_multiple: int) -> dict:
+    """The parallel stage's runs: tag -> (TP, DP) with the tensor parallel 1 reference first, and the
+    vocabulary multiple every run pads to (a multiple of every TP of the set, so all compute one function)."""
+    names = [n.strip() for n in layouts.split(",") if n.strip()] if layouts else list(LAYOUTS.get(gpus, ()))
+    if not names:
+        raise ValueError(f"--gpus {gpus}: no default layouts (2 or 4); give --layouts, e.g. tp1,tp2dp2")
+    runs = {name: parse_layout(name) for name in names}
+    reference = [name for name, (tp, dp) in runs.items() if (tp, dp) == (1, 1)]
+    if not reference:
+        raise ValueError("--layouts: the set needs tp1 (tensor parallel 1 on one GPU), the reference")
+    for name, (tp, dp) in runs.items():
+        if tp * dp > gpus:
+            raise ValueError(f"layout {name}: {tp * dp} GPUs, more than --gpus {gpus}")
+    multiple = vocab_multiple
+    for tp, _ in runs.values():
+        multiple = multiple * tp // math.gcd(multiple, tp)
+    ordered = {reference[0]: runs[reference[0]], **{n: r for n, r in runs.items() if n != reference[0]}}
+    return {"runs": ordered, "reference": reference[0], "vocab_multiple": multiple}
+
+
+class GpuSampler:
+    """nvidia-smi's memory in use per GPU every half second while a run goes, into nvsmi_<tag>.csv
+    (`index, memory.used` lines, what gpu_peaks reads); nothing where nvidia-smi is missing."""
+
+    def __init__(self, path: Path):
+        self.path, self.process, self.file = path, None, None
+
+    def __enter__(self):
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            self.file = open(self.path, "w")
+            query = [smi, "--query-gpu=index,memory.used", "--format=csv,noheader", "-lms", "500"]
+            self.process = subprocess.Popen(query, stdout=self.file, stderr=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *exc):
+        if self.process is not None:
+            self.process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=10)
+            self.file.close()
+        return False
+
+
+def stop_ray() -> None:
+    """Each run in its own Ray session: what a run left of Ray's local cluster goes before the next one."""
+    ray = shutil.which("ray")
+    if ray:
+        subprocess.run([ray, "stop", "--force"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
+def run_parallel(ns: argparse.Namespace, checkpoint: Path, samples: int | None, train=None) -> int:
+    """Every layout of the set in turn on the saved rollout, then their comparison with tensor parallel 1.
+    `train(out, checkpoint, slime_src, ns) -> result` is run_train (a stand-in in the tests)."""
+    train = train or run_train
+    plan = parallel_plan(ns.gpus, ns.layouts, ns.vocab_multiple)
+    prefix = f"g{ns.gpus}_"
+    for name, (tp, dp) in plan["runs"].items():
+        if samples is not None and samples % dp:
+            print(f"error: the rollout has {samples} samples, not a multiple of data parallel {dp} ({name})")
+            return 2
+    print(f"parallel: {', '.join(plan['runs'])} on the saved rollout, vocabulary multiple {plan['vocab_multiple']}")
+    tags, ok = [], True
+    for name, (tp, dp) in plan["runs"].items():
+        run_ns = argparse.Namespace(**{**vars(ns), "tensor_parallel": tp, "data_parallel": dp})
+        run_ns.vocab_multiple, run_ns.tag = plan["vocab_multiple"], prefix + name
+        stop_ray()
+        with GpuSampler(ns.out / f"nvsmi_{run_ns.tag}.csv"):
+            result = {"checkpoint": checkpoint.name, **train(ns.out, checkpoint, ns.slime_src or "", run_ns)}
+        (ns.out / f"train_{run_ns.tag}.json").write_text(json.dumps(result, indent=1) + "\n")
+        ok &= result["returncode"] == 0 and bool(result["first_step"])
+        tags.append(run_ns.tag)
+    stop_ray()
+    run_compare(ns.out, prefix + plan["reference"], tags=tags, name=f"compare_parallel_g{ns.gpus}.json")
+    return 0 if ok else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=("rollout", "train", "torch", "compare"))
+    parser.add_argument("stage", choices=("rollout", "train", "torch", "compare", "parallel"))
     parser.add_argument("--slime-src", default=os.environ.get("SLIME_SRC"), help="a THUDM/slime checkout (624b824)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/slime_megatron")
     parser.add_argument("--checkpoint", type=Path, default=None, help="HF Llama directory (default: the tiny one)")
@@ -389,7 +520,19 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--fp32", action="store_true", help="train: float32 model and optimizer instead of bf16")
     parser.add_argument("--timeout", type=int, default=480, help="seconds for the training subprocess")
+    parser.add_argument(
+        "--gpus", type=int, default=2, help="parallel: the GPUs of the set (2: tp1,tp2,dp2; 4: tp1,tp4,tp2dp2)"
+    )
+    parser.add_argument("--layouts", default=None, help="parallel: the runs, e.g. tp1,tp4,tp2dp2 (default by --gpus)")
+    parser.add_argument(
+        "--kl-loss-coef", type=float, default=0.0, help="train, parallel: the KL term to the start weights (0: none)"
+    )
     ns = parser.parse_args(argv)
+    if ns.stage == "parallel":
+        try:
+            parallel_plan(ns.gpus, ns.layouts, ns.vocab_multiple)
+        except ValueError as error:
+            parser.error(str(error))
     ns.tag = ns.tag or f"tp{ns.tensor_parallel}dp{ns.data_parallel}"
     if ns.stage == "compare":
         run_compare(ns.out, ns.reference)
@@ -417,6 +560,8 @@ def main(argv=None) -> int:
         return 0
     summary = ns.out / "rollout_summary.json"
     samples = json.loads(summary.read_text())["samples"] if summary.exists() else None
+    if ns.stage == "parallel":
+        return run_parallel(ns, checkpoint, samples)
     if samples is not None and samples % ns.data_parallel:
         # slime's static micro-batching (micro-batch size 1) gives every data parallel rank the same number
         # of micro-batches, and refuses a step whose sample count does not divide (dp_schedule.py).

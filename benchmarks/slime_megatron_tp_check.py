@@ -17,6 +17,7 @@ compares the HF tensors it yields with the checkpoint's: every HF tensor named o
 
   PYTHONPATH=MEGATRON:SLIME:SITE python benchmarks/slime_megatron_tp_check.py --tensor-parallel 2 \\
       --checkpoint DIR --slime-src SLIME       # exit code 0: every rank within --tolerance
+  ... --tensor-parallel 4 ...                  # 4 processes; the vocabulary padded to a multiple of 4
   ... --tensor-parallel 1 --sync-check --checkpoint QWEN2_DIR   # and the weight sync's names and tensors
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -169,13 +171,23 @@ def main(argv=None) -> int:
         "--checkpoint", type=Path, required=True, help="the HF Llama or Qwen2 directory (the tiny Llama)"
     )
     parser.add_argument("--slime-src", default=os.environ.get("SLIME_SRC"), help="a THUDM/slime checkout (624b824)")
-    parser.add_argument("--vocab-multiple", type=int, default=2)
+    parser.add_argument(
+        "--vocab-multiple",
+        type=int,
+        default=None,
+        help="pad the vocabulary to a multiple of this (default: a multiple of 2 and of --tensor-parallel)",
+    )
     parser.add_argument("--tolerance", type=float, default=1e-4, help="largest |logit difference| accepted")
     parser.add_argument("--port", type=int, default=29533)
     parser.add_argument(
         "--sync-check", action="store_true", help="also the weight sync's Megatron->HF conversion (TP 1 only)"
     )
     ns = parser.parse_args(argv)
+    ns.vocab_multiple = ns.vocab_multiple or 2 * ns.tensor_parallel // math.gcd(2, ns.tensor_parallel)
+    if ns.vocab_multiple % ns.tensor_parallel:
+        parser.error(
+            f"--vocab-multiple {ns.vocab_multiple} is not a multiple of --tensor-parallel {ns.tensor_parallel}"
+        )
     if ns.sync_check and ns.tensor_parallel != 1:
         parser.error("--sync-check needs --tensor-parallel 1 (slime gathers a TP shard before converting it)")
     # The spawned ranks import slime, this repository and the hooks: on their path through the environment.
