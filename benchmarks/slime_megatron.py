@@ -25,7 +25,7 @@ Stages, each its own subcommand:
            default tensor parallel 1, 2 and data parallel 2 on --gpus 2; tensor parallel 1, 4 and tensor
            parallel 2 x data parallel 2 on --gpus 4), each in its own Ray session, nvidia-smi sampled per
            GPU while it runs (nvsmi_<tag>.csv), then `compare` of these runs against tensor parallel 1:
-           compare_parallel_g<N>.json. Every run of the set pads the vocabulary alike (a multiple of every
+           compare_parallel_g<N>[_kl].json. Every run of the set pads the vocabulary alike (a multiple of every
            TP of the set). --kl-loss-coef W adds the KL term to the start weights (slime's reference model
            from the checkpoint) in every run, so its value is compared too.
 
@@ -483,7 +483,7 @@ def run_parallel(ns: argparse.Namespace, checkpoint: Path, samples: int | None, 
     `train(out, checkpoint, slime_src, ns) -> result` is run_train (a stand-in in the tests)."""
     train = train or run_train
     plan = parallel_plan(ns.gpus, ns.layouts, ns.vocab_multiple)
-    prefix = f"g{ns.gpus}_"
+    prefix = f"g{ns.gpus}{'_kl' if ns.kl_loss_coef else ''}_"  # a set with the KL term keeps files of its own
     for name, (tp, dp) in plan["runs"].items():
         if samples is not None and samples % dp:
             print(f"error: the rollout has {samples} samples, not a multiple of data parallel {dp} ({name})")
@@ -500,7 +500,7 @@ def run_parallel(ns: argparse.Namespace, checkpoint: Path, samples: int | None, 
         ok &= result["returncode"] == 0 and bool(result["first_step"])
         tags.append(run_ns.tag)
     stop_ray()
-    run_compare(ns.out, prefix + plan["reference"], tags=tags, name=f"compare_parallel_g{ns.gpus}.json")
+    run_compare(ns.out, prefix + plan["reference"], tags=tags, name=f"compare_parallel_{prefix[:-1]}.json")
     return 0 if ok else 1
 
 

@@ -92,17 +92,17 @@ def test_parallel_runs_each_layout_in_turn_and_compares_with_tp1(tmp_path, monke
             "peak_memory": {str(r): {"max_allocated_GiB": 0.07} for r in range(gpus)},
         }
 
-    (tmp_path / "nvsmi_g4_tp4.csv").write_text("0, 3000 MiB\n1, 3100 MiB\n0, 3300 MiB\n2, 3200 MiB\n3, 3150 MiB\n")
+    (tmp_path / "nvsmi_g4_kl_tp4.csv").write_text("0, 3000 MiB\n1, 3100 MiB\n0, 3300 MiB\n2, 3200 MiB\n3, 3150 MiB\n")
     (tmp_path / "train_tp1.json").write_text(json.dumps({"first_step": {"train/loss": 1.0}}))  # another set's run
     ns = slime_megatron.main.__globals__["argparse"].Namespace(
         out=tmp_path, gpus=4, layouts=None, vocab_multiple=2, slime_src="", kl_loss_coef=0.1, timeout=1
     )
     assert slime_megatron.run_parallel(ns, tmp_path, 56, train=train) == 0
-    assert calls == [("g4_tp1", 1, 1, 4, 0.1), ("g4_tp4", 4, 1, 4, 0.1), ("g4_tp2dp2", 2, 2, 4, 0.1)]
+    assert calls == [("g4_kl_tp1", 1, 1, 4, 0.1), ("g4_kl_tp4", 4, 1, 4, 0.1), ("g4_kl_tp2dp2", 2, 2, 4, 0.1)]
     assert len(stops) == 4  # before every run, and after the last
-    result = json.loads((tmp_path / "compare_parallel_g4.json").read_text())
-    assert result["reference"] == "g4_tp1" and list(result["runs"]) == ["g4_tp1", "g4_tp4", "g4_tp2dp2"]
-    tp4, tp2dp2 = result["runs"]["g4_tp4"], result["runs"]["g4_tp2dp2"]
+    result = json.loads((tmp_path / "compare_parallel_g4_kl.json").read_text())
+    assert result["reference"] == "g4_kl_tp1" and list(result["runs"]) == ["g4_kl_tp1", "g4_kl_tp4", "g4_kl_tp2dp2"]
+    tp4, tp2dp2 = result["runs"]["g4_kl_tp4"], result["runs"]["g4_kl_tp2dp2"]
     assert (tp4["tensor_parallel"], tp4["data_parallel"], tp2dp2["tensor_parallel"], tp2dp2["data_parallel"]) == (
         4,
         1,
@@ -117,7 +117,7 @@ def test_parallel_runs_each_layout_in_turn_and_compares_with_tp1(tmp_path, monke
     assert tp4["nvidia_smi_peak_MiB_per_gpu"] == {"0": 3300.0, "1": 3100.0, "2": 3200.0, "3": 3150.0}
     assert len(tp2dp2["peak_memory_per_rank"]) == 4
     table = capsys.readouterr().out
-    assert "g4_tp4     4x1" in table and "g4_tp2dp2  2x2" in table and " kl " in table
+    assert "g4_kl_tp4  4x1" in table and "g4_kl_tp2dp2 2x2" in table and " kl " in table
 
 
 def test_parallel_refuses_a_rollout_that_data_parallel_does_not_divide(tmp_path, monkeypatch, capsys):
