@@ -493,6 +493,7 @@ class Search:
         seed = Candidate(0, "seed", self.instruction, seed_template)
         self.candidates: list[Candidate] = [seed]
         self.rounds: list[dict] = []
+        self.refused: list[dict] = []  # hand-written instructions that cannot be used (too long for the context)
         self.evaluations = 0
         self.rng = random.Random(cfg.seed)
         self.started = time.monotonic()
@@ -584,6 +585,11 @@ class Search:
                 continue
             number = len(self.candidates)
             template = make_template(self.seed_template, join_template(instruction, scaffold), f"candidate {number}")
+            refused = self.fits(template)
+            if refused:
+                self.refused.append({"instruction": written_braces(instruction), "refused": refused})
+                self.log(f"a hand-written instruction is left out: {refused}")
+                continue
             self.candidates.append(Candidate(number, "hand-written", instruction, template))
         repeats = max(1, self.budget.left // (self.cost(self.pareto) * len(self.candidates)))
         for _ in range(repeats - 1):
@@ -774,6 +780,13 @@ def parse(argv: Sequence[str]) -> tuple[MetaConfig, argparse.Namespace]:
         if bad:
             value = getattr(ns, flag[2:].replace("-", "_"))
             raise UserInputError(f"{flag} {value}: {fix}")
+    if ns.candidates:
+        for text in hand_written_instructions(ns.candidates):
+            if "{attempts_and_grades}" in text:  # a whole template: the teacher's slots, the required one
+                try:
+                    TeacherPromptTemplate(text, source=ns.candidates).check_required()
+                except TemplateSlotError as error:
+                    raise UserInputError(f"--candidates {ns.candidates}: {error.detail}") from None
     if not ns.out:
         base = Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO_ROOT / "runs" / "benchmarks"
         ns.out = str(base / f"prompt_search-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -924,6 +937,7 @@ async def search_on(run: OpenRun, opts: argparse.Namespace, out: Path) -> dict[s
             evals["seed"] = (
                 evals["best"] if same else await eval_lifts(cfg, rollout, search.seed_template, data.eval_sets)
             )
+    out.mkdir(parents=True, exist_ok=True)
     template_file = out / "best_teacher_template.txt"
     template_file.write_text(best.template.text + "\n", encoding="utf-8")
     units = {name: lift["units"] for name, lift in evals.get("best", {}).items()}
@@ -948,6 +962,7 @@ async def search_on(run: OpenRun, opts: argparse.Namespace, out: Path) -> dict[s
         "search_s": round(search_s, 1),
         "candidates": [c.record() for c in search.candidates],
         "rounds": search.rounds,
+        "hand_written_refused": search.refused,
         "best": {
             "id": best.id,
             "origin": best.origin,

@@ -133,11 +133,27 @@ def searched(tiny_checkpoint, tmp_path_factory):
                 seed=run.pieces.teacher_template,
                 fits=run.too_long,
             )
-            return report, scored, per_chain, proposal
+            # The plain method on the same workers: hand-written instructions, one too long for the context.
+            plain = await ps.search_on(run, plain_opts, Path(plain_opts.out))
+            return report, scored, per_chain, proposal, plain
 
-    fields, scored, per_chain, proposal = asyncio.run(everything())
+    candidates = work / "candidates.txt"
+    candidates.write_text("Short one.\n---\nWhole.\n\n{attempts_and_grades}\n>\n---\n" + "Far too long. " * 30 + "\n")
+    _, plain_opts = ps.parse(
+        flags(tiny_checkpoint, work, "--method", "candidates", "--candidates", str(candidates))
+        + ["--student-attempts", str(BUDGET), "--out", str(work / "plain")]
+    )
+    fields, scored, per_chain, proposal, plain = asyncio.run(everything())
     report = json.loads(ps.write_report(fields, opts, argv).read_text())  # as main() writes it
-    return {"report": report, "scored": scored, "direct": per_chain, "proposal": proposal, "work": work, "out": out}
+    return {
+        "report": report,
+        "scored": scored,
+        "direct": per_chain,
+        "proposal": proposal,
+        "plain": plain,
+        "work": work,
+        "out": out,
+    }
 
 
 def test_the_search_runs_end_to_end_within_its_budget(searched):
@@ -300,3 +316,43 @@ def test_the_documented_gpu_command_parses(tiny_checkpoint):
     cfg, opts = ps.parse(argv)
     total, rl = ps.budget_of(cfg, opts)
     assert total == rl["student_attempts"] == 27_200 and opts.compare_with and opts.method == "reflect"
+
+
+def test_the_reflection_can_be_asked_of_an_openai_compatible_endpoint():
+    from openai_server import run_openai_server
+
+    def reply(messages):
+        assert "The current instruction:" in messages[0]["content"]
+        return "```\nTell the student the rubric's price.\n```"
+
+    seed = TeacherPromptTemplate()
+    instruction, scaffold = ps.split_template(seed.text)
+    parent = ps.Candidate(0, "seed", instruction, seed)
+    evaluation = ps.Evaluation(score=0.0, per_prompt=[0.0], chains=[], attempts=0)
+    with run_openai_server(reply_fn=reply) as (base_url, state):
+        reflector = ps.APIReflector(base_url, "reflector-model", "NO_SUCH_KEY_VARIABLE", 0.7, 64, 10.0)
+
+        async def ask():
+            try:
+                return await ps.propose(
+                    parent, evaluation, reflector, new_id=1, scaffold=scaffold, seed=seed, fits=lambda t: None
+                )
+            finally:
+                await reflector.aclose()
+
+        proposal = asyncio.run(ask())
+    assert proposal.candidate.template.text == "Tell the student the rubric's price.\n\n" + scaffold
+    assert state.requests[0].model == "reflector-model" and state.requests[0].body["max_tokens"] == 64
+
+
+def test_the_plain_method_scores_each_hand_written_instruction_that_fits(searched):
+    plain = searched["plain"]
+    assert plain["method"] == "candidates"
+    assert [c["origin"] for c in plain["candidates"]] == ["seed", "hand-written", "hand-written"]
+    assert [c["instruction"] for c in plain["candidates"]] == ["Teach the suffix.", "Short one.", "Whole."]
+    assert all(c["score"] is not None for c in plain["candidates"])
+    assert len(plain["hand_written_refused"]) == 1 and "context" in plain["hand_written_refused"][0]["refused"]
+    # 3 candidates x 8 answers on one draw: 24 of the 40 (a second draw for all three would need 48)
+    assert plain["budget"]["spent"] == 24 and plain["budget"]["pareto_set"]["episodes"] == 2
+    best = max(plain["candidates"], key=lambda c: c["score"])
+    assert plain["best"]["score"] == best["score"]
