@@ -4,11 +4,16 @@
     python benchmarks/soak.py --steps 40 --out /tmp/soak.json
     python benchmarks/soak.py --steps 200 --cpu-load 1             # one busy loop beside the run
     python benchmarks/soak.py --steps 60 -- --max-async-level 1    # extra train.py flags after --
+    # one GPU, the 0.5B real model: benchmarks/results/soak_gpu_real_200steps.json and .png
+    MODEL=qwen2.5-coder-0.5b DATA=price_lists python benchmarks/soak.py --script real --steps 200
 
 The run is `scripts/run_synthetic.sh` (what `scripts/demo.sh` runs: the tiny model, four teacher prompts
-x eight infos, a checkpoint every two steps). After each step (a new line in metrics.jsonl) the
+x eight infos, a checkpoint every two steps), or with `--script real` `scripts/run_real.sh` (its
+MODEL, DATA, GRADER from the environment). After each step (a new line in metrics.jsonl) the
 resident set size and the open file descriptors of the trainer and of each of its children (router,
 workers) are read from /proc; the trainer's RSS also split into anonymous and file-backed pages.
+Where `nvidia-smi` lists GPUs, also each process's GPU memory (`gpu_mib`: what the driver has
+given it, the caching allocator's reserve included) and each GPU's memory in use (`gpus`).
 
 Warm-up is the first `--warmup` steps (10: allocator arenas, torch's caches, AdamW's state, the
 router's connections) and lasts at least until the run's first plot (holdout.png, drawn once 60 s
@@ -17,7 +22,8 @@ have passed: matplotlib's import, fonts and caches, about 30 MiB once). After it
   the steps measured; `noise`: the standard deviation of RSS around that line;
 - growth: the median of the last 5 samples (before the last one, which is taken while the run
   shuts down) over the median of the first 5 after warm-up, as `tests/test_reliability_soak.py` checks it.
-The JSON holds every sample; the PNG draws RSS and descriptors per process against the step.
+The same figures for GPU memory (`gpu_*`) where it was sampled. The JSON holds every sample; the
+PNG draws RSS and descriptors (and GPU memory) per process against the step.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +47,7 @@ import _common as C  # noqa: E402
 WINDOW = 5  # samples per median in `growth`
 PLOT_NAME = "holdout.png"
 STATUS_FIELDS = {"VmRSS": "rss_kib", "RssAnon": "anon_kib", "RssFile": "file_kib"}
+SCRIPTS = {"synthetic": "scripts/run_synthetic.sh", "real": "scripts/run_real.sh"}
 
 
 def memory_kib(pid: int) -> dict[str, int] | None:
@@ -54,6 +62,35 @@ def memory_kib(pid: int) -> dict[str, int] | None:
         if key in STATUS_FIELDS:
             out[STATUS_FIELDS[key]] = int(value.split()[0])
     return out if "rss_kib" in out else None
+
+
+def _nvidia_smi(query: str, fields: str) -> list[list[int]]:
+    """Rows of integers from `nvidia-smi --query-QUERY=FIELDS`; none without nvidia-smi or on an error."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-{query}={fields}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        return [[int(v) for v in line.split(",")] for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+
+
+def gpu_memory_by_pid() -> dict[int, int]:
+    """MiB of GPU memory per process (summed over GPUs), as the driver reports it."""
+    out: dict[int, int] = {}
+    for pid, mib in _nvidia_smi("compute-apps", "pid,used_memory"):
+        out[pid] = out.get(pid, 0) + mib
+    return out
+
+
+def gpu_memory_used() -> list[int]:
+    """MiB in use on each GPU; empty without GPUs."""
+    return [row[0] for row in _nvidia_smi("gpu", "memory.used")]
 
 
 def fd_count(pid: int) -> int | None:
@@ -100,13 +137,14 @@ def descendants(pid: int) -> dict[int, str]:
 @dataclass
 class SoakRun:
     """What `run_soak` saw: per process name, one sample per step (step, rss_kib, fds, and for the
-    trainer anon_kib and file_kib), the steps after which the run had redrawn its plot, the run's
-    step times and exit code."""
+    trainer anon_kib and file_kib; gpu_mib where a GPU was in use), each GPU's memory in use per step,
+    the steps after which the run had redrawn its plot, the run's step times and exit code."""
 
     steps: int
     seconds: float
     returncode: int | None
     samples: dict[str, list[dict]] = field(default_factory=dict)
+    gpus: list[dict] = field(default_factory=list)
     plot_steps: list[int] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     log: str = ""
@@ -127,8 +165,9 @@ def run_soak(
     extra_args: tuple[str, ...] = (),
     timeout_s: float | None = None,
     log_path: Path | None = None,
+    script: str = "synthetic",
 ) -> SoakRun:
-    """`scripts/run_synthetic.sh` for `steps` outer steps in `run_dir`, sampled after each step."""
+    """`SCRIPTS[script]` for `steps` outer steps in `run_dir`, sampled after each step."""
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -145,7 +184,7 @@ def run_soak(
     result = SoakRun(steps=steps, seconds=0.0, returncode=None)
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            ["bash", str(ROOT / "scripts/run_synthetic.sh"), *extra_args],
+            ["bash", str(ROOT / SCRIPTS[script]), *extra_args],
             cwd=ROOT,
             env=env,
             stdout=log,
@@ -164,12 +203,17 @@ def run_soak(
                 if done <= seen_steps:
                     continue
                 seen_steps = done
+                on_gpu = gpu_memory_by_pid()
                 for pid, name in {trainer_pid: "trainer", **descendants(trainer_pid)}.items():
                     memory, fds = memory_kib(pid), fd_count(pid)
                     if memory is not None and fds is not None:
                         if not name.startswith("trainer"):
                             memory = {"rss_kib": memory["rss_kib"]}
+                        if pid in on_gpu:
+                            memory["gpu_mib"] = on_gpu[pid]
                         result.samples.setdefault(name, []).append({"step": done, **memory, "fds": fds})
+                if used := gpu_memory_used():
+                    result.gpus.append({"step": done, "used_mib": used})
                 try:
                     mtime = (run_dir / PLOT_NAME).stat().st_mtime
                 except OSError:
@@ -241,7 +285,31 @@ def summarise(run: SoakRun, warmup: int) -> dict[str, dict]:
             "fds_end": growth(fds, start)[1],
             "fds_max": max(fds),
         }
+        if all("gpu_mib" in s for s in samples[start:-1]):
+            gpu = [s["gpu_mib"] for s in samples]
+            gpu_slope, gpu_noise = fitted_slope([s["step"] for s in measured], [s["gpu_mib"] * 1024 for s in measured])
+            gpu_early, gpu_late, gpu_relative = growth(gpu, start)
+            report[name].update(
+                gpu_mib_after_warmup=gpu_early,
+                gpu_mib_end=gpu_late,
+                gpu_growth=round(gpu_relative, 4),
+                gpu_slope_mib_per_step=round(gpu_slope, 4),
+                gpu_noise_mib=round(gpu_noise, 2),
+            )
     return report
+
+
+def summarise_gpus(run: SoakRun, warmup: int) -> list[dict]:
+    """Per GPU: memory in use after warm-up and at the end (medians, as `growth`), and its growth."""
+    start = run.warmup_end(warmup)
+    if len(run.gpus) < start + 2 * WINDOW + 1:
+        return []
+    out = []
+    for index in range(len(run.gpus[0]["used_mib"])):
+        used = [g["used_mib"][index] for g in run.gpus]
+        early, late, relative = growth(used, start)
+        out.append({"gpu": index, "used_mib_after_warmup": early, "used_mib_end": late, "growth": round(relative, 4)})
+    return out
 
 
 def plot(run: SoakRun, warmup: int, out: Path, title: str) -> Path:
@@ -250,7 +318,9 @@ def plot(run: SoakRun, warmup: int, out: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_rss, ax_fds) = plt.subplots(1, 2, figsize=(14, 4.5))
+    on_gpu = any("gpu_mib" in s for samples in run.samples.values() for s in samples)
+    fig, axes = plt.subplots(1, 3 if on_gpu else 2, figsize=(21 if on_gpu else 14, 4.5))
+    ax_rss, ax_fds = axes[0], axes[1]
     for name, samples in sorted(run.samples.items()):
         if len(samples) < 3:
             continue
@@ -259,13 +329,18 @@ def plot(run: SoakRun, warmup: int, out: Path, title: str) -> Path:
         ax_fds.plot(steps, [s["fds"] for s in samples], label=name)
         if name == "trainer" and "anon_kib" in samples[0]:
             ax_rss.plot(steps, [s["anon_kib"] / 1024 for s in samples], linestyle=":", label="trainer: anonymous")
-    for ax in (ax_rss, ax_fds):
+        on_this_gpu = [s for s in samples if "gpu_mib" in s]
+        if on_gpu and on_this_gpu:
+            axes[2].plot([s["step"] for s in on_this_gpu], [s["gpu_mib"] for s in on_this_gpu], label=name)
+    if on_gpu:
+        axes[2].set(ylabel="GPU memory (MiB)", title="GPU memory per process")
+    for ax in axes:
         ax.axvline(run.warmup_end(warmup), color="grey", linestyle="--", label="end of warm-up")
         ax.set_xlabel("outer step")
     ax_rss.set(ylabel="resident memory (MiB)", title=f"Resident memory per process: {title}")
     ax_fds.set(ylabel="open file descriptors", title="Open descriptors per process")
-    ax_rss.legend(fontsize=8)
-    ax_fds.legend(fontsize=8)
+    for ax in axes:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
@@ -279,21 +354,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=10, help="steps left out before the figures (at least)")
     parser.add_argument("--cpu-load", type=int, default=0, help="busy-loop processes beside the run")
     parser.add_argument(
-        "--out", type=Path, default=None, help="JSON path (default benchmarks/results/soak_cpu_<N>steps.json)"
+        "--script",
+        choices=sorted(SCRIPTS),
+        default="synthetic",
+        help="the run: synthetic (scripts/run_synthetic.sh, the default) or real (scripts/run_real.sh)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON path (default benchmarks/results/soak_<cpu|gpu>[_real]_<N>steps.json)",
     )
     parser.add_argument("--run-dir", type=Path, default=None, help="the run's directory (default: a temporary one)")
     parser.add_argument("extra", nargs="*", help="extra train.py flags, after --")
     args = parser.parse_args(argv)
-    out = args.out or ROOT / "benchmarks" / "results" / f"soak_cpu_{args.steps}steps.json"
+    device = "gpu" if gpu_memory_used() else "cpu"
+    name = f"soak_{device}{'' if args.script == 'synthetic' else '_' + args.script}_{args.steps}steps.json"
+    out = args.out or ROOT / "benchmarks" / "results" / name
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         run_dir = args.run_dir or Path(tmp) / "run"
-        run = run_soak(args.steps, run_dir, cpu_load=args.cpu_load, extra_args=tuple(args.extra))
+        run = run_soak(args.steps, run_dir, cpu_load=args.cpu_load, extra_args=tuple(args.extra), script=args.script)
     if run.returncode != 0:
         print(run.log[-3000:], file=sys.stderr)
         print(f"error: the run ended with exit code {run.returncode}", file=sys.stderr)
         return 1
     report = C.report_header(
-        "soak", {"steps": args.steps, "warmup": args.warmup, "cpu_load": args.cpu_load, "extra": args.extra}
+        "soak",
+        {
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "cpu_load": args.cpu_load,
+            "script": SCRIPTS[args.script],
+            "extra": args.extra,
+        },
     )
     report.update(
         seconds=round(run.seconds, 1),
@@ -301,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         warmup_end_step=run.warmup_end(args.warmup),
         plot_steps=run.plot_steps,
         processes=summarise(run, args.warmup),
+        gpus=summarise_gpus(run, args.warmup),
         samples=run.samples,
+        gpu_samples=run.gpus,
     )
     C.write_json(report, out)
     png = plot(run, args.warmup, out.with_suffix(".png"), f"{args.steps} steps, {report['machine']['cpu_count']} CPUs")
@@ -316,6 +411,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{report['warmup_end_step']}"
     )
     print(C.table(rows, header))
+    for name, f in report["processes"].items():
+        if "gpu_growth" in f:
+            print(
+                f"{name} GPU memory: {f['gpu_mib_after_warmup']} -> {f['gpu_mib_end']} MiB "
+                f"(growth {f['gpu_growth']}, {f['gpu_slope_mib_per_step']} MiB/step, noise {f['gpu_noise_mib']} MiB)"
+            )
+    for g in report["gpus"]:
+        print(f"GPU {g['gpu']} in use: {g['used_mib_after_warmup']} -> {g['used_mib_end']} MiB (growth {g['growth']})")
     print(f"wrote {out} and {png}")
     return 0
 
