@@ -240,6 +240,7 @@ class Evaluation:
     per_prompt: list[float]  # per teacher prompt: the mean over its G infos
     chains: list[Chain]
     attempts: int
+    problems: dict[str, str] = field(default_factory=dict)  # uid -> problem text, train and holdout
 
 
 def search_settings(settings: InnerLoopSettings) -> InnerLoopSettings:
@@ -275,6 +276,7 @@ async def score(
         per_prompt=[fmean(by_prompt[p]) for p in sorted(by_prompt)],
         chains=result.chains,
         attempts=rollout.student.answers - before,
+        problems={p.uid: p.prompt for e in episodes for p in (*e.holdout, *(q for c in e.train_chunks_P for q in c))},
     )
 
 
@@ -311,23 +313,22 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
-def describe_chain(number: int, chain: Chain, answers: int, chars: int) -> str:
+def describe_chain(number: int, chain: Chain, problems: dict[str, str], answers: int, chars: int) -> str:
     """One example of the reflection prompt: the problems and rubric the teacher saw, its info, and
     the student's answers with that info, their grades and feedback (from the chain's trace)."""
-    problems = "\n".join(f"- {clip(p.prompt, chars)}" for p in chain.problems)
+    seen = "\n".join(f"- {clip(p.prompt, chars)}" for p in chain.problems)
     rubrics = "\n".join(dict.fromkeys(p.rubric for p in chain.problems if p.rubric)) or "(none)"
     holdout = next((step["holdout"] for step in chain.trace if "holdout" in step), [])
-    prompts = {p.uid: p.prompt for p in chain.problems}
     shown = []
     for record in holdout[:answers]:
-        problem = prompts.get(record["problem_uid"], record["problem_uid"])
+        problem = problems.get(record["problem_uid"], "(not shown)")
         shown.append(
-            f"Problem: {clip(str(problem), chars)}\nStudent's answer: {clip(record['solution'], chars)}\n"
+            f"Problem: {clip(problem, chars)}\nStudent's answer: {clip(record['solution'], chars)}\n"
             f"Grade: {record['grade']:.2f}. Feedback: {clip(record['explanation'] or '', chars)}"
         )
     return (
         f"Example {number}: score {fmean(chain.holdout_scores):.2f}\n"
-        f"Problems the teacher saw:\n{problems}\nRubric:\n{clip(rubrics, 2 * chars)}\n"
+        f"Problems the teacher saw:\n{seen}\nRubric:\n{clip(rubrics, 2 * chars)}\n"
         f"The teacher's additional information:\n{clip(chain.final_info, 2 * chars) or '(empty)'}\n"
         f"The student's answers to other problems of the same kind, with that information:\n"
         + ("\n\n".join(shown) or "(none)")
@@ -347,8 +348,9 @@ def contrasting(chains: Sequence[Chain], count: int) -> list[Chain]:
     return order[:count]
 
 
-def reflection_prompt(instruction: str, chains: Sequence[Chain], examples: int, answers: int, chars: int) -> str:
-    blocks = [describe_chain(n + 1, c, answers, chars) for n, c in enumerate(contrasting(chains, examples))]
+def reflection_prompt(instruction: str, evaluation: Evaluation, examples: int, answers: int, chars: int) -> str:
+    chosen = contrasting(evaluation.chains, examples)
+    blocks = [describe_chain(n + 1, c, evaluation.problems, answers, chars) for n, c in enumerate(chosen)]
     values = {"instruction": written_braces(instruction) or "(none)", "examples": "\n\n".join(blocks)}
     return re.sub(r"\{(instruction|examples)\}", lambda m: values[m.group(1)], REFLECTION_PROMPT)
 
@@ -437,9 +439,7 @@ async def propose(
     The new instruction replaces the parent's; the scaffold (slots and the lines around them) is
     kept, and the model's braces are made literal, so the candidate has exactly the seed's slots.
     """
-    prompts = [
-        reflection_prompt(parent.instruction, evaluation.chains, n, answers, chars) for n in range(examples, 0, -1)
-    ]
+    prompts = [reflection_prompt(parent.instruction, evaluation, n, answers, chars) for n in range(examples, 0, -1)]
     reply = await reflect(prompts)
     instruction = literal_braces(instruction_of_reply(reply))
     if not instruction:

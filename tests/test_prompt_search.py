@@ -356,3 +356,17 @@ def test_the_plain_method_scores_each_hand_written_instruction_that_fits(searche
     assert plain["budget"]["spent"] == 24 and plain["budget"]["pareto_set"]["episodes"] == 2
     best = max(plain["candidates"], key=lambda c: c["score"])
     assert plain["best"]["score"] == best["score"]
+
+
+def test_the_reflection_reads_the_problems_infos_answers_grades_and_feedback(searched):
+    scored = searched["scored"]
+    prompt = ps.reflection_prompt("Teach the suffix.", scored, 2, 3, 400)
+    best, worst = ps.contrasting(scored.chains, 2)
+    assert fmean(best.holdout_scores) >= fmean(worst.holdout_scores)
+    assert prompt.index("Example 1: score") < prompt.index("Example 2: score") and "Example 3" not in prompt
+    assert "```\nTeach the suffix.\n```" in prompt
+    for chain in (best, worst):
+        record = next(step["holdout"] for step in chain.trace if "holdout" in step)[0]
+        assert f"Problem: {scored.problems[record['problem_uid']]}\n" in prompt
+        assert f"Grade: {record['grade']:.2f}. Feedback: {record['explanation']}" in prompt
+        assert f"- {chain.problems[0].prompt}\n" in prompt
