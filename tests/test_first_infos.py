@@ -1,0 +1,60 @@
+"""benchmarks/first_infos.py: how a first info is classed (the price stated, a key pasted, other), which
+problems go into the teacher prompt (those whose price must be inferred), and its refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import first_infos  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "info, expected",
+    [
+        ("Every item at Kim's stall costs 7 dollars.", "states_price"),
+        ("Each mug is $7.", "states_price"),
+        ("The price is 7 for any item.", "states_price"),
+        ("Bowls are 7 each.", "states_price"),
+        ("3 x 7 = 21, so multiply the count by 7.", "states_price"),
+        ("The answer is 21.", "pastes_key"),
+        ("Omar pays 21 dollars and Olga 56 dollars.", "pastes_key"),
+        ("Omar buys 7 bowls for 21.", "pastes_key"),  # 7 as a count, not a price
+        ("Multiply the number of items by the price.", "other"),
+        ("It costs 17 dollars, or 70, or 7.5 dollars.", "other"),
+    ],
+)
+def test_an_info_is_classed_by_the_price_it_states_or_the_key_it_pastes(info, expected):
+    assert first_infos.classify(info, 7, [21, 56]) == expected
+
+
+def test_the_teacher_prompt_holds_only_problems_whose_price_must_be_inferred():
+    chosen = first_infos.teacher_problems(REPO_ROOT / "data/price_keys.jsonl", 2, "category", None)
+    assert len(chosen) == 5 and all(len(members) == 2 for members in chosen.values())
+    for members in chosen.values():
+        price = first_infos.price_of(members[0])
+        assert all(not first_infos.holds_number(p.prompt, price) for p in members)
+        assert all(not first_infos.holds_number(p.rubric, price) for p in members)
+    assert first_infos.price_of(chosen["kims_stall"][0]) == 7
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["--samples", "0", "--gguf", "x.gguf"],
+        ["--gguf", "/nowhere/model.gguf"],
+        ["--data", "none.jsonl", "--gguf", "x"],
+    ],
+)
+def test_bad_input_exits_2_with_one_line(arguments):
+    result = subprocess.run(
+        [sys.executable, "benchmarks/first_infos.py", *arguments], capture_output=True, text=True, cwd=REPO_ROOT
+    )
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
