@@ -706,8 +706,9 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
     add(
         "--candidates",
         default=None,
-        help="--method candidates: a file of instructions (or whole templates) "
-        "separated by lines of ---; default: a built-in list and prompt_templates/teacher_rules.txt's.",
+        help="--method candidates: a file of instructions separated by lines of --- (an entry with "
+        "{attempts_and_grades} is a whole template); default: a built-in list and "
+        "prompt_templates/teacher_rules.txt's.",
     )
     add(
         "--reflection-base-url",
