@@ -648,7 +648,7 @@ def lift_record(with_info: float, without: float, units: int) -> dict[str, Any]:
         "lift": lift,
         "units": units,
         "se": se,
-        "lift_in_se": lift_in_se(with_info, without, units),
+        "lift_in_se": lift_in_se(with_info, without, units) if se > 0 else None,  # no spread: no figure
         "interval_95": [lift - 1.96 * se, lift + 1.96 * se],
     }
 
@@ -981,6 +981,10 @@ async def run_search(cfg: MetaConfig, opts: argparse.Namespace, out: Path) -> di
         return await search_on(run, opts, out)
 
 
+def in_se(lift: dict) -> str:
+    return "-" if lift["lift_in_se"] is None else f"{lift['lift_in_se']:.2f}"
+
+
 def print_summary(report: dict) -> None:
     budget = report["budget"]
     print(f"spent {budget['spent']:,} of {budget['student_attempts']:,} student answers", flush=True)
@@ -992,13 +996,13 @@ def print_summary(report: dict) -> None:
         for name, lift in lifts.items():
             print(
                 f"eval {name}, {which} template: with info {lift['with_info']:.3f}, no info {lift['no_info']:.3f}, "
-                f"lift {lift['lift']:.3f} (SE {lift['se']:.3f}, {lift['lift_in_se']:.2f} SE; {lift['units']} problems)"
+                f"lift {lift['lift']:.3f} (SE {lift['se']:.3f}, {in_se(lift)} SE; {lift['units']} problems)"
             )
     trained = report.get("trained_teacher")
     if trained and "lift" in trained:
         print(
             f"trained teacher ({trained['file']}, step {trained['step']}): with info {trained['with_info']:.3f}, no "
-            f"info {trained['no_info']:.3f}, lift {trained['lift']:.3f} ({trained['lift_in_se']:.2f} SE)"
+            f"info {trained['no_info']:.3f}, lift {trained['lift']:.3f} ({in_se(trained)} SE)"
         )
     print(f"best template: {report['best']['template_file']}", flush=True)
 

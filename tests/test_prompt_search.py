@@ -370,3 +370,13 @@ def test_the_reflection_reads_the_problems_infos_answers_grades_and_feedback(sea
         assert f"Problem: {scored.problems[record['problem_uid']]}\n" in prompt
         assert f"Grade: {record['grade']:.2f}. Feedback: {record['explanation']}" in prompt
         assert f"- {chain.problems[0].prompt}\n" in prompt
+
+
+def test_the_eval_lift_is_eval_lifts_own_figure():
+    import eval_lift
+
+    lift = ps.lift_record(0.932, 0.531, 32)
+    assert lift["lift_in_se"] == eval_lift.lift_in_se(0.932, 0.531, 32)
+    assert lift["se"] == pytest.approx(0.401 / lift["lift_in_se"])
+    assert lift["interval_95"] == pytest.approx([0.401 - 1.96 * lift["se"], 0.401 + 1.96 * lift["se"]])
+    assert ps.lift_record(0.0, 0.0, 2)["lift_in_se"] is None  # no spread at all: no figure, not infinity
