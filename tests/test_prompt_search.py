@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import prompt_search as ps  # noqa: E402
+import prompt_search_candidates as ps_candidates  # noqa: E402
+import prompt_search_reflection as ps_reflection  # noqa: E402
 
 from slime_meta.config.arguments import parse_config  # noqa: E402
 from slime_meta.prompt_templates import TeacherPromptTemplate, load_template  # noqa: E402
@@ -112,7 +114,7 @@ def searched(tiny_checkpoint, tmp_path_factory):
             report = await ps.search_on(run, opts, out)
             # A candidate's score against the same infos answered and graded again, request by request.
             pareto, _ = ps.split_draws(cfg, run.data, 1)
-            scored = await ps.score(run.rollout, run.pieces.teacher_template, pareto, 99, cfg.seed)
+            scored = await ps_candidates.score(run.rollout, run.pieces.teacher_template, pareto, 99, cfg.seed)
             per_chain = []
             for chain in scored.chains:
                 holdout = next(e.holdout for e in pareto if chain.problems in e.train_chunks_P)
@@ -122,9 +124,9 @@ def searched(tiny_checkpoint, tmp_path_factory):
                     grades += [letters(a.text) for a in answers]
                 per_chain.append(fmean(grades))
             # One reflection by the tiny model itself, through its pool.
-            instruction, scaffold = ps.split_template(run.pieces.teacher_template.text)
-            seed = ps.Candidate(0, "seed", instruction, run.pieces.teacher_template)
-            proposal = await ps.propose(
+            instruction, scaffold = ps_candidates.split_template(run.pieces.teacher_template.text)
+            seed = ps_candidates.Candidate(0, "seed", instruction, run.pieces.teacher_template)
+            proposal = await ps_reflection.propose(
                 seed,
                 scored,
                 ps.PoolReflector(run.rollout.teacher, 1.0, 24),
@@ -230,31 +232,34 @@ def test_the_reflection_of_the_tiny_model_gives_a_candidate_with_the_templates_s
 
 
 def test_the_instruction_is_the_text_before_the_paragraph_of_the_first_slot():
-    assert ps.split_template("Teach {{braces}}.\nMore.\n\nSee {problem}\n\n{attempts_and_grades}") == (
+    assert ps_candidates.split_template("Teach {{braces}}.\nMore.\n\nSee {problem}\n\n{attempts_and_grades}") == (
         "Teach {{braces}}.\nMore.",
         "See {problem}\n\n{attempts_and_grades}",
     )
-    assert ps.split_template("T{previous_info}#{attempts_and_grades}>") == (
+    assert ps_candidates.split_template("T{previous_info}#{attempts_and_grades}>") == (
         "",
         "T{previous_info}#{attempts_and_grades}>",
     )
-    assert ps.split_template("{problem}\n\n{attempts_and_grades}") == ("", "{problem}\n\n{attempts_and_grades}")
-    assert ps.join_template("", "{attempts_and_grades}") == "{attempts_and_grades}"
+    assert ps_candidates.split_template("{problem}\n\n{attempts_and_grades}") == (
+        "",
+        "{problem}\n\n{attempts_and_grades}",
+    )
+    assert ps_candidates.join_template("", "{attempts_and_grades}") == "{attempts_and_grades}"
 
 
 def test_a_reply_with_braces_becomes_literal_text_not_slots():
     seed = TeacherPromptTemplate()
-    instruction, scaffold = ps.split_template(seed.text)
+    instruction, scaffold = ps_candidates.split_template(seed.text)
     assert instruction.startswith("You are a teacher.") and scaffold.startswith("{problem}")
-    parent = ps.Candidate(0, "seed", instruction, seed)
-    evaluation = ps.Evaluation(score=0.0, per_prompt=[0.0], chains=[], attempts=0)
+    parent = ps_candidates.Candidate(0, "seed", instruction, seed)
+    evaluation = ps_candidates.Evaluation(score=0.0, per_prompt=[0.0], chains=[], attempts=0)
 
     async def reflect(prompts):
         assert "You are a teacher." in prompts[0]
         return "Here it is:\n```text\nState the rule in {problem} and {nonsense}; no {attempts_and_grades}.\n```"
 
     proposal = asyncio.run(
-        ps.propose(parent, evaluation, reflect, new_id=1, scaffold=scaffold, seed=seed, fits=lambda t: None)
+        ps_reflection.propose(parent, evaluation, reflect, new_id=1, scaffold=scaffold, seed=seed, fits=lambda t: None)
     )
     template = proposal.candidate.template
     template.check_required()
@@ -326,15 +331,15 @@ def test_the_reflection_can_be_asked_of_an_openai_compatible_endpoint():
         return "```\nTell the student the rubric's price.\n```"
 
     seed = TeacherPromptTemplate()
-    instruction, scaffold = ps.split_template(seed.text)
-    parent = ps.Candidate(0, "seed", instruction, seed)
-    evaluation = ps.Evaluation(score=0.0, per_prompt=[0.0], chains=[], attempts=0)
+    instruction, scaffold = ps_candidates.split_template(seed.text)
+    parent = ps_candidates.Candidate(0, "seed", instruction, seed)
+    evaluation = ps_candidates.Evaluation(score=0.0, per_prompt=[0.0], chains=[], attempts=0)
     with run_openai_server(reply_fn=reply) as (base_url, state):
         reflector = ps.APIReflector(base_url, "reflector-model", "NO_SUCH_KEY_VARIABLE", 0.7, 64, 10.0)
 
         async def ask():
             try:
-                return await ps.propose(
+                return await ps_reflection.propose(
                     parent, evaluation, reflector, new_id=1, scaffold=scaffold, seed=seed, fits=lambda t: None
                 )
             finally:
@@ -360,8 +365,8 @@ def test_the_plain_method_scores_each_hand_written_instruction_that_fits(searche
 
 def test_the_reflection_reads_the_problems_infos_answers_grades_and_feedback(searched):
     scored = searched["scored"]
-    prompt = ps.reflection_prompt("Teach the suffix.", scored, 2, 3, 400)
-    best, worst = ps.contrasting(scored.chains, 2)
+    prompt = ps_reflection.reflection_prompt("Teach the suffix.", scored, 2, 3, 400)
+    best, worst = ps_reflection.contrasting(scored.chains, 2)
     assert fmean(best.holdout_scores) >= fmean(worst.holdout_scores)
     assert prompt.index("Example 1: score") < prompt.index("Example 2: score") and "Example 3" not in prompt
     assert "```\nTeach the suffix.\n```" in prompt
