@@ -2,6 +2,10 @@
 
     python benchmarks/eval_lift.py benchmarks/results/efficacy_h100_qwen05b_price_lists_seed31.json ...
     python benchmarks/eval_lift.py --units 32 --step 40 FILE      # a given eval step (default: each file's last)
+    python benchmarks/eval_lift.py --eval-set price_lists_eval_new_shops FILE   # one set (default: every set)
+
+A results file holds one curve per eval set (`eval_curves`, by the set's name: the shop tasks' own
+eval set and the one of new shops); older files hold one (`eval_curve`). Each set is a row.
 
 The unit is one eval problem: an eval draws `--eval-num-batches` batches of the step's split, and only
 the holdout problems of each batch are graded with the teacher's info and without (run_real.sh on a GPU:
@@ -35,26 +39,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", nargs="+", type=Path, help="efficacy results JSONs (eval_curve inside)")
     parser.add_argument("--units", type=int, default=32, help="eval problems graded with and without info (32)")
     parser.add_argument("--step", type=int, default=None, help="the eval step to read (default: the last)")
+    parser.add_argument("--eval-set", default=None, help="one eval set by name (default: every set of each file)")
     args = parser.parse_args(argv)
     missing = [str(path) for path in args.results if not path.is_file()]
     if missing:
         parser.exit(2, f"eval_lift: {missing[0]} not found: give efficacy results JSONs (benchmarks/results/*.json)\n")
-    header = f"{'results':<60} {'step':>5} {'with':>6} {'without':>7} {'lift':>6}"
+    header = f"{'results':<60} {'eval set':<28} {'step':>5} {'with':>6} {'without':>7} {'lift':>6}"
     print(f"{header} {'SE units':>8} {'lift/SE':>7} {'gain last':>9}")
     for path in args.results:
         result = json.loads(path.read_text())
-        curve = result.get("eval_curve") or []
-        points = [p for p in curve if args.step is None or p["step"] == args.step]
-        if not points:
-            print(f"{path.name:<60} no eval at {'any step' if args.step is None else f'step {args.step}'}")
-            continue
-        point = points[-1]
-        se = lift_in_se(point["holdout"], point["no_info"], args.units)
-        print(
-            f"{path.name:<60} {point['step']:>5} {point['holdout']:>6.3f} {point['no_info']:>7.3f} "
-            f"{point['holdout'] - point['no_info']:>6.3f} {args.units:>8} {se:>7.2f} "
-            f"{result.get('normalised_gain_last_steps', float('nan')):>9.2f}"
-        )
+        curves = result.get("eval_curves") or {"eval_curve": result.get("eval_curve") or []}
+        if args.eval_set is not None:
+            curves = {args.eval_set: curves.get(args.eval_set, [])}
+        for eval_set, curve in curves.items():
+            points = [p for p in curve if args.step is None or p["step"] == args.step]
+            if not points:
+                when = "any step" if args.step is None else f"step {args.step}"
+                print(f"{path.name:<60} {eval_set:<28} no eval at {when}")
+                continue
+            point = points[-1]
+            se = lift_in_se(point["holdout"], point["no_info"], args.units)
+            print(
+                f"{path.name:<60} {eval_set:<28} {point['step']:>5} {point['holdout']:>6.3f} {point['no_info']:>7.3f} "
+                f"{point['holdout'] - point['no_info']:>6.3f} {args.units:>8} {se:>7.2f} "
+                f"{result.get('normalised_gain_last_steps', float('nan')):>9.2f}"
+            )
     return 0
 
 
