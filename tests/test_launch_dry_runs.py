@@ -15,32 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_slime_plan import value
 
 from slime_meta.backends.slime.argv import without
-from slime_meta.backends.slime.plan import PLUGINS, translate
+from slime_meta.backends.slime.plan import PLUGINS
 
 REPO = Path(__file__).resolve().parents[1]
-BASE = [
-    "--use-meta-learning",
-    "--prompt-data",
-    "data/math_word_problems.jsonl",
-    "--hf-checkpoint",
-    "/ckpt/teacher",
-    "--ref-load",
-    "/ckpt/teacher_torch_dist",
-]
-
-
-def value(argv, flag):
-    """The last value given to `flag` in `argv` (what argparse keeps)."""
-    values = [argv[i + 1] for i, token in enumerate(argv[:-1]) if token == flag]
-    return values[-1] if values else None
-
-
-def plan_of(*extra, run_dir=None, **kwargs):
-    return translate([*BASE, *extra, "--run-dir", str(run_dir or "/tmp/slime-meta-test-run")], **kwargs)
-
-
 SCRIPTS = {
     "launch_1node_2gpu.sh": {"training": 1, "teacher": 1, "student": None, "rollout": 1, "total": 2, "nodes": 1},
     "launch_1node_8gpu_shared.sh": {"training": 8, "teacher": 8, "student": None, "rollout": 8, "total": 8, "nodes": 1},
