@@ -32,9 +32,8 @@ from __future__ import annotations
 import random
 from typing import Collection, Sequence
 
-from slime_meta.data.tasks import writer
-from slime_meta.data.tasks.price_lists import MAX_DRAWS, Purchase, Shop, add_shop_flags, shop_table
-from slime_meta.data.tasks.word_problems import COLUMNS, Story, choose_families, interleaved_family_rows
+from slime_meta.data.tasks.price_lists import MAX_DRAWS, Purchase, Shop, shop_table, write_shop_task
+from slime_meta.data.tasks.word_problems import Story, choose_families, interleaved_family_rows
 from slime_meta.errors import UserInputError
 
 STATED_EVERY = 3  # the problem of index i states the price when i % STATED_EVERY == STATED_EVERY - 1
@@ -93,14 +92,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     description = (
         "Write the price-keys task: shop problems whose rubric is each one's answer key, never the shop's price."
     )
-    parser = writer.task_parser("price_keys", description)
-    add_shop_flags(parser)
-
-    def rows(args) -> list[dict]:  # inside write_task: a bad --disjoint-from file is one error line
-        avoid = writer.prompts_of(args.disjoint_from) if args.disjoint_from else set()
-        return generate_rows(args.n, args.seed, args.families, avoid, args.held_out_shops)
-
-    writer.write_task(parser, argv, rows, COLUMNS, "category")
+    write_shop_task("price_keys", description, generate_rows, argv)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Collection, Sequence
+from typing import Callable, Collection, Sequence
 
 from slime_meta.data.tasks import writer
 from slime_meta.data.tasks.word_problems import (
@@ -236,16 +236,21 @@ def add_shop_flags(parser) -> None:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    description = "Write the price-lists task: shop problems whose price only the rubric and the hint state."
-    parser = writer.task_parser("price_lists", description)
+def write_shop_task(name: str, description: str, generate: Callable[..., list[dict]], argv) -> None:
+    """The command line of a shop task (price lists, price keys): its flags, its rows, its file."""
+    parser = writer.task_parser(name, description)
     add_shop_flags(parser)
 
     def rows(args) -> list[dict]:  # inside write_task: a bad --disjoint-from file is one error line
         avoid = writer.prompts_of(args.disjoint_from) if args.disjoint_from else set()
-        return generate_rows(args.n, args.seed, args.families, avoid, args.held_out_shops)
+        return generate(args.n, args.seed, args.families, avoid, args.held_out_shops)
 
     writer.write_task(parser, argv, rows, COLUMNS, "category")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    description = "Write the price-lists task: shop problems whose price only the rubric and the hint state."
+    write_shop_task("price_lists", description, generate_rows, argv)
 
 
 if __name__ == "__main__":
