@@ -43,6 +43,7 @@ from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.fast_path.memory_budget import plan_for_device
 from slime_meta_engine.fast_path.prefill_graphs import DEFAULT_MAX_TOKENS
 from slime_meta_engine.fast_path.static.batch import build_fast_path
+from slime_meta_engine.launcher_watch import launcher_died, watch_launcher
 from slime_meta_engine.protocol import RouterHttp2ProbeFilter
 from slime_meta_engine.weights import release_cuda_ipc_buffers, remove_buffers
 
@@ -73,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--weight-buffer-prefix",
         default=None,
         help="accept same-host weight transfers (/dev/shm buffers named with this prefix, CUDA IPC); "
+        "the worker then stops, removing those buffers, when the process that started it is gone; "
         "default: refuse them",
     )
     parser.add_argument("--max-batch-size", type=int, default=64)
@@ -318,22 +320,6 @@ async def serve(context: WorkerContext, host: str, port: int, access_log: bool) 
     return received[0]
 
 
-def _launcher_died(parent_pid: int) -> bool:
-    """The process that started this worker is gone or going (not merely one of its threads).
-
-    The parent-death signal comes when the *thread* that started this worker exits; under SIGKILL
-    that can be the main thread while the others still run, so the parent id has not changed yet:
-    a main thread that has exited shows as a zombie.
-    """
-    if os.getppid() != parent_pid:
-        return True
-    try:
-        state = open(f"/proc/{parent_pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(
@@ -343,12 +329,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     logging.getLogger("aiohttp.server").addFilter(RouterHttp2ProbeFilter())
     parent_pid = os.getppid()
+    if args.weight_buffer_prefix:  # a launcher's worker: it goes when its launcher goes (launcher_watch.py)
+        watch_launcher(parent_pid, args.weight_buffer_prefix)
     context = build_context(args)
     path = context.engine.decode_path
     logger.info("loaded %s on %s (%s), decode path %s", args.model_path, context.device, context.dtype, path)
     stopped_by = asyncio.run(serve(context, args.host, args.port, access_log=args.log_level == "debug"))
     release_cuda_ipc_buffers()
-    if args.weight_buffer_prefix and _launcher_died(parent_pid):
+    if args.weight_buffer_prefix and launcher_died(parent_pid):
         # The launching process died without cleaning up (SIGKILL): its weight buffers go with it.
         remove_buffers(args.weight_buffer_prefix)
     # Everything is closed by now. Tearing down an interpreter with torch loaded takes about a

@@ -184,7 +184,7 @@ def test_train_runs_with_each_mode_and_leave_no_buffer(mode, tiny_checkpoint, tm
     assert f"through {mode} (--weight-sync {mode})" in result.stdout
     written = sorted(p.name for p in (tmp_path / "run" / "weights").iterdir())
     assert written == (["v0000001"] if mode == "disk" else [])
-    assert set(buffers_named("slime-meta-weights-")) == before
+    assert set(buffers_named("slime-meta-weights-")) - before == set()  # a new run may remove orphans of earlier ones
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGKILL])

@@ -51,9 +51,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import re
-import secrets
 import signal
 import sys
 import threading
@@ -71,6 +69,8 @@ from slime_meta.backends.local.workers.processes import (
     _die_with_parent_hook,
     _Pool,
     _Stopping,
+    remove_orphaned_buffers,
+    weight_buffer_prefix,
 )
 from slime_meta.backends.local.workers.supervisor import _Supervision
 from slime_meta.backends.local.workers.weight_sync import ServedWeights, WeightUpdate, disk_update
@@ -164,7 +164,8 @@ class LocalProcessGroup(_Supervision, _ChildProcesses):
         self._child_setup = _die_with_parent_hook()
         # Same-host weight buffers (/dev/shm) of this group are named with this prefix; its workers
         # accept no other, and stop() removes every file that has it.
-        self.weight_buffer_prefix = f"slime-meta-weights-{os.getpid()}-{secrets.token_hex(4)}"
+        self.weight_buffer_prefix = weight_buffer_prefix()
+        remove_orphaned_buffers()
         # Guards the pools' state between the caller's threads and the supervisor; held only for
         # a spawn, a termination or a weight load: never while a process starts or the router is called.
         self._lock = threading.RLock()

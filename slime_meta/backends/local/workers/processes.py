@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slime_meta.backends.local.workers.local_http import http_ok
+from slime_meta_engine.weights import SHARED_MEMORY_DIR
 
 if TYPE_CHECKING:
     from slime_meta.backends.local.workers.weight_sync import ServedWeights
@@ -100,6 +102,47 @@ def _die_with_parent_hook() -> Callable[[], None] | None:
             os._exit(1)
 
     return set_parent_death_signal
+
+
+WEIGHT_BUFFER_NAME_START = "slime-meta-weights-"  # then the launcher's pid, "-", a random tag
+
+
+def weight_buffer_prefix() -> str:
+    """The name every same-host weight buffer of a new launcher starts with; its workers accept no other."""
+    return f"{WEIGHT_BUFFER_NAME_START}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def remove_orphaned_buffers(directory: str = SHARED_MEMORY_DIR) -> list[str]:
+    """Remove the weight buffers of launchers that are no longer running; returns their names.
+
+    A launcher and its workers killed together (the OOM killer, `kill -9` to the process group)
+    leave their buffer in /dev/shm, where it holds the model's size in memory until reboot. The
+    next launcher on the host removes it. A buffer whose pid is alive, or that belongs to another
+    user, is kept.
+    """
+    removed = []
+    for path in Path(directory).glob(WEIGHT_BUFFER_NAME_START + "*"):
+        pid_text = path.name[len(WEIGHT_BUFFER_NAME_START) :].split("-", 1)[0]
+        if not pid_text.isdigit() or _process_exists(int(pid_text)):
+            continue
+        try:
+            path.unlink()
+            removed.append(path.name)
+        except OSError:  # another user's, or removed meanwhile
+            pass
+    if removed:
+        logger.info("removed %d weight buffer(s) of launchers no longer running: %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def _log_tail(path: Path) -> str:
