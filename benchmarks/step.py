@@ -58,11 +58,9 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -70,240 +68,23 @@ from statistics import fmean
 from typing import Any, Sequence
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
+from gpu_memory_sampler import GpuMemorySampler  # noqa: E402
 from step_floor import DEFAULT_PEAK_TFLOPS, default_bandwidth_tbs, phase_breakdown, physical_floor  # noqa: E402
+from step_report import TARGETS, lower_bound, print_table, read_json, verdicts  # noqa: E402
 from step_requests import prefix_sharing, replay, step_requests  # noqa: E402
+from step_shapes import (  # noqa: E402
+    REAL_CPU_STEP,
+    REAL_GPU_STEP,
+    REAL_SHAPES,
+    SHAPES,
+    STEP_KEYS,
+    SYNTHETIC_STEP,
+    build_model_dir,
+    make_rows,
+    padded_char_tokenizer,
+)
 
 from slime_meta.artifacts.tracking import jsonl_lines  # noqa: E402
-
-TARGETS = {
-    "peak_gpu_gib_0.5b": 24.0,
-    "peak_gpu_gib_1.5b": 60.0,
-    "step_s_0.5b": 6.0,
-    "step_s_1.5b": 9.0,
-    "weight_push_share": 0.05,
-    "step_vs_bound": 1.5,
-    "step_vs_floor_real": 3.0,  # the real models' step within 3x of its physical floor
-}
-COMMON = dict(
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    hidden_act="silu",
-    use_sliding_window=False,
-)
-SHAPES = {
-    "0.5b": dict(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        **COMMON,
-    ),
-    "1.5b": dict(
-        vocab_size=151936,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        **COMMON,
-    ),
-    "tiny": dict(
-        vocab_size=1024,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        **dict(COMMON, max_position_embeddings=8192),
-    ),
-}
-# The real models and run_real.sh's settings for them (see the module docstring).
-REAL_SHAPES = {
-    "smollm2": dict(
-        model="smollm2-135m",
-        data="data/easy_word_problems.jsonl",
-        teacher_tokens=128,
-        student_tokens=192,
-        lr="1e-5",
-        flags=(),
-    ),
-    "qwen0.5b": dict(
-        model="qwen2.5-coder-0.5b",
-        data="data/house_rules.jsonl",
-        teacher_tokens=192,
-        student_tokens=320,
-        lr="3e-6",
-        flags=("--n-holdout-samples", "2"),
-    ),
-}
-# run_real.sh's step on a GPU and on the CPU: rollout batch, holdout, k, G, K, m.
-REAL_GPU_STEP = dict(rollout_batch_size=24, heldout_ipb=16, k=2, g=8, inner_iterations=2, m=2)
-REAL_CPU_STEP = dict(rollout_batch_size=6, heldout_ipb=4, k=1, g=4, inner_iterations=1, m=2)
-SYNTHETIC_STEP = dict(rollout_batch_size=8, heldout_ipb=4, k=2, g=8, inner_iterations=2, m=2)
-STEP_KEYS = tuple(SYNTHETIC_STEP)
-TRAINER_MEMORY_SHAPE = {"0.5b": "0.5B", "1.5b": "1.5B", "tiny": "tiny"}  # the shape names trainer_memory.py writes
-WORDS = (
-    "the farmer market basket apples crate river boat morning evening price coins bag sold bought each "
-    "between friends shared travelled miles garden rows seeds planted baker loaves oven hour workers "
-    "factory boxes shelf library books pages class students teacher bus trip tickets"
-).split()
-
-
-# ----------------------------------------------------------------------------- model, tokenizer, data
-
-
-def make_rows(count: int, chars: int, seed: int) -> list[dict[str, Any]]:
-    """Word problems of about `chars` characters: a long story with two numbers, then the question."""
-    rng = random.Random(seed)
-    rows = []
-    for i in range(count):
-        a, b = rng.randint(10, 999), rng.randint(10, 999)
-        story = []
-        while sum(len(s) + 1 for s in story) < chars - 120:
-            story.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))).capitalize() + ".")
-        middle = len(story) // 2
-        story.insert(middle, f"In the first part there were {a} items.")
-        story.append(f"Later {b} more items arrived.")
-        rows.append(
-            {
-                "prompt": " ".join(story) + " How many items were there in total?",
-                "label": str(a + b),
-                "rubric": f"Full credit: final answer {a + b}; {a} + {b}.",
-                "topic": f"topic{i % 8}",
-            }
-        )
-    return rows
-
-
-def padded_char_tokenizer(texts: Sequence[str], vocab_size: int):
-    """The project's character tokenizer, its vocabulary filled up to `vocab_size` with one token per
-    further Unicode character, so every id the random model samples decodes to one character that
-    encodes back to that id: a 64-token reply is 64 characters, and 64 tokens in the next prompt."""
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    from slime_meta.models.tiny.tokenizer import train_char_tokenizer
-
-    base = train_char_tokenizer(texts)
-    backend = base.backend_tokenizer
-    vocab = dict(backend.get_vocab(with_added_tokens=False))
-    codepoint = 0x100
-    while len(vocab) < vocab_size:
-        character = chr(codepoint)
-        if not 0xD800 <= codepoint <= 0xDFFF and codepoint & 0xFFFE != 0xFFFE and character not in vocab:
-            vocab[character] = len(vocab)  # not a surrogate, not a noncharacter, not there yet
-        codepoint += 1
-    padded = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=base.unk_token, byte_fallback=True))
-    padded.add_special_tokens([base.bos_token, base.eos_token, base.pad_token, base.unk_token])
-    padded.decoder, padded.post_processor = backend.decoder, backend.post_processor
-    return PreTrainedTokenizerFast(
-        tokenizer_object=padded,
-        bos_token=base.bos_token,
-        eos_token=base.eos_token,
-        pad_token=base.pad_token,
-        unk_token=base.unk_token,
-        model_max_length=10**9,
-    )
-
-
-def build_model_dir(shape: dict, tokenizer, out: Path, device: str) -> Path:
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    ids = dict(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
-    torch.manual_seed(0)
-    with torch.device(device):  # random init on the GPU: seconds
-        model = AutoModelForCausalLM.from_config(Qwen2Config(**shape, **ids))
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model.to(dtype).save_pretrained(out)
-    del model
-    tokenizer.save_pretrained(out)
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return out
-
-
-# ----------------------------------------------------------------------------- GPU memory
-
-
-class GpuMemorySampler(threading.Thread):
-    """Samples `nvidia-smi` (each GPU's total and each process's use) until stopped; keeps the peaks.
-
-    Only the GPUs this run sees count (CUDA_VISIBLE_DEVICES by index, else all): on a machine of
-    several GPUs other jobs may hold the rest. `peak_device_gib` is the run's first GPU (the
-    trainer's), `peak_by_gpu_gib` every one of its GPUs."""
-
-    def __init__(self, interval_s: float):
-        super().__init__(daemon=True)
-        self.interval_s, self.stopped = interval_s, threading.Event()
-        self.peak_by_gpu_mib, self.peak_by_pid_mib, self.samples, self.available = {}, {}, 0, True
-        self.gpu_of_pid: dict[str, str] = {}
-        self.started, self.first_seen_s = time.perf_counter(), {}  # when each pid first held memory
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        self.visible = [v.strip() for v in visible.split(",")] if visible.replace(",", "").isdigit() else None
-
-    def _query(self, query: str) -> list[list[str]]:
-        out = subprocess.run(
-            ["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10
-        ).stdout
-        return [[field.strip() for field in line.split(",")] for line in out.splitlines() if line.strip()]
-
-    def run(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                gpus = self._query("--query-gpu=index,uuid,memory.used")
-                apps = self._query("--query-compute-apps=pid,gpu_uuid,used_memory")
-            except (OSError, subprocess.TimeoutExpired):
-                self.available = False
-                return
-            index_of_uuid = {uuid: index for index, uuid, _ in gpus}
-            for index, _, used in gpus:
-                if self.visible is None or index in self.visible:
-                    self.peak_by_gpu_mib[index] = max(self.peak_by_gpu_mib.get(index, 0.0), float(used))
-            for pid, uuid, used in apps:
-                index = index_of_uuid.get(uuid, "?")
-                if used.isdigit() and (self.visible is None or index in self.visible):
-                    key = f"{pid}@{index}"  # a process may hold memory on several GPUs
-                    self.peak_by_pid_mib[key] = max(self.peak_by_pid_mib.get(key, 0.0), float(used))
-                    self.first_seen_s.setdefault(key, time.perf_counter() - self.started)
-            self.samples += 1
-            self.stopped.wait(self.interval_s)
-
-    def report(self, trainer_pid: int) -> dict[str, Any]:
-        if not self.available or not self.samples:
-            return {"available": False}
-        processes = {}
-        for key, mib in self.peak_by_pid_mib.items():
-            pid, _, gpu = key.partition("@")
-            try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                command = "(exited or outside this pid namespace)"
-            role = "trainer (train.py)" if pid == str(trainer_pid) else ("worker" if "serving" in command else "other")
-            # Outside this pid namespace (a container) the roles are unknown; the worker starts
-            # before train.py builds its trainer, so the order of first appearance tells them apart.
-            processes[key] = {
-                "role": role,
-                "gpu": gpu,
-                "peak_gib": mib / 1024,
-                "first_seen_s": round(self.first_seen_s[key], 1),
-            }
-        first_gpu = self.visible[0] if self.visible else min(self.peak_by_gpu_mib, key=int, default=None)
-        return {
-            "available": True,
-            "samples": self.samples,
-            "peak_device_gib": self.peak_by_gpu_mib.get(first_gpu, 0.0) / 1024,
-            "peak_by_gpu_gib": {gpu: mib / 1024 for gpu, mib in sorted(self.peak_by_gpu_mib.items())},
-            "processes": processes,
-            "peak_sum_of_processes_gib": sum(p["peak_gib"] for p in processes.values()),
-        }
-
 
 # ----------------------------------------------------------------------------- one run
 
@@ -530,7 +311,7 @@ def run_shape(name: str, args: argparse.Namespace, device: str, work: Path, resu
 
 def trainer_plan(run_dir: Path, log: Path) -> dict[str, Any]:
     """The trainer's memory settings the run used (its saved config) and its start line on a GPU."""
-    config = _read_json(str(run_dir / "config.json")) or {}
+    config = read_json(str(run_dir / "config.json")) or {}
     keys = ("max_tokens_per_gpu", "recompute_granularity", "compile_layers", "use_dynamic_batch_size")
     plan = {key: config.get("train", {}).get(key) for key in keys}
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
@@ -538,219 +319,10 @@ def trainer_plan(run_dir: Path, log: Path) -> dict[str, Any]:
     return plan
 
 
-def lower_bound(name: str, args: argparse.Namespace, result: dict) -> dict[str, Any]:
-    """bound = generated tokens / served tokens/s + trained tokens / trainer tokens/s (see the docstring);
-    `bound_with_prefill_s` adds the step's measured prefill time (the served figure's 128-token
-    prompts leave most of this step's prefill work out; one worker does prefill and decode in turn)."""
-    per, rp = result["per_step"], result["replay"]
-    out: dict[str, Any] = {"formula": "generated tokens / served tokens/s + trained tokens / trainer tokens/s"}
-    out["served_tokens_per_s"] = rp["served_tokens_per_s"]
-    gen = _read_json(args.generation_json)
-    if gen and gen.get("model") == "qwen0.5b" and name == "0.5b":  # the same shape's figure, for comparison
-        out["served_tokens_per_s_generation_json"] = gen["served"]["concurrent"]["tokens_per_s"]
-    memory = _read_json(args.trainer_json)
-    # The trainer benchmark's row at the loop's own setting (recomputed layers or kept activations).
-    recompute = result.get("trainer_plan", {}).get("recompute_granularity", "full") == "full"
-    setting = "dynamic_tokens_recompute" if recompute else "dynamic_tokens"
-    row = next(
-        (
-            r
-            for r in (memory or {}).get("rows", [])
-            if r["shape"] == TRAINER_MEMORY_SHAPE.get(name) and r["setting"] == setting and not r.get("oom")
-        ),
-        None,
-    )
-    if row:
-        out["trainer_tokens_per_s"] = memory["batch"] * memory["seq"] / row["step_s"]
-        machine = memory.get("machine")  # trainer_memory.py writes a string, the other benchmarks a dict
-        gpu = machine.get("gpu", "?") if isinstance(machine, dict) else machine
-        out["trainer_source"] = f"{args.trainer_json}: {row['shape']} {setting}, {gpu}"
-        out["train_s"] = per["train/tokens"] / out["trainer_tokens_per_s"]
-        out["trainer_json_max_tokens_per_gpu"] = memory.get("max_tokens_per_gpu")
-        out["loop_train_vs_trainer_json"] = (
-            per["perf/train_time"] / out["train_s"]
-        )  # the loop's train part, same tokens
-    else:
-        out["trainer_source"] = "no trainer JSON row for this shape: this run's own train/step_time"
-        out["train_s"] = per["train/step_time"]
-    out["generation_s"] = per["generated_tokens"] / rp["served_tokens_per_s"]
-    out["bound_s"] = out["generation_s"] + out["train_s"]
-    out["bound_with_prefill_s"] = out["bound_s"] + rp["prefill_only_s"]
-    out["step_vs_bound"] = per["perf/step_time"] / out["bound_s"]
-    out["step_vs_bound_with_prefill"] = per["perf/step_time"] / out["bound_with_prefill_s"]
-    return out
-
-
 def _jsonl(path: Path) -> list[dict]:
     """The records of a JSON-lines file; a last line cut off by a stopped run is left out."""
     lines = jsonl_lines(path.read_text(encoding="utf-8")) if path.exists() else []
     return [json.loads(line) for line in lines if line.endswith("}")]
-
-
-def _read_json(path: str | None) -> dict | None:
-    return json.loads(Path(path).read_text()) if path and Path(path).exists() else None
-
-
-# ----------------------------------------------------------------------------- report
-
-
-def verdicts(result: dict) -> dict[str, Any]:
-    if not {"per_step", "replay", "bound"} <= set(result):
-        return {"ran": False}
-    per, mem, bound = result["per_step"], result["gpu_memory"], result["bound"]
-    prefill_s = result["replay"]["prefill_only_s"]
-    saving = prefill_s / per["perf/step_time"] * result["prefix"]["repeated_share"]
-    out = {
-        "weight_push_share": per["perf/weight_push_time"] / per["perf/step_time"],
-        "prefill_share_of_step": prefill_s / per["perf/step_time"],
-        "prefill_share_of_rollout": prefill_s / per["meta_learning/inner_loop_time"],
-        "prefix_cache_max_saving_share_of_step": saving,
-        "prefix_cache_pays": saving >= 0.05,
-        "meets": {
-            "weight_push_share": per["perf/weight_push_time"] / per["perf/step_time"] <= TARGETS["weight_push_share"],
-            "step_vs_bound": bound["step_vs_bound"] <= TARGETS["step_vs_bound"],
-        },
-    }
-    target = TARGETS.get(f"peak_gpu_gib_{result['shape']}")
-    if mem.get("available") and target:
-        out["meets"]["peak_gpu_gib"] = mem["peak_device_gib"] <= target
-    if result["shape"] in REAL_SHAPES and result.get("floor", {}).get("step_vs_floor"):
-        out["meets"]["step_vs_floor"] = result["floor"]["step_vs_floor"] <= TARGETS["step_vs_floor_real"]
-    if f"step_s_{result['shape']}" in TARGETS:
-        out["meets"]["step_s"] = per["perf/step_time"] <= TARGETS[f"step_s_{result['shape']}"]
-    return out
-
-
-def print_table(report: dict) -> None:
-    rows, notes = [], []
-    for r in report["shapes"]:
-        v = r["verdicts"]
-        if not v.get("meets"):
-            why = "see error" if r.get("error") else f"rc {r.get('returncode')}"
-            rows.append([r["shape"], f"failed: {why}"] + [None] * 12)
-            continue
-        p, b, m, pre = r["per_step"], r["bound"], r["gpu_memory"], r["prefix"]
-        rows.append(
-            [
-                r["shape"],
-                p["perf/step_time"],
-                p["perf/rollout_wait_time"],
-                p["perf/train_time"],
-                p["perf/weight_push_time"],
-                p["generated_tokens"],
-                pre["prefilled_tokens"],
-                p["train/tokens"],
-                m.get("peak_device_gib"),
-                r.get("floor", {}).get("floor_s"),
-                b["bound_s"],
-                b["step_vs_bound"],
-                v["weight_push_share"],
-                pre["repeated_share"],
-            ]
-        )
-        procs = ", ".join(f"{p['role']} {p['peak_gib']:.1f}" for p in m.get("processes", {}).values()) or "-"
-        pays = "pays" if v["prefix_cache_pays"] else "does not pay"
-        notes.append(
-            f"{r['shape']}: per process peak GiB: {procs}; prefill {r['replay']['prefill_only_s']:.2f}s = "
-            f"{v['prefill_share_of_step']:.1%} of a step; a prefix cache would save at most "
-            f"{v['prefix_cache_max_saving_share_of_step']:.1%} of a step ({pays}); meets: "
-            + ", ".join(f"{k}={'yes' if ok else 'NO'}" for k, ok in v["meets"].items())
-        )
-    print(
-        C.table(
-            rows,
-            [
-                "shape",
-                "step s",
-                "rollout s",
-                "train s",
-                "push s",
-                "gen tok",
-                "prefill tok",
-                "train tok",
-                "peak GiB",
-                "floor s",
-                "bound s",
-                "step/bound",
-                "push share",
-                "prefix repeat",
-            ],
-        )
-    )
-    print_phases(report)
-    print("\n".join(notes))
-
-
-def print_phases(report: dict) -> None:
-    """The step by phase (seconds, means over the measured steps): the rollout's dependent phases
-    (the step's prefills replayed apart, inside them), the trainer's parts, the push, idle, and
-    what ran at once (rollouts ahead of training)."""
-    shapes = [r for r in report["shapes"] if r.get("phases")]
-    if not shapes:
-        return
-    rollout_names = list(dict.fromkeys(n for r in shapes for n in r["phases"]["rollout_phases"]))
-    rows = []
-    for r in shapes:
-        ph, floor = r["phases"], r["floor"]
-        rows.append(
-            [
-                r["shape"],
-                floor["floor_s"],
-                r["bound"]["bound_s"],
-                ph["step"],
-                ph["prefill_replayed_s"],
-                *[ph["rollout_phases"].get(n) for n in rollout_names],
-                ph["trainer"]["forward_backward"],
-                ph["trainer"]["reference_forward"],
-                ph["trainer"]["optimizer"],
-                ph["push"],
-                ph["idle"],
-                ph.get("overlapped", 0.0),
-            ]
-        )
-    print(
-        C.table(
-            rows,
-            [
-                "shape",
-                "floor s",
-                "bound s",
-                "step s",
-                "(prefill)",
-                *rollout_names,
-                "fwd+bwd",
-                "ref fwd",
-                "optimizer",
-                "push",
-                "idle",
-                "overlapped",
-            ],
-        )
-    )
-    for r in shapes:
-        f = r["floor"]
-        print(
-            f"{r['shape']}: floor {f['floor_s']:.2f}s = train {f['train_s']:.2f} ({f['train_passes']} passes) + "
-            f"prefill {f['prefill_s']:.2f} + decode {f['decode_s']:.3f} ({f['decode_steps']} steps) at "
-            f"{f['peak_tflops']:g} TFLOP/s, {f['bandwidth_tbs']:g} TB/s; step / floor {f['step_vs_floor']:.1f}; "
-            f"trainer: {r.get('trainer_plan', {}).get('line') or r.get('trainer_plan')}"
-        )
-        per = r["per_step"]
-        for pool in sorted({k.split("/")[1].rsplit("_busy_share")[0] for k in per if k.endswith("_busy_share")}):
-            seconds = {
-                kind: per.get(f"worker/{pool}_{kind}_time", 0.0)
-                for kind in ("prefill", "fast_decode", "dynamic_decode", "idle")
-            }
-            decode_steps = per.get(f"worker/{pool}_decode_steps", 0)
-            rows_per_step = per.get(f"worker/{pool}_tokens_generated", 0) / max(decode_steps, 1)
-            print(
-                f"{r['shape']}: {pool} worker per step: "
-                + ", ".join(f"{k} {v:.2f}s" for k, v in seconds.items())
-                + f" (busy {per[f'worker/{pool}_busy_share']:.0%} of the step; the rollout waited"
-                f" {per['perf/rollout_wait_time']:.2f}s); {decode_steps:.0f} decode"
-                f" steps of {rows_per_step:.1f}"
-                f" rows, {per.get(f'worker/{pool}_prefill_batches', 0):.0f} prefills"
-            )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from step import GpuMemorySampler  # noqa: E402
+from gpu_memory_sampler import GpuMemorySampler  # noqa: E402
 
 GPUS = [["0", "GPU-a", "20000"], ["1", "GPU-b", "9000"], ["2", "GPU-c", "70000"], ["3", "GPU-d", "70000"]]
 APPS = [["100", "GPU-a", "16000"], ["200", "GPU-b", "8500"], ["300", "GPU-c", "69000"], ["100", "GPU-b", "500"]]
