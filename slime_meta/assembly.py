@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 
 from slime_meta.config.arguments import MetaConfig, settings_from
 from slime_meta.config.objectives import read_context
-from slime_meta.data.batch_split import BatchPlan, plan_batch
+from slime_meta.data.batch_split import BatchPlan, batch_plan  # noqa: F401 (batch_plan re-exported)
 from slime_meta.grading.graders import (
     DEFAULT_GRADER_MODEL,
     OpenAIGrader,
@@ -63,18 +63,6 @@ def without_word_cache(tokenizer) -> bool:
         return False
     model._resize_cache(0)  # no new entries: tokenizers >= 0.20 checks the capacity before inserting
     return True
-
-
-def batch_plan(cfg: MetaConfig) -> BatchPlan:
-    """The sizes one step draws (problems, train, holdout, teacher prompts) from the config's flags."""
-    m = cfg.meta
-    return plan_batch(
-        rollout_batch_size=m.rollout_batch_size,
-        train_ratio=m.inner_loop_train_ratio,
-        heldout_ipb=m.heldout_ipb,
-        problems_per_prompt=m.n_problems_per_prompt,
-        per_family=cfg.data.group_key is not None,
-    )
 
 
 # ----------------------------------------------------------------------------- roles and rollout

@@ -324,3 +324,15 @@ def test_split_script_dry_run_with_all_three_channels_and_replay(tmp_path):
         assert flag in result.stdout
     refused = run_script("launch_1node_8gpu_shared.sh", tmp_path, *replay)  # no frozen pool of the start weights
     assert refused.returncode == 2 and "a frozen pool of the start weights" in refused.stderr
+
+
+def test_a_dry_run_loads_neither_torch_nor_transformers(tmp_path):
+    # A dry run plans on a login node or a laptop in about a second: importing torch and
+    # transformers alone takes 3-5 s there, and nothing in a plan needs them.
+    result = run_script("launch_1node_2gpu.sh", tmp_path, PYTHONPROFILEIMPORTTIME="1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = {
+        line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "slime_meta.backends.slime.dry_run" in imported
+    assert not {"torch", "transformers"} & imported

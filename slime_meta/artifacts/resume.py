@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from slime_meta.artifacts.train_state import POINTER, latest_checkpoint_dir
+from slime_meta.artifacts.checkpoint_pointer import POINTER, latest_checkpoint_dir
 from slime_meta.config.arguments import MetaConfig
 from slime_meta.config.command_line import rewrite_flag_values
 

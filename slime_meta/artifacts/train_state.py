@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-POINTER = "latest_checkpointed_iteration.txt"
+from slime_meta.artifacts.checkpoint_pointer import POINTER, latest_checkpoint_dir  # noqa: F401 (re-exported)
 
 
 def _fsync_tree(root: Path) -> None:
@@ -187,16 +187,6 @@ def _delete_unretained(save_dir: Path, latest: int, retain_interval: int) -> Non
             continue
         if step < latest and step % retain_interval and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
-
-
-def latest_checkpoint_dir(save_dir: Path) -> Path | None:
-    """The checkpoint `--load save_dir` would resume from (the pointer's iter_* directory, whole), or None."""
-    try:
-        iteration = int((save_dir / POINTER).read_text(encoding="utf-8", errors="replace").strip())
-    except (OSError, ValueError):
-        return None
-    root = save_dir / f"iter_{iteration:07d}"
-    return root if (root / "state.json").is_file() else None
 
 
 def load_checkpoint(load_dir: Path) -> LoadedCheckpoint:

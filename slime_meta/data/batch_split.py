@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from slime_meta.errors import UserInputError
+
+if TYPE_CHECKING:
+    from slime_meta.config.arguments import MetaConfig
 
 
 @dataclass(frozen=True)
@@ -151,4 +155,16 @@ def plan_batch(
     raise UserInputError(
         f"--rollout-batch-size {n} with {split_flag} and --n-problems-per-prompt {k} gives "
         f"{train} train + {holdout} holdout problems: {problem}; {hint}"
+    )
+
+
+def batch_plan(cfg: MetaConfig) -> BatchPlan:
+    """The sizes one step draws (problems, train, holdout, teacher prompts) from the config's flags."""
+    m = cfg.meta
+    return plan_batch(
+        rollout_batch_size=m.rollout_batch_size,
+        train_ratio=m.inner_loop_train_ratio,
+        heldout_ipb=m.heldout_ipb,
+        problems_per_prompt=m.n_problems_per_prompt,
+        per_family=cfg.data.group_key is not None,
     )

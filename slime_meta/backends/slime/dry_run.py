@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import shlex
 
-from slime_meta.assembly import batch_plan
 from slime_meta.backends.slime.gpus import STUDENT_MODEL
 from slime_meta.backends.slime.plan import LaunchPlan
 from slime_meta.config.arguments import MetaConfig
+from slime_meta.data.batch_split import batch_plan
 from slime_meta.grading.graders import default_grader_kind
 
 

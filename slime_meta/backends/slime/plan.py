@@ -16,13 +16,13 @@ from typing import Sequence
 import yaml
 
 from slime_meta.artifacts.model_files import resolve_checkpoint_argv
-from slime_meta.assembly import batch_plan
 from slime_meta.backends.slime.argv import absolute_paths, given, without, without_slime_defaults
 from slime_meta.backends.slime.data import check_eval_sets_disjoint
 from slime_meta.backends.slime.flags import add_slime_backend_arguments
 from slime_meta.backends.slime.gpus import SLIME_DEFAULT_GPUS_PER_NODE, GpuLayout, plan_gpus
 from slime_meta.backends.slime.samples import DEFAULT_SDPO_TOPK
 from slime_meta.config.arguments import MetaConfig, add_meta_learning_arguments, build_config
+from slime_meta.data.batch_split import batch_plan
 from slime_meta.errors import UserInputError
 
 PLUGINS = {

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slime_meta.backends.local.workers.local_http import http_ok
-from slime_meta_engine.weights import SHARED_MEMORY_DIR
 
 if TYPE_CHECKING:
     from slime_meta.backends.local.workers.weight_sync import ServedWeights
@@ -112,13 +111,14 @@ def weight_buffer_prefix() -> str:
     return f"{WEIGHT_BUFFER_NAME_START}{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def remove_orphaned_buffers(directory: str = SHARED_MEMORY_DIR) -> list[str]:
+def remove_orphaned_buffers(directory: str = "/dev/shm") -> list[str]:
     """Remove the weight buffers of launchers that are no longer running; returns their names.
 
     A launcher and its workers killed together (the OOM killer, `kill -9` to the process group)
     leave their buffer in /dev/shm, where it holds the model's size in memory until reboot. The
     next launcher on the host removes it. A buffer whose pid is alive, or that belongs to another
-    user, is kept.
+    user, is kept. `directory` is slime_meta_engine.weights.SHARED_MEMORY_DIR, not imported from
+    there: train.py imports this module, and that one loads torch.
     """
     removed = []
     for path in Path(directory).glob(WEIGHT_BUFFER_NAME_START + "*"):
