@@ -56,108 +56,19 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Sequence
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
-from generation_roofline import decode_roofline
+from generation_inputs import build_model_dir, check_prompts, prompts  # noqa: E402
+from generation_roofline import decode_roofline  # noqa: E402
+from generation_served import served, worker_engines  # noqa: E402
 
-CHAT_QUESTIONS = (
-    "Explain in two sentences why the sky is blue.",
-    "Write a haiku about autumn leaves.",
-    "What is the capital of France, and what is it famous for?",
-    "Ana has 3 marbles and gets 5 more. How many marbles does she have now?",
-    "Give three tips for learning a new language.",
-    "Describe how a bicycle works to a child.",
-    "A train travels 60 km in 1.5 hours. What is its average speed?",
-    "Name two planets of the solar system and one fact about each.",
-)
 TARGETS = {"cpu_vs_inprocess_batched": 0.8, "gpu_vs_inprocess_batched": 3.0, "gpu_vs_one_at_a_time": 4.0}
 NEAR_TIE_LOGIT_STDS = 0.1
 LOGPROB_MEAN_ABS_TOLERANCE = 1e-2
 LOGPROB_FLOOR_FACTOR = 2.0  # the floor is measured on other sampled tokens: room for that
-
-QWEN25_05B = dict(
-    vocab_size=151936,
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    hidden_act="silu",
-    use_sliding_window=False,
-)
-
-
-def wordlevel_tokenizer(vocab_size: int):
-    """A tokenizer with exactly `vocab_size` ids (w0 w1 ...), so any sampled id decodes."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<s>", "</s>", "<unk>"]
-    vocab = {tok: i for i, tok in enumerate(specials)}
-    vocab.update({f"w{i}": i for i in range(len(specials), vocab_size)})
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.decoder = decoders.WordPiece(prefix="##")  # joins tokens with spaces
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        model_max_length=10**9,
-    )
-
-
-def build_model_dir(kind: str, out: Path, dtype: torch.dtype) -> Path:
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
-    if kind == "qwen0.5b":
-        config = Qwen2Config(**QWEN25_05B, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    else:
-        from slime_meta.models.tiny.tokenizer import MODEL_SHAPE
-
-        shape = dict(MODEL_SHAPE, max_position_embeddings=1024)  # 128 + 128 tokens fit with room
-        config = LlamaConfig(vocab_size=512, bos_token_id=1, eos_token_id=2, pad_token_id=0, **shape)
-    torch.manual_seed(0)
-    with torch.device("cuda" if kind == "qwen0.5b" and torch.cuda.is_available() else "cpu"):
-        model = AutoModelForCausalLM.from_config(config).to(dtype)  # random init on the GPU: seconds
-    model.generation_config.pad_token_id = 0
-    model.save_pretrained(out)
-    del model
-    wordlevel_tokenizer(config.vocab_size).save_pretrained(out)
-    return out
-
-
-def prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(4, vocab, (count, length), generator=g).tolist()
-
-
-def check_prompts(args: argparse.Namespace, model_dir: Path, vocab: int) -> list[list[int]]:
-    """The greedy and log-prob check's prompts: chat-template questions for a real checkpoint (through
-    its own tokenizer), else the first random prompts of the timed batch."""
-    if not args.model_path:
-        return prompts(args.concurrency, args.prompt_len, vocab, seed=1)[: args.check_prompts]
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    questions = [CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)] for i in range(args.check_prompts)]
-    return [
-        list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": q}], add_generation_prompt=True, return_dict=True
-            )["input_ids"]
-        )
-        for q in questions
-    ]
 
 
 # ----------------------------------------------------------------------------- in-process
@@ -261,129 +172,6 @@ def in_process(
         "variants": variants,
         "greedy_reference": greedy,
     }
-
-
-# ----------------------------------------------------------------------------- served
-
-
-async def timed_batch(pool, prompts_: list[list[int]], sampling: dict) -> tuple[float, list[int]]:
-    t0 = time.perf_counter()
-    results = await asyncio.gather(*[pool.generate(input_ids=p, sampling_params=sampling) for p in prompts_])
-    return time.perf_counter() - t0, [len(r.output_ids) for r in results]
-
-
-ENGINE_TIME_KEYS = ("prefill_s", "fast_decode_s", "dynamic_decode_s", "idle_s", "prefill_batches", "decode_steps")
-
-
-def engine_totals(worker_urls: Sequence[str]) -> dict[str, float]:
-    """The workers' engine counters summed (seconds by phase, prefill batches, decode steps). A
-    blocking HTTP call: made only between timed phases, with nothing in flight."""
-    engines = worker_engines(worker_urls)
-    return {key: sum(float(engine.get(key, 0)) for engine in engines) for key in ENGINE_TIME_KEYS}
-
-
-def engine_split(before: dict[str, float], after: dict[str, float], wall_s: float, workers: int) -> dict[str, float]:
-    """Where a timed phase's wall time went inside the workers' engines: each counter's change,
-    and the share of the workers' wall time each phase took (idle: waiting for requests)."""
-    delta = {key: after[key] - before[key] for key in ENGINE_TIME_KEYS}
-    for key in ("prefill_s", "fast_decode_s", "dynamic_decode_s", "idle_s"):
-        delta[key.removesuffix("_s") + "_share"] = delta[key] / (wall_s * workers)
-    if delta["prefill_batches"]:
-        delta["prefill_ms_per_batch"] = 1e3 * delta["prefill_s"] / delta["prefill_batches"]
-    if delta["decode_steps"]:
-        delta["decode_us_per_step"] = 1e6 * (delta["fast_decode_s"] + delta["dynamic_decode_s"]) / delta["decode_steps"]
-    return delta
-
-
-async def served(
-    router_url: str,
-    args: argparse.Namespace,
-    vocab: int,
-    greedy_reference: list[list[int]],
-    check: list[list[int]],
-    worker_urls: Sequence[str],
-) -> dict:
-    from slime_meta.rollout.pools import SGLangPool
-
-    more = {}
-    for in_flight in args.also_concurrency:
-        more_pool = SGLangPool(name="bench", base_url=router_url, concurrency=in_flight, timeout_s=600)
-        batch = prompts(in_flight * 3, args.prompt_len, vocab, seed=2)
-        sampling = {
-            "max_new_tokens": args.new_tokens,
-            "temperature": 1.0,
-            "top_k": -1,
-            "top_p": 1.0,
-            "ignore_eos": True,
-        }
-        await timed_batch(more_pool, batch[:in_flight], dict(sampling, max_new_tokens=4))  # warm-up
-        before = engine_totals(worker_urls)
-        wall, lengths = await timed_batch(more_pool, batch, sampling)
-        split = engine_split(before, engine_totals(worker_urls), wall, len(worker_urls))
-        await more_pool.close()
-        more[str(in_flight)] = {
-            "tokens_per_s": sum(lengths) / wall,
-            "wall_s": wall,
-            "requests": len(batch),
-            "in_flight": in_flight,
-            "all_lengths_right": all(n == args.new_tokens for n in lengths),
-            "engine_split": split,
-        }
-    pool = SGLangPool(name="bench", base_url=router_url, concurrency=args.concurrency, timeout_s=600)
-    sampling = {"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_k": -1, "top_p": 1.0, "ignore_eos": True}
-    batch = prompts(max(args.requests, args.concurrency), args.prompt_len, vocab, seed=1)
-    # correctness: greedy through the served path equals in-process greedy (to EOS for a real checkpoint)
-    greedy_params = {"max_new_tokens": args.check_tokens, "temperature": 0.0, "ignore_eos": not args.model_path}
-    served_greedy = [(await pool.generate(input_ids=p, sampling_params=greedy_params)).output_ids for p in check]
-    matches = [sum(a == b for a, b in zip(s, r)) / max(1, len(r)) for s, r in zip(served_greedy, greedy_reference)]
-    # behaviour log-probs, checked later against a full forward
-    sampled = [await pool.generate(input_ids=p, sampling_params=sampling, return_logprob=True) for p in check]
-    await asyncio.gather(
-        *[pool.generate(input_ids=p, sampling_params=dict(sampling, max_new_tokens=4)) for p in batch[:8]]
-    )
-    before = engine_totals(worker_urls)
-    t0 = time.perf_counter()
-    results = await asyncio.gather(
-        *[pool.generate(input_ids=p, sampling_params=sampling) for p in batch[: args.requests]]
-    )
-    wall = time.perf_counter() - t0
-    split = engine_split(before, engine_totals(worker_urls), wall, len(worker_urls))
-    lengths = [len(r.output_ids) for r in results]
-    singles = []
-    for p in batch[: args.one_at_a_time]:
-        t1 = time.perf_counter()
-        r = await pool.generate(input_ids=p, sampling_params=sampling)
-        singles.append(time.perf_counter() - t1)
-        lengths.append(len(r.output_ids))
-    await pool.close()
-    return {
-        "concurrent": {
-            "tokens_per_s": sum(lengths[: args.requests]) / wall,
-            "wall_s": wall,
-            "requests": args.requests,
-            "in_flight": args.concurrency,
-            "engine_split": split,
-        },
-        "one_at_a_time": {"tokens_per_s": args.new_tokens / statistics.median(singles), "request_s": singles},
-        "more_in_flight": more,
-        "all_lengths_right": all(n == args.new_tokens for n in lengths)
-        and all(m["all_lengths_right"] for m in more.values()),
-        "greedy_token_match": matches,
-        "greedy_served": [list(ids) for ids in served_greedy],
-        "sampled_check": [
-            {"prompt": p, "output_ids": list(c.output_ids), "output_logprobs": list(c.output_logprobs)}
-            for p, c in zip(check, sampled)
-        ],
-    }
-
-
-def worker_engines(worker_urls: Sequence[str]) -> list[dict]:
-    """Each worker's decode path and counters, from its /get_server_info."""
-    engines = []
-    for url in worker_urls:
-        with urllib.request.urlopen(f"{url}/get_server_info", timeout=30) as response:
-            engines.append(json.loads(response.read())["engine"])
-    return engines
 
 
 def full_forward_logprobs(model, prompt: list[int], output_ids: list[int], device: torch.device) -> torch.Tensor:

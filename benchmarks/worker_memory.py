@@ -32,7 +32,7 @@ import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from generation import build_model_dir, prompts  # noqa: E402
+from generation_inputs import build_model_dir, prompts  # noqa: E402
 
 from slime_meta_engine.protocol import GenerationSpec, SamplingParams  # noqa: E402
 from slime_meta_engine.rows import GenerationJob  # noqa: E402
