@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_slime_plan import value
+from helpers_slime_plan import value
 
 from slime_meta.backends.slime.argv import without
 from slime_meta.backends.slime.plan import PLUGINS
