@@ -37,9 +37,12 @@ def launcher_died(parent_pid: int) -> bool:
     if os.getppid() != parent_pid:
         return True
     try:
-        state = open(f"/proc/{parent_pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{parent_pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:  # no such process, where /proc lists processes (macOS has no /proc)
+        return os.path.isdir("/proc/self")
     except (OSError, IndexError):
-        return True
+        return False  # unreadable: the parent id, checked above, is what counts
     return state in ("Z", "X")
 
 

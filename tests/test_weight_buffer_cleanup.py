@@ -16,7 +16,7 @@ from slime_meta.backends.local.workers.processes import (
     remove_orphaned_buffers,
     weight_buffer_prefix,
 )
-from slime_meta_engine.launcher_watch import watch_launcher
+from slime_meta_engine.launcher_watch import launcher_died, watch_launcher
 from slime_meta_engine.weights import SHARED_MEMORY_DIR
 
 
@@ -81,3 +81,12 @@ def test_launcher_died_reads_a_parent_whose_main_thread_has_exited_as_gone():
     root = str(Path(__file__).resolve().parents[1])
     result = subprocess.run([sys.executable, "-c", code, root], capture_output=True, text=True, timeout=60)
     assert result.stdout.split() == ["False", "True"], result.stdout + result.stderr
+
+
+def test_without_proc_only_the_parent_id_counts(monkeypatch):
+    # macOS has no /proc: a running launcher must not read as gone there (its workers would stop).
+    gone, real_isdir = dead_pid(), os.path.isdir
+    monkeypatch.setattr(os.path, "isdir", lambda path: False if path == "/proc/self" else real_isdir(path))
+    monkeypatch.setattr("builtins.open", lambda *args, **kwargs: (_ for _ in ()).throw(FileNotFoundError(args[0])))
+    assert launcher_died(os.getppid()) is False
+    assert launcher_died(gone) is True  # not our parent's id
