@@ -27,19 +27,26 @@ def dead_pid() -> int:
 
 
 def test_a_new_launcher_removes_the_buffers_of_launchers_no_longer_running(tmp_path):
-    gone = Path(SHARED_MEMORY_DIR) / f"{WEIGHT_BUFFER_NAME_START}{dead_pid()}-0badc0de-weights"
-    ours = Path(SHARED_MEMORY_DIR) / f"{weight_buffer_prefix()}-weights"
-    unparsable = Path(SHARED_MEMORY_DIR) / f"{WEIGHT_BUFFER_NAME_START}x{os.getpid()}-weights"
-    for path in (gone, ours, unparsable):
+    ours = weight_buffer_prefix()  # slime-meta-weights-PID-NAMESPACE-TAG
+    pid, namespace = ours[len(WEIGHT_BUFFER_NAME_START) :].split("-")[:2]
+    dead = dead_pid()
+    shm = Path(SHARED_MEMORY_DIR)
+    gone = shm / f"{WEIGHT_BUFFER_NAME_START}{dead}-{namespace}-0badc0de-weights"
+    running = shm / f"{ours}-weights"
+    other_container = shm / f"{WEIGHT_BUFFER_NAME_START}{dead}-ns1-0badc0de-weights"  # its pid means nothing here
+    unparsable = shm / f"{WEIGHT_BUFFER_NAME_START}x{dead}-{namespace}-weights"
+    kept = (running, other_container, unparsable)
+    for path in (gone, *kept):
         path.write_bytes(b"\0" * 64)
     try:
         with LocalProcessGroup(handle_sigterm=False):
             pass
         assert not gone.exists()
-        assert ours.exists() and unparsable.exists()  # a running launcher's, and one not named by a launcher
+        assert all(path.exists() for path in kept), [path.name for path in kept if not path.exists()]
         assert remove_orphaned_buffers() == []
+        assert pid == str(os.getpid())
     finally:
-        for path in (gone, ours, unparsable):
+        for path in (gone, *kept):
             path.unlink(missing_ok=True)
 
 

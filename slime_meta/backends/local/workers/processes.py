@@ -103,12 +103,20 @@ def _die_with_parent_hook() -> Callable[[], None] | None:
     return set_parent_death_signal
 
 
-WEIGHT_BUFFER_NAME_START = "slime-meta-weights-"  # then the launcher's pid, "-", a random tag
+WEIGHT_BUFFER_NAME_START = "slime-meta-weights-"  # then the launcher's pid, its pid namespace, a random tag
 
 
 def weight_buffer_prefix() -> str:
     """The name every same-host weight buffer of a new launcher starts with; its workers accept no other."""
-    return f"{WEIGHT_BUFFER_NAME_START}{os.getpid()}-{secrets.token_hex(4)}"
+    return f"{WEIGHT_BUFFER_NAME_START}{os.getpid()}-{_pid_namespace()}-{secrets.token_hex(4)}"
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (containers that share /dev/shm may each have their own)."""
+    try:
+        return f"ns{os.stat('/proc/self/ns/pid').st_ino:x}"
+    except OSError:  # no /proc (macOS): one namespace
+        return "ns0"
 
 
 def remove_orphaned_buffers(directory: str = "/dev/shm") -> list[str]:
@@ -116,14 +124,15 @@ def remove_orphaned_buffers(directory: str = "/dev/shm") -> list[str]:
 
     A launcher and its workers killed together (the OOM killer, `kill -9` to the process group)
     leave their buffer in /dev/shm, where it holds the model's size in memory until reboot. The
-    next launcher on the host removes it. A buffer whose pid is alive, or that belongs to another
-    user, is kept. `directory` is slime_meta_engine.weights.SHARED_MEMORY_DIR, not imported from
-    there: train.py imports this module, and that one loads torch.
+    next launcher on the host removes it. Kept: a buffer whose launcher is alive, one of another
+    pid namespace (a container sharing /dev/shm: its pids mean nothing here), one of another user,
+    one not named by `weight_buffer_prefix`. `directory` is slime_meta_engine.weights.SHARED_MEMORY_DIR,
+    not imported from there: train.py imports this module, and that one loads torch.
     """
-    removed = []
+    removed, namespace = [], _pid_namespace()
     for path in Path(directory).glob(WEIGHT_BUFFER_NAME_START + "*"):
-        pid_text = path.name[len(WEIGHT_BUFFER_NAME_START) :].split("-", 1)[0]
-        if not pid_text.isdigit() or _process_exists(int(pid_text)):
+        pid_text, _, rest = path.name[len(WEIGHT_BUFFER_NAME_START) :].partition("-")
+        if not pid_text.isdigit() or not rest.startswith(namespace + "-") or _process_exists(int(pid_text)):
             continue
         try:
             path.unlink()
