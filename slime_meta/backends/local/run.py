@@ -43,7 +43,40 @@ from slime_meta.rollout.meta_rollout import describe_batch
 
 
 def run(cfg: MetaConfig) -> Path:
-    return asyncio.run(_run(cfg))
+    """`asyncio.run(_run(cfg))`, except that a stop lets the run finish its cleanup.
+
+    A stop (SIGTERM's SystemExit, Ctrl-C's KeyboardInterrupt) is raised wherever the main thread
+    is: in one task, where it waits for that task's own cleanup and leaves the loop later, possibly
+    while asyncio.run is cancelling the other tasks. asyncio.run then closes the loop with the run's
+    task still suspended, and its cleanup (the eval not yet logged, the clients, the plot) runs at
+    garbage collection without a loop and fails. Here the tasks left are cancelled and driven to
+    their end whatever they raise; the stop itself is what the caller sees.
+    """
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(loop.create_task(_run(cfg)))
+    finally:
+        try:
+            _finish_tasks(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _finish_tasks(loop: asyncio.AbstractEventLoop, rounds: int = 5) -> None:
+    for _ in range(rounds):
+        pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        try:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        except (SystemExit, KeyboardInterrupt):
+            continue  # the stop, out of the task it was raised in: the others still finish
 
 
 async def _run(cfg: MetaConfig) -> Path:
