@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 import torch
+from model_shapes import QWEN25_05B
 
 CHAT_QUESTIONS = (
     "Explain in two sentences why the sky is blue.",
@@ -18,21 +19,6 @@ CHAT_QUESTIONS = (
     "Describe how a bicycle works to a child.",
     "A train travels 60 km in 1.5 hours. What is its average speed?",
     "Name two planets of the solar system and one fact about each.",
-)
-
-QWEN25_05B = dict(
-    vocab_size=151936,
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    hidden_act="silu",
-    use_sliding_window=False,
 )
 
 

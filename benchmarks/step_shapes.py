@@ -8,41 +8,18 @@ import random
 from pathlib import Path
 from typing import Any, Sequence
 
-COMMON = dict(
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    hidden_act="silu",
-    use_sliding_window=False,
-)
+from model_shapes import QWEN25_05B, QWEN25_15B, QWEN25_COMMON
+
 SHAPES = {
-    "0.5b": dict(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        **COMMON,
-    ),
-    "1.5b": dict(
-        vocab_size=151936,
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        **COMMON,
-    ),
+    "0.5b": QWEN25_05B,
+    "1.5b": QWEN25_15B,
     "tiny": dict(
-        vocab_size=1024,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        **dict(COMMON, max_position_embeddings=8192),
+        **dict(QWEN25_COMMON, vocab_size=1024, max_position_embeddings=8192),
     ),
 }
 # The real models and run_real.sh's settings for them (see the module docstring).

@@ -42,23 +42,10 @@ from typing import Any, Callable, Sequence
 
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 import torch
+from model_shapes import QWEN25_05B  # noqa: F401 (shared_prompts.py reads T.QWEN25_05B)
 
 TARGETS = {"mfu": 0.45, "memory_vs_plain": 0.6}
 OOM = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-QWEN25_05B = dict(
-    vocab_size=151936,
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
-    hidden_act="silu",
-    use_sliding_window=False,
-)
 TINY = dict(
     vocab_size=1024,
     hidden_size=64,
