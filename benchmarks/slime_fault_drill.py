@@ -75,19 +75,29 @@ def launch_processes() -> list[dict]:
     return [p for p in processes() if p["launch"] and p["pid"] != os.getpid()]
 
 
-def sglang_server_pids() -> list[int]:
-    """The SGLang server's processes: its schedulers and detokenizer, and the process that started them."""
-    everything = processes()
-    workers = [p for p in everything if p["cmdline"].startswith("sglang::")]
+def sglang_server_pids(everything: list[dict]) -> list[int]:
+    """The launch's SGLang server processes: its schedulers and detokenizer (titled `sglang::...`), and the
+    process that started them. Only processes that carry the launch's marker count, and never a router
+    (sglang_router titles itself `sglang::router` too): a local run on the same host has its own router,
+    whose parent is that run's train.py."""
+    ours = [p for p in everything if p["launch"]]
+    workers = [p for p in ours if p["cmdline"].startswith("sglang::") and not p["cmdline"].startswith("sglang::router")]
     parents = {p["ppid"] for p in workers}
-    return sorted({p["pid"] for p in workers} | {p["pid"] for p in everything if p["pid"] in parents})
+    return sorted({p["pid"] for p in workers} | {p["pid"] for p in ours if p["pid"] in parents})
 
 
 def launch_script_group(console: Path) -> int:
-    """The process group of the launch (device-side runs start it with setsid; its leader's pid)."""
+    """The process group of the launch (started with setsid: its leader's pid). The drill must run outside
+    it: it signals the whole group and then waits for the group to empty."""
     for p in processes():
         if "run_slime_2gpu.sh" in p["cmdline"] or "launch_1node_2gpu.sh" in p["cmdline"]:
-            return os.getpgid(p["pid"])
+            group = os.getpgid(p["pid"])
+            if group == os.getpgid(0):
+                raise SystemExit(
+                    f"error: the drill runs in the launch's own process group ({group}): start the launch "
+                    "or the drill with setsid, so that each has a group of its own"
+                )
+            return group
     raise SystemExit(f"error: no launch script running (console {console})")
 
 
@@ -118,7 +128,7 @@ def leftovers(settle_s: float) -> dict:
     left = launch_processes()
     return {
         "processes_left": [{"pid": p["pid"], "cmdline": p["cmdline"]} for p in left],
-        "sglang_processes_left": sglang_server_pids(),
+        "sglang_processes_left": sglang_server_pids(processes()),
         "gpu_memory_used_mib": gpu_memory_mib(),
     }
 
@@ -145,8 +155,9 @@ def main(argv=None) -> int:
     }
     if ns.drill == "kill-server":
         time.sleep(3)  # into the next step's rollout (the run is one step ahead: it is already sampling)
-        victims = sglang_server_pids()
-        result["killed"] = [p for p in processes() if p["pid"] in victims]
+        everything = processes()
+        victims = sglang_server_pids(everything)
+        result["killed"] = [p for p in everything if p["pid"] in victims]
         for pid in victims:
             try:
                 os.kill(pid, signal.SIGKILL)
