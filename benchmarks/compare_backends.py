@@ -5,8 +5,8 @@ Reads each run's metrics file (metrics.jsonl, or .jsonl.gz as kept in benchmarks
 split comes from its console log (Megatron's `perf` lines), the local backend's from its metrics.
 
   python benchmarks/compare_backends.py \\
-      --slime benchmarks/results/slime_2gpu_h200x2_qwen05b_price_lists_seed31_metrics.jsonl.gz \\
-      --slime-console benchmarks/results/slime_2gpu_h200x2_qwen05b_price_lists_seed31_console.log.gz \\
+      --slime benchmarks/results/slime_2gpu_h200x4_qwen05b_price_lists_seed31_metrics.jsonl.gz \\
+      --slime-console benchmarks/results/slime_2gpu_h200x4_qwen05b_price_lists_seed31_console.log.gz \\
       --local benchmarks/results/local_1gpu_h200_qwen05b_price_lists_seed31_metrics.jsonl.gz \\
       --out benchmarks/results/slime_vs_local_qwen05b_price_lists_seed31.json
 """
