@@ -89,6 +89,7 @@ def test_flags_slime_already_defines_are_skipped():
         (["--eval-prompt-data", "held"], "NAME PATH pairs"),
         (["--eval-prompt-data", "held", "/nonexistent/held.jsonl"], "--eval-prompt-data held /nonexistent/held.jsonl"),
         (["--eval-interval", "2"], "--eval-interval needs --eval-prompt-data"),
+        (["--num-rollout", "0"], "--num-rollout 0 evaluates only"),
     ],
 )
 def test_bad_flag_values_name_the_flag(extra, flag):

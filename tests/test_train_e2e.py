@@ -193,6 +193,25 @@ def test_separate_student_pool_is_started_and_used(tiny_checkpoint, tmp_path):
     assert processes_mentioning(str(run_dir)) == []
 
 
+def test_num_rollout_0_evaluates_a_teacher_with_another_student_and_trains_nothing(tiny_checkpoint, tmp_path):
+    # How a trained teacher's infos carry to a student it never trained with: its model as --hf-checkpoint,
+    # the other model as --student-checkpoint, --num-rollout 0 (slime's evaluation-only convention).
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join((ROOT / "data/synthetic_suffix.jsonl").read_text().splitlines(keepends=True)[:24]))
+    run_dir = tmp_path / "eval-only"
+    flags = ("--num-rollout", "0", "--student-checkpoint", str(tiny_checkpoint), "--eval-baseline")
+    flags += ("--context-key", "oracle_hint", "--eval-prompt-data", "held", str(held), "--eval-num-batches", "1")
+    result = run_train(synthetic_args(tiny_checkpoint, run_dir, *flags))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "evaluation only (--num-rollout 0)" in result.stdout
+    (record,) = read_jsonl(run_dir / "metrics.jsonl")
+    assert record["step"] == 0 and not any(key.startswith(("train/", "meta_learning/")) for key in record)
+    assert 0 <= record["eval/held/holdout_grade"] <= 1 and 0 <= record["eval/held/holdout_grade_no_info"] <= 1
+    assert record["eval/synthetic_suffix/baseline_problems"] > 0  # the baseline rides with the eval
+    assert not list((run_dir / "weights").glob("v*"))  # no step, no weights pushed
+    assert processes_mentioning(str(run_dir)) == []
+
+
 def test_openai_compatible_grader_with_faults_and_a_key_that_never_reaches_disk(tiny_checkpoint, tmp_path):
     """The grader as a real local OpenAI-compatible server that fails 20% of calls."""
     from openai_server import run_openai_server

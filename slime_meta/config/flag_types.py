@@ -17,6 +17,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     value = float(text)
     if not value > 0 or value == float("inf"):

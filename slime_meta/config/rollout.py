@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from slime_meta.config.flag_types import AddFlag, positive_int
+from slime_meta.config.flag_types import AddFlag, non_negative_int, positive_int
 
 ADDITIONAL_INFO_POSITIONS = ("prefix", "suffix", "system")
 HOLDOUT_ADVANTAGE_MODES = ("mean-then-normalize", "normalize-then-mean")
@@ -231,7 +231,14 @@ def add_data_flags(add: AddFlag) -> None:
         "(default: 3 train + 1 holdout); teacher prompts (GRPO groups) = train / --n-problems-per-prompt.",
     )
     add("--n-samples-per-prompt", type=positive_int, default=4, help="G: infos sampled per teacher prompt.")
-    add("--num-rollout", type=positive_int, default=3, help="Outer steps.")
+    add(
+        "--num-rollout",
+        type=non_negative_int,
+        default=3,
+        help="Outer steps. 0: evaluation only, as in slime: the evaluations before training (--eval-baseline, "
+        "--eval-prompt-data) and no training step; e.g. a trained teacher (its checkpoint's model as --hf-checkpoint) "
+        "graded with a student it never trained with (--student-checkpoint).",
+    )
     add("--rollout-shuffle", action="store_true", help="Shuffle the dataset (seeded) each epoch.")
     add(
         "--apply-chat-template",

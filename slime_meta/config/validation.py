@@ -98,6 +98,11 @@ def validate_eval_flags(ns: argparse.Namespace) -> None:
             )
     if ns.eval_interval is not None and not values:
         raise UserInputError("--eval-interval needs --eval-prompt-data NAME PATH (the fixed evaluation set)")
+    if getattr(ns, "num_rollout", 1) == 0 and not values and not getattr(ns, "eval_baseline", False):
+        raise UserInputError(
+            "--num-rollout 0 evaluates only, and nothing is asked to be evaluated: give --eval-prompt-data NAME PATH "
+            "and/or --eval-baseline, or a number of steps >= 1"
+        )
 
 
 def validate_pool_flags(ns: argparse.Namespace) -> None:

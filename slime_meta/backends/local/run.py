@@ -129,6 +129,9 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
         # Fixed eval sets: before training (merged into step 0's record), every --eval-interval steps, at the end.
         evaluation = await evaluate(cfg, rollout, data.eval_sets, 0) if start_step == 0 and data.eval_sets else {}
         print_eval(0, evaluation)
+        if cfg.meta.num_rollout == 0:  # evaluation only: no step record to carry the baseline, so it goes with the eval
+            evaluation = {**baseline, **evaluation}
+            print("evaluation only (--num-rollout 0): no training step", flush=True)
         pipeline = RolloutPipeline(
             batch_producer(cfg, rollout, solver_builder, replayer, tokenizer),
             lambda: data.sampler.next_episodes(**data.draw_sizes),
