@@ -33,6 +33,10 @@ from slime_meta.errors import UserInputError
         ),
         (["--colocate", "--rollout-function-path", "my.rollout"], "--rollout-function-path is set by --backend slime"),
         (["--colocate", "--loss-type", "policy_loss"], "--loss-type policy_loss"),
+        (
+            ["--colocate", "--num-rollout", "0", "--eval-baseline"],
+            "--num-rollout 0 (evaluation only) runs on the local",
+        ),
         (["--colocate", "--advantage-estimator", "ppo"], "--advantage-estimator ppo"),
         (["--colocate", "--group-key", "topic"], "--heldout-ipb"),  # per family: the holdout must divide evenly
         (

@@ -160,6 +160,11 @@ def _unsupported(ns: argparse.Namespace, slime_ns: argparse.Namespace, argv: Seq
     for flag, value in ((f, getattr(slime_ns, f[2:].replace("-", "_"))) for f in PLUGINS):
         if value is not None:
             fail(f"{flag} is set by --backend slime (to {PLUGINS[flag]}); leave it out")
+    if getattr(ns, "num_rollout", 1) == 0:
+        fail(
+            "--num-rollout 0 (evaluation only) runs on the local backend; with --backend slime give a number of "
+            "steps >= 1 (or leave out --backend slime to evaluate)"
+        )
     if slime_ns.loss_type not in (None, "custom_loss"):
         fail(f"--loss-type {slime_ns.loss_type}: --backend slime trains with its own loss (custom_loss); leave it out")
     if slime_ns.calculate_per_token_loss:
