@@ -22,6 +22,9 @@
 #   FROZEN_STUDENT=1 bash scripts/run_real.sh             # the student a frozen copy of the start model
 #   MODEL_DIR=/path/to/hf/dir bash scripts/run_real.sh    # any local HF checkpoint (or a .gguf file)
 #   NUM_ROLLOUT=200 bash scripts/run_real.sh --lr 3e-6    # longer; any extra train.py flags at the end
+#   ENTRY=benchmarks/prompt_search.py FROZEN_STUDENT=1 NUM_ROLLOUT=40 bash scripts/run_real.sh
+#                                                         # no training: the best teacher prompt a search finds
+#                                                         # with these flags, for the student answers 40 RL steps spend
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -127,7 +130,7 @@ esac
 # of steps 100, 200, ... stay, each other one is deleted once a newer one is written.
 OUTPUT_ARGS=(--run-dir "$RUN_DIR" --save "$RUN_DIR/checkpoints" --save-interval 10 --save-retain-interval 100)
 
-$PY train.py "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${SAMPLING_ARGS[@]}" \
+$PY "${ENTRY:-train.py}" "${MODEL_ARGS[@]}" "${DATA_ARGS[@]}" "${META_ARGS[@]}" "${SAMPLING_ARGS[@]}" \
   "${GRADER_ARGS[@]}" "${TRAIN_ARGS[@]}" "${OUTPUT_ARGS[@]}" "$@"
 
 echo

@@ -145,7 +145,7 @@ def stand_in_python(tmp_path: Path) -> Path:
         'case "$1" in\n'
         "  -m) echo /placeholder/model ;;  # the model build or fetch: its directory is the last line\n"
         '  -c) exit "${STAND_IN_GPU:-1}" ;;  # run_real.sh asks whether torch sees a GPU (1: no)\n'
-        '  train.py) shift; printf "%s\\0" "$@" > "$STAND_IN_ARGV" ;;\n'
+        '  train.py|benchmarks/prompt_search.py) shift; printf "%s\\0" "$@" > "$STAND_IN_ARGV" ;;\n'
         "esac\n"
     )
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
