@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tests that run on a CUDA GPU, in one run: the engine's kernels, CUDA graphs, paged and static
-# caches, fused losses, weight sync over CUDA, the GPU split and packing. On a machine without a GPU
-# these same files run in scripts/test.sh, where their CUDA cases skip.
+# caches, fused losses, weight sync over CUDA, the GPU split and packing: every test file with a case
+# that needs CUDA (tests/test_gpu_selection.py checks the list). On a machine without a GPU these same
+# files run in scripts/test.sh, where their CUDA cases skip; the CPU-only files are left to it.
 #
 #   bash scripts/test_gpu.sh                      # on a machine with a CUDA GPU and this repo's deps
 #   CUDA_VISIBLE_DEVICES=1 bash scripts/test_gpu.sh -x --durations=60   # pytest arguments pass through
@@ -28,11 +29,20 @@ PYTHON=${PYTHON:-python3}
 GPU_TEST_FILES=(
   tests/test_losses_fused.py tests/test_prefill_graphs.py tests/test_fused_ops.py
   tests/test_paged_attention.py tests/test_sampling_kernel.py tests/test_qwen3_engine.py
-  tests/test_weight_sync_cuda.py tests/test_weight_sync_shared.py tests/test_gpu_split.py
+  tests/test_weight_sync_cuda.py tests/test_gpu_split.py tests/test_packing.py
   tests/test_worker_chunked_prefill.py tests/test_worker_static_decode.py tests/test_worker_paged_cache.py
-  tests/test_worker_memory_budget.py tests/test_packing.py tests/test_tiny_model.py
+  tests/test_worker_memory_budget.py
 )
 SELECTION=(-m "not slow")
 [ "${INTERPRETED:-0}" = 1 ] || SELECTION+=(-k "not interpreted")
+# Most of the time is worker start-up (model load, CUDA graph capture) and compilation, not GPU work:
+# with pytest-xdist the files run side by side on the one GPU, each file in one process (its module
+# fixtures start once). GPU_TEST_WORKERS=0 runs them one after another.
+PARALLEL=()
+if [ "${GPU_TEST_WORKERS:-4}" != 0 ] && "$PYTHON" -c "import xdist" 2>/dev/null; then
+  PARALLEL=(-n "${GPU_TEST_WORKERS:-4}" --dist loadfile)
+else
+  echo "[test-gpu] the files run one after another (pytest-xdist not installed, or GPU_TEST_WORKERS=0)" >&2
+fi
 "$PYTHON" -c "import torch; print('[test-gpu]', torch.__version__, torch.cuda.get_device_name(0))"
-exec "$PYTHON" -m pytest -q -p no:cacheprovider --durations=20 "${SELECTION[@]}" "${GPU_TEST_FILES[@]}" "$@"
+exec "$PYTHON" -m pytest -q -p no:cacheprovider --durations=20 "${SELECTION[@]}" "${PARALLEL[@]}" "${GPU_TEST_FILES[@]}" "$@"

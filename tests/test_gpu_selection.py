@@ -1,5 +1,5 @@
-"""scripts/test_gpu.sh runs every test file that uses a CUDA device, and what it leaves out (the
-Triton-interpreter cases) is checked on the GPU by a twin that runs the same kernels compiled."""
+"""scripts/test_gpu.sh runs every test file with a case that needs a CUDA device, and no other; what it
+leaves out (the Triton-interpreter cases) is checked on the GPU by a twin that runs the same kernels compiled."""
 
 from __future__ import annotations
 
@@ -35,13 +35,20 @@ def selected_files() -> set[str]:
     return {Path(word).name for word in block.split()}
 
 
-def test_every_test_file_that_uses_cuda_is_in_the_gpu_run():
-    uses_cuda = {
+# A file needs the GPU run when one of its cases depends on CUDA being there: it skips or branches on
+# torch.cuda.is_available(), or carries the `gpu` mark or the helpers' `needs_cuda` skip. A file that
+# merely names CUDA (a CPU test of `--weight-sync cuda-ipc`'s refusal, a cache key) is a CPU test and
+# stays in scripts/test.sh only.
+NEEDS_CUDA = re.compile(r"torch\.cuda\.is_available\(\)|pytest\.mark\.gpu\b|^@needs_cuda\b", re.M)
+
+
+def test_the_gpu_run_is_exactly_the_files_with_a_case_that_needs_cuda():
+    needs_cuda = {
         path.name
         for path in (ROOT / "tests").glob("test_*.py")
-        if path.name != Path(__file__).name and re.search(r"\bcuda\b", path.read_text())
+        if path.name != Path(__file__).name and NEEDS_CUDA.search(path.read_text())
     }
-    assert uses_cuda <= selected_files(), sorted(uses_cuda - selected_files())
+    assert needs_cuda == selected_files(), sorted(needs_cuda ^ selected_files())
     assert all((ROOT / "tests" / name).is_file() for name in selected_files())
 
 
