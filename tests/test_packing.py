@@ -238,7 +238,9 @@ def test_shared_prompt_rows_on_the_real_model(real_checkpoint):
     # reference log-probs through shared rows are compared below, and the KL term on the tiny model.
     settings = TrainerSettings(lr=1e-4, device="cpu", temperature=1.0, loss=LossSettings())
     pad = tokenizer.pad_token_id
-    compare_shared_and_separate(real_checkpoint, batch, settings, pad, rtol=2e-4, atol=2e-6)
+    # float32 on the CPU: the two layouts sum in different orders, and how much that moves a gradient
+    # element depends on the BLAS's threads (on a 16-core host one element of 576 moved 2.8e-6).
+    compare_shared_and_separate(real_checkpoint, batch, settings, pad, rtol=2e-4, atol=1e-5)
     trainer = LocalTrainer(str(real_checkpoint), settings, pad_token_id=pad)
     sequences = [
         PolicySequence(x.prompt_ids, x.response_ids, x.rollout_logprobs, (0.0,) * len(x.response_ids), 1.0)

@@ -39,7 +39,9 @@ from slime_meta.config.arguments import MetaConfig
 from slime_meta.config.command_line import rewrite_flag_values
 from slime_meta.errors import UserInputError
 
-CONVERSION_VERSION = 1  # bump when the recipe changes, so cached conversions are redone
+# Bump when the recipe changes: a cached conversion of an older version is redone on its next use.
+# 2: the tokenizer's EOS is the model's (transformers 5.12.1 read SmolLM2's GGUF EOS as <|im_start|>).
+CONVERSION_VERSION = 2
 MARKER = "conversion.json"  # written last: a directory that has it is complete
 # The checkpoint flags of every backend, as written on the command line.
 CHECKPOINT_FLAGS = ("--hf-checkpoint", "--student-checkpoint", "--grader-checkpoint")
@@ -77,7 +79,12 @@ def converted_dir(gguf_name: str, sha256: str, root: Path | None = None) -> Path
 
 
 def is_converted(directory: Path) -> bool:
-    return (directory / MARKER).is_file()
+    """A whole conversion by the current recipe (an older one is converted again)."""
+    try:
+        marker = json.loads((directory / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("conversion_version", 1) >= CONVERSION_VERSION
 
 
 # ----------------------------------------------------------------------------- resolving flags
@@ -178,6 +185,10 @@ def ensure_converted(
             **summary,
         }
         (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        if final.exists() and not is_converted(final):  # an older recipe's conversion: set aside, then removed
+            retired = final.with_name(f".{final.name}.retired-{os.getpid()}")
+            os.rename(final, retired)
+            shutil.rmtree(retired, ignore_errors=True)
         try:
             os.rename(staging, final)  # atomic: the directory appears whole or not at all
         except OSError:
@@ -211,6 +222,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, flag: str = "checkpoint") -> di
     plain.generation_config = copy.deepcopy(loaded.generation_config)
     with _no_progress_bars():
         plain.save_pretrained(out_dir, safe_serialization=True)
+    agree_on_eos(tokenizer, config.eos_token_id)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         # Some transformers versions read no pad token from a GGUF; every consumer pads with one, and
         # EOS is what the worker falls back to anyway: written once here, all readers agree.
@@ -221,6 +233,16 @@ def convert_gguf(gguf_path: Path, out_dir: Path, flag: str = "checkpoint") -> di
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "parameters": sum(p.numel() for p in plain.parameters()),
     }
+
+
+def agree_on_eos(tokenizer, eos_token_id) -> None:
+    """Give the tokenizer the model's EOS (the GGUF's `tokenizer.ggml.eos_token_id`, as the config holds
+    it) where its own reading differs: transformers 5.12.1 reads SmolLM2's as <|im_start|>, and every
+    reader that stops at `tokenizer.eos_token_id` (the workers, the tests' references) then runs on
+    past the end of each answer."""
+    first = eos_token_id[0] if isinstance(eos_token_id, (list, tuple)) and eos_token_id else eos_token_id
+    if isinstance(first, int) and tokenizer.eos_token_id != first:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(first)
 
 
 @contextlib.contextmanager
