@@ -31,6 +31,7 @@ time; on the bracket task never, so there the two figures nearly agree).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -230,6 +231,34 @@ def run_figures(records: list[dict], run_dir: Path, args: argparse.Namespace) ->
     }
 
 
+def _interrupt(signum: int, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def wait_for_run(process: subprocess.Popen, time_limit_s: float | None) -> int | None:
+    """The run's exit code, or None when `time_limit_s` stopped it (SIGTERM to its session).
+
+    The run has a session of its own, so that the time limit stops every process of it; the same
+    makes it deaf to a Ctrl-C or a SIGTERM meant for this script. Both are passed on, and this
+    script waits for the run to stop before it ends: a stopped benchmark leaves no run going."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        try:
+            return process.wait(timeout=time_limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait()
+            return None
+        except KeyboardInterrupt:
+            print("[efficacy] stopping the run (its checkpoint and metrics so far stay)", flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            process.wait()
+            raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     run_dir = Path(args.run_dir) if args.run_dir else out / f"efficacy-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -266,15 +295,11 @@ def run(args: argparse.Namespace) -> dict:
     # A time limit ends the run early (SIGTERM: its processes stop, the steps so far stay in
     # metrics.jsonl) and the figures are read from the steps it finished.
     process = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
-    try:
-        returncode = process.wait(timeout=args.time_limit_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGTERM)
-        returncode = process.wait()
+    returncode = wait_for_run(process, args.time_limit_s)
+    if returncode is None:
         print(f"[efficacy] stopped at the --time-limit-s of {args.time_limit_s:.0f} s", flush=True)
-    else:
-        if returncode != 0:
-            raise SystemExit(f"[efficacy] the run failed (exit code {returncode}); its output is above")
+    elif returncode != 0:
+        raise SystemExit(f"[efficacy] the run failed (exit code {returncode}); its output is above")
     wall = time.perf_counter() - started
     figures = run_figures(read_metrics(run_dir), run_dir, args)
     result = {

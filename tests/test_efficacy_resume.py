@@ -122,3 +122,61 @@ def test_every_eval_set_of_a_run_has_its_curve_the_task_s_own_also_as_eval_curve
         (0, 0.3, 0.2),
         (3, 0.3, 0.2),
     ]
+
+
+# ----------------------------------------------------------------------------- a stopped benchmark
+
+
+STOPPED_SCRIPT = """
+import subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import efficacy
+# The run's stand-in: a process group of its own, as train.py's would be, that writes its pid and waits.
+run = subprocess.Popen([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(120)"],
+                       stdout=subprocess.PIPE, text=True, start_new_session=True)
+print("run", run.stdout.readline().strip(), flush=True)
+efficacy.wait_for_run(run, 120)
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
+def test_a_stopped_benchmark_stops_its_run(tmp_path, how):
+    """The run has a session of its own (the time limit stops all of it); a SIGTERM or Ctrl-C to the
+    benchmark reaches it too, and the benchmark ends only once the run has."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    benchmark = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_SCRIPT, str(Path(efficacy.__file__).parent)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = benchmark.stdout.readline().split()
+    assert line[0] == "run", (line, benchmark.stderr.read())
+    run_pid = int(line[1])
+    os.kill(benchmark.pid, getattr(signal, how))
+    benchmark.wait(30)
+    assert "stopping the run" in benchmark.stdout.read()
+    assert benchmark.returncode != 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(run_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(run_pid, signal.SIGKILL)
+        pytest.fail("the run outlived the benchmark that started it")
+
+
+def test_a_run_past_its_time_limit_is_stopped_and_reported_as_such():
+    import subprocess
+
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    assert efficacy.wait_for_run(run, 0.5) is None and run.poll() is not None
+    quick = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], start_new_session=True)
+    assert efficacy.wait_for_run(quick, 30) == 3
