@@ -6,6 +6,8 @@
     python benchmarks/soak.py --steps 60 -- --max-async-level 1    # extra train.py flags after --
     # one GPU, the 0.5B real model: benchmarks/results/soak_gpu_real_200steps.json and .png
     MODEL=qwen2.5-coder-0.5b DATA=price_lists python benchmarks/soak.py --script real --steps 200
+    # an earlier results file's figures from another warm-up (the file is kept), its PNG redrawn
+    python benchmarks/soak.py --replot benchmarks/results/soak_gpu_real_200steps.json --warmup 101
 
 The run is `scripts/run_synthetic.sh` (what `scripts/demo.sh` runs: the tiny model, four teacher prompts
 x eight infos, a checkpoint every two steps), or with `--script real` `scripts/run_real.sh` (its
@@ -48,6 +50,7 @@ WINDOW = 5  # samples per median in `growth`
 PLOT_NAME = "holdout.png"
 STATUS_FIELDS = {"VmRSS": "rss_kib", "RssAnon": "anon_kib", "RssFile": "file_kib"}
 SCRIPTS = {"synthetic": "scripts/run_synthetic.sh", "real": "scripts/run_real.sh"}
+OTHERS = "other children"
 
 
 def memory_kib(pid: int) -> dict[str, int] | None:
@@ -312,6 +315,37 @@ def summarise_gpus(run: SoakRun, warmup: int) -> list[dict]:
     return out
 
 
+def plotted_series(samples: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The processes as the plot draws them: the trainer, each worker and router by name, and the
+    other children (the verifier's math processes, compile workers: dozens on a GPU host, most
+    short-lived) summed per step into one line, so that the legend stays readable."""
+    named = {name: s for name, s in samples.items() if not name.startswith("other:")}
+    others = [s for name, s in samples.items() if name.startswith("other:")]
+    by_step: dict[int, dict] = {}
+    for series in others:
+        for sample in series:
+            total = by_step.setdefault(sample["step"], {"step": sample["step"], "rss_kib": 0, "fds": 0, "count": 0})
+            total["rss_kib"] += sample["rss_kib"]
+            total["fds"] += sample["fds"]
+            total["count"] += 1
+    if by_step:
+        peak = max(total["rss_kib"] for total in by_step.values()) / 1024
+        named[f"{OTHERS} (sum of {len(others)}; peak {peak:,.0f} MiB)"] = [by_step[step] for step in sorted(by_step)]
+    return named
+
+
+def run_from_report(report: dict) -> SoakRun:
+    """A results file back as the run it describes, for `--replot`."""
+    return SoakRun(
+        steps=report["settings"]["steps"],
+        seconds=report["seconds"],
+        returncode=0,
+        samples=report["samples"],
+        gpus=report.get("gpu_samples", []),
+        plot_steps=report.get("plot_steps", []),
+    )
+
+
 def plot(run: SoakRun, warmup: int, out: Path, title: str) -> Path:
     import matplotlib
 
@@ -321,7 +355,7 @@ def plot(run: SoakRun, warmup: int, out: Path, title: str) -> Path:
     on_gpu = any("gpu_mib" in s for samples in run.samples.values() for s in samples)
     fig, axes = plt.subplots(1, 3 if on_gpu else 2, figsize=(21 if on_gpu else 14, 4.5))
     ax_rss, ax_fds = axes[0], axes[1]
-    for name, samples in sorted(run.samples.items()):
+    for name, samples in sorted(plotted_series(run.samples).items()):
         if len(samples) < 3:
             continue
         steps = [s["step"] for s in samples]
@@ -338,6 +372,12 @@ def plot(run: SoakRun, warmup: int, out: Path, title: str) -> Path:
         ax.axvline(run.warmup_end(warmup), color="grey", linestyle="--", label="end of warm-up")
         ax.set_xlabel("outer step")
     ax_rss.set(ylabel="resident memory (MiB)", title=f"Resident memory per process: {title}")
+    # The scale of the named processes: the other children's sum (compile workers at the start of a GPU
+    # run, gigabytes for a few steps) may run off the top; its peak is in the legend.
+    named = [samples for name, samples in run.samples.items() if not name.startswith("other:")]
+    named_peak = max((s["rss_kib"] / 1024 for samples in named for s in samples), default=None)
+    if named_peak:
+        ax_rss.set_ylim(0, 1.15 * named_peak)
     ax_fds.set(ylabel="open file descriptors", title="Open descriptors per process")
     for ax in axes:
         ax.legend(fontsize=8)
@@ -348,10 +388,44 @@ def plot(run: SoakRun, warmup: int, out: Path, title: str) -> Path:
     return out
 
 
+def print_figures(report: dict) -> None:
+    """The table of per-process figures (and the GPU lines) of a report."""
+    rows = [
+        [name, f["rss_mib_after_warmup"], f["rss_mib_end"], f["growth"], f["slope_mib_per_step"], f["noise_mib"]]
+        + [f"{f['fds_after_warmup']} -> {f['fds_end']:g}"]
+        for name, f in report["processes"].items()
+    ]
+    header = ["process", "RSS after warm-up", "RSS end", "growth", "MiB/step", "noise MiB", "descriptors"]
+    print(C.table(rows, header))
+    for name, f in report["processes"].items():
+        if "gpu_growth" in f:
+            print(
+                f"{name} GPU memory: {f['gpu_mib_after_warmup']} -> {f['gpu_mib_end']} MiB "
+                f"(growth {f['gpu_growth']}, {f['gpu_slope_mib_per_step']} MiB/step, noise {f['gpu_noise_mib']} MiB)"
+            )
+    for g in report["gpus"]:
+        print(f"GPU {g['gpu']} in use: {g['used_mib_after_warmup']} -> {g['used_mib_end']} MiB (growth {g['growth']})")
+
+
+def replot(path: Path, warmup: int | None) -> Path:
+    """An earlier results file's figures again, with another warm-up if given (the file is kept as it
+    is), and its PNG redrawn."""
+    report = json.loads(path.read_text())
+    run = run_from_report(report)
+    warmup = report["settings"]["warmup"] if warmup is None else warmup
+    report.update(processes=summarise(run, warmup), gpus=summarise_gpus(run, warmup))
+    print(f"soak: {path.name}, warm-up to step {run.warmup_end(warmup)}")
+    print_figures(report)
+    title = f"{report['settings']['steps']} steps, {report['machine']['cpu_count']} CPUs"
+    return plot(run, warmup, path.with_suffix(".png"), title)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50, help="outer steps of the run (NUM_ROLLOUT)")
-    parser.add_argument("--warmup", type=int, default=10, help="steps left out before the figures (at least)")
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="steps left out before the figures (at least; default 10)"
+    )
     parser.add_argument("--cpu-load", type=int, default=0, help="busy-loop processes beside the run")
     parser.add_argument(
         "--script",
@@ -366,8 +440,20 @@ def main(argv: list[str] | None = None) -> int:
         help="JSON path (default benchmarks/results/soak_<cpu|gpu>[_real]_<N>steps.json)",
     )
     parser.add_argument("--run-dir", type=Path, default=None, help="the run's directory (default: a temporary one)")
+    parser.add_argument(
+        "--replot",
+        type=Path,
+        default=None,
+        help="an earlier results JSON: its figures (with --warmup: from that step) and PNG again, no run",
+    )
     parser.add_argument("extra", nargs="*", help="extra train.py flags, after --")
     args = parser.parse_args(argv)
+    warmup_given, args.warmup = args.warmup, 10 if args.warmup is None else args.warmup
+    if args.replot is not None:
+        if not args.replot.is_file():
+            parser.exit(2, f"error: --replot {args.replot}: no such file\n")
+        print(f"wrote {replot(args.replot, warmup_given)}")
+        return 0
     device = "gpu" if gpu_memory_used() else "cpu"
     name = f"soak_{device}{'' if args.script == 'synthetic' else '_' + args.script}_{args.steps}steps.json"
     out = args.out or ROOT / "benchmarks" / "results" / name
@@ -400,25 +486,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     C.write_json(report, out)
     png = plot(run, args.warmup, out.with_suffix(".png"), f"{args.steps} steps, {report['machine']['cpu_count']} CPUs")
-    rows = [
-        [name, f["rss_mib_after_warmup"], f["rss_mib_end"], f["growth"], f["slope_mib_per_step"], f["noise_mib"]]
-        + [f"{f['fds_after_warmup']} -> {f['fds_end']:g}"]
-        for name, f in report["processes"].items()
-    ]
-    header = ["process", "RSS after warm-up", "RSS end", "growth", "MiB/step", "noise MiB", "descriptors"]
     print(
         f"soak: {args.steps} steps in {run.seconds:.0f} s (median step {report['median_step_s']} s), warm-up to step "
         f"{report['warmup_end_step']}"
     )
-    print(C.table(rows, header))
-    for name, f in report["processes"].items():
-        if "gpu_growth" in f:
-            print(
-                f"{name} GPU memory: {f['gpu_mib_after_warmup']} -> {f['gpu_mib_end']} MiB "
-                f"(growth {f['gpu_growth']}, {f['gpu_slope_mib_per_step']} MiB/step, noise {f['gpu_noise_mib']} MiB)"
-            )
-    for g in report["gpus"]:
-        print(f"GPU {g['gpu']} in use: {g['used_mib_after_warmup']} -> {g['used_mib_end']} MiB (growth {g['growth']})")
+    print_figures(report)
     print(f"wrote {out} and {png}")
     return 0
 

@@ -1,0 +1,77 @@
+"""benchmarks/soak.py's report from its samples: the figures after a warm-up, the plot's grouping of
+short-lived children, and a results file read back (`--replot`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks import soak  # noqa: E402
+
+
+def samples(steps: range, rss_mib, gpu_mib=None) -> list[dict]:
+    out = []
+    for step in steps:
+        sample = {"step": step, "rss_kib": int(rss_mib(step) * 1024), "fds": 10}
+        if gpu_mib is not None:
+            sample["gpu_mib"] = gpu_mib(step)
+        out.append(sample)
+    return out
+
+
+def a_run() -> soak.SoakRun:
+    """A trainer that steps up once at step 100 (a first checkpoint) and is flat on either side; a
+    worker that creeps 0.05 MiB a step; math children that live a few steps."""
+    steps = range(1, 202)
+    return soak.SoakRun(
+        steps=200,
+        seconds=600.0,
+        returncode=0,
+        samples={
+            "trainer": samples(steps, lambda s: 2000 + (20 if s > 100 else 0), lambda s: 16000),
+            "worker:1": samples(steps, lambda s: 1000 + 0.05 * s, lambda s: 7000 + (256 if s > 90 else 0)),
+            "other:7": samples(range(1, 12), lambda s: 500),
+            "other:8": samples(range(1, 12), lambda s: 400),
+        },
+        gpus=[{"step": s, "used_mib": [23000]} for s in steps],
+    )
+
+
+def test_the_figures_after_warm_up_see_a_creep_and_not_a_one_time_step():
+    run = a_run()
+    late = soak.summarise(run, 101)
+    assert abs(late["trainer"]["slope_mib_per_step"]) < 1e-6 and late["trainer"]["growth"] == 0
+    assert 0.045 < late["worker:1"]["slope_mib_per_step"] < 0.055
+    assert late["worker:1"]["gpu_growth"] == 0
+    early = soak.summarise(run, 10)  # the step at 100 lands inside the window: a slope, and GPU growth
+    assert early["trainer"]["slope_mib_per_step"] > 0.1 and early["worker:1"]["gpu_growth"] > 0
+    assert "other:7" not in early  # did not live through the run
+
+
+def test_the_plot_sums_the_other_children_into_one_line():
+    series = soak.plotted_series(a_run().samples)
+    assert set(series) == {"trainer", "worker:1", "other children (sum of 2; peak 900 MiB)"}
+    summed = series["other children (sum of 2; peak 900 MiB)"]
+    assert [s["step"] for s in summed] == list(range(1, 12)) and summed[0]["rss_kib"] == 900 * 1024
+
+
+def test_a_results_file_is_read_back_and_redrawn(tmp_path, capsys):
+    run = a_run()
+    report = {
+        "settings": {"steps": 200, "warmup": 10},
+        "machine": {"cpu_count": 16},
+        "seconds": run.seconds,
+        "plot_steps": [],
+        "samples": run.samples,
+        "gpu_samples": run.gpus,
+    }
+    path = tmp_path / "soak_gpu_real_200steps.json"
+    path.write_text(json.dumps(report))
+    assert soak.main(["--replot", str(path), "--warmup", "101"]) == 0
+    out = capsys.readouterr().out
+    assert "warm-up to step 101" in out and "worker:1 GPU memory: 7256 -> 7256 MiB" in out
+    assert path.with_suffix(".png").stat().st_size > 10_000
+    assert json.loads(path.read_text()) == report  # the results file itself is kept as it was
