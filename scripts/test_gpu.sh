@@ -41,6 +41,9 @@ SELECTION=(-m "not slow")
 PARALLEL=()
 if [ "${GPU_TEST_WORKERS:-4}" != 0 ] && "$PYTHON" -c "import xdist" 2>/dev/null; then
   PARALLEL=(-n "${GPU_TEST_WORKERS:-4}" --dist loadfile)
+  # The files' CPU cases (the real model's references, float32) share the cores: each process its part.
+  CORES=$(nproc 2>/dev/null || echo 4)
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( CORES / ${GPU_TEST_WORKERS:-4} > 0 ? CORES / ${GPU_TEST_WORKERS:-4} : 1 ))}
 else
   echo "[test-gpu] the files run one after another (pytest-xdist not installed, or GPU_TEST_WORKERS=0)" >&2
 fi
