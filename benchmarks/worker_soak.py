@@ -1,0 +1,168 @@
+"""One inference worker alone, round after round of what a run asks of it: its memory per round.
+
+Each round pushes the trainer's weights (as a run does after each step: shared memory on the CPU,
+CUDA IPC when trainer and worker share a GPU, `--weight-sync` to force one) and then sends one
+`/generate` call of sampled requests of varied lengths with log-probs. After every `--every` rounds
+the worker's resident memory and, on a GPU, its GPU memory (nvidia-smi) are read. It isolates what a
+worker keeps per round from the rest of a run (benchmarks/soak.py measures the whole run), and
+`--no-push` or `--no-requests` tells which of the two keeps it.
+
+    python benchmarks/worker_soak.py --rounds 400                      # the tiny model on the CPU
+    python benchmarks/worker_soak.py --rounds 400 --no-push            # requests only
+    python benchmarks/worker_soak.py --device cuda --model-dir DIR     # a real model on one GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import _common as C  # noqa: E402
+from soak import fitted_slope, gpu_memory_by_pid, memory_kib  # noqa: E402
+
+
+def worker_pid(url: str) -> int | None:
+    """The pid of the engine process serving `url` (its command line holds `--port PORT`)."""
+    port = url.rsplit(":", 1)[1]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"slime_meta_engine" in words and b"--port" in words and words[words.index(b"--port") + 1] == port.encode():
+            return int(entry.name)
+    return None
+
+
+def request_body(round_index: int, requests: int, vocab: int, new_tokens: int) -> dict:
+    """`requests` prompts of 20-60 tokens, different each round, sampled with log-probs."""
+    prompts = [
+        [3 + (7 * i + 13 * round_index + 5 * k) % (vocab - 3) for i in range(20 + (k * 11 + round_index) % 41)]
+        for k in range(requests)
+    ]
+    return {
+        "input_ids": prompts,
+        "sampling_params": {"temperature": 1.0, "max_new_tokens": new_tokens},
+        "return_logprob": True,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--every", type=int, default=5, help="rounds between two samples")
+    parser.add_argument("--warmup", type=int, default=50, help="rounds left out of the slope")
+    parser.add_argument("--requests", type=int, default=16, help="prompts per /generate call")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--model-dir", default=None, help="an HF checkpoint (default: the tests' tiny model)")
+    parser.add_argument("--weight-sync", choices=("auto", "disk", "shared-memory", "cuda-ipc"), default="auto")
+    parser.add_argument("--no-push", action="store_true", help="requests only")
+    parser.add_argument("--no-requests", action="store_true", help="weight pushes only")
+    parser.add_argument("--out", type=Path, default=None, help="results JSON (default: benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    if args.rounds <= args.warmup + 2 * args.every:
+        parser.error(f"--rounds {args.rounds}: give more than --warmup + 2 x --every ({args.warmup + 2 * args.every})")
+
+    from slime_meta.backends.local.training.settings import TrainerSettings
+    from slime_meta.backends.local.training.trainer import LocalTrainer
+    from slime_meta.backends.local.workers.launcher import LocalProcessGroup
+    from slime_meta.backends.local.workers.weight_sync import make_weight_sync, push_weights
+    from slime_meta.rollout.pools import post_json_sync
+
+    samples: list[dict] = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="worker-soak-") as tmp:
+        work = Path(tmp)
+        model_dir = args.model_dir
+        if model_dir is None:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from helpers_tiny import make_random_tiny_checkpoint
+
+            model_dir = str(make_random_tiny_checkpoint(work / "tiny"))
+        with LocalProcessGroup() as group:
+            pool = group.start_pool(
+                "teacher", model_dir, 1, device=args.device, weights_root=str(work / "w"), log_dir=str(work)
+            )
+            url = pool.worker_urls[0]
+            pid = worker_pid(url)
+            if pid is None:
+                raise SystemExit(f"error: no engine process found serving {url}")
+            trainer, sync = None, None
+            if not args.no_push:
+                trainer = LocalTrainer(model_dir, TrainerSettings(lr=1e-4, device=args.device))
+                sync = make_weight_sync(
+                    args.weight_sync, trainer, pool.worker_urls, work / "w", group.weight_buffer_prefix
+                )
+            vocab = trainer.model.config.vocab_size if trainer else 60
+            for round_index in range(args.rounds):
+                if trainer is not None:
+                    push_weights(trainer, list(pool.worker_urls), work / "w", round_index + 1, group, sync)
+                if not args.no_requests:
+                    post_json_sync(url + "/generate", request_body(round_index, args.requests, vocab, args.new_tokens))
+                if round_index % args.every == 0 or round_index == args.rounds - 1:
+                    memory = memory_kib(pid) or {}
+                    sample = {
+                        "round": round_index,
+                        "rss_kib": memory.get("rss_kib"),
+                        "anon_kib": memory.get("anon_kib"),
+                    }
+                    if args.device == "cuda":
+                        sample["gpu_mib"] = gpu_memory_by_pid().get(pid)
+                    samples.append(sample)
+            mode = sync.mode if sync is not None else None
+            if sync is not None:
+                sync.close()
+    measured = [s for s in samples if s["round"] >= args.warmup and s["rss_kib"] is not None]
+    slope, noise = fitted_slope([s["round"] for s in measured], [s["rss_kib"] for s in measured])
+    report = C.report_header(
+        "worker_soak",
+        {
+            "rounds": args.rounds,
+            "every": args.every,
+            "warmup": args.warmup,
+            "requests": 0 if args.no_requests else args.requests,
+            "new_tokens": args.new_tokens,
+            "device": args.device,
+            "model_dir": args.model_dir or "the tests' tiny model",
+            "weight_sync": None if args.no_push else mode,
+        },
+    )
+    report.update(
+        seconds=round(time.monotonic() - started, 1),
+        rss_mib_after_warmup=round(measured[0]["rss_kib"] / 1024, 1),
+        rss_mib_end=round(measured[-1]["rss_kib"] / 1024, 1),
+        slope_kib_per_round=round(slope * 1024, 2),
+        noise_mib=round(noise, 2),
+        samples=samples,
+    )
+    gpu = [s["gpu_mib"] for s in measured if s.get("gpu_mib") is not None]
+    if gpu:
+        report.update(gpu_mib_after_warmup=gpu[0], gpu_mib_end=gpu[-1], gpu_mib_max=max(gpu))
+    what = "+".join(x for x, off in (("push", args.no_push), ("requests", args.no_requests)) if not off)
+    name = f"worker_soak_{args.device}_{what}_{args.rounds}rounds.json"
+    out = args.out or ROOT / "benchmarks" / "results" / name
+    C.write_json(report, out)
+    print(
+        f"worker soak ({what}, {args.device}, weight sync {report['settings']['weight_sync']}): {args.rounds} rounds "
+        f"in {report['seconds']:.0f} s; RSS {report['rss_mib_after_warmup']} -> {report['rss_mib_end']} MiB after "
+        f"round {args.warmup}, {report['slope_kib_per_round']:+.2f} KiB a round (noise {report['noise_mib']} MiB)"
+        + (f"; GPU {report['gpu_mib_after_warmup']} -> {report['gpu_mib_end']} MiB" if gpu else "")
+    )
+    last_fifth = measured[-max(1, len(measured) // 5) :]
+    print(f"median RSS over the last fifth: {statistics.median(s['rss_kib'] for s in last_fifth) / 1024:.1f} MiB")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
