@@ -12,13 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_a_worker_round_after_round_reports_its_memory_and_slope(tmp_path):
     out = tmp_path / "worker_soak.json"
-    command = [sys.executable, "benchmarks/worker_soak.py", "--rounds", "24", "--every", "3", "--warmup", "6"]
+    command = [sys.executable, "benchmarks/worker_soak.py", "--rounds", "12", "--every", "3", "--warmup", "3"]
     result = subprocess.run([*command, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["settings"]["weight_sync"] == "shared-memory"  # a CPU trainer and a worker of its group
     rounds = [s["round"] for s in report["samples"]]
-    assert rounds == [0, 3, 6, 9, 12, 15, 18, 21, 23]
+    assert rounds == [0, 3, 6, 9, 11]
     assert all(s["rss_kib"] > 50_000 for s in report["samples"])  # a worker with torch loaded
     assert report["rss_mib_end"] > 0 and isinstance(report["slope_kib_per_round"], float)
     assert "KiB a round" in result.stdout and f"wrote {out}" in result.stdout
