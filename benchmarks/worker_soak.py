@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = [s["gpu_mib"] for s in measured if s.get("gpu_mib") is not None]
     if gpu:
         report.update(gpu_mib_after_warmup=gpu[0], gpu_mib_end=gpu[-1], gpu_mib_max=max(gpu))
-    what = "+".join(x for x, off in (("push", args.no_push), ("requests", args.no_requests)) if not off)
+    what = "_".join(x for x, off in (("push", args.no_push), ("requests", args.no_requests)) if not off)
     name = f"worker_soak_{args.device}_{what}_{args.rounds}rounds.json"
     out = args.out or ROOT / "benchmarks" / "results" / name
     C.write_json(report, out)
