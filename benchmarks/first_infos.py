@@ -2,6 +2,7 @@
 
     python benchmarks/first_infos.py --gguf FILE                                 # price keys, CPU
     python benchmarks/first_infos.py --model-dir DIR --device cuda --dtype bfloat16 --samples 16
+    python benchmarks/first_infos.py --reclassify benchmarks/results/first_infos_h200_qwen05b_price_keys.json
 
 On `data/price_keys.jsonl` each problem's rubric is its own answer key ("Answer key for 6 mugs at
 Kim's stall: full credit for 42 dollars, ...") and never the shop's price: a teacher must divide a
@@ -14,6 +15,10 @@ info reads:
 - `pastes_key`: it holds a key's number (the result of one of its own problems) and does not state
   the price: right for that problem only;
 - `other`: neither.
+
+Beside the class, `key_with_quantity`: the info names one of its problems' keys together with that
+problem's count in one sentence ("Answer key for 2 diaries ...: full credit for 10 dollars"), a
+worked example from which a student could divide out the price itself.
 
 Each family's first round is rendered as the loop renders it: its first `--k` problems that do not
 state the price (so the price must be inferred from their keys), the student's greedy no-info
@@ -69,6 +74,22 @@ def states_price(info: str, price: int) -> bool:
 
 def holds_number(info: str, number: int) -> bool:
     return re.search(whole(number), info) is not None
+
+
+def quantity_of(problem: Problem) -> int | None:
+    """How many items the problem's buyer takes: the first whole number of its prompt ("buys 6 mugs")."""
+    found = re.search(r"(?<![\d.,])(\d+)(?![\d.,])", problem.prompt)
+    return None if found is None else int(found.group(1))
+
+
+def key_with_quantity(info: str, examples: list[tuple[int | None, int]]) -> bool:
+    """`info` names a key and its problem's count in one sentence: a worked example ((count, key) pairs)."""
+    sentences = re.split(r"(?<=[.!?])\s+|\n+", info)
+    return any(
+        count is not None and holds_number(sentence, key) and holds_number(sentence, count)
+        for sentence in sentences
+        for count, key in examples
+    )
 
 
 def classify(info: str, price: int, keys: list[int]) -> str:
@@ -221,6 +242,7 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
                 "class": classify(info, price, keys),
                 "holds_price_number": holds_number(info, price),
                 "holds_key_number": any(holds_number(info, key) for key in keys),
+                "key_with_quantity": key_with_quantity(info, [(quantity_of(p), int(p.ground_truth)) for p in members]),
                 "hit_length_limit": hit_limit,
                 "info": info,
             }
@@ -266,10 +288,35 @@ def shares(records: list[dict]) -> dict[str, dict[str, float]]:
     return {
         family: {
             **{name: round(fmean(r["class"] == name for r in members), 3) for name in CLASSES},
+            "key_with_quantity": round(fmean(bool(r.get("key_with_quantity")) for r in members), 3),
             "n": len(members),
         }
         for family, members in sorted(groups.items(), key=lambda item: item[0] != "all")
     }
+
+
+def reclassify(path: Path) -> dict:
+    """An earlier report's infos classed again by today's rules, from its first round's problems (read
+    back from its data file): no model needed."""
+    import json
+
+    report = json.loads(path.read_text())
+    settings = report["settings"]
+    by_uid = {p.uid: p for p in load_problems(settings["data"], group_key="category", id_key="id")}
+    missing = [uid for uid in settings["first_round"] if uid not in by_uid]
+    if missing:
+        raise SystemExit(f"first_infos: --reclassify {path}: {settings['data']} lacks its problems {missing[:3]}")
+    members: dict[str, list[Problem]] = defaultdict(list)
+    for uid, row in settings["first_round"].items():
+        members[row["family"]].append(by_uid[uid])
+    for record in report["infos"]:
+        family = members[record["family"]]
+        record["class"] = classify(record["info"], record["price"], record["keys"])
+        record["key_with_quantity"] = key_with_quantity(
+            record["info"], [(quantity_of(p), int(p.ground_truth)) for p in family]
+        )
+    report["shares"] = shares(report["infos"])
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-key", default="category")
     parser.add_argument("--families", nargs="+", default=None, help="families to sample (default: all)")
     model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument(
+        "--reclassify", help="an earlier report: class its infos again by today's rules, print the shares (no model)"
+    )
     model.add_argument("--gguf", help="the model's GGUF file (teacher and student)")
     model.add_argument("--model-dir", help="the model as an HF directory (python -m slime_meta.models.real NAME)")
     parser.add_argument(
@@ -303,9 +353,22 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value in (("--k", args.k), ("--samples", args.samples), ("--batch-size", args.batch_size)):
         if value < 1:
             parser.exit(2, f"first_infos: {flag} {value}: give 1 or more\n")
-    for flag, path in (("--data", args.data), ("--gguf", args.gguf), ("--model-dir", args.model_dir)):
+    for flag, path in (
+        ("--data", args.data),
+        ("--gguf", args.gguf),
+        ("--model-dir", args.model_dir),
+        ("--reclassify", args.reclassify),
+    ):
         if path and not Path(path).exists():
             parser.exit(2, f"first_infos: {flag} {path}: no such file or directory\n")
+    if args.reclassify:
+        report = reclassify(Path(args.reclassify))
+        rows = [
+            [family, *(v[name] for name in CLASSES), v["key_with_quantity"], v["n"]]
+            for family, v in report["shares"].items()
+        ]
+        print(table(rows, ["family", *CLASSES, "key_with_quantity", "n"]))
+        return 0
     out = Path(args.out) if args.out else default_out("first_infos")
 
     settings, records = measure(args)
@@ -316,8 +379,11 @@ def main(argv: list[str] | None = None) -> int:
         "infos": records,
     }
     print(write_json(report, out))
-    rows = [[family, *(value[name] for name in CLASSES), value["n"]] for family, value in report["shares"].items()]
-    print(table(rows, ["family", *CLASSES, "n"]))
+    rows = [
+        [family, *(value[name] for name in CLASSES), value["key_with_quantity"], value["n"]]
+        for family, value in report["shares"].items()
+    ]
+    print(table(rows, ["family", *CLASSES, "key_with_quantity", "n"]))
     return 0
 
 

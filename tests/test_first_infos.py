@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from statistics import fmean
 
 import pytest
 
@@ -58,3 +59,29 @@ def test_bad_input_exits_2_with_one_line(arguments):
         [sys.executable, "benchmarks/first_infos.py", *arguments], capture_output=True, text=True, cwd=REPO_ROOT
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    "info, expected",
+    [
+        ("Answer key for 3 bowls at Kim's stall: full credit for 21 dollars.", True),
+        ("Omar buys 3 bowls.\nHe pays 21 dollars.", False),  # the count and the key in different sentences
+        ("8 cups cost 56 dollars. So 3 bowls cost 21.", True),
+        ("The answer is 21.", False),
+        ("Buy 13 bowls for 121 dollars.", False),  # not the problem's numbers, only digits of them
+    ],
+)
+def test_a_key_named_with_its_count_is_a_worked_example(info, expected):
+    assert first_infos.key_with_quantity(info, [(3, 21), (8, 56)]) is expected
+
+
+def test_a_report_is_classed_again_without_the_model():
+    path = REPO_ROOT / "benchmarks/results/first_infos_h200_qwen05b_price_keys.json"
+    import json
+
+    recorded = json.loads(path.read_text())
+    report = first_infos.reclassify(path)
+    assert [r["class"] for r in report["infos"]] == [r["class"] for r in recorded["infos"]]
+    # A worked example holds a key's number: never more of them than infos that hold one.
+    assert all(r["holds_key_number"] for r in report["infos"] if r["key_with_quantity"])
+    assert 0 < report["shares"]["all"]["key_with_quantity"] <= fmean(r["holds_key_number"] for r in report["infos"])
