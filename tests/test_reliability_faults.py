@@ -208,22 +208,24 @@ def test_replay_teachers_answer_through_a_fifth_of_failed_calls(tmp_path, monkey
     from slime_meta.replay.teachers import parse_replay_teachers
 
     monkeypatch.setenv("REPLAY_TEST_KEY", "sk-replay-test")
-    faults = dict(rate_limit=0.05, server_error=0.05, slow=0.05, malformed=0.05, slow_seconds=1.5, seed=5)
+    faults = dict(rate_limit=0.05, server_error=0.05, slow=0.05, malformed=0.05, slow_seconds=3.0, seed=5)
     with run_openai_server(reply_fn=lambda messages: "Working.\nAnswer: 42", **faults) as (base_url, server):
         teachers = parse_replay_teachers([f"t{i}@{base_url}#REPLAY_TEST_KEY" for i in range(3)])
         pairer = replay.ReplayPairer(
             teachers,
             min_agree=2,
             cache_path=tmp_path / "replay.jsonl",
-            request_timeout=0.5,
+            request_timeout=1.5,  # under the slow fault's 3 s, well over a reply on a busy 2-core machine
             max_api_retries=5,
             initial_backoff=0.01,
             max_backoff=0.05,
         )
         requests = [replay.ReplayRequest.build(f"What is 6*7? ({i})", "Answer: 41", f"p{i}") for i in range(20)]
         pairs = pairer.pairs_for_sync(requests)
-    assert server.retryable_faults > 0
-    assert pairer.stats.api_retries == server.retryable_faults and pairer.stats.api_failures == 0
+    # Every fault is retried; on a loaded machine a reply that is merely late times out and is retried
+    # too (the server shares this process), so the retries may outnumber the faults, never the reverse.
+    assert pairer.stats.api_retries >= server.retryable_faults > 0 and pairer.stats.api_failures == 0
+    assert pairer.stats.calls <= len(server.requests) <= pairer.stats.calls + pairer.stats.api_retries
     assert len(pairs) == 20 and all(p.chosen_answer == "42" and p.rejected_answer == "41" for p in pairs)
     assert {r.authorization for r in server.requests} == {"Bearer sk-replay-test"}
     assert "sk-replay-test" not in (tmp_path / "replay.jsonl").read_text()
