@@ -33,6 +33,7 @@ is read from its `oracle_hint` (the first "N dollars"). The model is read from a
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -298,8 +299,6 @@ def shares(records: list[dict]) -> dict[str, dict[str, float]]:
 def reclassify(path: Path) -> dict:
     """An earlier report's infos classed again by today's rules, from its first round's problems (read
     back from its data file): no model needed."""
-    import json
-
     report = json.loads(path.read_text())
     settings = report["settings"]
     by_uid = {p.uid: p for p in load_problems(settings["data"], group_key="category", id_key="id")}

@@ -15,6 +15,7 @@ worker keeps per round from the rest of a run (benchmarks/soak.py measures the w
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -25,22 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import _common as C  # noqa: E402
-from soak import fitted_slope, gpu_memory_by_pid, memory_kib  # noqa: E402
+from soak import descendants, fitted_slope, gpu_memory_by_pid, memory_kib  # noqa: E402
 
 
 def worker_pid(url: str) -> int | None:
-    """The pid of the engine process serving `url` (its command line holds `--port PORT`)."""
-    port = url.rsplit(":", 1)[1]
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"slime_meta_engine" in words and b"--port" in words and words[words.index(b"--port") + 1] == port.encode():
-            return int(entry.name)
-    return None
+    """The pid of this process's engine child serving `url` (soak.py names it worker:PORT)."""
+    name = f"worker:{url.rsplit(':', 1)[1]}"
+    return next((pid for pid, found in descendants(os.getpid()).items() if found == name), None)
 
 
 def request_body(round_index: int, requests: int, vocab: int, new_tokens: int) -> dict:
@@ -72,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds <= args.warmup + 2 * args.every:
         parser.error(f"--rounds {args.rounds}: give more than --warmup + 2 x --every ({args.warmup + 2 * args.every})")
+    if args.model_dir is not None and not (Path(args.model_dir) / "config.json").is_file():
+        parser.error(f"--model-dir {args.model_dir}: no config.json there; give an HF checkpoint directory")
 
     from slime_meta.backends.local.training.settings import TrainerSettings
     from slime_meta.backends.local.training.trainer import LocalTrainer

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -24,12 +26,12 @@ def test_a_worker_round_after_round_reports_its_memory_and_slope(tmp_path):
     assert "KiB a round" in result.stdout and f"wrote {out}" in result.stdout
 
 
-def test_too_few_rounds_for_the_warm_up_exit_2_naming_the_flag():
+@pytest.mark.parametrize(
+    "arguments, named",
+    [(["--rounds", "10", "--warmup", "8"], "--rounds 10"), (["--model-dir", "/nowhere"], "--model-dir /nowhere")],
+)
+def test_bad_input_exits_2_naming_the_flag(arguments, named):
     result = subprocess.run(
-        [sys.executable, "benchmarks/worker_soak.py", "--rounds", "10", "--warmup", "8"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "benchmarks/worker_soak.py", *arguments], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
-    assert result.returncode == 2 and "--rounds 10" in result.stderr
+    assert result.returncode == 2 and named in result.stderr
