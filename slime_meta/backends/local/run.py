@@ -148,6 +148,7 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
         trainer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainer")
         progress, plot = RunProgress(start_step, cfg.meta.num_rollout), PlotRefresher(run_dir)
         eval_step = start_step  # the step whose record will carry `evaluation`
+        unchanged_steps: set[int] = set()  # skipped steps: their weights are the step before's
         try:
             for rollout_id in range(start_step, cfg.meta.num_rollout):
                 clock = StepClock()
@@ -162,6 +163,8 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
                     await on_thread(
                         trainer_thread, push, trainer, workers, weights_root, rollout_id + 1, processes, sync
                     )
+                else:
+                    unchanged_steps.add(rollout_id)
                 clock.mark("push")
                 # The step's freed memory back to the system: glibc keeps it resident otherwise (settings.py).
                 await on_thread(trainer_thread, return_freed_heap)
@@ -169,7 +172,7 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
                 metrics = {**batch.result.metrics, **batch.solver_metrics, **train_metrics, **clock.metrics()}
                 metrics.update(counters.counters())
                 metrics.update(await asyncio.to_thread(counters.blocking_counters))
-                metrics.update(staleness_metrics(batch.result.samples, rollout_id, start_step))
+                metrics.update(staleness_metrics(batch.result.samples, rollout_id, start_step, unchanged_steps))
                 metrics.update(baseline if rollout_id == start_step else {})
                 metrics.update(evaluation)
                 tracker.log(rollout_id, metrics)

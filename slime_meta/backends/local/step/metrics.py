@@ -35,14 +35,22 @@ class StepClock:
         }
 
 
-def staleness_metrics(samples, rollout_id: int, start_step: int) -> dict[str, float]:
-    """How many optimizer steps behind the trained policy the rollout's weights were."""
+def staleness_metrics(samples, rollout_id: int, start_step: int, unchanged_steps=frozenset()) -> dict[str, float]:
+    """How many optimizer steps behind the trained policy the rollout's weights were.
+
+    A sample reports the version its worker served (v = weights after v steps). A step in
+    `unchanged_steps` (skipped: non-finite, or no training signal) pushed nothing, so weights v
+    were also weights v + 1: such a sample is counted at the newest version its weights equal.
+    """
     versions = []
     for sample in samples:
         try:
-            versions.append(int(sample.weight_version))
+            version = int(sample.weight_version)
         except (TypeError, ValueError):  # the weights a worker started with
-            versions.append(start_step)
+            version = start_step
+        while version < rollout_id and version in unchanged_steps:
+            version += 1
+        versions.append(version)
     if not versions:
         return {}
     return {
