@@ -43,6 +43,7 @@ import sys
 import time
 from pathlib import Path
 from statistics import fmean
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # slime_meta.artifacts.plot from this checkout
@@ -235,26 +236,31 @@ def _interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def wait_for_run(process: subprocess.Popen, time_limit_s: float | None) -> int | None:
-    """The run's exit code, or None when `time_limit_s` stopped it (SIGTERM to its session).
+def run_to_the_end(start: Callable[[], subprocess.Popen], time_limit_s: float | None) -> int | None:
+    """Start the run (`start`, a session of its own) and wait: its exit code, or None when
+    `time_limit_s` stopped it (SIGTERM to its session).
 
     The run has a session of its own, so that the time limit stops every process of it; the same
     makes it deaf to a Ctrl-C or a SIGTERM meant for this script. Both are passed on, and this
-    script waits for the run to stop before it ends: a stopped benchmark leaves no run going."""
+    script waits for the run to stop before it ends: a stopped benchmark leaves no run going. The
+    handler is in place before the run starts, so a signal right after its start is passed on too."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
+    process = None
     try:
+        process = start()
         try:
             return process.wait(timeout=time_limit_s)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGTERM)
             process.wait()
             return None
-        except KeyboardInterrupt:
-            print("[efficacy] stopping the run (its checkpoint and metrics so far stay)", flush=True)
+    except KeyboardInterrupt:
+        print("[efficacy] stopping the run (its checkpoint and metrics so far stay)", flush=True)
+        if process is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
             process.wait()
-            raise
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -294,8 +300,9 @@ def run(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     # A time limit ends the run early (SIGTERM: its processes stop, the steps so far stay in
     # metrics.jsonl) and the figures are read from the steps it finished.
-    process = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
-    returncode = wait_for_run(process, args.time_limit_s)
+    returncode = run_to_the_end(
+        lambda: subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True), args.time_limit_s
+    )
     if returncode is None:
         print(f"[efficacy] stopped at the --time-limit-s of {args.time_limit_s:.0f} s", flush=True)
     elif returncode != 0:

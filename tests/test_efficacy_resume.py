@@ -132,10 +132,12 @@ import subprocess, sys
 sys.path.insert(0, sys.argv[1])
 import efficacy
 # The run's stand-in: a process group of its own, as train.py's would be, that writes its pid and waits.
-run = subprocess.Popen([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(120)"],
-                       stdout=subprocess.PIPE, text=True, start_new_session=True)
-print("run", run.stdout.readline().strip(), flush=True)
-efficacy.wait_for_run(run, 120)
+def start():
+    run = subprocess.Popen([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(120)"],
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    print("run", run.stdout.readline().strip(), flush=True)
+    return run
+efficacy.run_to_the_end(start, 120)
 """
 
 
@@ -176,7 +178,12 @@ def test_a_stopped_benchmark_stops_its_run(tmp_path, how):
 def test_a_run_past_its_time_limit_is_stopped_and_reported_as_such():
     import subprocess
 
-    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    assert efficacy.wait_for_run(run, 0.5) is None and run.poll() is not None
-    quick = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], start_new_session=True)
-    assert efficacy.wait_for_run(quick, 30) == 3
+    started = []
+
+    def start(code):
+        started.append(subprocess.Popen([sys.executable, "-c", code], start_new_session=True))
+        return started[-1]
+
+    assert efficacy.run_to_the_end(lambda: start("import time; time.sleep(60)"), 0.5) is None
+    assert started[-1].poll() is not None
+    assert efficacy.run_to_the_end(lambda: start("raise SystemExit(3)"), 30) == 3
