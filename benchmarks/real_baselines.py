@@ -10,9 +10,13 @@ from the wheel without installing its plugin; `--gguf` for a copy elsewhere), lo
 transformers (needs `gguf` and `accelerate`). Each problem is rendered exactly as the training
 loop renders a student request: the project's default generator template with the hint as a
 prefix (`GeneratorPromptTemplate.build`) inside the model's chat template (`PromptRenderer`), then
-decoded greedily and by sampling at temperature 1 (no top-k or top-p), and graded by the
+decoded greedily and by sampling at `--temperature` (default 1; no top-k or top-p), and graded by the
 project's `VerifierGrader` against the label. The hints are dataset columns (`--hints`; `none`
-is the empty hint), the ones `--eval-baseline --context-key` reads in a training run.
+is the empty hint), the ones `--eval-baseline --context-key` reads in a training run, and
+`sibling_rubric`: the rubric of the next problem of the same family in the data file, what a
+teacher that pastes one of its train problems' rubrics gives a holdout problem (on price keys an
+answer key with its quantity, "3 bowls ... full credit for 21 dollars", from which a student could
+divide out the price).
 
 The verifier changes over time; the report names the versions of the files that graded (git
 blob hashes of slime_meta/grading/graders.py and slime_meta/grading/verifier/, and whether they differ
@@ -45,6 +49,7 @@ from slime_meta.prompt_templates import GeneratorPromptTemplate
 from slime_meta.types import Problem
 
 NO_HINT = "none"
+SIBLING_RUBRIC = "sibling_rubric"
 DEFAULT_DATA = "data/easy_word_problems.jsonl"
 # The code that decides a grade: the verifier package and the grader around it.
 VERIFIER_FILES = sorted(
@@ -91,18 +96,50 @@ def grading_version() -> dict[str, str]:
     return version
 
 
-def chosen_problems(data: Path, per_family: int, group_key: str, families: list[str] | None) -> list[Problem]:
-    """The first `per_family` problems of each family, in file order."""
+def sibling_rubrics(data: Path, group_key: str) -> dict[str, str]:
+    """Each problem's `sibling_rubric` hint: the rubric of the next problem of its family in file order (cyclic)."""
+    by_family: dict[str, list[Problem]] = defaultdict(list)
+    for problem in load_problems(data, group_key=group_key, id_key="id"):
+        by_family[problem.group].append(problem)
+    return {
+        problem.uid: members[(i + 1) % len(members)].rubric if len(members) > 1 else ""
+        for members in by_family.values()
+        for i, problem in enumerate(members)
+    }
+
+
+def hint_text(hint: str, problem: Problem, siblings: dict[str, str]) -> str:
+    if hint == NO_HINT:
+        return ""
+    if hint == SIBLING_RUBRIC:
+        return siblings[problem.uid]
+    return str(problem.metadata.get(hint) or "")
+
+
+def chosen_problems(
+    data: Path, per_family: int, group_key: str, families: list[str] | None, excluding: str | None = None
+) -> list[Problem]:
+    """The first `per_family` problems of each family, in file order (none whose prompt holds `excluding`)."""
     problems = load_problems(data, group_key=group_key, id_key="id")
     by_family: dict[str, list[Problem]] = defaultdict(list)
     for problem in problems:
+        if excluding and excluding in problem.prompt:
+            continue
         if (families is None or problem.group in families) and len(by_family[problem.group]) < per_family:
             by_family[problem.group].append(problem)
     return [p for members in by_family.values() for p in members]
 
 
 def generate(
-    tokenizer, model, prompts: list[str], *, greedy: bool, max_new_tokens: int, batch_size: int, seed: int
+    tokenizer,
+    model,
+    prompts: list[str],
+    *,
+    greedy: bool,
+    max_new_tokens: int,
+    batch_size: int,
+    seed: int,
+    temperature: float = 1.0,
 ) -> list[tuple[str, bool]]:
     """(completion text, stopped by the length limit) per prompt; prompts batched by length to save padding."""
     import torch
@@ -114,7 +151,9 @@ def generate(
         encoded = tokenizer([prompts[i] for i in batch], return_tensors="pt", padding=True, add_special_tokens=False)
         encoded = encoded.to(model.device)
         torch.manual_seed(seed + start)  # each batch's samples are reproducible on one machine
-        sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
+        sampling = (
+            dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        )
         with torch.no_grad():
             tokens_B_T = model.generate(
                 **encoded, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling
@@ -181,11 +220,12 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     tokenizer, model = load_student(gguf, args.device, args.dtype)
     load_s = time.perf_counter() - started
     renderer, template = PromptRenderer(tokenizer, True), GeneratorPromptTemplate()
-    problems = chosen_problems(Path(args.data), args.per_family, args.group_key, args.families)
+    problems = chosen_problems(Path(args.data), args.per_family, args.group_key, args.families, args.excluding)
+    siblings = sibling_rubrics(Path(args.data), args.group_key)
     records, timings = [], {}
     for decoding in args.decodings:
         for hint in args.hints:
-            infos = ["" if hint == NO_HINT else str(p.metadata.get(hint) or "") for p in problems]
+            infos = [hint_text(hint, p, siblings) for p in problems]
             prompts = [renderer.text(template.build(p, info, args.position)) for p, info in zip(problems, infos)]
             started = time.perf_counter()
             outputs = generate(
@@ -196,6 +236,7 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
                 max_new_tokens=args.max_new_tokens,
                 batch_size=args.batch_size,
                 seed=args.seed,
+                temperature=args.temperature,
             )
             timings[f"{decoding}/{hint}"] = round(time.perf_counter() - started, 1)
             records += [
@@ -214,11 +255,13 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     settings = {
         "data": args.data,
         "per_family": args.per_family,
+        "excluding": args.excluding,
         "hints": args.hints,
         "decodings": args.decodings,
         "max_new_tokens": args.max_new_tokens,
         "batch_size": args.batch_size,
         "seed": args.seed,
+        "temperature": args.temperature,
         "device": args.device,
         "dtype": args.dtype,
         # The PyPI package only where the GGUF came from it; a --gguf file is named by its own name.
@@ -239,10 +282,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--families", nargs="+", default=None, help="only these families (default: all)")
     parser.add_argument("--per-family", type=int, default=40)
     parser.add_argument(
+        "--excluding",
+        default=None,
+        help="leave out problems whose prompt holds this text (on price keys 'Each costs': those stating the price)",
+    )
+    parser.add_argument(
         "--hints",
         nargs="+",
         default=[NO_HINT, "oracle_hint", "bad_hint"],
-        help=f"hint columns of the data; '{NO_HINT}' is the empty hint",
+        help=f"hint columns of the data; '{NO_HINT}' is the empty hint, '{SIBLING_RUBRIC}' the rubric of the "
+        "family's next problem",
     )
     parser.add_argument("--decodings", nargs="+", choices=("greedy", "sample"), default=["greedy", "sample"])
     parser.add_argument(
@@ -252,6 +301,9 @@ def main(argv: list[str] | None = None) -> None:
         help="where the hint goes in the student's prompt (train.py's --additional-info-position; default prefix)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=192)
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="of the sample decoding (scripts/run_real.sh's student: 0.5)"
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")

@@ -85,3 +85,18 @@ def test_a_report_is_classed_again_without_the_model():
     # A worked example holds a key's number: never more of them than infos that hold one.
     assert all(r["holds_key_number"] for r in report["infos"] if r["key_with_quantity"])
     assert 0 < report["shares"]["all"]["key_with_quantity"] <= fmean(r["holds_key_number"] for r in report["infos"])
+
+
+def test_real_baselines_sibling_rubric_is_another_key_of_the_shop_and_excluding_drops_stated_prices():
+    import real_baselines
+
+    data = REPO_ROOT / "data" / "price_keys.jsonl"
+    problems = real_baselines.chosen_problems(data, 6, "category", None, excluding="Each costs")
+    assert len(problems) == 30 and not any("Each costs" in p.prompt for p in problems)
+    siblings = real_baselines.sibling_rubrics(data, "category")
+    for problem in problems:
+        hint = real_baselines.hint_text(real_baselines.SIBLING_RUBRIC, problem, siblings)
+        assert hint.startswith("Answer key for ") and hint != problem.rubric
+        assert problem.prompt.split(" at ")[1].split(".")[0] in hint  # the same shop's key
+    assert real_baselines.hint_text(real_baselines.NO_HINT, problems[0], siblings) == ""
+    assert real_baselines.hint_text("oracle_hint", problems[0], siblings).startswith("At ")
