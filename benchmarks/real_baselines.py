@@ -13,10 +13,11 @@ prefix (`GeneratorPromptTemplate.build`) inside the model's chat template (`Prom
 decoded greedily and by sampling at `--temperature` (default 1; no top-k or top-p), and graded by the
 project's `VerifierGrader` against the label. The hints are dataset columns (`--hints`; `none`
 is the empty hint), the ones `--eval-baseline --context-key` reads in a training run, and
-`sibling_rubric`: the rubric of the next problem of the same family in the data file, what a
-teacher that pastes one of its train problems' rubrics gives a holdout problem (on price keys an
-answer key with its quantity, "3 bowls ... full credit for 21 dollars", from which a student could
-divide out the price).
+`sibling_rubric`: the rubric of the next problem of the same family in the data file with another
+answer, what a teacher that pastes one of its train problems' rubrics gives a holdout problem (on
+price keys an answer key with its quantity, "3 bowls ... full credit for 21 dollars", from which a student could
+divide out the price); `sibling_solved`: that problem with its answer ("... How many dollars does
+Omar pay? Answer: 21."), a worked example. Siblings are drawn from the problems `--excluding` keeps.
 
 The verifier changes over time; the report names the versions of the files that graded (git
 blob hashes of slime_meta/grading/graders.py and slime_meta/grading/verifier/, and whether they differ
@@ -50,6 +51,7 @@ from slime_meta.types import Problem
 
 NO_HINT = "none"
 SIBLING_RUBRIC = "sibling_rubric"
+SIBLING_SOLVED = "sibling_solved"
 DEFAULT_DATA = "data/easy_word_problems.jsonl"
 # The code that decides a grade: the verifier package and the grader around it.
 VERIFIER_FILES = sorted(
@@ -96,23 +98,31 @@ def grading_version() -> dict[str, str]:
     return version
 
 
-def sibling_rubrics(data: Path, group_key: str) -> dict[str, str]:
-    """Each problem's `sibling_rubric` hint: the rubric of the next problem of its family in file order (cyclic)."""
+def siblings_of(data: Path, group_key: str, excluding: str | None = None) -> dict[str, Problem]:
+    """Each problem's sibling: the next problem of its family in file order (cyclic) with another
+    answer, among those whose prompt does not hold `excluding` (none where there is no such problem)."""
     by_family: dict[str, list[Problem]] = defaultdict(list)
     for problem in load_problems(data, group_key=group_key, id_key="id"):
-        by_family[problem.group].append(problem)
-    return {
-        problem.uid: members[(i + 1) % len(members)].rubric if len(members) > 1 else ""
-        for members in by_family.values()
-        for i, problem in enumerate(members)
-    }
+        if not (excluding and excluding in problem.prompt):
+            by_family[problem.group].append(problem)
+    siblings = {}
+    for members in by_family.values():
+        for i, problem in enumerate(members):
+            later = members[i + 1 :] + members[:i]
+            other = [m for m in later if m.ground_truth != problem.ground_truth]  # never its own answer
+            if other:
+                siblings[problem.uid] = other[0]
+    return siblings
 
 
-def hint_text(hint: str, problem: Problem, siblings: dict[str, str]) -> str:
+def hint_text(hint: str, problem: Problem, siblings: dict[str, Problem]) -> str:
     if hint == NO_HINT:
         return ""
-    if hint == SIBLING_RUBRIC:
-        return siblings[problem.uid]
+    if hint in (SIBLING_RUBRIC, SIBLING_SOLVED):
+        sibling = siblings.get(problem.uid)
+        if sibling is None:
+            return ""
+        return sibling.rubric if hint == SIBLING_RUBRIC else f"{sibling.prompt} Answer: {sibling.ground_truth}."
     return str(problem.metadata.get(hint) or "")
 
 
@@ -221,7 +231,7 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[dict]]:
     load_s = time.perf_counter() - started
     renderer, template = PromptRenderer(tokenizer, True), GeneratorPromptTemplate()
     problems = chosen_problems(Path(args.data), args.per_family, args.group_key, args.families, args.excluding)
-    siblings = sibling_rubrics(Path(args.data), args.group_key)
+    siblings = siblings_of(Path(args.data), args.group_key, args.excluding)
     records, timings = [], {}
     for decoding in args.decodings:
         for hint in args.hints:
@@ -291,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
         nargs="+",
         default=[NO_HINT, "oracle_hint", "bad_hint"],
         help=f"hint columns of the data; '{NO_HINT}' is the empty hint, '{SIBLING_RUBRIC}' the rubric of the "
-        "family's next problem",
+        f"family's next problem, '{SIBLING_SOLVED}' that problem with its answer",
     )
     parser.add_argument("--decodings", nargs="+", choices=("greedy", "sample"), default=["greedy", "sample"])
     parser.add_argument(

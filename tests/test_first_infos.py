@@ -87,16 +87,20 @@ def test_a_report_is_classed_again_without_the_model():
     assert 0 < report["shares"]["all"]["key_with_quantity"] <= fmean(r["holds_key_number"] for r in report["infos"])
 
 
-def test_real_baselines_sibling_rubric_is_another_key_of_the_shop_and_excluding_drops_stated_prices():
+def test_real_baselines_siblings_are_other_problems_of_the_shop_and_excluding_drops_stated_prices():
     import real_baselines
 
     data = REPO_ROOT / "data" / "price_keys.jsonl"
     problems = real_baselines.chosen_problems(data, 6, "category", None, excluding="Each costs")
     assert len(problems) == 30 and not any("Each costs" in p.prompt for p in problems)
-    siblings = real_baselines.sibling_rubrics(data, "category")
+    siblings = real_baselines.siblings_of(data, "category", excluding="Each costs")
     for problem in problems:
-        hint = real_baselines.hint_text(real_baselines.SIBLING_RUBRIC, problem, siblings)
-        assert hint.startswith("Answer key for ") and hint != problem.rubric
-        assert problem.prompt.split(" at ")[1].split(".")[0] in hint  # the same shop's key
+        shop = problem.prompt.split(" at ")[1].split(".")[0]
+        key = real_baselines.hint_text(real_baselines.SIBLING_RUBRIC, problem, siblings)
+        assert key.startswith("Answer key for ") and shop in key
+        assert siblings[problem.uid].ground_truth != problem.ground_truth  # never the problem's own answer
+        solved = real_baselines.hint_text(real_baselines.SIBLING_SOLVED, problem, siblings)
+        assert shop in solved and "Each costs" not in solved and solved != problem.prompt
+        assert solved.endswith(f"Answer: {siblings[problem.uid].ground_truth}.")
     assert real_baselines.hint_text(real_baselines.NO_HINT, problems[0], siblings) == ""
     assert real_baselines.hint_text("oracle_hint", problems[0], siblings).startswith("At ")

@@ -348,14 +348,19 @@ ADVERSARIAL_100K = {
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL_100K))
 def test_a_hundred_thousand_character_answer_grades_within_a_second(name):
-    # Timed on purpose (the task asks for this bound): every reading of the answer is linear.
+    # Timed on purpose (the task asks for this bound): every reading of the answer is linear. The
+    # best of three: a busy machine can stall one grading past the bound, a reading that is not
+    # linear (seconds to minutes at this length) misses it every time.
     grader = VerifierGrader()
     grader.grade_now(problem("n(n-3)/2"), "Answer: \\frac{n(n-3)}{2}")  # the math child is up before timing
     for label in ("60", "n(n-3)/2"):
-        started = time.perf_counter()
-        verdict = grader.grade_now(problem(label), ADVERSARIAL_100K[name])
-        assert time.perf_counter() - started < 1.0, (name, label)
-        assert verdict.score == 0.0, (name, label, verdict.explanation)
+        seconds = []
+        while len(seconds) < 3 and min(seconds, default=1.0) >= 1.0:
+            started = time.perf_counter()
+            verdict = grader.grade_now(problem(label), ADVERSARIAL_100K[name])
+            seconds.append(time.perf_counter() - started)
+            assert verdict.score == 0.0, (name, label, verdict.explanation)
+        assert min(seconds) < 1.0, (name, label, seconds)
 
 
 def test_a_long_run_of_dots_after_the_answer_is_read_in_linear_time():
