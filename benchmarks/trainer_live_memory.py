@@ -30,6 +30,8 @@ from pathlib import Path
 
 from _common import REPO_ROOT, default_out, report_header, write_json
 
+sys.path.insert(0, str(REPO_ROOT / "tests"))  # the soak test's configuration and model, shared with it
+
 # Where a live allocation comes from, by the frames of its stack (first match wins).
 CLASSES = (
     ("the tracer's own line tables", ("_PyCode_CreateLineArray", "call_trace")),
@@ -48,9 +50,10 @@ def classify(frames: list[str]) -> str:
 
 def frames_of(record) -> list[str]:
     try:
-        return [f"{name} ({path.rsplit('/', 1)[-1]}:{line})" for name, path, line in record.hybrid_stack_trace(60)]
+        stack = record.hybrid_stack_trace(60)
     except (NotImplementedError, RuntimeError):  # a record without a native stack
-        return [f"{name} ({path.rsplit('/', 1)[-1]}:{line})" for name, path, line in record.stack_trace(60)]
+        stack = record.stack_trace(60)
+    return [f"{name} ({path.rsplit('/', 1)[-1]}:{line})" for name, path, line in stack]
 
 
 def summarise(trace: Path) -> dict:
@@ -71,25 +74,9 @@ def summarise(trace: Path) -> dict:
     }
 
 
-def demo_checkpoint(out: Path) -> Path:
-    """The soak test's model: the demo's character tokenizer with an untrained model of its shape."""
-    import torch
-
-    from slime_meta.models.tiny import build as tiny
-    from slime_meta.models.tiny.tokenizer import new_model, train_char_tokenizer
-
-    tokenizer = train_char_tokenizer(tiny.tokenizer_corpus(tiny.read_rows(REPO_ROOT / "data/synthetic_suffix.jsonl")))
-    torch.manual_seed(0)
-    new_model(tokenizer).save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 def record_window(checkpoint: Path, start: int, stop: int, work: Path) -> Path:
     """One run in this process: memray on from after step `start` to after step `stop`."""
     import memray
-
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
     from test_reliability_soak import FAST_BATCH
     from test_train_e2e import synthetic_args
 
@@ -124,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="report path (default: $OUT or runs/benchmarks/)")
     parser.add_argument("--window-run", nargs=4, metavar=("CKPT", "START", "STOP", "WORK"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if len(set(args.windows)) < 2 or min(args.windows) < 1:
+        parser.error(f"--windows {' '.join(map(str, args.windows))}: give two or more different step counts >= 1")
     try:
         import memray  # noqa: F401
     except ImportError:
@@ -137,7 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     windows = {}
     with tempfile.TemporaryDirectory(prefix="live-memory-") as tmp:
         work = Path(tmp)
-        checkpoint = demo_checkpoint(work / "checkpoint")
+        from test_reliability_soak import write_demo_tokenizer_checkpoint
+
+        checkpoint = write_demo_tokenizer_checkpoint(work / "checkpoint")
         for steps in args.windows:
             stop = args.start + steps
             command = [sys.executable, __file__, "--window-run", str(checkpoint), str(args.start), str(stop), tmp]

@@ -99,8 +99,7 @@ FAST_BATCH = ("--rollout-batch-size", "16", "--heldout-ipb", "8")  # 4 teacher p
 MAX_KIB_PER_STEP = 16
 
 
-@pytest.fixture(scope="module")
-def demo_tokenizer_checkpoint(tmp_path_factory) -> Path:
+def write_demo_tokenizer_checkpoint(out: Path) -> Path:
     """The demo model's tokenizer (character-level BPE without a pre-tokenizer, as
     `python -m slime_meta.models.tiny` builds it) with an untrained model of its shape: its infos are
     random, so nearly every prompt of a step is one the process has not encoded before."""
@@ -109,12 +108,16 @@ def demo_tokenizer_checkpoint(tmp_path_factory) -> Path:
     from slime_meta.models.tiny import build as tiny
     from slime_meta.models.tiny.tokenizer import new_model, train_char_tokenizer
 
-    out = tmp_path_factory.mktemp("demo-tokenizer")
     tokenizer = train_char_tokenizer(tiny.tokenizer_corpus(tiny.read_rows(ROOT / "data/synthetic_suffix.jsonl")))
     torch.manual_seed(0)
     new_model(tokenizer).save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer_checkpoint(tmp_path_factory) -> Path:
+    return write_demo_tokenizer_checkpoint(tmp_path_factory.mktemp("demo-tokenizer"))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallinfo2")
