@@ -8,6 +8,8 @@ cannot be reached; any other failure (a wrong file, a failed conversion) fails t
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,34 @@ def hf_greedy_references(checkpoint: Path) -> dict[str, tuple[list[int], list[in
             )
         references[question] = (prompt, out[0, len(prompt) :].tolist())
     return references
+
+
+def run_real_argv(tmp_path: Path, data: str, gpu: bool, env: dict[str, str] | None = None, args=()) -> list[str]:
+    """The train.py command line scripts/run_real.sh builds for DATA=`data` with the 0.5B model's
+    settings, `env` added to its environment and `args` after it (a stand-in interpreter records the
+    command line and answers run_real.sh's GPU question: `gpu`)."""
+    python, record = tmp_path / "python", tmp_path / f"argv-{data}-{gpu}"
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'case "$1" in\n'
+        '  -c) exit "$STAND_IN_GPU" ;;\n'
+        '  train.py) shift; printf "%s\\0" "$@" > "$STAND_IN_ARGV" ;;\n'
+        "esac\n"
+    )
+    python.chmod(0o755)
+    full_env = {
+        **os.environ,
+        "PYTHON": str(python),
+        "STAND_IN_ARGV": str(record),
+        "STAND_IN_GPU": "0" if gpu else "1",
+        "MODEL": "qwen2.5-coder-0.5b",
+        "MODEL_DIR": "/placeholder/model",
+        "RUN_DIR": str(tmp_path / "run"),
+        "DATA": data,
+        **(env or {}),
+    }
+    repo_root = Path(__file__).resolve().parent.parent
+    subprocess.run(
+        ["bash", "scripts/run_real.sh", *args], cwd=repo_root, env=full_env, capture_output=True, check=True, timeout=60
+    )
+    return record.read_text().split("\0")[:-1]

@@ -5,13 +5,13 @@ evaluation sets of both shop tasks share no shop, goods, price or wording with t
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers_real import run_real_argv
 
 from slime_meta.data.tasks import price_keys, price_lists
 from slime_meta.data.tasks.price_lists import HELD_OUT_SHOPS, SHOPS
@@ -196,31 +196,6 @@ def test_the_cli_writes_the_file_and_refuses_bad_input_in_one_line(tmp_path, nam
     assert len(rows) == 15 and {row["category"] for row in rows} == set(HELD_OUT_SHOPS)
 
 
-def run_real_argv(tmp_path: Path, data: str, gpu: bool) -> list[str]:
-    """The train.py command line scripts/run_real.sh builds for DATA=`data` (a stand-in interpreter records it)."""
-    python, record = tmp_path / "python", tmp_path / f"argv-{data}-{gpu}"
-    python.write_text(
-        "#!/usr/bin/env bash\n"
-        'case "$1" in\n'
-        '  -c) exit "$STAND_IN_GPU" ;;\n'
-        '  train.py) shift; printf "%s\\0" "$@" > "$STAND_IN_ARGV" ;;\n'
-        "esac\n"
-    )
-    python.chmod(0o755)
-    env = {
-        **os.environ,
-        "PYTHON": str(python),
-        "STAND_IN_ARGV": str(record),
-        "STAND_IN_GPU": "0" if gpu else "1",
-        "MODEL": "qwen2.5-coder-0.5b",
-        "MODEL_DIR": "/placeholder/model",
-        "RUN_DIR": str(tmp_path / "run"),
-        "DATA": data,
-    }
-    subprocess.run(["bash", "scripts/run_real.sh"], cwd=REPO_ROOT, env=env, capture_output=True, check=True, timeout=60)
-    return record.read_text().split("\0")[:-1]
-
-
 @pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("data", TASKS)
 def test_run_real_grades_both_eval_sets_of_a_shop_task_and_each_can_be_drawn(tmp_path, data, gpu):
@@ -242,3 +217,18 @@ def test_run_real_grades_both_eval_sets_of_a_shop_task_and_each_can_be_drawn(tmp
         sampler = ProblemSampler(problems, seed=cfg.seed, shuffle=True, group_key_used=True)
         sampler.validate(cfg.meta.n_problems_per_prompt, plan.holdout_per_episode, plan.groups)
     assert argv[argv.index("--teacher-template") + 1] == "prompt_templates/teacher_rules.txt"
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["shared", "frozen"])
+def test_run_real_keeps_the_kl_term_to_the_start_weights_in_both_student_modes(tmp_path, frozen):
+    """Without it the frozen-student runs' infos grew into a sentence repeated to the token cap
+    (docs/performance.md, "What the learned infos look like"); a user's own coefficient still wins."""
+    from slime_meta.config.arguments import build_config, build_parser
+
+    env = {"FROZEN_STUDENT": "1"} if frozen else {}
+    argv = run_real_argv(tmp_path, "price_lists", gpu=True, env=env)
+    cfg = build_config(build_parser().parse_args(argv))
+    assert cfg.objectives.kl_loss_coef == 0.1
+    assert ("--student-checkpoint" in argv) == frozen
+    off = run_real_argv(tmp_path, "price_lists", gpu=True, env=env, args=["--kl-loss-coef", "0"])
+    assert build_config(build_parser().parse_args(off)).objectives.kl_loss_coef == 0.0
