@@ -22,6 +22,7 @@ import re
 import shlex
 import stat
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -198,8 +199,27 @@ def test_the_docs_show_commands_of_every_kind():
     assert len(COMMANDS) >= 10
 
 
+def prompt_search_parses(command: Command, tmp_path: Path) -> None:
+    """run_real.sh with ENTRY=benchmarks/prompt_search.py: its command line, read by the search's own
+    parser (train.py's flags and the search's), which also builds the run's config."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import prompt_search
+
+    for shape, argv in train_argvs(command, tmp_path).items():
+        try:
+            prompt_search.parse(argv)
+        except SystemExit as stop:
+            pytest.fail(f"{command.where} {shape}: the search's parser refuses ({stop.code}) {shlex.join(argv)}")
+        except UserInputError as error:
+            pytest.fail(f"{command.where} {shape}: {error}\n  {shlex.join(argv)}")
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=[command.where for command in COMMANDS])
-def test_a_documented_command_parses_and_validates(command, tmp_path):
+def test_a_documented_command_parses_and_validates(command, tmp_path, monkeypatch):
+    if command.environment.get("ENTRY") == "benchmarks/prompt_search.py":
+        monkeypatch.chdir(ROOT)  # its --compare-with file is read from the repository root, as the docs run it
+        prompt_search_parses(command, tmp_path)
+        return
     for shape, argv in train_argvs(command, tmp_path).items():
         label = f"{command.where} {shape}".strip()
         try:
