@@ -20,6 +20,7 @@
 #   GRADER=local bash scripts/run_real.sh                 # an LLM grader served by the run itself
 #                                                         # (rubric + chain of thought, no API key)
 #   FROZEN_STUDENT=1 bash scripts/run_real.sh             # the student a frozen copy of the start model
+#                                                         # (both modes keep a KL term to the start weights, 0.1)
 #   MODEL_DIR=/path/to/hf/dir bash scripts/run_real.sh    # any local HF checkpoint (or a .gguf file)
 #   NUM_ROLLOUT=200 bash scripts/run_real.sh --lr 3e-6    # longer; any extra train.py flags at the end
 #   ENTRY=benchmarks/prompt_search.py FROZEN_STUDENT=1 NUM_ROLLOUT=40 bash scripts/run_real.sh

@@ -22,7 +22,6 @@ import re
 import shlex
 import stat
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -202,7 +201,6 @@ def test_the_docs_show_commands_of_every_kind():
 def prompt_search_parses(command: Command, tmp_path: Path) -> None:
     """run_real.sh with ENTRY=benchmarks/prompt_search.py: its command line, read by the search's own
     parser (train.py's flags and the search's), which also builds the run's config."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import prompt_search
 
     for shape, argv in train_argvs(command, tmp_path).items():
@@ -218,6 +216,7 @@ def prompt_search_parses(command: Command, tmp_path: Path) -> None:
 def test_a_documented_command_parses_and_validates(command, tmp_path, monkeypatch):
     if command.environment.get("ENTRY") == "benchmarks/prompt_search.py":
         monkeypatch.chdir(ROOT)  # its --compare-with file is read from the repository root, as the docs run it
+        monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
         prompt_search_parses(command, tmp_path)
         return
     for shape, argv in train_argvs(command, tmp_path).items():
