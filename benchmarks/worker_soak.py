@@ -5,11 +5,15 @@ CUDA IPC when trainer and worker share a GPU, `--weight-sync` to force one) and 
 `/generate` call of sampled requests of varied lengths with log-probs. After every `--every` rounds
 the worker's resident memory and, on a GPU, its GPU memory (nvidia-smi) are read. It isolates what a
 worker keeps per round from the rest of a run (benchmarks/soak.py measures the whole run), and
-`--no-push` or `--no-requests` tells which of the two keeps it.
+`--no-push` or `--no-requests` tells which of the two keeps it. The tokens each round's call reads and
+writes are counted, so a slope per round can be put as KiB per thousand tokens and compared with a
+run's step, whose calls carry many more tokens.
 
     python benchmarks/worker_soak.py --rounds 400                      # the tiny model on the CPU
     python benchmarks/worker_soak.py --rounds 400 --no-push            # requests only
     python benchmarks/worker_soak.py --device cuda --model-dir DIR     # a real model on one GPU
+    python benchmarks/worker_soak.py --device cuda --model-dir DIR --requests 128 --new-tokens 192 \
+        --time-limit-s 500                                             # a step's load; stops in time
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ def request_body(round_index: int, requests: int, vocab: int, new_tokens: int) -
     }
 
 
+def call_tokens(response: dict | list) -> int:
+    """Prompt and generated tokens of one /generate reply (a list of replies for a batch of prompts)."""
+    replies = response if isinstance(response, list) else [response]
+    return sum(r["meta_info"]["prompt_tokens"] + r["meta_info"]["completion_tokens"] for r in replies)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=300)
@@ -60,8 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weight-sync", choices=("auto", "disk", "shared-memory", "cuda-ipc"), default="auto")
     parser.add_argument("--no-push", action="store_true", help="requests only")
     parser.add_argument("--no-requests", action="store_true", help="weight pushes only")
+    parser.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=None,
+        help="stop after the round that ends past this many seconds of rounds (the start not counted); "
+        "the rounds done are reported",
+    )
     parser.add_argument("--out", type=Path, default=None, help="results JSON (default: benchmarks/results/...)")
     args = parser.parse_args(argv)
+    if args.time_limit_s is not None and args.time_limit_s <= 0:
+        parser.error(f"--time-limit-s {args.time_limit_s}: give a positive number of seconds")
     if args.rounds <= args.warmup + 2 * args.every:
         parser.error(f"--rounds {args.rounds}: give more than --warmup + 2 x --every ({args.warmup + 2 * args.every})")
     if args.model_dir is not None and not (Path(args.model_dir) / "config.json").is_file():
@@ -98,26 +117,45 @@ def main(argv: list[str] | None = None) -> int:
                     args.weight_sync, trainer, pool.worker_urls, work / "w", group.weight_buffer_prefix
                 )
             vocab = trainer.model.config.vocab_size if trainer else 60
+            tokens = 0  # prompt and generated tokens of every call so far
+            rounds_started = time.monotonic()  # the time limit leaves out the worker's start
             for round_index in range(args.rounds):
                 if trainer is not None:
                     push_weights(trainer, list(pool.worker_urls), work / "w", round_index + 1, group, sync)
                 if not args.no_requests:
-                    post_json_sync(url + "/generate", request_body(round_index, args.requests, vocab, args.new_tokens))
-                if round_index % args.every == 0 or round_index == args.rounds - 1:
+                    body = request_body(round_index, args.requests, vocab, args.new_tokens)
+                    tokens += call_tokens(post_json_sync(url + "/generate", body))
+                out_of_time = args.time_limit_s is not None and time.monotonic() - rounds_started > args.time_limit_s
+                last = round_index == args.rounds - 1 or out_of_time
+                if round_index % args.every == 0 or last:
                     memory = memory_kib(pid) or {}
                     sample = {
                         "round": round_index,
+                        "tokens": tokens,
                         "rss_kib": memory.get("rss_kib"),
                         "anon_kib": memory.get("anon_kib"),
                     }
                     if args.device == "cuda":
                         sample["gpu_mib"] = gpu_memory_by_pid().get(pid)
                     samples.append(sample)
+                if out_of_time:
+                    break
             mode = sync.mode if sync is not None else None
             if sync is not None:
                 sync.close()
+    rounds_done = samples[-1]["round"] + 1
     measured = [s for s in samples if s["round"] >= args.warmup and s["rss_kib"] is not None]
+    if len(measured) < 3:
+        raise SystemExit(
+            f"error: {rounds_done} rounds done in {time.monotonic() - started:.0f} s leave {len(measured)} samples "
+            f"after round {args.warmup}; give a longer --time-limit-s or a smaller --warmup"
+        )
     slope, noise = fitted_slope([s["round"] for s in measured], [s["rss_kib"] for s in measured])
+    tokens_after_warmup = measured[-1]["tokens"] - measured[0]["tokens"]
+    per_1k_tokens = None
+    if tokens_after_warmup > 0:
+        per_token, _ = fitted_slope([s["tokens"] for s in measured], [s["rss_kib"] for s in measured])
+        per_1k_tokens = round(per_token * 1024 * 1000, 3)
     report = C.report_header(
         "worker_soak",
         {
@@ -133,9 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     report.update(
         seconds=round(time.monotonic() - started, 1),
+        rounds_done=rounds_done,
+        tokens_per_round=round(tokens / rounds_done, 1),
         rss_mib_after_warmup=round(measured[0]["rss_kib"] / 1024, 1),
         rss_mib_end=round(measured[-1]["rss_kib"] / 1024, 1),
         slope_kib_per_round=round(slope * 1024, 2),
+        slope_kib_per_1k_tokens=per_1k_tokens,
         noise_mib=round(noise, 2),
         samples=samples,
     )
@@ -143,13 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     if gpu:
         report.update(gpu_mib_after_warmup=gpu[0], gpu_mib_end=gpu[-1], gpu_mib_max=max(gpu))
     what = "_".join(x for x, off in (("push", args.no_push), ("requests", args.no_requests)) if not off)
-    name = f"worker_soak_{args.device}_{what}_{args.rounds}rounds.json"
+    name = f"worker_soak_{args.device}_{what}_{rounds_done}rounds.json"
     out = args.out or ROOT / "benchmarks" / "results" / name
     C.write_json(report, out)
     print(
-        f"worker soak ({what}, {args.device}, weight sync {report['settings']['weight_sync']}): {args.rounds} rounds "
-        f"in {report['seconds']:.0f} s; RSS {report['rss_mib_after_warmup']} -> {report['rss_mib_end']} MiB after "
-        f"round {args.warmup}, {report['slope_kib_per_round']:+.2f} KiB a round (noise {report['noise_mib']} MiB)"
+        f"worker soak ({what}, {args.device}, weight sync {report['settings']['weight_sync']}): {rounds_done} rounds "
+        f"of {args.rounds} in {report['seconds']:.0f} s, {report['tokens_per_round']:.0f} tokens a round; "
+        f"RSS {report['rss_mib_after_warmup']} -> {report['rss_mib_end']} MiB after "
+        f"round {args.warmup}, {report['slope_kib_per_round']:+.2f} KiB a round"
+        + (f" ({per_1k_tokens:+.3f} KiB per 1k tokens)" if per_1k_tokens is not None else "")
+        + f" (noise {report['noise_mib']} MiB)"
         + (f"; GPU {report['gpu_mib_after_warmup']} -> {report['gpu_mib_end']} MiB" if gpu else "")
     )
     last_fifth = measured[-max(1, len(measured) // 5) :]

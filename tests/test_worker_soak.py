@@ -23,12 +23,37 @@ def test_a_worker_round_after_round_reports_its_memory_and_slope(tmp_path):
     assert rounds == [0, 3, 6, 9, 11]
     assert all(s["rss_kib"] > 50_000 for s in report["samples"])  # a worker with torch loaded
     assert report["rss_mib_end"] > 0 and isinstance(report["slope_kib_per_round"], float)
+    # 16 prompts of 20-60 tokens and up to 32 new ones a round: the tokens grow with the rounds
+    assert 16 * 20 < report["tokens_per_round"] <= 16 * (60 + 32)
+    tokens = [s["tokens"] for s in report["samples"]]
+    assert tokens == sorted(tokens) and tokens[0] > 0 and isinstance(report["slope_kib_per_1k_tokens"], float)
     assert "KiB a round" in result.stdout and f"wrote {out}" in result.stdout
+
+
+def test_a_time_limit_stops_the_rounds_and_reports_those_done(tmp_path):
+    out = tmp_path / "worker_soak.json"
+    command = [sys.executable, "benchmarks/worker_soak.py", "--rounds", "100000", "--every", "2", "--warmup", "2"]
+    result = subprocess.run(
+        [*command, "--no-push", "--time-limit-s", "4", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    done = report["rounds_done"]
+    assert 8 <= done < 100_000 and report["samples"][-1]["round"] == done - 1
+    assert f"{done} rounds of 100000" in result.stdout
 
 
 @pytest.mark.parametrize(
     "arguments, named",
-    [(["--rounds", "10", "--warmup", "8"], "--rounds 10"), (["--model-dir", "/nowhere"], "--model-dir /nowhere")],
+    [
+        (["--rounds", "10", "--warmup", "8"], "--rounds 10"),
+        (["--model-dir", "/nowhere"], "--model-dir /nowhere"),
+        (["--time-limit-s", "0"], "--time-limit-s 0"),
+    ],
 )
 def test_bad_input_exits_2_naming_the_flag(arguments, named):
     result = subprocess.run(
