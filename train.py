@@ -23,6 +23,7 @@ from slime_meta.backends.slime.cli import requested_backend
 from slime_meta.config.arguments import MetaConfig, parse_config
 from slime_meta.errors import EXIT_USER_ERROR, NonFiniteTrainingError, UserInputError
 from slime_meta.rollout.pools import PoolUnavailable
+from slime_meta_engine import memory_snapshots
 
 RUNTIME_FAULTS = (LaunchError, PoolUnavailable, NonFiniteTrainingError)
 
@@ -99,4 +100,7 @@ if __name__ == "__main__":
     # `kill -USR1 <pid>` prints every thread's stack to stderr and the run goes on: where a hung run waits.
     # Here, not in main(): main() also runs in-process (tests, notebooks), where stderr may have no file.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # With SLIME_META_TRACEMALLOC=DIR, `kill -USR2 <pid>` writes a snapshot of the Python heap there
+    # (slime_meta_engine/memory_snapshots.py; benchmarks/soak.py --tracemalloc compares them).
+    memory_snapshots.install("trainer")
     sys.exit(main())

@@ -8,6 +8,8 @@
     MODEL=qwen2.5-coder-0.5b DATA=price_lists python benchmarks/soak.py --script real --steps 200
     # an earlier results file's figures from another warm-up (the file is kept), its PNG redrawn
     python benchmarks/soak.py --replot benchmarks/results/soak_gpu_real_200steps.json --warmup 101
+    # what the trainer and the workers keep, by allocation site (Python's heap, tracemalloc)
+    python benchmarks/soak.py --steps 100 --tracemalloc /tmp/heap
 
 The run is `scripts/run_synthetic.sh` (what `scripts/demo.sh` runs: the tiny model, four teacher prompts
 x eight infos, a checkpoint every two steps), or with `--script real` `scripts/run_real.sh` (its
@@ -26,6 +28,12 @@ have passed: matplotlib's import, fonts and caches, about 30 MiB once). After it
   shuts down) over the median of the first 5 after warm-up, as `tests/test_reliability_soak.py` checks it.
 The same figures for GPU memory (`gpu_*`) where it was sampled. The JSON holds every sample; the
 PNG draws RSS and descriptors (and GPU memory) per process against the step.
+
+With `--tracemalloc DIR` the run's trainer and workers trace their Python heaps
+(slime_meta_engine/memory_snapshots.py): each is sent SIGUSR2 after the warm-up step (tracing starts),
+two steps later and two steps before the end (a snapshot each, in DIR), and the two snapshots are
+compared into the JSON's `tracemalloc` (the traced heap's growth and the allocation sites that grew
+most, with their tracebacks). Tracing slows the steps it covers.
 """
 
 from __future__ import annotations
@@ -45,6 +53,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+from slime_meta_engine import memory_snapshots  # noqa: E402
 
 WINDOW = 5  # samples per median in `growth`
 PLOT_NAME = "holdout.png"
@@ -169,8 +180,11 @@ def run_soak(
     timeout_s: float | None = None,
     log_path: Path | None = None,
     script: str = "synthetic",
+    tracemalloc_dir: Path | None = None,
+    snapshot_steps: tuple[int, ...] = (),
 ) -> SoakRun:
-    """`SCRIPTS[script]` for `steps` outer steps in `run_dir`, sampled after each step."""
+    """`SCRIPTS[script]` for `steps` outer steps in `run_dir`, sampled after each step; with
+    `tracemalloc_dir`, the trainer and workers snapshot their heaps there after each of `snapshot_steps`."""
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -180,6 +194,8 @@ def run_soak(
         "MODEL_CACHE": str(ROOT / ".cache" / "models"),
     }
     env.pop("OPENAI_API_KEY", None)
+    if tracemalloc_dir is not None:
+        env[memory_snapshots.ENV_DIR] = str(tracemalloc_dir)
     log_path = log_path or run_dir.parent / f"{run_dir.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpu_load)]
@@ -217,6 +233,8 @@ def run_soak(
                         result.samples.setdefault(name, []).append({"step": done, **memory, "fds": fds})
                 if used := gpu_memory_used():
                     result.gpus.append({"step": done, "used_mib": used})
+                if tracemalloc_dir is not None and done in snapshot_steps:
+                    ask_for_snapshots({trainer_pid: "trainer", **descendants(trainer_pid)})
                 try:
                     mtime = (run_dir / PLOT_NAME).stat().st_mtime
                 except OSError:
@@ -240,6 +258,26 @@ def run_soak(
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         result.step_times = [r["perf/step_time"] for r in records if "perf/step_time" in r]
     return result
+
+
+def ask_for_snapshots(processes: dict[int, str]) -> None:
+    """SIGUSR2 to the trainer and each worker: the first starts tracing, each later one writes a heap
+    snapshot (memory_snapshots.install)."""
+    for pid, name in processes.items():
+        if name == "trainer" or name.startswith("worker:"):
+            try:
+                os.kill(pid, memory_snapshots.SNAPSHOT_SIGNAL)
+            except ProcessLookupError:
+                pass
+
+
+def compare_snapshots(directory: Path) -> dict[str, dict]:
+    """Per process that wrote two snapshots or more: the first against the last (memory_snapshots.compare)."""
+    return {
+        stem: memory_snapshots.compare(paths[0], paths[-1])
+        for stem, paths in memory_snapshots.snapshots_by_process(directory).items()
+        if len(paths) >= 2
+    }
 
 
 def fitted_slope(steps: list[int], values_kib: list[int]) -> tuple[float, float]:
@@ -420,6 +458,20 @@ def replot(path: Path, warmup: int | None) -> Path:
     return plot(run, warmup, path.with_suffix(".png"), title)
 
 
+def print_heap_growth(heaps: dict) -> None:
+    first, last = heaps["after_steps"]
+    for stem, heap in heaps.items():
+        if stem == "after_steps":
+            continue
+        print(
+            f"{stem}: traced Python heap {heap['traced_mib_before']} -> {heap['traced_mib_after']} MiB from step "
+            f"{first} to {last} ({heap['traced_growth_kib']:+.1f} KiB); grew most:"
+        )
+        for site in heap["sites"][:5]:
+            where = " < ".join(site["traceback"][::-1])  # innermost frame first
+            print(f"  {site['size_diff_kib']:+9.1f} KiB {site['count_diff']:+7d} blocks  {where}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50, help="outer steps of the run (NUM_ROLLOUT)")
@@ -446,9 +498,20 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="an earlier results JSON: its figures (with --warmup: from that step) and PNG again, no run",
     )
+    parser.add_argument(
+        "--tracemalloc",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="trace the trainer's and workers' Python heaps; snapshots after warm-up and near the end go to "
+        "DIR, their comparison into the JSON",
+    )
     parser.add_argument("extra", nargs="*", help="extra train.py flags, after --")
     args = parser.parse_args(argv)
     warmup_given, args.warmup = args.warmup, 10 if args.warmup is None else args.warmup
+    snapshot_steps = (args.warmup, args.warmup + 2, args.steps - 2)  # start tracing, first and last snapshot
+    if args.tracemalloc is not None and snapshot_steps[2] <= snapshot_steps[1]:
+        parser.error(f"--tracemalloc needs --steps above --warmup + 4 (steps {args.steps}, warm-up {args.warmup})")
     if args.replot is not None:
         if not args.replot.is_file():
             parser.exit(2, f"error: --replot {args.replot}: no such file\n")
@@ -459,7 +522,15 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or ROOT / "benchmarks" / "results" / name
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         run_dir = args.run_dir or Path(tmp) / "run"
-        run = run_soak(args.steps, run_dir, cpu_load=args.cpu_load, extra_args=tuple(args.extra), script=args.script)
+        run = run_soak(
+            args.steps,
+            run_dir,
+            cpu_load=args.cpu_load,
+            extra_args=tuple(args.extra),
+            script=args.script,
+            tracemalloc_dir=args.tracemalloc,
+            snapshot_steps=snapshot_steps,
+        )
     if run.returncode != 0:
         print(run.log[-3000:], file=sys.stderr)
         print(f"error: the run ended with exit code {run.returncode}", file=sys.stderr)
@@ -472,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_load": args.cpu_load,
             "script": SCRIPTS[args.script],
             "extra": args.extra,
+            "tracemalloc": str(args.tracemalloc) if args.tracemalloc else None,
         },
     )
     report.update(
@@ -484,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
         samples=run.samples,
         gpu_samples=run.gpus,
     )
+    if args.tracemalloc is not None:
+        report["tracemalloc"] = {"after_steps": list(snapshot_steps[1:]), **compare_snapshots(args.tracemalloc)}
     C.write_json(report, out)
     png = plot(run, args.warmup, out.with_suffix(".png"), f"{args.steps} steps, {report['machine']['cpu_count']} CPUs")
     print(
@@ -491,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{report['warmup_end_step']}"
     )
     print_figures(report)
+    if args.tracemalloc is not None:
+        print_heap_growth(report["tracemalloc"])
     print(f"wrote {out} and {png}")
     return 0
 

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from slime_meta_engine import memory_snapshots
 from slime_meta_engine.api.context import WorkerContext
 from slime_meta_engine.api.routes import build_app
 from slime_meta_engine.engine import GenerationEngine
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     parent_pid = os.getppid()
     if args.weight_buffer_prefix:  # a launcher's worker: it goes when its launcher goes (launcher_watch.py)
         watch_launcher(parent_pid, args.weight_buffer_prefix)
+    memory_snapshots.install(f"worker_{args.port}")  # only with SLIME_META_TRACEMALLOC set
     context = build_context(args)
     path = context.engine.decode_path
     logger.info("loaded %s on %s (%s), decode path %s", args.model_path, context.device, context.dtype, path)
