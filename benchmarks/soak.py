@@ -30,10 +30,11 @@ The same figures for GPU memory (`gpu_*`) where it was sampled. The JSON holds e
 PNG draws RSS and descriptors (and GPU memory) per process against the step.
 
 With `--tracemalloc DIR` the run's trainer and workers trace their Python heaps
-(slime_meta_engine/memory_snapshots.py): each is sent SIGUSR2 after the warm-up step (tracing starts),
-two steps later and two steps before the end (a snapshot each, in DIR), and the two snapshots are
-compared into the JSON's `tracemalloc` (the traced heap's growth and the allocation sites that grew
-most, with their tracebacks). Tracing slows the steps it covers.
+(slime_meta_engine/memory_snapshots.py): each is sent SIGUSR2 once warm-up is over (after step
+`--warmup` and after the first plot, whose imports are one-time: tracing starts), two steps later and
+two steps before the end (a snapshot each, in DIR), and the two snapshots are compared into the JSON's
+`tracemalloc` (the traced heap's growth and the allocation sites that grew most, with their
+tracebacks). Tracing slows the steps it covers.
 """
 
 from __future__ import annotations
@@ -152,7 +153,8 @@ def descendants(pid: int) -> dict[int, str]:
 class SoakRun:
     """What `run_soak` saw: per process name, one sample per step (step, rss_kib, fds, and for the
     trainer anon_kib and file_kib; gpu_mib where a GPU was in use), each GPU's memory in use per step,
-    the steps after which the run had redrawn its plot, the run's step times and exit code."""
+    the steps after which the run had redrawn its plot, the run's step times and exit code, and with
+    --tracemalloc the steps after which tracing started and the heaps were snapshot."""
 
     steps: int
     seconds: float
@@ -161,6 +163,7 @@ class SoakRun:
     gpus: list[dict] = field(default_factory=list)
     plot_steps: list[int] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
+    snapshot_steps: list[int] = field(default_factory=list)  # --tracemalloc: tracing started, snapshots
     log: str = ""
 
     def warmup_end(self, warmup: int) -> int:
@@ -181,10 +184,11 @@ def run_soak(
     log_path: Path | None = None,
     script: str = "synthetic",
     tracemalloc_dir: Path | None = None,
-    snapshot_steps: tuple[int, ...] = (),
+    warmup: int = 10,
 ) -> SoakRun:
     """`SCRIPTS[script]` for `steps` outer steps in `run_dir`, sampled after each step; with
-    `tracemalloc_dir`, the trainer and workers snapshot their heaps there after each of `snapshot_steps`."""
+    `tracemalloc_dir`, the trainer and workers trace their heaps from the end of warm-up (`warmup` steps
+    and the first plot) and snapshot them there two steps later and two steps before the end."""
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -233,8 +237,6 @@ def run_soak(
                         result.samples.setdefault(name, []).append({"step": done, **memory, "fds": fds})
                 if used := gpu_memory_used():
                     result.gpus.append({"step": done, "used_mib": used})
-                if tracemalloc_dir is not None and done in snapshot_steps:
-                    ask_for_snapshots({trainer_pid: "trainer", **descendants(trainer_pid)})
                 try:
                     mtime = (run_dir / PLOT_NAME).stat().st_mtime
                 except OSError:
@@ -242,6 +244,9 @@ def run_soak(
                 if mtime is not None and mtime != plot_mtime:
                     plot_mtime = mtime
                     result.plot_steps.append(done)
+                if tracemalloc_dir is not None and heap_snapshot_due(result, done, warmup, steps):
+                    result.snapshot_steps.append(done)
+                    ask_for_snapshots({trainer_pid: "trainer", **descendants(trainer_pid)})
             process.wait(timeout=120)
         finally:
             for burner in burners:
@@ -258,6 +263,14 @@ def run_soak(
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         result.step_times = [r["perf/step_time"] for r in records if "perf/step_time" in r]
     return result
+
+
+def heap_snapshot_due(run: SoakRun, step: int, warmup: int, steps: int) -> bool:
+    """Whether the processes get SIGUSR2 after `step`: the first step past warm-up and past the first
+    plot (tracing starts), two steps later and two steps before the end (the snapshots)."""
+    if not run.snapshot_steps:
+        return step >= warmup and bool(run.plot_steps) and step > run.plot_steps[0]
+    return step in (run.snapshot_steps[0] + 2, steps - 2) and step not in run.snapshot_steps
 
 
 def ask_for_snapshots(processes: dict[int, str]) -> None:
@@ -459,7 +472,10 @@ def replot(path: Path, warmup: int | None) -> Path:
 
 
 def print_heap_growth(heaps: dict) -> None:
-    first, last = heaps["after_steps"]
+    if len(heaps["after_steps"]) < 2:
+        print(f"tracemalloc: snapshots after steps {heaps['after_steps']}, two are needed: give more --steps")
+        return
+    first, last = heaps["after_steps"][0], heaps["after_steps"][-1]
     for stem, heap in heaps.items():
         if stem == "after_steps":
             continue
@@ -509,8 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("extra", nargs="*", help="extra train.py flags, after --")
     args = parser.parse_args(argv)
     warmup_given, args.warmup = args.warmup, 10 if args.warmup is None else args.warmup
-    snapshot_steps = (args.warmup, args.warmup + 2, args.steps - 2)  # start tracing, first and last snapshot
-    if args.tracemalloc is not None and snapshot_steps[2] <= snapshot_steps[1]:
+    if args.tracemalloc is not None and args.steps - 2 <= args.warmup + 2:
         parser.error(f"--tracemalloc needs --steps above --warmup + 4 (steps {args.steps}, warm-up {args.warmup})")
     if args.replot is not None:
         if not args.replot.is_file():
@@ -529,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             extra_args=tuple(args.extra),
             script=args.script,
             tracemalloc_dir=args.tracemalloc,
-            snapshot_steps=snapshot_steps,
+            warmup=args.warmup,
         )
     if run.returncode != 0:
         print(run.log[-3000:], file=sys.stderr)
@@ -557,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu_samples=run.gpus,
     )
     if args.tracemalloc is not None:
-        report["tracemalloc"] = {"after_steps": list(snapshot_steps[1:]), **compare_snapshots(args.tracemalloc)}
+        report["tracemalloc"] = {"after_steps": run.snapshot_steps[1:], **compare_snapshots(args.tracemalloc)}
     C.write_json(report, out)
     png = plot(run, args.warmup, out.with_suffix(".png"), f"{args.steps} steps, {report['machine']['cpu_count']} CPUs")
     print(

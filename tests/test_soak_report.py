@@ -75,3 +75,16 @@ def test_a_results_file_is_read_back_and_redrawn(tmp_path, capsys):
     assert "warm-up to step 101" in out and "worker:1 GPU memory: 7256 -> 7256 MiB" in out
     assert path.with_suffix(".png").stat().st_size > 10_000
     assert json.loads(path.read_text()) == report  # the results file itself is kept as it was
+
+
+def test_heap_snapshots_wait_for_warmup_and_the_first_plot_then_come_two_steps_later_and_near_the_end():
+    run = soak.SoakRun(steps=30, seconds=0.0, returncode=None)
+    asked = []
+    for step in range(1, 31):
+        if step == 14:
+            run.plot_steps.append(step)  # the first plot, after the warm-up's 10 steps
+        if soak.heap_snapshot_due(run, step, warmup=10, steps=30):
+            run.snapshot_steps.append(step)
+            asked.append(step)
+    # tracing starts after step 15 (past step 10 and past the plot), snapshots after 17 and 28
+    assert asked == [15, 17, 28]
