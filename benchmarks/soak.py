@@ -559,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
             "script": SCRIPTS[args.script],
             "extra": args.extra,
             "tracemalloc": str(args.tracemalloc) if args.tracemalloc else None,
+            # glibc's allocator settings change what RSS a process keeps (MALLOC_ARENA_MAX, ...)
+            "malloc_env": {key: value for key, value in os.environ.items() if key.startswith("MALLOC_")},
         },
     )
     report.update(
