@@ -13,6 +13,8 @@ One module per concern; the top level holds the process, the loop and what every
 - caches.py         DynamicCache row surgery (join, trim) for the batched path
 - protocol.py       what a request is and what it returns: /generate's parsing and response shapes
 - weights.py        reading checkpoints and copying them into the live model
+- memory_snapshots.py  Python heap snapshots on SIGUSR2 when SLIME_META_TRACEMALLOC is set (the
+                    trainer uses it too; benchmarks/soak.py --tracemalloc compares them)
 
 and three subpackages, each listing its modules:
 
