@@ -476,9 +476,7 @@ def print_heap_growth(heaps: dict) -> None:
         print(f"tracemalloc: snapshots after steps {heaps['after_steps']}, two are needed: give more --steps")
         return
     first, last = heaps["after_steps"][0], heaps["after_steps"][-1]
-    for stem, heap in heaps.items():
-        if stem == "after_steps":
-            continue
+    for stem, heap in heaps["processes"].items():
         print(
             f"{stem}: traced Python heap {heap['traced_mib_before']} -> {heap['traced_mib_after']} MiB from step "
             f"{first} to {last} ({heap['traced_growth_kib']:+.1f} KiB); grew most:"
@@ -526,7 +524,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warmup_given, args.warmup = args.warmup, 10 if args.warmup is None else args.warmup
     if args.tracemalloc is not None and args.steps - 2 <= args.warmup + 2:
-        parser.error(f"--tracemalloc needs --steps above --warmup + 4 (steps {args.steps}, warm-up {args.warmup})")
+        parser.exit(
+            2, f"error: --tracemalloc needs --steps above --warmup + 4 (steps {args.steps}, warm-up {args.warmup})\n"
+        )
     if args.replot is not None:
         if not args.replot.is_file():
             parser.exit(2, f"error: --replot {args.replot}: no such file\n")
@@ -574,7 +574,10 @@ def main(argv: list[str] | None = None) -> int:
         gpu_samples=run.gpus,
     )
     if args.tracemalloc is not None:
-        report["tracemalloc"] = {"after_steps": run.snapshot_steps[1:], **compare_snapshots(args.tracemalloc)}
+        report["tracemalloc"] = {
+            "after_steps": run.snapshot_steps[1:],
+            "processes": compare_snapshots(args.tracemalloc),
+        }
     C.write_json(report, out)
     png = plot(run, args.warmup, out.with_suffix(".png"), f"{args.steps} steps, {report['machine']['cpu_count']} CPUs")
     print(

@@ -4,6 +4,7 @@ short-lived children, and a results file read back (`--replot`)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -88,3 +89,15 @@ def test_heap_snapshots_wait_for_warmup_and_the_first_plot_then_come_two_steps_l
             asked.append(step)
     # tracing starts after step 15 (past step 10 and past the plot), snapshots after 17 and 28
     assert asked == [15, 17, 28]
+
+
+def test_tracemalloc_with_too_few_steps_exits_2_in_one_line_naming_the_flags():
+    result = subprocess.run(
+        [sys.executable, "benchmarks/soak.py", "--steps", "14", "--tracemalloc", "/tmp/never-written"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "--tracemalloc" in result.stderr and "--steps" in result.stderr and "--warmup" in result.stderr

@@ -12,10 +12,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_worker_soak(*arguments: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "benchmarks/worker_soak.py", *arguments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_a_worker_round_after_round_reports_its_memory_and_slope(tmp_path):
     out = tmp_path / "worker_soak.json"
-    command = [sys.executable, "benchmarks/worker_soak.py", "--rounds", "12", "--every", "3", "--warmup", "3"]
-    result = subprocess.run([*command, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = run_worker_soak("--rounds", "12", "--every", "3", "--warmup", "3", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["settings"]["weight_sync"] == "shared-memory"  # a CPU trainer and a worker of its group
@@ -32,13 +41,8 @@ def test_a_worker_round_after_round_reports_its_memory_and_slope(tmp_path):
 
 def test_a_time_limit_stops_the_rounds_and_reports_those_done(tmp_path):
     out = tmp_path / "worker_soak.json"
-    command = [sys.executable, "benchmarks/worker_soak.py", "--rounds", "100000", "--every", "2", "--warmup", "2"]
-    result = subprocess.run(
-        [*command, "--no-push", "--time-limit-s", "4", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = run_worker_soak(
+        *("--rounds", "100000", "--every", "2", "--warmup", "2", "--no-push", "--time-limit-s", "4", "--out", str(out))
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -56,7 +60,5 @@ def test_a_time_limit_stops_the_rounds_and_reports_those_done(tmp_path):
     ],
 )
 def test_bad_input_exits_2_naming_the_flag(arguments, named):
-    result = subprocess.run(
-        [sys.executable, "benchmarks/worker_soak.py", *arguments], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    result = run_worker_soak(*arguments, timeout=60)
     assert result.returncode == 2 and named in result.stderr
