@@ -42,7 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -54,99 +54,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+from soak_heaps import (  # noqa: E402
+    ask_for_snapshots,
+    compare_snapshots,
+    heap_snapshot_due,
+    print_heap_growth,
+    wait_for_snapshots,
+)
+from soak_plot import plot, print_figures  # noqa: E402
+from soak_probes import descendants, fd_count, gpu_memory_by_pid, gpu_memory_used, memory_kib  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from slime_meta_engine import memory_snapshots  # noqa: E402
 
 WINDOW = 5  # samples per median in `growth`
 PLOT_NAME = "holdout.png"
-STATUS_FIELDS = {"VmRSS": "rss_kib", "RssAnon": "anon_kib", "RssFile": "file_kib"}
 SCRIPTS = {"synthetic": "scripts/run_synthetic.sh", "real": "scripts/run_real.sh"}
-OTHERS = "other children"
-
-
-def memory_kib(pid: int) -> dict[str, int] | None:
-    """Resident memory of a process from /proc/PID/status: rss, anon(ymous) and file(-backed) pages, KiB."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return None
-    out = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key in STATUS_FIELDS:
-            out[STATUS_FIELDS[key]] = int(value.split()[0])
-    return out if "rss_kib" in out else None
-
-
-def _nvidia_smi(query: str, fields: str) -> list[list[int]]:
-    """Rows of integers from `nvidia-smi --query-QUERY=FIELDS`; none without nvidia-smi or on an error."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-{query}={fields}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
-        return [[int(v) for v in line.split(",")] for line in out.splitlines() if line.strip()]
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return []
-
-
-def gpu_memory_by_pid() -> dict[int, int]:
-    """MiB of GPU memory per process (summed over GPUs), as the driver reports it."""
-    out: dict[int, int] = {}
-    for pid, mib in _nvidia_smi("compute-apps", "pid,used_memory"):
-        out[pid] = out.get(pid, 0) + mib
-    return out
-
-
-def gpu_memory_used() -> list[int]:
-    """MiB in use on each GPU; empty without GPUs."""
-    return [row[0] for row in _nvidia_smi("gpu", "memory.used")]
-
-
-def fd_count(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """Child processes (recursively) of `pid`: pid -> a short name: router:PORT, worker:PORT (the pid
-    where the command line has no --port: a router renames itself sglang::router), trainer, and
-    other:PID for anything else (the verifier's math children)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = {}, [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, child_parent in parents.items():
-            if child_parent == parent and child not in found:
-                try:
-                    argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                words = [a.decode(errors="replace") for a in argv]
-                port = words[words.index("--port") + 1] if "--port" in words else str(child)  # else its pid
-                if any("sglang" in w and "router" in w for w in words):  # it renames itself sglang::router
-                    found[child] = f"router:{port}"
-                elif any(w == "slime_meta_engine" for w in words):
-                    found[child] = f"worker:{port}"
-                elif any(w.endswith("train.py") for w in words):
-                    found[child] = "trainer"
-                else:
-                    found[child] = f"other:{child}"
-                frontier.append(child)
-    return found
+CUDA_ENV_PREFIXES = ("CUBLAS", "CUDA_", "PYTORCH_", "TORCH_", "TRITON_")
 
 
 @dataclass
@@ -164,6 +88,7 @@ class SoakRun:
     plot_steps: list[int] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
     snapshot_steps: list[int] = field(default_factory=list)  # --tracemalloc: tracing started, snapshots
+    time_limited: bool = False  # stopped at the time limit before its last step
     log: str = ""
 
     def warmup_end(self, warmup: int) -> int:
@@ -188,7 +113,9 @@ def run_soak(
 ) -> SoakRun:
     """`SCRIPTS[script]` for `steps` outer steps in `run_dir`, sampled after each step; with
     `tracemalloc_dir`, the trainer and workers trace their heaps from the end of warm-up (`warmup` steps
-    and the first plot) and snapshot them there two steps later and two steps before the end."""
+    and the first plot) and snapshot them there two steps later and two steps before the end. With
+    `timeout_s` the run is stopped after the first step that ends past it (`SoakRun.time_limited`; the
+    last snapshot is taken then), and what it sampled up to there is the result."""
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
@@ -206,17 +133,19 @@ def run_soak(
     started = time.monotonic()
     result = SoakRun(steps=steps, seconds=0.0, returncode=None)
     with log_path.open("w") as log:
+        # A process group of its own, so that a stop reaches the trainer, its router and its workers.
         process = subprocess.Popen(
             ["bash", str(ROOT / SCRIPTS[script]), *extra_args],
             cwd=ROOT,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         seen_steps, trainer_pid, plot_mtime = 0, None, None
         limit = timeout_s or max(1800, 60 * steps)
         try:
-            while process.poll() is None and time.monotonic() - started < limit:
+            while process.poll() is None:
                 time.sleep(0.1)
                 if trainer_pid is None:
                     trainer_pid = next((p for p, n in descendants(process.pid).items() if n == "trainer"), None)
@@ -224,19 +153,12 @@ def run_soak(
                 metrics = run_dir / "metrics.jsonl"
                 done = metrics.read_text().count("\n") if metrics.exists() else 0
                 if done <= seen_steps:
+                    if time.monotonic() - started > limit + 600:
+                        break  # no step in ten minutes past the limit: stop it as it is
                     continue
                 seen_steps = done
-                on_gpu = gpu_memory_by_pid()
-                for pid, name in {trainer_pid: "trainer", **descendants(trainer_pid)}.items():
-                    memory, fds = memory_kib(pid), fd_count(pid)
-                    if memory is not None and fds is not None:
-                        if not name.startswith("trainer"):
-                            memory = {"rss_kib": memory["rss_kib"]}
-                        if pid in on_gpu:
-                            memory["gpu_mib"] = on_gpu[pid]
-                        result.samples.setdefault(name, []).append({"step": done, **memory, "fds": fds})
-                if used := gpu_memory_used():
-                    result.gpus.append({"step": done, "used_mib": used})
+                processes = {trainer_pid: "trainer", **descendants(trainer_pid)}
+                sample_processes(result, done, processes)
                 try:
                     mtime = (run_dir / PLOT_NAME).stat().st_mtime
                 except OSError:
@@ -244,17 +166,20 @@ def run_soak(
                 if mtime is not None and mtime != plot_mtime:
                     plot_mtime = mtime
                     result.plot_steps.append(done)
-                if tracemalloc_dir is not None and heap_snapshot_due(result, done, warmup, steps):
+                result.time_limited = time.monotonic() - started > limit and done < steps
+                last_snapshot = result.time_limited and len(result.snapshot_steps) == 2
+                if tracemalloc_dir is not None and (heap_snapshot_due(result, done, warmup, steps) or last_snapshot):
                     result.snapshot_steps.append(done)
-                    ask_for_snapshots({trainer_pid: "trainer", **descendants(trainer_pid)})
-            process.wait(timeout=120)
+                    ask_for_snapshots(processes)
+                    if last_snapshot:
+                        wait_for_snapshots(tracemalloc_dir, processes, 2)  # the first signal wrote none
+                if result.time_limited:
+                    break
         finally:
             for burner in burners:
                 burner.kill()
                 burner.wait()
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+            stop_group(process)
     result.seconds = time.monotonic() - started
     result.returncode = process.returncode
     result.log = log_path.read_text(errors="replace")
@@ -265,32 +190,44 @@ def run_soak(
     return result
 
 
-def heap_snapshot_due(run: SoakRun, step: int, warmup: int, steps: int) -> bool:
-    """Whether the processes get SIGUSR2 after `step`: the first step past warm-up and past the first
-    plot (tracing starts), two steps later and two steps before the end (the snapshots)."""
-    if not run.snapshot_steps:
-        return step >= warmup and bool(run.plot_steps) and step > run.plot_steps[0]
-    return step in (run.snapshot_steps[0] + 2, steps - 2) and step not in run.snapshot_steps
-
-
-def ask_for_snapshots(processes: dict[int, str]) -> None:
-    """SIGUSR2 to the trainer and each worker: the first starts tracing, each later one writes a heap
-    snapshot (memory_snapshots.install)."""
+def sample_processes(run: SoakRun, step: int, processes: dict[int, str]) -> None:
+    """One sample per process after `step`: its memory (split by kind for the trainer, workers and
+    router; RSS alone for the other children), descriptors and GPU memory; and each GPU's in use."""
+    on_gpu = gpu_memory_by_pid()
     for pid, name in processes.items():
-        if name == "trainer" or name.startswith("worker:"):
-            try:
-                os.kill(pid, memory_snapshots.SNAPSHOT_SIGNAL)
-            except ProcessLookupError:
-                pass
+        memory, fds = memory_kib(pid), fd_count(pid)
+        if memory is None or fds is None:
+            continue  # it ended between the listing and the read
+        if name.startswith("other:"):
+            memory = {"rss_kib": memory["rss_kib"]}
+        if pid in on_gpu:
+            memory["gpu_mib"] = on_gpu[pid]
+        run.samples.setdefault(name, []).append({"step": step, **memory, "fds": fds})
+    if used := gpu_memory_used():
+        run.gpus.append({"step": step, "used_mib": used})
 
 
-def compare_snapshots(directory: Path) -> dict[str, dict]:
-    """Per process that wrote two snapshots or more: the first against the last (memory_snapshots.compare)."""
-    return {
-        stem: memory_snapshots.compare(paths[0], paths[-1])
-        for stem, paths in memory_snapshots.snapshots_by_process(directory).items()
-        if len(paths) >= 2
-    }
+def stop_group(process: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """End whatever is left of the run's process group: SIGTERM, and SIGKILL to what is still there
+    after `grace_s`, so that no worker or router outlives a run that was stopped or that failed."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break  # the group is gone
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and group_alive(process.pid):
+            process.poll()
+            time.sleep(0.2)
+    process.wait()
+
+
+def group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def fitted_slope(steps: list[int], values_kib: list[int]) -> tuple[float, float]:
@@ -339,6 +276,20 @@ def summarise(run: SoakRun, warmup: int) -> dict[str, dict]:
             "fds_end": growth(fds, start)[1],
             "fds_max": max(fds),
         }
+        for kind in ("anon", "file"):  # where RSS grows: what was allocated, or mapped files touched
+            if all(f"{kind}_kib" in s for s in measured):
+                kind_slope, kind_noise = fitted_slope(
+                    [s["step"] for s in measured], [s[f"{kind}_kib"] for s in measured]
+                )
+                report[name].update(
+                    {
+                        f"{kind}_mib_after_warmup": round(
+                            growth([s[f"{kind}_kib"] for s in samples], start)[0] / 1024, 1
+                        ),
+                        f"{kind}_slope_mib_per_step": round(kind_slope, 4),
+                        f"{kind}_noise_mib": round(kind_noise, 2),
+                    }
+                )
         if all("gpu_mib" in s for s in samples[start:-1]):
             gpu = [s["gpu_mib"] for s in samples]
             gpu_slope, gpu_noise = fitted_slope([s["step"] for s in measured], [s["gpu_mib"] * 1024 for s in measured])
@@ -366,25 +317,6 @@ def summarise_gpus(run: SoakRun, warmup: int) -> list[dict]:
     return out
 
 
-def plotted_series(samples: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """The processes as the plot draws them: the trainer, each worker and router by name, and the
-    other children (the verifier's math processes, compile workers: dozens on a GPU host, most
-    short-lived) summed per step into one line, so that the legend stays readable."""
-    named = {name: s for name, s in samples.items() if not name.startswith("other:")}
-    others = [s for name, s in samples.items() if name.startswith("other:")]
-    by_step: dict[int, dict] = {}
-    for series in others:
-        for sample in series:
-            total = by_step.setdefault(sample["step"], {"step": sample["step"], "rss_kib": 0, "fds": 0, "count": 0})
-            total["rss_kib"] += sample["rss_kib"]
-            total["fds"] += sample["fds"]
-            total["count"] += 1
-    if by_step:
-        peak = max(total["rss_kib"] for total in by_step.values()) / 1024
-        named[f"{OTHERS} (sum of {len(others)}; peak {peak:,.0f} MiB)"] = [by_step[step] for step in sorted(by_step)]
-    return named
-
-
 def run_from_report(report: dict) -> SoakRun:
     """A results file back as the run it describes, for `--replot`."""
     return SoakRun(
@@ -395,67 +327,6 @@ def run_from_report(report: dict) -> SoakRun:
         gpus=report.get("gpu_samples", []),
         plot_steps=report.get("plot_steps", []),
     )
-
-
-def plot(run: SoakRun, warmup: int, out: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    on_gpu = any("gpu_mib" in s for samples in run.samples.values() for s in samples)
-    fig, axes = plt.subplots(1, 3 if on_gpu else 2, figsize=(21 if on_gpu else 14, 4.5))
-    ax_rss, ax_fds = axes[0], axes[1]
-    for name, samples in sorted(plotted_series(run.samples).items()):
-        if len(samples) < 3:
-            continue
-        steps = [s["step"] for s in samples]
-        ax_rss.plot(steps, [s["rss_kib"] / 1024 for s in samples], label=name)
-        ax_fds.plot(steps, [s["fds"] for s in samples], label=name)
-        if name == "trainer" and "anon_kib" in samples[0]:
-            ax_rss.plot(steps, [s["anon_kib"] / 1024 for s in samples], linestyle=":", label="trainer: anonymous")
-        on_this_gpu = [s for s in samples if "gpu_mib" in s]
-        if on_gpu and on_this_gpu:
-            axes[2].plot([s["step"] for s in on_this_gpu], [s["gpu_mib"] for s in on_this_gpu], label=name)
-    if on_gpu:
-        axes[2].set(ylabel="GPU memory (MiB)", title="GPU memory per process")
-    for ax in axes:
-        ax.axvline(run.warmup_end(warmup), color="grey", linestyle="--", label="end of warm-up")
-        ax.set_xlabel("outer step")
-    ax_rss.set(ylabel="resident memory (MiB)", title=f"Resident memory per process: {title}")
-    # The scale of the named processes: the other children's sum (compile workers at the start of a GPU
-    # run, gigabytes for a few steps) may run off the top; its peak is in the legend.
-    named = [samples for name, samples in run.samples.items() if not name.startswith("other:")]
-    named_peak = max((s["rss_kib"] / 1024 for samples in named for s in samples), default=None)
-    if named_peak:
-        ax_rss.set_ylim(0, 1.15 * named_peak)
-    ax_fds.set(ylabel="open file descriptors", title="Open descriptors per process")
-    for ax in axes:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
-
-
-def print_figures(report: dict) -> None:
-    """The table of per-process figures (and the GPU lines) of a report."""
-    rows = [
-        [name, f["rss_mib_after_warmup"], f["rss_mib_end"], f["growth"], f["slope_mib_per_step"], f["noise_mib"]]
-        + [f"{f['fds_after_warmup']} -> {f['fds_end']:g}"]
-        for name, f in report["processes"].items()
-    ]
-    header = ["process", "RSS after warm-up", "RSS end", "growth", "MiB/step", "noise MiB", "descriptors"]
-    print(C.table(rows, header))
-    for name, f in report["processes"].items():
-        if "gpu_growth" in f:
-            print(
-                f"{name} GPU memory: {f['gpu_mib_after_warmup']} -> {f['gpu_mib_end']} MiB "
-                f"(growth {f['gpu_growth']}, {f['gpu_slope_mib_per_step']} MiB/step, noise {f['gpu_noise_mib']} MiB)"
-            )
-    for g in report["gpus"]:
-        print(f"GPU {g['gpu']} in use: {g['used_mib_after_warmup']} -> {g['used_mib_end']} MiB (growth {g['growth']})")
 
 
 def replot(path: Path, warmup: int | None) -> Path:
@@ -469,21 +340,6 @@ def replot(path: Path, warmup: int | None) -> Path:
     print_figures(report)
     title = f"{report['settings']['steps']} steps, {report['machine']['cpu_count']} CPUs"
     return plot(run, warmup, path.with_suffix(".png"), title)
-
-
-def print_heap_growth(heaps: dict) -> None:
-    if len(heaps["after_steps"]) < 2:
-        print(f"tracemalloc: snapshots after steps {heaps['after_steps']}, two are needed: give more --steps")
-        return
-    first, last = heaps["after_steps"][0], heaps["after_steps"][-1]
-    for stem, heap in heaps["processes"].items():
-        print(
-            f"{stem}: traced Python heap {heap['traced_mib_before']} -> {heap['traced_mib_after']} MiB from step "
-            f"{first} to {last} ({heap['traced_growth_kib']:+.1f} KiB); grew most:"
-        )
-        for site in heap["sites"][:5]:
-            where = " < ".join(site["traceback"][::-1])  # innermost frame first
-            print(f"  {site['size_diff_kib']:+9.1f} KiB {site['count_diff']:+7d} blocks  {where}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -520,6 +376,12 @@ def main(argv: list[str] | None = None) -> int:
         help="trace the trainer's and workers' Python heaps; snapshots after warm-up and near the end go to "
         "DIR, their comparison into the JSON",
     )
+    parser.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=None,
+        help="stop the run after the first step that ends past this many seconds and report the steps done",
+    )
     parser.add_argument("extra", nargs="*", help="extra train.py flags, after --")
     args = parser.parse_args(argv)
     warmup_given, args.warmup = args.warmup, 10 if args.warmup is None else args.warmup
@@ -533,8 +395,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {replot(args.replot, warmup_given)}")
         return 0
     device = "gpu" if gpu_memory_used() else "cpu"
-    name = f"soak_{device}{'' if args.script == 'synthetic' else '_' + args.script}_{args.steps}steps.json"
-    out = args.out or ROOT / "benchmarks" / "results" / name
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         run_dir = args.run_dir or Path(tmp) / "run"
         run = run_soak(
@@ -545,11 +405,19 @@ def main(argv: list[str] | None = None) -> int:
             script=args.script,
             tracemalloc_dir=args.tracemalloc,
             warmup=args.warmup,
+            timeout_s=args.time_limit_s,
         )
-    if run.returncode != 0:
+    trainer_samples = run.samples.get("trainer", [])
+    steps_done = trainer_samples[-1]["step"] if trainer_samples else 0
+    if run.time_limited and len(trainer_samples) < run.warmup_end(args.warmup) + 2 * WINDOW + 1:
+        print(f"error: --time-limit-s {args.time_limit_s:g}: {steps_done} steps done, too few to measure after warm-up")
+        return 1
+    if run.returncode != 0 and not run.time_limited:
         print(run.log[-3000:], file=sys.stderr)
         print(f"error: the run ended with exit code {run.returncode}", file=sys.stderr)
         return 1
+    name = f"soak_{device}{'' if args.script == 'synthetic' else '_' + args.script}_{steps_done}steps.json"
+    out = args.out or ROOT / "benchmarks" / "results" / name
     report = C.report_header(
         "soak",
         {
@@ -559,10 +427,14 @@ def main(argv: list[str] | None = None) -> int:
             "script": SCRIPTS[args.script],
             "extra": args.extra,
             "tracemalloc": str(args.tracemalloc) if args.tracemalloc else None,
+            "time_limit_s": args.time_limit_s,
             # glibc's allocator settings change what RSS a process keeps (MALLOC_ARENA_MAX, ...)
             "malloc_env": {key: value for key, value in os.environ.items() if key.startswith("MALLOC_")},
+            # and so do CUDA's libraries' (CUBLASLT_HEURISTICS_CACHE_CAPACITY, CUDA_MODULE_LOADING, ...)
+            "cuda_env": {key: value for key, value in os.environ.items() if key.startswith(CUDA_ENV_PREFIXES)},
         },
     )
+    report.update(steps_done=steps_done, time_limited=run.time_limited)
     report.update(
         seconds=round(run.seconds, 1),
         median_step_s=round(statistics.median(run.step_times), 2) if run.step_times else None,
@@ -580,8 +452,10 @@ def main(argv: list[str] | None = None) -> int:
         }
     C.write_json(report, out)
     png = plot(run, args.warmup, out.with_suffix(".png"), f"{args.steps} steps, {report['machine']['cpu_count']} CPUs")
+    if run.time_limited:
+        print(f"soak: stopped at the time limit ({args.time_limit_s:g} s) after {steps_done} of {args.steps} steps")
     print(
-        f"soak: {args.steps} steps in {run.seconds:.0f} s (median step {report['median_step_s']} s), warm-up to step "
+        f"soak: {steps_done} steps in {run.seconds:.0f} s (median step {report['median_step_s']} s), warm-up to step "
         f"{report['warmup_end_step']}"
     )
     print_figures(report)

@@ -12,12 +12,20 @@ steps later (first snapshot) and two steps before the end (last), and reports th
 
 tracemalloc sees what Python's allocator hands out (objects, and buffers that numpy, torch's CPU
 tensors and others take through it); memory that C/C++ code takes with malloc is not traced, so a
-process whose RSS grows while its traced heap does not keeps it outside Python.
+process whose RSS grows while its traced heap does not keeps it outside Python. For that, each
+snapshot has a sidecar, <name>-<pid>-<k>.process.json: the process's resident memory by kind
+(/proc/self/status: anonymous, file-backed, shared), glibc's malloc figures (mallinfo2, all arenas:
+bytes in use, free but held, in mmapped blocks) and the live objects that the garbage collector
+tracks, counted by type. `compare` reports how each moved.
 """
 
 from __future__ import annotations
 
+import collections
+import ctypes
+import gc
 import itertools
+import json
 import os
 import signal
 import tracemalloc
@@ -27,6 +35,66 @@ ENV_DIR = "SLIME_META_TRACEMALLOC"
 ENV_FRAMES = "SLIME_META_TRACEMALLOC_FRAMES"
 SNAPSHOT_SIGNAL = signal.SIGUSR2
 SUFFIX = ".tracemalloc"
+PROCESS_SUFFIX = ".process.json"
+STATUS_FIELDS = {"VmRSS": "rss_kib", "RssAnon": "anon_kib", "RssFile": "file_kib", "RssShmem": "shmem_kib"}
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's `struct mallinfo2` (2.33 and later): size_t fields, summed over all arenas."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",  # bytes taken from the system with brk/sbrk, all arenas
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",  # bytes in blocks mmapped on their own (large allocations)
+            "usmblks",
+            "fsmblks",
+            "uordblks",  # bytes in use
+            "fordblks",  # bytes free but held
+            "keepcost",
+        )
+    ]
+
+
+def malloc_figures() -> dict[str, int] | None:
+    """glibc's malloc totals in KiB (in use, free but held, mmapped blocks), or None where the C
+    library has no mallinfo2 (musl, macOS, glibc before 2.33)."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (AttributeError, OSError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return {
+        "in_use_kib": (info.uordblks + info.hblkhd) // 1024,
+        "free_held_kib": info.fordblks // 1024,
+        "mmapped_kib": info.hblkhd // 1024,
+        "arena_kib": info.arena // 1024,
+    }
+
+
+def resident_kib() -> dict[str, int]:
+    """This process's resident memory by kind (STATUS_FIELDS), KiB; empty where /proc is missing."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in STATUS_FIELDS:
+            out[STATUS_FIELDS[key]] = int(value.split()[0])
+    return out
+
+
+def process_figures() -> dict:
+    """What the sidecar of a snapshot holds: resident memory by kind, malloc's totals, and the live
+    objects the garbage collector tracks by type name."""
+    objects = collections.Counter(type(obj).__name__ for obj in gc.get_objects())
+    return {"resident": resident_kib(), "malloc": malloc_figures(), "objects": dict(objects)}
 
 
 def install(name: str) -> Path | None:
@@ -46,9 +114,13 @@ def install(name: str) -> Path | None:
             tracemalloc.start(frames)
             return
         path = out / f"{name}-{os.getpid()}-{next(numbers)}{SUFFIX}"
+        figures = process_figures()  # before the snapshot, whose own memory is not the program's
+        sidecar = path.with_name(path.name[: -len(SUFFIX)] + PROCESS_SUFFIX)
+        sidecar.write_text(json.dumps(figures))
         partial = path.with_name(path.name + ".partial")
         tracemalloc.take_snapshot().dump(str(partial))
-        os.replace(partial, path)  # a reader never sees half a snapshot under the final name
+        os.replace(partial, path)  # a reader never sees half a snapshot under the final name; last, so
+        # that the sidecar is there once it is
 
     signal.signal(SNAPSHOT_SIGNAL, write_snapshot)
     return out
@@ -86,9 +158,29 @@ def compare(before: Path, after: Path, top: int = 10, frames: int = 4) -> dict:
         }
         for stat in sorted(differences, key=lambda stat: stat.size_diff, reverse=True)[:top]
     ]
-    return {
+    report = {
         "traced_mib_before": round(total_before / 2**20, 2),
         "traced_mib_after": round(total_after / 2**20, 2),
         "traced_growth_kib": round((total_after - total_before) / 1024, 1),
         "sites": sites,
     }
+    report.update(compare_process_figures(before, after, top))
+    return report
+
+
+def compare_process_figures(before: Path, after: Path, top: int = 10) -> dict:
+    """From the two snapshots' sidecars, where both exist: resident memory by kind and malloc's
+    totals before -> after (KiB), and the `top` object types whose count grew most."""
+    sidecars = [path.with_name(path.name[: -len(SUFFIX)] + PROCESS_SUFFIX) for path in (before, after)]
+    if not all(path.is_file() for path in sidecars):
+        return {}
+    old, new = (json.loads(path.read_text()) for path in sidecars)
+    out = {}
+    for part in ("resident", "malloc"):
+        if old.get(part) and new.get(part):
+            out[part] = {key: [old[part][key], new[part][key]] for key in new[part] if key in old[part]}
+    counts_before, counts_after = old["objects"], new["objects"]
+    grown = {kind: count - counts_before.get(kind, 0) for kind, count in counts_after.items()}
+    out["objects_grown"] = dict(sorted(grown.items(), key=lambda item: item[1], reverse=True)[:top])
+    out["objects_before"], out["objects_after"] = sum(counts_before.values()), sum(counts_after.values())
+    return out

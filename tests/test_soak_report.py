@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks import soak  # noqa: E402
+from benchmarks import soak, soak_plot  # noqa: E402
 
 
 def samples(steps: range, rss_mib, gpu_mib=None) -> list[dict]:
@@ -53,7 +53,7 @@ def test_the_figures_after_warm_up_see_a_creep_and_not_a_one_time_step():
 
 
 def test_the_plot_sums_the_other_children_into_one_line():
-    series = soak.plotted_series(a_run().samples)
+    series = soak_plot.plotted_series(a_run().samples)
     assert set(series) == {"trainer", "worker:1", "other children (sum of 2; peak 900 MiB)"}
     summed = series["other children (sum of 2; peak 900 MiB)"]
     assert [s["step"] for s in summed] == list(range(1, 12)) and summed[0]["rss_kib"] == 900 * 1024

@@ -1,0 +1,98 @@
+"""What benchmarks/soak.py reads of a run's processes, from /proc and nvidia-smi: resident memory split
+by kind, open descriptors, GPU memory per process and per GPU, and the run's process tree by role."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+# Anonymous pages are what the process allocated (heaps, stacks); file-backed ones are mapped files it
+# has touched (shared libraries' code: CUDA's libraries fault theirs in as kernels are first used);
+# shared-memory ones are tmpfs and shared mappings.
+STATUS_FIELDS = {"VmRSS": "rss_kib", "RssAnon": "anon_kib", "RssFile": "file_kib", "RssShmem": "shmem_kib"}
+
+
+def memory_kib(pid: int) -> dict[str, int] | None:
+    """Resident memory of a process from /proc/PID/status, KiB: all of it and its three kinds (STATUS_FIELDS)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    out = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in STATUS_FIELDS:
+            out[STATUS_FIELDS[key]] = int(value.split()[0])
+    return out if "rss_kib" in out else None
+
+
+def _nvidia_smi(query: str, fields: str) -> list[list[int]]:
+    """Rows of integers from `nvidia-smi --query-QUERY=FIELDS`; none without nvidia-smi or on an error."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-{query}={fields}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        return [[int(v) for v in line.split(",")] for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+
+
+def gpu_memory_by_pid() -> dict[int, int]:
+    """MiB of GPU memory per process (summed over GPUs), as the driver reports it."""
+    out: dict[int, int] = {}
+    for pid, mib in _nvidia_smi("compute-apps", "pid,used_memory"):
+        out[pid] = out.get(pid, 0) + mib
+    return out
+
+
+def gpu_memory_used() -> list[int]:
+    """MiB in use on each GPU; empty without GPUs."""
+    return [row[0] for row in _nvidia_smi("gpu", "memory.used")]
+
+
+def fd_count(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Child processes (recursively) of `pid`: pid -> a short name: router:PORT, worker:PORT (the pid
+    where the command line has no --port: a router renames itself sglang::router), trainer, and
+    other:PID for anything else (the verifier's math children)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = {}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, child_parent in parents.items():
+            if child_parent == parent and child not in found:
+                try:
+                    argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                words = [a.decode(errors="replace") for a in argv]
+                port = words[words.index("--port") + 1] if "--port" in words else str(child)  # else its pid
+                if any("sglang" in w and "router" in w for w in words):  # it renames itself sglang::router
+                    found[child] = f"router:{port}"
+                elif any(w == "slime_meta_engine" for w in words):
+                    found[child] = f"worker:{port}"
+                elif any(w.endswith("train.py") for w in words):
+                    found[child] = "trainer"
+                else:
+                    found[child] = f"other:{child}"
+                frontier.append(child)
+    return found
