@@ -34,7 +34,9 @@ With `--tracemalloc DIR` the run's trainer and workers trace their Python heaps
 `--warmup` and after the first plot, whose imports are one-time: tracing starts), two steps later and
 two steps before the end (a snapshot each, in DIR), and the two snapshots are compared into the JSON's
 `tracemalloc` (the traced heap's growth and the allocation sites that grew most, with their
-tracebacks). Tracing slows the steps it covers.
+tracebacks). Tracing slows the steps it covers. `--memray` (with `--tracemalloc`; `pip install memray`)
+also records each process's native allocations from the first snapshot to the last
+(slime_meta_engine/native_allocations.py): what C/C++ code allocated there and still held, by stack.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ from soak_plot import plot, print_figures  # noqa: E402
 from soak_probes import descendants, fd_count, gpu_memory_by_pid, gpu_memory_used, memory_kib  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
-from slime_meta_engine import memory_snapshots  # noqa: E402
+from slime_meta_engine import memory_snapshots, native_allocations  # noqa: E402
 
 WINDOW = 5  # samples per median in `growth`
 PLOT_NAME = "holdout.png"
@@ -110,6 +112,7 @@ def run_soak(
     script: str = "synthetic",
     tracemalloc_dir: Path | None = None,
     warmup: int = 10,
+    native: bool = False,
 ) -> SoakRun:
     """`SCRIPTS[script]` for `steps` outer steps in `run_dir`, sampled after each step; with
     `tracemalloc_dir`, the trainer and workers trace their heaps from the end of warm-up (`warmup` steps
@@ -127,6 +130,8 @@ def run_soak(
     env.pop("OPENAI_API_KEY", None)
     if tracemalloc_dir is not None:
         env[memory_snapshots.ENV_DIR] = str(tracemalloc_dir)
+        if native:
+            env[native_allocations.ENV_NATIVE] = "1"
     log_path = log_path or run_dir.parent / f"{run_dir.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpu_load)]
@@ -338,7 +343,8 @@ def replot(path: Path, warmup: int | None) -> Path:
     report.update(processes=summarise(run, warmup), gpus=summarise_gpus(run, warmup))
     print(f"soak: {path.name}, warm-up to step {run.warmup_end(warmup)}")
     print_figures(report)
-    title = f"{report['settings']['steps']} steps, {report['machine']['cpu_count']} CPUs"
+    steps = report.get("steps_done", report["settings"]["steps"])  # a run stopped at its time limit did fewer
+    title = f"{steps} steps, {report['machine']['cpu_count']} CPUs"
     return plot(run, warmup, path.with_suffix(".png"), title)
 
 
@@ -377,6 +383,11 @@ def main(argv: list[str] | None = None) -> int:
         "DIR, their comparison into the JSON",
     )
     parser.add_argument(
+        "--memray",
+        action="store_true",
+        help="with --tracemalloc: also record native allocations (memray) between the two snapshots",
+    )
+    parser.add_argument(
         "--time-limit-s",
         type=float,
         default=None,
@@ -389,6 +400,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(
             2, f"error: --tracemalloc needs --steps above --warmup + 4 (steps {args.steps}, warm-up {args.warmup})\n"
         )
+    if args.memray:
+        if args.tracemalloc is None:
+            parser.exit(2, "error: --memray records between the heap snapshots: give --tracemalloc DIR as well\n")
+        try:
+            import memray  # noqa: F401
+        except ImportError:
+            parser.exit(2, "error: --memray needs memray: pip install memray (not a dependency of the project)\n")
     if args.replot is not None:
         if not args.replot.is_file():
             parser.exit(2, f"error: --replot {args.replot}: no such file\n")
@@ -406,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
             tracemalloc_dir=args.tracemalloc,
             warmup=args.warmup,
             timeout_s=args.time_limit_s,
+            native=args.memray,
         )
     trainer_samples = run.samples.get("trainer", [])
     steps_done = trainer_samples[-1]["step"] if trainer_samples else 0
@@ -427,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             "script": SCRIPTS[args.script],
             "extra": args.extra,
             "tracemalloc": str(args.tracemalloc) if args.tracemalloc else None,
+            "memray": args.memray,
             "time_limit_s": args.time_limit_s,
             # glibc's allocator settings change what RSS a process keeps (MALLOC_ARENA_MAX, ...)
             "malloc_env": {key: value for key, value in os.environ.items() if key.startswith("MALLOC_")},
@@ -451,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             "processes": compare_snapshots(args.tracemalloc),
         }
     C.write_json(report, out)
-    png = plot(run, args.warmup, out.with_suffix(".png"), f"{args.steps} steps, {report['machine']['cpu_count']} CPUs")
+    png = plot(run, args.warmup, out.with_suffix(".png"), f"{steps_done} steps, {report['machine']['cpu_count']} CPUs")
     if run.time_limited:
         print(f"soak: stopped at the time limit ({args.time_limit_s:g} s) after {steps_done} of {args.steps} steps")
     print(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from slime_meta_engine import memory_snapshots  # noqa: E402
+from slime_meta_engine import memory_snapshots, native_allocations  # noqa: E402
 
 if TYPE_CHECKING:
     from soak import SoakRun
@@ -53,12 +53,17 @@ def ask_for_snapshots(processes: dict[int, str]) -> None:
 
 
 def compare_snapshots(directory: Path) -> dict[str, dict]:
-    """Per process that wrote two snapshots or more: the first against the last (memory_snapshots.compare)."""
-    return {
-        stem: memory_snapshots.compare(paths[0], paths[-1])
-        for stem, paths in memory_snapshots.snapshots_by_process(directory).items()
-        if len(paths) >= 2
-    }
+    """Per process that wrote two snapshots or more: the first against the last (memory_snapshots.compare),
+    and with --memray what it allocated natively between them and still held (native_allocations)."""
+    out = {}
+    for stem, paths in memory_snapshots.snapshots_by_process(directory).items():
+        if len(paths) < 2:
+            continue
+        out[stem] = memory_snapshots.compare(paths[0], paths[-1])
+        native = Path(directory) / f"{stem}{native_allocations.SUFFIX}"
+        if native.is_file():
+            out[stem].update(native_allocations.live_sites(native))
+    return out
 
 
 def print_heap_growth(heaps: dict) -> None:
@@ -78,6 +83,13 @@ def print_heap_growth(heaps: dict) -> None:
             if part in heap:
                 moved = ", ".join(f"{key} {a:,} -> {b:,}" for key, (a, b) in heap[part].items())
                 print(f"  {part} (KiB): {moved}")
+        if "native_sites" in heap:
+            print(
+                f"  native allocations kept from step {first} to {last}: {heap['native_live_kib']:,.1f} KiB; largest:"
+            )
+            for site in heap["native_sites"][:5]:
+                print(f"    {site['size_kib']:+9.1f} KiB {site['count']:7d} blocks  {' < '.join(site['frames'])}")
+                print(f"      from {site['python']}")
         if "objects_grown" in heap:
             grown = ", ".join(f"{kind} {count:+d}" for kind, count in list(heap["objects_grown"].items())[:5])
             print(f"  objects: {heap['objects_before']:,} -> {heap['objects_after']:,}; grew most: {grown}")

@@ -16,7 +16,9 @@ process whose RSS grows while its traced heap does not keeps it outside Python. 
 snapshot has a sidecar, <name>-<pid>-<k>.process.json: the process's resident memory by kind
 (/proc/self/status: anonymous, file-backed, shared), glibc's malloc figures (mallinfo2, all arenas:
 bytes in use, free but held, in mmapped blocks) and the live objects that the garbage collector
-tracks, counted by type. `compare` reports how each moved.
+tracks, counted by type. `compare` reports how each moved. With `SLIME_META_MEMRAY=1` as well, the
+process also records its native allocations from the first snapshot to the second
+(native_allocations.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import os
 import signal
 import tracemalloc
 from pathlib import Path
+
+from slime_meta_engine import native_allocations
 
 ENV_DIR = "SLIME_META_TRACEMALLOC"
 ENV_FRAMES = "SLIME_META_TRACEMALLOC_FRAMES"
@@ -108,12 +112,21 @@ def install(name: str) -> Path | None:
     out.mkdir(parents=True, exist_ok=True)
     frames = int(os.environ.get(ENV_FRAMES) or 12)
     numbers = itertools.count()
+    native = native_allocations.enabled(os.environ)
+    if native:
+        try:
+            import memray  # noqa: F401
+        except ImportError:
+            raise SystemExit(f"{native_allocations.ENV_NATIVE}=1 needs memray here: pip install memray") from None
 
     def write_snapshot(signal_number, frame) -> None:
         if not tracemalloc.is_tracing():
             tracemalloc.start(frames)
             return
-        path = out / f"{name}-{os.getpid()}-{next(numbers)}{SUFFIX}"
+        number = next(numbers)
+        if native and number == 1:
+            native_allocations.stop()  # the window closes before the second snapshot's own allocations
+        path = out / f"{name}-{os.getpid()}-{number}{SUFFIX}"
         figures = process_figures()  # before the snapshot, whose own memory is not the program's
         sidecar = path.with_name(path.name[: -len(SUFFIX)] + PROCESS_SUFFIX)
         sidecar.write_text(json.dumps(figures))
@@ -121,6 +134,8 @@ def install(name: str) -> Path | None:
         tracemalloc.take_snapshot().dump(str(partial))
         os.replace(partial, path)  # a reader never sees half a snapshot under the final name; last, so
         # that the sidecar is there once it is
+        if native and number == 0:
+            native_allocations.start(out / f"{name}-{os.getpid()}{native_allocations.SUFFIX}")
 
     signal.signal(SNAPSHOT_SIGNAL, write_snapshot)
     return out

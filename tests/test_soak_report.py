@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +51,32 @@ def test_the_figures_after_warm_up_see_a_creep_and_not_a_one_time_step():
     early = soak.summarise(run, 10)  # the step at 100 lands inside the window: a slope, and GPU growth
     assert early["trainer"]["slope_mib_per_step"] > 0.1 and early["worker:1"]["gpu_growth"] > 0
     assert "other:7" not in early  # did not live through the run
+
+
+def test_the_figures_split_a_creep_into_anonymous_and_file_backed_pages():
+    # a worker whose RSS rises by pages of mapped files (libraries' code faulted in) and not by what it allocated
+    steps = range(1, 102)
+    worker = [
+        {"step": s, "rss_kib": 1000 * 1024 + 40 * s, "anon_kib": 700 * 1024, "file_kib": 300 * 1024 + 40 * s, "fds": 9}
+        for s in steps
+    ]
+    run = soak.SoakRun(steps=100, seconds=0.0, returncode=0, samples={"worker:1": worker})
+    figures = soak.summarise(run, 10)["worker:1"]
+    assert abs(figures["anon_slope_mib_per_step"]) < 1e-6 and figures["anon_mib_after_warmup"] == 700.0
+    assert 0.038 < figures["file_slope_mib_per_step"] < 0.041 and figures["file_noise_mib"] < 0.01
+
+
+def test_stopping_a_run_ends_its_whole_process_group(tmp_path):
+    # bash, and a child of its own that ignores SIGTERM: both must be gone
+    pid_file = tmp_path / "child.pid"
+    script = f"(trap '' TERM; sleep 300) & echo $! > {pid_file}; wait"
+    process = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    soak.stop_group(process, grace_s=2.0)
+    assert process.returncode is not None and not soak.group_alive(process.pid)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
 
 
 def test_the_plot_sums_the_other_children_into_one_line():

@@ -13,6 +13,14 @@ from slime_meta_engine.fast_path.prefill_graphs import PrefillGraphs
 from slime_meta_engine.rows import GenerationJob, RowState
 from slime_meta_engine.sampling import RowSampling
 
+# On a GPU, prompts that no prefill graph holds run padded to a multiple of this many columns. Each
+# new token count a matmul runs keeps about 20 KiB of host memory in the CUDA libraries for good (not
+# a cache that a setting bounds: benchmarks/shape_memory.py, docs/reliability.md), and a worker
+# serving prompts of every length meets new counts all its life; rounded widths bound the shapes it
+# ever runs. The padding columns cost what a prefill graph's bucket costs (causal attention keeps
+# them out of the real tokens' outputs; their keys land past the row's length, or in the scratch page).
+EAGER_PREFILL_COLUMNS = 64
+
 
 class SlotBatch:
     def __init__(
@@ -29,6 +37,8 @@ class SlotBatch:
         self._pad_token_id = pad_token_id
         self._device = device
         self._chunk_tokens = chunk_tokens  # chunked prefill: tokens per prefill forward; None: whole prompts
+        # The CPU keeps nothing per shape, and its eager prefill stays exactly the plain one.
+        self.eager_width_multiple = EAGER_PREFILL_COLUMNS if device.type == "cuda" else 1
         self._row_by_slot: list[RowState | None] = [None] * num_slots
         self._length_by_slot = [0] * num_slots
         # Derived from membership; reset whenever a row joins or leaves.
@@ -65,11 +75,17 @@ class SlotBatch:
     def _prompt_tensors(
         self, prompt_jobs: Sequence[GenerationJob], lengths: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prompts right-padded to the longest, (P, L), and their lengths (P,), on the device."""
-        width = max(lengths)
+        """The prompts right-padded to the longest rounded up to `eager_width_multiple` columns
+        (within the capacity), (P, L), and their lengths (P,), on the device."""
+        width = self.eager_width(max(lengths))
         padded = [list(job.spec.input_ids) + [self._pad_token_id] * (width - n) for job, n in zip(prompt_jobs, lengths)]
         input_ids_P_L = torch.tensor(padded, dtype=torch.int64).to(self._device)
         return input_ids_P_L, torch.tensor(lengths, dtype=torch.int64).to(self._device)
+
+    def eager_width(self, longest: int) -> int:
+        """The columns an eager prefill of prompts of up to `longest` tokens runs."""
+        multiple = self.eager_width_multiple
+        return min(self.capacity, -(-longest // multiple) * multiple)
 
     def _run_prompts(self, prompt_jobs: Sequence[GenerationJob], lengths: list[int], where: list[int]) -> torch.Tensor:
         """Run the prompts, each prompt's keys going to its `where` (the cache layout's index: a
