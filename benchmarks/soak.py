@@ -10,12 +10,15 @@
     python benchmarks/soak.py --replot benchmarks/results/soak_gpu_real_200steps.json --warmup 101
     # what the trainer and the workers keep, by allocation site (Python's heap, tracemalloc)
     python benchmarks/soak.py --steps 100 --tracemalloc /tmp/heap
+    # and natively, by stack (pip install memray); a run stopped after 20 minutes, its steps reported
+    python benchmarks/soak.py --steps 600 --time-limit-s 1200 --tracemalloc /tmp/heap --memray
 
 The run is `scripts/run_synthetic.sh` (what `scripts/demo.sh` runs: the tiny model, four teacher prompts
 x eight infos, a checkpoint every two steps), or with `--script real` `scripts/run_real.sh` (its
 MODEL, DATA, GRADER from the environment). After each step (a new line in metrics.jsonl) the
 resident set size and the open file descriptors of the trainer and of each of its children (router,
-workers) are read from /proc; the trainer's RSS also split into anonymous and file-backed pages.
+workers) are read from /proc, the trainer's, workers' and router's RSS also split into anonymous,
+file-backed and shared pages.
 Where `nvidia-smi` lists GPUs, also each process's GPU memory (`gpu_mib`: what the driver has
 given it, the caching allocator's reserve included) and each GPU's memory in use (`gpus`).
 

@@ -15,6 +15,8 @@ One module per concern; the top level holds the process, the loop and what every
 - weights.py        reading checkpoints and copying them into the live model
 - memory_snapshots.py  Python heap snapshots on SIGUSR2 when SLIME_META_TRACEMALLOC is set (the
                     trainer uses it too; benchmarks/soak.py --tracemalloc compares them)
+- native_allocations.py  memray's record of native allocations between two of those snapshots
+                    (with SLIME_META_MEMRAY=1; memray is optional)
 
 and three subpackages, each listing its modules:
 
