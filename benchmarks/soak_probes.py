@@ -6,26 +6,18 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
-# Anonymous pages are what the process allocated (heaps, stacks); file-backed ones are mapped files it
-# has touched (shared libraries' code: CUDA's libraries fault theirs in as kernels are first used);
-# shared-memory ones are tmpfs and shared mappings.
-STATUS_FIELDS = {"VmRSS": "rss_kib", "RssAnon": "anon_kib", "RssFile": "file_kib", "RssShmem": "shmem_kib"}
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from slime_meta_engine.memory_snapshots import resident_kib  # noqa: E402
 
 
 def memory_kib(pid: int) -> dict[str, int] | None:
-    """Resident memory of a process from /proc/PID/status, KiB: all of it and its three kinds (STATUS_FIELDS)."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return None
-    out = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key in STATUS_FIELDS:
-            out[STATUS_FIELDS[key]] = int(value.split()[0])
-    return out if "rss_kib" in out else None
+    """Resident memory of a process, KiB: all of it (rss_kib) and by kind (anon_kib: what it allocated;
+    file_kib: mapped files it touched, libraries' code among them; shmem_kib); None once it is gone."""
+    memory = resident_kib(pid)
+    return memory if "rss_kib" in memory else None
 
 
 def _nvidia_smi(query: str, fields: str) -> list[list[int]]:

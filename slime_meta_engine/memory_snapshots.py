@@ -80,10 +80,11 @@ def malloc_figures() -> dict[str, int] | None:
     }
 
 
-def resident_kib() -> dict[str, int]:
-    """This process's resident memory by kind (STATUS_FIELDS), KiB; empty where /proc is missing."""
+def resident_kib(pid: int | str = "self") -> dict[str, int]:
+    """A process's resident memory by kind (STATUS_FIELDS), KiB, this one's by default; empty where
+    /proc is missing or the process is gone."""
     try:
-        lines = Path("/proc/self/status").read_text().splitlines()
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
         return {}
     out = {}
