@@ -14,6 +14,8 @@ run's step, whose calls carry many more tokens.
     python benchmarks/worker_soak.py --device cuda --model-dir DIR     # a real model on one GPU
     python benchmarks/worker_soak.py --device cuda --model-dir DIR --requests 128 --new-tokens 192 \
         --time-limit-s 500                                             # a step's load; stops in time
+    python benchmarks/worker_soak.py --device cuda --model-dir DIR --requests 16 --prompt-tokens 20-1500 \
+        --varied-widths                                                # a new prefill width each round
 """
 
 from __future__ import annotations
@@ -40,12 +42,19 @@ def worker_pid(url: str) -> int | None:
     return next((pid for pid, found in descendants(os.getpid()).items() if found == name), None)
 
 
-def request_body(round_index: int, requests: int, vocab: int, new_tokens: int) -> dict:
-    """`requests` prompts of 20-60 tokens, different each round, sampled with log-probs."""
-    prompts = [
-        [3 + (7 * i + 13 * round_index + 5 * k) % (vocab - 3) for i in range(20 + (k * 11 + round_index) % 41)]
-        for k in range(requests)
-    ]
+def prompt_lengths(round_index: int, requests: int, shortest: int, longest: int, varied_widths: bool) -> list[int]:
+    """Each prompt's tokens in one round, spread over `shortest`..`longest` (with many prompts the
+    round's longest is `longest` nearly every round); with `varied_widths` the round's longest is drawn
+    anew each round (as a run's prefills meet new widths) and the other prompts spread below it."""
+    if not varied_widths:
+        return [shortest + (k * 11 + round_index) % (longest - shortest + 1) for k in range(requests)]
+    width = shortest + (round_index * 7919) % (longest - shortest + 1)
+    return [shortest + (k * 11 + round_index) % (width - shortest + 1) for k in range(requests - 1)] + [width]
+
+
+def request_body(round_index: int, lengths: list[int], vocab: int, new_tokens: int) -> dict:
+    """Prompts of `lengths` tokens, different each round, sampled with log-probs."""
+    prompts = [[3 + (7 * i + 13 * round_index + 5 * k) % (vocab - 3) for i in range(n)] for k, n in enumerate(lengths)]
     return {
         "input_ids": prompts,
         "sampling_params": {"temperature": 1.0, "max_new_tokens": new_tokens},
@@ -66,6 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=50, help="rounds left out of the slope")
     parser.add_argument("--requests", type=int, default=16, help="prompts per /generate call")
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--prompt-tokens",
+        default="20-60",
+        metavar="LO-HI",
+        help="prompt lengths, spread over LO..HI tokens (default 20-60)",
+    )
+    parser.add_argument(
+        "--varied-widths",
+        action="store_true",
+        help="a new longest prompt (LO..HI) each round: each round's prefill a new width, as in a run",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--model-dir", default=None, help="an HF checkpoint (default: the tests' tiny model)")
     parser.add_argument("--weight-sync", choices=("auto", "disk", "shared-memory", "cuda-ipc"), default="auto")
@@ -84,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--time-limit-s {args.time_limit_s}: give a positive number of seconds")
     if args.rounds <= args.warmup + 2 * args.every:
         parser.error(f"--rounds {args.rounds}: give more than --warmup + 2 x --every ({args.warmup + 2 * args.every})")
+    try:
+        shortest, longest = (int(part) for part in args.prompt_tokens.split("-"))
+    except ValueError:
+        parser.error(f"--prompt-tokens {args.prompt_tokens}: give two token counts as LO-HI, e.g. 20-60")
+    if not 1 <= shortest <= longest:
+        parser.error(f"--prompt-tokens {args.prompt_tokens}: give 1 <= LO <= HI")
     if args.model_dir is not None and not (Path(args.model_dir) / "config.json").is_file():
         parser.error(f"--model-dir {args.model_dir}: no config.json there; give an HF checkpoint directory")
 
@@ -124,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 if trainer is not None:
                     push_weights(trainer, list(pool.worker_urls), work / "w", round_index + 1, group, sync)
                 if not args.no_requests:
-                    body = request_body(round_index, args.requests, vocab, args.new_tokens)
+                    lengths = prompt_lengths(round_index, args.requests, shortest, longest, args.varied_widths)
+                    body = request_body(round_index, lengths, vocab, args.new_tokens)
                     tokens += call_tokens(post_json_sync(url + "/generate", body))
                 out_of_time = args.time_limit_s is not None and time.monotonic() - rounds_started > args.time_limit_s
                 last = round_index == args.rounds - 1 or out_of_time
@@ -165,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": args.warmup,
             "requests": 0 if args.no_requests else args.requests,
             "new_tokens": args.new_tokens,
+            "prompt_tokens": [shortest, longest],
+            "varied_widths": args.varied_widths,
+            "eager_prefill_columns_env": os.environ.get("SLIME_META_EAGER_PREFILL_COLUMNS"),
             "device": args.device,
             "model_dir": args.model_dir or "the tests' tiny model",
             "weight_sync": None if args.no_push else mode,

@@ -43,6 +43,7 @@ from slime_meta_engine.api.routes import build_app
 from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.fast_path.memory_budget import plan_for_device
 from slime_meta_engine.fast_path.prefill_graphs import DEFAULT_MAX_TOKENS
+from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS
 from slime_meta_engine.fast_path.static.batch import build_fast_path
 from slime_meta_engine.launcher_watch import launcher_died, watch_launcher
 from slime_meta_engine.protocol import RouterHttp2ProbeFilter
@@ -57,6 +58,7 @@ logger = logging.getLogger("slime_meta.worker")
 PREFILL_WINDOW_ENV = "SLIME_META_PREFILL_WINDOW_MS"
 DEFAULT_PREFILL_WINDOW_MS = 3.0
 PREFILL_GRAPH_TOKENS_ENV = "SLIME_META_PREFILL_GRAPH_TOKENS"  # the default of --prefill-graph-tokens
+EAGER_PREFILL_COLUMNS_ENV = "SLIME_META_EAGER_PREFILL_COLUMNS"  # the default of --eager-prefill-columns
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -148,10 +150,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "at most this many run as captured graphs, since a small prefill's time goes to launching its kernels "
         f"from Python. 0: every prefill eager. Default: ${PREFILL_GRAPH_TOKENS_ENV}, else {DEFAULT_MAX_TOKENS}",
     )
+    parser.add_argument(
+        "--eager-prefill-columns",
+        type=int,
+        default=int(os.environ[EAGER_PREFILL_COLUMNS_ENV]) if os.environ.get(EAGER_PREFILL_COLUMNS_ENV) else None,
+        help="with CUDA graphs on: a prefill no graph holds pads its prompts to a multiple of this many columns, "
+        "so its matmuls meet few token counts (each new one keeps about 20 KiB of host memory in CUDA's "
+        f"libraries for good). 1: exact widths. Default: ${EAGER_PREFILL_COLUMNS_ENV}, else {EAGER_PREFILL_COLUMNS}",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     args = parser.parse_args(argv)
     if args.prefill_window_ms < 0:
         parser.error(f"--prefill-window-ms {args.prefill_window_ms}: give milliseconds >= 0 (0: no window)")
+    if args.eager_prefill_columns is not None and args.eager_prefill_columns < 1:
+        parser.error(f"--eager-prefill-columns {args.eager_prefill_columns}: give columns >= 1 (1: exact widths)")
     if args.prefill_graph_tokens is not None and args.prefill_graph_tokens < 0:
         parser.error(f"--prefill-graph-tokens {args.prefill_graph_tokens}: give tokens >= 0 (0: no prefill graphs)")
     if args.max_batch_size < 1 or args.max_prefill_tokens < 1 or args.static_cache_len < 1:
@@ -260,6 +272,7 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
             pool_tokens=plan.pool_tokens if plan is not None else None,
             page_size=args.page_size,
             prefill_graph_tokens=args.prefill_graph_tokens,
+            eager_prefill_columns=args.eager_prefill_columns,
         ),
         chunked_prefill_size=args.chunked_prefill_size,
     )

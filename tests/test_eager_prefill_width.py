@@ -84,3 +84,16 @@ def test_rounded_eager_prefills_give_what_the_exact_ones_give(kv_cache: str) -> 
         assert rounded.output_logprobs == pytest.approx(exact.output_logprobs, abs=1e-4)
     for prompt, result in zip(prompts, outcomes[EAGER_PREFILL_COLUMNS]):
         assert result.output_ids == hf_greedy(model, prompt, 7)
+
+
+def test_the_eager_prefill_columns_flag(tiny_checkpoint, monkeypatch) -> None:
+    from slime_meta_engine.server import EAGER_PREFILL_COLUMNS_ENV, parse_args
+
+    monkeypatch.delenv(EAGER_PREFILL_COLUMNS_ENV, raising=False)
+    assert parse_args(["--model-path", str(tiny_checkpoint)]).eager_prefill_columns is None  # the default, 64
+    flag = ["--model-path", str(tiny_checkpoint), "--eager-prefill-columns"]
+    assert parse_args([*flag, "1"]).eager_prefill_columns == 1
+    monkeypatch.setenv(EAGER_PREFILL_COLUMNS_ENV, "128")
+    assert parse_args(["--model-path", str(tiny_checkpoint)]).eager_prefill_columns == 128
+    with pytest.raises(SystemExit):
+        parse_args([*flag, "0"])

@@ -57,8 +57,21 @@ def test_a_time_limit_stops_the_rounds_and_reports_those_done(tmp_path):
         (["--rounds", "10", "--warmup", "8"], "--rounds 10"),
         (["--model-dir", "/nowhere"], "--model-dir /nowhere"),
         (["--time-limit-s", "0"], "--time-limit-s 0"),
+        (["--prompt-tokens", "60-20"], "--prompt-tokens 60-20"),
+        (["--prompt-tokens", "long"], "--prompt-tokens long"),
     ],
 )
 def test_bad_input_exits_2_naming_the_flag(arguments, named):
     result = run_worker_soak(*arguments, timeout=60)
     assert result.returncode == 2 and named in result.stderr
+
+
+def test_varied_widths_give_each_round_a_new_longest_prompt():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from worker_soak import prompt_lengths
+
+    # 128 prompts of 20-60 tokens: the round's longest, the prefill's width, is 60 every round
+    assert {max(prompt_lengths(r, 128, 20, 60, False)) for r in range(30)} == {60}
+    rounds = [prompt_lengths(r, 16, 20, 1500, True) for r in range(50)]
+    assert len({max(lengths) for lengths in rounds}) >= 45  # nearly every round a new width
+    assert all(len(lengths) == 16 and 20 <= min(lengths) and max(lengths) <= 1500 for lengths in rounds)

@@ -173,6 +173,7 @@ def build_fast_path(
     pool_tokens: int | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     prefill_graph_tokens: int | None = None,
+    eager_prefill_columns: int | None = None,
 ) -> StaticBatch | PagedBatch | None:
     """The fast decode path for `--cuda-graphs`, or None for the DynamicCache path.
 
@@ -181,6 +182,8 @@ def build_fast_path(
     as many as the static cache would hold, `num_slots` x `cache_len`, capped at the same share
     of free memory) in pages of `page_size`, for `num_slots` running rows. `prefill_graph_tokens`:
     the largest captured prefill's rows x length (None: the default; 0: prefills run eagerly).
+    `eager_prefill_columns`: the multiple an eager prefill's width is rounded up to (None: the
+    default, `slot_batch.EAGER_PREFILL_COLUMNS`; 1: exact widths).
     """
     if mode == "off":
         return None
@@ -190,7 +193,7 @@ def build_fast_path(
             if kv_cache == "paged":
                 if pool_tokens is None:
                     pool_tokens = default_pool_tokens(model, num_slots * cache_len)
-                return build_paged_batch(
+                batch = build_paged_batch(
                     model,
                     num_rows=num_slots,
                     pool_tokens=pool_tokens,
@@ -200,16 +203,20 @@ def build_fast_path(
                     chunk_tokens=chunk_tokens,
                     prefill_graph_tokens=prefill_graph_tokens,
                 )
-            return build_static_batch(
-                model,
-                num_slots=num_slots,
-                requested_capacity=cache_len,
-                pad_token_id=pad_token_id,
-                use_graphs=True,
-                chunk_tokens=chunk_tokens,
-                budgeted=budgeted,
-                prefill_graph_tokens=prefill_graph_tokens,
-            )
+            else:
+                batch = build_static_batch(
+                    model,
+                    num_slots=num_slots,
+                    requested_capacity=cache_len,
+                    pad_token_id=pad_token_id,
+                    use_graphs=True,
+                    chunk_tokens=chunk_tokens,
+                    budgeted=budgeted,
+                    prefill_graph_tokens=prefill_graph_tokens,
+                )
+            if eager_prefill_columns is not None:
+                batch.eager_width_multiple = eager_prefill_columns
+            return batch
         except (ValueError, RuntimeError) as error:  # unsupported model, no memory, failed capture
             problem = str(error)
             torch.cuda.empty_cache()
