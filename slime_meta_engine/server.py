@@ -145,7 +145,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--prefill-graph-tokens",
         type=int,
-        default=int(os.environ[PREFILL_GRAPH_TOKENS_ENV]) if os.environ.get(PREFILL_GRAPH_TOKENS_ENV) else None,
+        default=os.environ.get(PREFILL_GRAPH_TOKENS_ENV)
+        or None,  # argparse reads a string default with `type`: exit 2 if bad
         help="with CUDA graphs on: prefills of up to 8 prompts whose rows x length bucket (64, 128, ... tokens) is "
         "at most this many run as captured graphs, since a small prefill's time goes to launching its kernels "
         f"from Python. 0: every prefill eager. Default: ${PREFILL_GRAPH_TOKENS_ENV}, else {DEFAULT_MAX_TOKENS}",
@@ -153,7 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--eager-prefill-columns",
         type=int,
-        default=int(os.environ[EAGER_PREFILL_COLUMNS_ENV]) if os.environ.get(EAGER_PREFILL_COLUMNS_ENV) else None,
+        default=os.environ.get(EAGER_PREFILL_COLUMNS_ENV)
+        or None,  # argparse reads a string default with `type`: exit 2 if bad
         help="with CUDA graphs on: a prefill no graph holds pads its prompts to a multiple of this many columns, "
         "so its matmuls meet few token counts (each new one keeps about 20 KiB of host memory in CUDA's "
         f"libraries for good). 1: exact widths. Default: ${EAGER_PREFILL_COLUMNS_ENV}, else {EAGER_PREFILL_COLUMNS}",

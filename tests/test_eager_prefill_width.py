@@ -97,3 +97,7 @@ def test_the_eager_prefill_columns_flag(tiny_checkpoint, monkeypatch) -> None:
     assert parse_args(["--model-path", str(tiny_checkpoint)]).eager_prefill_columns == 128
     with pytest.raises(SystemExit):
         parse_args([*flag, "0"])
+    monkeypatch.setenv(EAGER_PREFILL_COLUMNS_ENV, "wide")
+    with pytest.raises(SystemExit) as exit_info:  # bad input: exit 2 with argparse's line, no traceback
+        parse_args(["--model-path", str(tiny_checkpoint)])
+    assert exit_info.value.code == 2
