@@ -17,18 +17,20 @@ if TYPE_CHECKING:
     from soak import SoakRun
 
 
+def traced(processes: dict[int, str]) -> dict[int, str]:
+    """The processes that trace their heaps (memory_snapshots.install): the trainer and the workers."""
+    return {pid: name for pid, name in processes.items() if name == "trainer" or name.startswith("worker:")}
+
+
 def wait_for_snapshots(directory: Path, processes: dict[int, str], count: int, timeout_s: float = 120.0) -> None:
     """Until each traced process (trainer, workers) has written `count` snapshots to `directory`, or
     `timeout_s` passes (a process answers SIGUSR2 when its main thread is next in Python)."""
-    traced = [
-        f"{name.replace(':', '_')}-{pid}"
-        for pid, name in processes.items()
-        if name == "trainer" or name.startswith("worker:")
-    ]
+    # A worker named worker:PORT here installs itself as worker_PORT (slime_meta_engine/server.py).
+    stems = [f"{name.replace(':', '_')}-{pid}" for pid, name in traced(processes).items()]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         written = memory_snapshots.snapshots_by_process(directory)
-        if all(len(written.get(stem, [])) >= count for stem in traced):
+        if all(len(written.get(stem, [])) >= count for stem in stems):
             return
         time.sleep(0.5)
 
@@ -44,12 +46,11 @@ def heap_snapshot_due(run: SoakRun, step: int, warmup: int, steps: int) -> bool:
 def ask_for_snapshots(processes: dict[int, str]) -> None:
     """SIGUSR2 to the trainer and each worker: the first starts tracing, each later one writes a heap
     snapshot (memory_snapshots.install)."""
-    for pid, name in processes.items():
-        if name == "trainer" or name.startswith("worker:"):
-            try:
-                os.kill(pid, memory_snapshots.SNAPSHOT_SIGNAL)
-            except ProcessLookupError:
-                pass
+    for pid in traced(processes):
+        try:
+            os.kill(pid, memory_snapshots.SNAPSHOT_SIGNAL)
+        except ProcessLookupError:
+            pass
 
 
 def compare_snapshots(directory: Path) -> dict[str, dict]:
