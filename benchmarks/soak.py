@@ -403,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(
             2, f"error: --tracemalloc needs --steps above --warmup + 4 (steps {args.steps}, warm-up {args.warmup})\n"
         )
+    if args.time_limit_s is not None and args.time_limit_s <= 0:
+        parser.exit(2, f"error: --time-limit-s {args.time_limit_s:g}: give a positive number of seconds\n")
     if args.memray:
         if args.tracemalloc is None:
             parser.exit(2, "error: --memray records between the heap snapshots: give --tracemalloc DIR as well\n")

@@ -128,3 +128,14 @@ def test_tracemalloc_with_too_few_steps_exits_2_in_one_line_naming_the_flags():
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "--tracemalloc" in result.stderr and "--steps" in result.stderr and "--warmup" in result.stderr
+
+
+def test_a_time_limit_that_is_not_positive_exits_2_in_one_line():
+    result = subprocess.run(
+        [sys.executable, "benchmarks/soak.py", "--steps", "30", "--time-limit-s", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--time-limit-s 0" in result.stderr
