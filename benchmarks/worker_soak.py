@@ -16,6 +16,8 @@ run's step, whose calls carry many more tokens.
         --time-limit-s 500                                             # a step's load; stops in time
     python benchmarks/worker_soak.py --device cuda --model-dir DIR --requests 16 --prompt-tokens 20-1500 \
         --varied-widths                                                # a new prefill width each round
+    python benchmarks/worker_soak.py --device cuda --model-dir DIR --requests 64 --prompt-tokens 20-600 \
+        --varied-widths --varied-rows                                  # and new rows
 """
 
 from __future__ import annotations
@@ -42,10 +44,26 @@ def worker_pid(url: str) -> int | None:
     return next((pid for pid, found in descendants(os.getpid()).items() if found == name), None)
 
 
-def prompt_lengths(round_index: int, requests: int, shortest: int, longest: int, varied_widths: bool) -> list[int]:
+# The fewest prompts no prefill graph takes (fast_path/prefill_graphs.py: graphs hold up to 8 rows).
+FEWEST_EAGER_PROMPTS = 9
+
+
+def prompt_count(round_index: int, requests: int, varied_rows: bool) -> int:
+    """The prompts of one round: `requests`, or with `varied_rows` a count drawn anew each round from
+    FEWEST_EAGER_PROMPTS..`requests` (an eager prefill's rows, as a run's admissions vary them)."""
+    if not varied_rows:
+        return requests
+    return FEWEST_EAGER_PROMPTS + (round_index * 4001) % (requests - FEWEST_EAGER_PROMPTS + 1)
+
+
+def prompt_lengths(
+    round_index: int, requests: int, shortest: int, longest: int, varied_widths: bool, varied_rows: bool = False
+) -> list[int]:
     """Each prompt's tokens in one round, spread over `shortest`..`longest` (with many prompts the
     round's longest is `longest` nearly every round); with `varied_widths` the round's longest is drawn
-    anew each round (as a run's prefills meet new widths) and the other prompts spread below it."""
+    anew each round (as a run's prefills meet new widths) and the other prompts spread below it;
+    with `varied_rows` the round has `prompt_count` prompts."""
+    requests = prompt_count(round_index, requests, varied_rows)
     if not varied_widths:
         return [shortest + (k * 11 + round_index) % (longest - shortest + 1) for k in range(requests)]
     width = shortest + (round_index * 7919) % (longest - shortest + 1)
@@ -86,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a new longest prompt (LO..HI) each round: each round's prefill a new width, as in a run",
     )
+    parser.add_argument(
+        "--varied-rows",
+        action="store_true",
+        help=f"a new number of prompts ({FEWEST_EAGER_PROMPTS}..--requests) each round: each round's eager prefill "
+        "new rows, as a run's admissions give",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--model-dir", default=None, help="an HF checkpoint (default: the tests' tiny model)")
     parser.add_argument("--weight-sync", choices=("auto", "disk", "shared-memory", "cuda-ipc"), default="auto")
@@ -110,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--prompt-tokens {args.prompt_tokens}: give two token counts as LO-HI, e.g. 20-60")
     if not 1 <= shortest <= longest:
         parser.error(f"--prompt-tokens {args.prompt_tokens}: give 1 <= LO <= HI")
+    if args.varied_rows and args.requests <= FEWEST_EAGER_PROMPTS:
+        parser.error(
+            f"--requests {args.requests}: --varied-rows draws {FEWEST_EAGER_PROMPTS}..N prompts a round; "
+            f"give N > {FEWEST_EAGER_PROMPTS}"
+        )
     if args.model_dir is not None and not (Path(args.model_dir) / "config.json").is_file():
         parser.error(f"--model-dir {args.model_dir}: no config.json there; give an HF checkpoint directory")
 
@@ -150,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                 if trainer is not None:
                     push_weights(trainer, list(pool.worker_urls), work / "w", round_index + 1, group, sync)
                 if not args.no_requests:
-                    lengths = prompt_lengths(round_index, args.requests, shortest, longest, args.varied_widths)
+                    lengths = prompt_lengths(
+                        round_index, args.requests, shortest, longest, args.varied_widths, args.varied_rows
+                    )
                     body = request_body(round_index, lengths, vocab, args.new_tokens)
                     tokens += call_tokens(post_json_sync(url + "/generate", body))
                 out_of_time = args.time_limit_s is not None and time.monotonic() - rounds_started > args.time_limit_s
@@ -194,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             "new_tokens": args.new_tokens,
             "prompt_tokens": [shortest, longest],
             "varied_widths": args.varied_widths,
+            "varied_rows": args.varied_rows,
             "eager_prefill_columns_env": os.environ.get("SLIME_META_EAGER_PREFILL_COLUMNS"),
+            "eager_prefill_rows_env": os.environ.get("SLIME_META_EAGER_PREFILL_ROWS"),
             "device": args.device,
             "model_dir": args.model_dir or "the tests' tiny model",
             "weight_sync": None if args.no_push else mode,

@@ -43,7 +43,7 @@ from slime_meta_engine.api.routes import build_app
 from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.fast_path.memory_budget import plan_for_device
 from slime_meta_engine.fast_path.prefill_graphs import DEFAULT_MAX_TOKENS
-from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS
+from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS, EAGER_PREFILL_ROWS_MODES
 from slime_meta_engine.fast_path.static.batch import build_fast_path
 from slime_meta_engine.launcher_watch import launcher_died, watch_launcher
 from slime_meta_engine.protocol import RouterHttp2ProbeFilter
@@ -59,6 +59,7 @@ PREFILL_WINDOW_ENV = "SLIME_META_PREFILL_WINDOW_MS"
 DEFAULT_PREFILL_WINDOW_MS = 3.0
 PREFILL_GRAPH_TOKENS_ENV = "SLIME_META_PREFILL_GRAPH_TOKENS"  # the default of --prefill-graph-tokens
 EAGER_PREFILL_COLUMNS_ENV = "SLIME_META_EAGER_PREFILL_COLUMNS"  # the default of --eager-prefill-columns
+EAGER_PREFILL_ROWS_ENV = "SLIME_META_EAGER_PREFILL_ROWS"  # the default of --eager-prefill-rows
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -160,12 +161,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "so its matmuls meet few token counts (each new one keeps about 20 KiB of host memory in CUDA's "
         f"libraries for good). 1: exact widths. Default: ${EAGER_PREFILL_COLUMNS_ENV}, else {EAGER_PREFILL_COLUMNS}",
     )
+    parser.add_argument(
+        "--eager-prefill-rows",
+        choices=EAGER_PREFILL_ROWS_MODES,
+        default=os.environ.get(EAGER_PREFILL_ROWS_ENV) or EAGER_PREFILL_ROWS_MODES[0],
+        help="with CUDA graphs on: 'ladder' runs a prefill no graph holds on 1, 2, 3, 4, 6, 8, 12, 16, ... rows "
+        "(padding rows of length 0; at most half again the prompts), since its matmuls' token count is rows x "
+        f"width; 'exact': the prompts' own count. Default: ${EAGER_PREFILL_ROWS_ENV}, else ladder",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     args = parser.parse_args(argv)
     if args.prefill_window_ms < 0:
         parser.error(f"--prefill-window-ms {args.prefill_window_ms}: give milliseconds >= 0 (0: no window)")
     if args.eager_prefill_columns is not None and args.eager_prefill_columns < 1:
         parser.error(f"--eager-prefill-columns {args.eager_prefill_columns}: give columns >= 1 (1: exact widths)")
+    if args.eager_prefill_rows not in EAGER_PREFILL_ROWS_MODES:  # argparse leaves a default unchecked
+        parser.error(
+            f"${EAGER_PREFILL_ROWS_ENV} {args.eager_prefill_rows!r}: give one of {', '.join(EAGER_PREFILL_ROWS_MODES)}"
+        )
     if args.prefill_graph_tokens is not None and args.prefill_graph_tokens < 0:
         parser.error(f"--prefill-graph-tokens {args.prefill_graph_tokens}: give tokens >= 0 (0: no prefill graphs)")
     if args.max_batch_size < 1 or args.max_prefill_tokens < 1 or args.static_cache_len < 1:
@@ -275,6 +288,7 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
             page_size=args.page_size,
             prefill_graph_tokens=args.prefill_graph_tokens,
             eager_prefill_columns=args.eager_prefill_columns,
+            eager_prefill_rows=args.eager_prefill_rows,
         ),
         chunked_prefill_size=args.chunked_prefill_size,
     )

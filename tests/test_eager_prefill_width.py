@@ -1,7 +1,7 @@
-"""Eager prefills at rounded widths (fast_path/slot_batch.py, `EAGER_PREFILL_COLUMNS`): what a GPU worker
-does so that the shapes its matmuls run stay few, checked on the CPU against the exact widths. The
-padding columns must change nothing a row reads: the same greedy tokens and log-probs, prompts
-together and alone, up to the capacity."""
+"""Eager prefills at rounded shapes (fast_path/slot_batch.py: widths to `EAGER_PREFILL_COLUMNS`, rows up
+`eager_rows`): what a GPU worker does so that the token counts its matmuls run stay few, checked on
+the CPU against the exact shapes. The padding columns and rows must change nothing a row reads: the
+same greedy tokens and log-probs, prompts together and alone, up to the capacity."""
 
 from __future__ import annotations
 
@@ -17,23 +17,25 @@ from test_worker_static_decode import (
 )
 
 from slime_meta_engine.fast_path.paged.batch import build_paged_batch
-from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS
+from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS, eager_rows
 from slime_meta_engine.fast_path.static.batch import build_static_batch
+from slime_meta_engine.rows import GenerationJob
 
-SLOTS = 4
+SLOTS = 8
 
 
-def eager_batch(model, kv_cache: str, width_multiple: int):
-    """A batch with no prefill graphs (every prefill eager), its widths rounded to `width_multiple`;
-    the decoder's prefill records the widths it was given."""
+def eager_batch(model, kv_cache: str, width_multiple: int, rows_rounded: bool = False, slots: int = SLOTS):
+    """A batch with no prefill graphs (every prefill eager), its widths rounded to `width_multiple`
+    and (`rows_rounded`) its rows up `eager_rows`; the decoder's prefill records the (rows, width)
+    it was given."""
     if kv_cache == "static":
         batch = build_static_batch(
-            model, num_slots=SLOTS, requested_capacity=200, pad_token_id=0, use_graphs=False, prefill_graph_tokens=0
+            model, num_slots=slots, requested_capacity=200, pad_token_id=0, use_graphs=False, prefill_graph_tokens=0
         )
     else:
         batch = build_paged_batch(
             model,
-            num_rows=SLOTS,
+            num_rows=slots,
             pool_tokens=1024,
             pad_token_id=0,
             use_graphs=False,
@@ -41,15 +43,16 @@ def eager_batch(model, kv_cache: str, width_multiple: int):
             prefill_graph_tokens=0,
         )
     batch.eager_width_multiple = width_multiple
-    widths = []
+    batch.eager_rows_rounded = rows_rounded
+    shapes = []
     plain_prefill = batch._decoder.prefill
 
     def recording_prefill(input_ids_N_L, *args, **kwargs):
-        widths.append(input_ids_N_L.shape[1])
+        shapes.append(tuple(input_ids_N_L.shape))
         return plain_prefill(input_ids_N_L, *args, **kwargs)
 
     batch._decoder.prefill = recording_prefill
-    return batch, widths
+    return batch, shapes
 
 
 def test_the_width_rounds_up_to_the_multiple_and_stops_at_the_capacity():
@@ -68,15 +71,15 @@ def test_rounded_eager_prefills_give_what_the_exact_ones_give(kv_cache: str) -> 
     prompts = random_prompts([6, 70, 3, 131, 193], seed=11)
     outcomes, widths_seen = {}, {}
     for multiple in (1, EAGER_PREFILL_COLUMNS):
-        batch, widths = eager_batch(model, kv_cache, multiple)
-        engine = engine_on(model, batch)
+        batch, shapes = eager_batch(model, kv_cache, multiple)
+        engine = engine_on(model, batch, SLOTS)
         engine.start()
         try:
             together = submit_together(engine, [greedy_spec(f"t{i}", p, 7) for i, p in enumerate(prompts[:3])])
             alone = [submit_all(engine, [greedy_spec(f"a{i}", p, 7)])[0] for i, p in enumerate(prompts[3:])]
         finally:
             engine.stop()
-        outcomes[multiple], widths_seen[multiple] = together + alone, widths
+        outcomes[multiple], widths_seen[multiple] = together + alone, [width for _, width in shapes]
     assert widths_seen[1] == [70, 131, 193]  # the exact widths: the longest prompt of each prefill
     assert widths_seen[EAGER_PREFILL_COLUMNS] == [128, 192, min(256, batch.capacity)]
     for rounded, exact in zip(outcomes[EAGER_PREFILL_COLUMNS], outcomes[1]):
@@ -101,3 +104,68 @@ def test_the_eager_prefill_columns_flag(tiny_checkpoint, monkeypatch) -> None:
     with pytest.raises(SystemExit) as exit_info:  # bad input: exit 2 with argparse's line, no traceback
         parse_args(["--model-path", str(tiny_checkpoint)])
     assert exit_info.value.code == 2
+
+
+def test_the_eager_prefill_rows_flag(tiny_checkpoint, monkeypatch, capsys) -> None:
+    from slime_meta_engine.server import EAGER_PREFILL_ROWS_ENV, parse_args
+
+    model_path = ["--model-path", str(tiny_checkpoint)]
+    monkeypatch.delenv(EAGER_PREFILL_ROWS_ENV, raising=False)
+    assert parse_args(model_path).eager_prefill_rows == "ladder"
+    assert parse_args([*model_path, "--eager-prefill-rows", "exact"]).eager_prefill_rows == "exact"
+    monkeypatch.setenv(EAGER_PREFILL_ROWS_ENV, "exact")
+    assert parse_args(model_path).eager_prefill_rows == "exact"
+    monkeypatch.setenv(EAGER_PREFILL_ROWS_ENV, "some")
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(model_path)
+    assert exit_info.value.code == 2
+    assert f"${EAGER_PREFILL_ROWS_ENV} 'some': give one of ladder, exact" in capsys.readouterr().err
+
+
+def test_the_rows_climb_the_ladder_of_powers_of_two_and_their_halfway_points():
+    assert [eager_rows(n) for n in range(1, 18)] == [1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, 24]
+    assert [eager_rows(n) for n in (24, 25, 33, 48, 49, 64, 65)] == [24, 32, 48, 48, 64, 64, 96]
+    assert all(n <= eager_rows(n) <= max(2, 1.5 * n) for n in range(1, 300))  # at most half again
+
+
+@pytest.mark.parametrize("kv_cache", ["static", "paged"])
+def test_padding_rows_change_nothing_the_prompts_get(kv_cache: str) -> None:
+    model = tiny_model("qwen2")
+    prompts = random_prompts([9, 40, 3, 17, 66], seed=5)  # five prompts in one prefill: six rows
+    outcomes, shapes_seen = {}, {}
+    for rows_rounded in (False, True):
+        batch, shapes = eager_batch(model, kv_cache, EAGER_PREFILL_COLUMNS, rows_rounded)
+        engine = engine_on(model, batch, SLOTS)
+        engine.start()
+        try:
+            outcomes[rows_rounded] = submit_together(
+                engine, [greedy_spec(f"r{i}", p, 6) for i, p in enumerate(prompts)]
+            )
+        finally:
+            engine.stop()
+        shapes_seen[rows_rounded] = shapes
+    assert shapes_seen[False] == [(5, 128)]
+    assert shapes_seen[True] == [(6, 128)]
+    for rounded, exact in zip(outcomes[True], outcomes[False]):
+        assert rounded.output_ids == exact.output_ids
+        assert rounded.output_logprobs == pytest.approx(exact.output_logprobs, abs=1e-4)
+    for prompt, result in zip(prompts, outcomes[True]):
+        assert result.output_ids == hf_greedy(model, prompt, 6)
+
+
+def test_a_static_cache_with_no_free_slot_runs_the_prompts_own_rows() -> None:
+    """A padding row of the static cache writes into a free slot; with every slot in the prefill there
+    is none, so the prompts run on their own rows (the paged cache always has its scratch page)."""
+    model = tiny_model("qwen2")
+    batch, _ = eager_batch(model, "static", EAGER_PREFILL_COLUMNS, rows_rounded=True, slots=5)
+    jobs = [
+        GenerationJob(greedy_spec(f"s{i}", p, 4), on_done=print)
+        for i, p in enumerate(random_prompts([5, 9, 2, 7, 3], seed=2))
+    ]
+    lengths = [len(job.spec.input_ids) for job in jobs]
+    input_ids_R_L, lengths_R, where_R = batch._eager_prompt_tensors(jobs, lengths, [0, 1, 2, 3, 4])
+    assert tuple(input_ids_R_L.shape) == (5, 64) and where_R.tolist() == [0, 1, 2, 3, 4]
+    roomy, _ = eager_batch(model, "static", EAGER_PREFILL_COLUMNS, rows_rounded=True, slots=8)
+    input_ids_R_L, lengths_R, where_R = roomy._eager_prompt_tensors(jobs, lengths, [0, 1, 2, 3, 4])
+    assert tuple(input_ids_R_L.shape) == (6, 64)
+    assert lengths_R.tolist() == [*lengths, 0] and where_R.tolist() == [0, 1, 2, 3, 4, 7]  # the last free slot

@@ -59,6 +59,7 @@ def test_a_time_limit_stops_the_rounds_and_reports_those_done(tmp_path):
         (["--time-limit-s", "0"], "--time-limit-s 0"),
         (["--prompt-tokens", "60-20"], "--prompt-tokens 60-20"),
         (["--prompt-tokens", "long"], "--prompt-tokens long"),
+        (["--requests", "9", "--varied-rows"], "--requests 9"),
     ],
 )
 def test_bad_input_exits_2_naming_the_flag(arguments, named):
@@ -75,3 +76,13 @@ def test_varied_widths_give_each_round_a_new_longest_prompt():
     rounds = [prompt_lengths(r, 16, 20, 1500, True) for r in range(50)]
     assert len({max(lengths) for lengths in rounds}) >= 45  # nearly every round a new width
     assert all(len(lengths) == 16 and 20 <= min(lengths) and max(lengths) <= 1500 for lengths in rounds)
+
+
+def test_varied_rows_give_each_round_a_new_number_of_prompts():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from worker_soak import FEWEST_EAGER_PROMPTS, prompt_lengths
+
+    counts = [len(prompt_lengths(r, 64, 20, 600, True, varied_rows=True)) for r in range(60)]
+    assert min(counts) >= FEWEST_EAGER_PROMPTS and max(counts) <= 64
+    assert len(set(counts)) >= 40  # nearly every round a new count
+    assert {len(prompt_lengths(r, 64, 20, 600, True)) for r in range(20)} == {64}  # fixed without it

@@ -5,6 +5,7 @@ number of tokens its row holds, prompts run through a captured prefill graph whe
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -20,6 +21,23 @@ from slime_meta_engine.sampling import RowSampling
 # ever runs. The padding columns cost what a prefill graph's bucket costs (causal attention keeps
 # them out of the real tokens' outputs; their keys land past the row's length, or in the scratch page).
 EAGER_PREFILL_COLUMNS = 64
+# A matmul's token count is rows x width, so the rows of an eager prefill are rounded as well: up the
+# ladder `eager_rows` climbs (1, 2, 3, 4, 6, 8, 12, 16, 24, ...: at most half again the prompts), the
+# padding rows of length 0 writing where a prefill graph's padding rows write. With widths in steps
+# of 64 and at most --max-prefill-tokens per prefill, a worker then meets a few dozen token counts
+# in all, where rounded widths alone leave a few hundred (rows x width over every row count).
+EAGER_PREFILL_ROWS_MODES = ("ladder", "exact")  # --eager-prefill-rows: the first is the default
+
+
+def eager_rows(prompts: int) -> int:
+    """The rows an eager prefill of `prompts` prompts runs: the smallest power of two, or one and a
+    half times one, that holds them."""
+    power = 1
+    while power < prompts:
+        if power >= 2 and power * 3 // 2 >= prompts:
+            return power * 3 // 2
+        power *= 2
+    return power
 
 
 class SlotBatch:
@@ -39,6 +57,7 @@ class SlotBatch:
         self._chunk_tokens = chunk_tokens  # chunked prefill: tokens per prefill forward; None: whole prompts
         # The CPU keeps nothing per shape, and its eager prefill stays exactly the plain one.
         self.eager_width_multiple = EAGER_PREFILL_COLUMNS if device.type == "cuda" else 1
+        self.eager_rows_rounded = device.type == "cuda"
         self._row_by_slot: list[RowState | None] = [None] * num_slots
         self._length_by_slot = [0] * num_slots
         # Derived from membership; reset whenever a row joins or leaves.
@@ -72,15 +91,29 @@ class SlotBatch:
             raise RuntimeError(f"{len(jobs)} rows for {len(free)} free slots")
         return free[: len(jobs)]
 
-    def _prompt_tensors(
-        self, prompt_jobs: Sequence[GenerationJob], lengths: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prompts right-padded to the longest rounded up to `eager_width_multiple` columns
-        (within the capacity), (P, L), and their lengths (P,), on the device."""
+    def _eager_prompt_tensors(
+        self, prompt_jobs: Sequence[GenerationJob], lengths: list[int], where: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prompts right-padded to `eager_width` columns and, with `eager_rows_rounded`, followed
+        by padding rows of length 0 up to `eager_rows` (where the batch lets padding rows write;
+        without such a place, no padding rows): token ids (R, L), lengths (R,) and where each row's
+        keys go (R,), on the device."""
         width = self.eager_width(max(lengths))
         padded = [list(job.spec.input_ids) + [self._pad_token_id] * (width - n) for job, n in zip(prompt_jobs, lengths)]
-        input_ids_P_L = torch.tensor(padded, dtype=torch.int64).to(self._device)
-        return input_ids_P_L, torch.tensor(lengths, dtype=torch.int64).to(self._device)
+        rows_where = list(where)
+        rows_lengths = list(lengths)
+        padding_rows = eager_rows(len(padded)) - len(padded) if self.eager_rows_rounded else 0
+        padding_where = self._padding_where(where) if padding_rows else None
+        if padding_where is not None:
+            padded += [[self._pad_token_id] * width] * padding_rows
+            rows_lengths += [0] * padding_rows
+            rows_where += [padding_where] * padding_rows
+        as_tensor = partial(torch.tensor, dtype=torch.int64)
+        return (
+            as_tensor(padded).to(self._device),
+            as_tensor(rows_lengths).to(self._device),
+            as_tensor(rows_where).to(self._device),
+        )
 
     def eager_width(self, longest: int) -> int:
         """The columns an eager prefill of prompts of up to `longest` tokens runs."""
@@ -98,9 +131,9 @@ class SlotBatch:
             logits_P_V = self._prefill_graphs.run(prompts, where, self._padding_where(where))
             if logits_P_V is not None:
                 return logits_P_V
-        input_ids_P_L, lengths_P = self._prompt_tensors(prompt_jobs, lengths)
-        where_P = torch.tensor(where, dtype=torch.int64).to(self._device)
-        return self._decoder.prefill(input_ids_P_L, lengths_P, where_P, self._chunk_tokens)
+        input_ids_R_L, lengths_R, where_R = self._eager_prompt_tensors(prompt_jobs, lengths, where)
+        logits_R_V = self._decoder.prefill(input_ids_R_L, lengths_R, where_R, self._chunk_tokens)
+        return logits_R_V[: len(prompt_jobs)]
 
     def _padding_where(self, where: list[int]) -> int | None:
         """Where a prefill graph's padding rows (length 0) may write, given the prompts' `where`;

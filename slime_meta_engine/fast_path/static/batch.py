@@ -174,6 +174,7 @@ def build_fast_path(
     page_size: int = DEFAULT_PAGE_SIZE,
     prefill_graph_tokens: int | None = None,
     eager_prefill_columns: int | None = None,
+    eager_prefill_rows: str = "ladder",
 ) -> StaticBatch | PagedBatch | None:
     """The fast decode path for `--cuda-graphs`, or None for the DynamicCache path.
 
@@ -183,7 +184,8 @@ def build_fast_path(
     of free memory) in pages of `page_size`, for `num_slots` running rows. `prefill_graph_tokens`:
     the largest captured prefill's rows x length (None: the default; 0: prefills run eagerly).
     `eager_prefill_columns`: the multiple an eager prefill's width is rounded up to (None: the
-    default, `slot_batch.EAGER_PREFILL_COLUMNS`; 1: exact widths).
+    default, `slot_batch.EAGER_PREFILL_COLUMNS`; 1: exact widths). `eager_prefill_rows`: "ladder" rounds
+    an eager prefill's rows up `slot_batch.eager_rows`, "exact" runs the prompts' own count.
     """
     if mode == "off":
         return None
@@ -216,6 +218,7 @@ def build_fast_path(
                 )
             if eager_prefill_columns is not None:
                 batch.eager_width_multiple = eager_prefill_columns
+            batch.eager_rows_rounded = eager_prefill_rows == "ladder"
             return batch
         except (ValueError, RuntimeError) as error:  # unsupported model, no memory, failed capture
             problem = str(error)
