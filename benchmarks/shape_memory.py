@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 from model_shapes import QWEN25_05B  # noqa: E402
-from soak import fitted_slope  # noqa: E402
+from soak_figures import fitted_slope  # noqa: E402
 
 sys.path.insert(0, str(C.REPO_ROOT))
 from slime_meta_engine import native_allocations  # noqa: E402

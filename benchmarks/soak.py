@@ -59,6 +59,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+from soak_figures import WINDOW, summarise, summarise_gpus  # noqa: E402
 from soak_heaps import (  # noqa: E402
     ask_for_snapshots,
     compare_snapshots,
@@ -67,12 +68,18 @@ from soak_heaps import (  # noqa: E402
     wait_for_snapshots,
 )
 from soak_plot import plot, print_figures  # noqa: E402
-from soak_probes import descendants, fd_count, gpu_memory_by_pid, gpu_memory_used, memory_kib  # noqa: E402
+from soak_probes import (  # noqa: E402
+    allocator_mib,
+    descendants,
+    fd_count,
+    gpu_memory_by_pid,
+    gpu_memory_used,
+    memory_kib,
+)
 
 sys.path.insert(0, str(ROOT))
 from slime_meta_engine import memory_snapshots, native_allocations  # noqa: E402
 
-WINDOW = 5  # samples per median in `growth`
 PLOT_NAME = "holdout.png"
 SCRIPTS = {"synthetic": "scripts/run_synthetic.sh", "real": "scripts/run_real.sh"}
 CUDA_ENV_PREFIXES = ("CUBLAS", "CUDA_", "PYTORCH_", "TORCH_", "TRITON_")
@@ -159,14 +166,15 @@ def run_soak(
                     trainer_pid = next((p for p, n in descendants(process.pid).items() if n == "trainer"), None)
                     continue
                 metrics = run_dir / "metrics.jsonl"
-                done = metrics.read_text().count("\n") if metrics.exists() else 0
+                records = metrics.read_text() if metrics.exists() else ""
+                done = records.count("\n")
                 if done <= seen_steps:
                     if time.monotonic() - started > limit + 600:
                         break  # no step in ten minutes past the limit: stop it as it is
                     continue
                 seen_steps = done
                 processes = {trainer_pid: "trainer", **descendants(trainer_pid)}
-                sample_processes(result, done, processes)
+                sample_processes(result, done, processes, allocator_mib(records))
                 try:
                     mtime = (run_dir / PLOT_NAME).stat().st_mtime
                 except OSError:
@@ -198,9 +206,10 @@ def run_soak(
     return result
 
 
-def sample_processes(run: SoakRun, step: int, processes: dict[int, str]) -> None:
+def sample_processes(run: SoakRun, step: int, processes: dict[int, str], allocator: dict | None = None) -> None:
     """One sample per process after `step`: its memory (split by kind for the trainer, workers and
-    router; RSS alone for the other children), descriptors and GPU memory; and each GPU's in use."""
+    router; RSS alone for the other children), descriptors and GPU memory, and the trainer's caching
+    allocator's figures (`allocator`, from the step's metrics); and each GPU's in use."""
     on_gpu = gpu_memory_by_pid()
     for pid, name in processes.items():
         memory, fds = memory_kib(pid), fd_count(pid)
@@ -210,6 +219,8 @@ def sample_processes(run: SoakRun, step: int, processes: dict[int, str]) -> None
             memory = {"rss_kib": memory["rss_kib"]}
         if pid in on_gpu:
             memory["gpu_mib"] = on_gpu[pid]
+        if name == "trainer" and allocator:
+            memory.update(allocator)
         run.samples.setdefault(name, []).append({"step": step, **memory, "fds": fds})
     if used := gpu_memory_used():
         run.gpus.append({"step": step, "used_mib": used})
@@ -236,93 +247,6 @@ def group_alive(group: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def fitted_slope(steps: list[int], values_kib: list[int]) -> tuple[float, float]:
-    """(least-squares slope in MiB a step, standard deviation of the residuals in MiB)."""
-    ys = [v / 1024 for v in values_kib]
-    mean_x, mean_y = statistics.fmean(steps), statistics.fmean(ys)
-    sxx = sum((x - mean_x) ** 2 for x in steps)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(steps, ys)) / sxx if sxx else 0.0
-    residuals = [y - (mean_y + slope * (x - mean_x)) for x, y in zip(steps, ys)]
-    return slope, statistics.pstdev(residuals)
-
-
-def growth(values: list[int], start: int) -> tuple[float, float, float]:
-    """(median of the WINDOW samples from `start`, median of the last WINDOW before the final
-    sample, their relative difference). The final sample is taken while the run shuts down."""
-    early = statistics.median(values[start : start + WINDOW])
-    late = statistics.median(values[-WINDOW - 1 : -1])
-    return early, late, (late - early) / early
-
-
-def summarise(run: SoakRun, warmup: int) -> dict[str, dict]:
-    """Per process that lived through the run: its figures after warm-up (see the module's doc)."""
-    start = run.warmup_end(warmup)
-    report = {}
-    for name, samples in sorted(run.samples.items()):
-        if len(samples) < start + 2 * WINDOW + 1:
-            continue  # a process that did not live through the run (a math child, say)
-        rss = [s["rss_kib"] for s in samples]
-        fds = [s["fds"] for s in samples]
-        measured = samples[start:-1]
-        slope, noise = fitted_slope([s["step"] for s in measured], [s["rss_kib"] for s in measured])
-        early, late, relative = growth(rss, start)
-        # Descriptors: the end's median against the most seen in the first half after warm-up.
-        # Connection pools grow to the largest burst they have served, and under load a larger burst
-        # can come late (a worker's count wandered 120-133 over 200 loaded steps); a leak climbs past.
-        first_half = fds[start : start + (len(fds) - start) // 2]
-        report[name] = {
-            "rss_mib_first": round(rss[0] / 1024, 1),
-            "rss_mib_after_warmup": round(early / 1024, 1),
-            "rss_mib_end": round(late / 1024, 1),
-            "growth": round(relative, 4),
-            "slope_mib_per_step": round(slope, 4),
-            "fitted_change_mib": round(slope * (measured[-1]["step"] - measured[0]["step"]), 1),
-            "noise_mib": round(noise, 2),
-            "fds_after_warmup": max(first_half),
-            "fds_end": growth(fds, start)[1],
-            "fds_max": max(fds),
-        }
-        for kind in ("anon", "file"):  # where RSS grows: what was allocated, or mapped files touched
-            if all(f"{kind}_kib" in s for s in measured):
-                kind_slope, kind_noise = fitted_slope(
-                    [s["step"] for s in measured], [s[f"{kind}_kib"] for s in measured]
-                )
-                report[name].update(
-                    {
-                        f"{kind}_mib_after_warmup": round(
-                            growth([s[f"{kind}_kib"] for s in samples], start)[0] / 1024, 1
-                        ),
-                        f"{kind}_slope_mib_per_step": round(kind_slope, 4),
-                        f"{kind}_noise_mib": round(kind_noise, 2),
-                    }
-                )
-        if all("gpu_mib" in s for s in samples[start:-1]):
-            gpu = [s["gpu_mib"] for s in samples]
-            gpu_slope, gpu_noise = fitted_slope([s["step"] for s in measured], [s["gpu_mib"] * 1024 for s in measured])
-            gpu_early, gpu_late, gpu_relative = growth(gpu, start)
-            report[name].update(
-                gpu_mib_after_warmup=gpu_early,
-                gpu_mib_end=gpu_late,
-                gpu_growth=round(gpu_relative, 4),
-                gpu_slope_mib_per_step=round(gpu_slope, 4),
-                gpu_noise_mib=round(gpu_noise, 2),
-            )
-    return report
-
-
-def summarise_gpus(run: SoakRun, warmup: int) -> list[dict]:
-    """Per GPU: memory in use after warm-up and at the end (medians, as `growth`), and its growth."""
-    start = run.warmup_end(warmup)
-    if len(run.gpus) < start + 2 * WINDOW + 1:
-        return []
-    out = []
-    for index in range(len(run.gpus[0]["used_mib"])):
-        used = [g["used_mib"][index] for g in run.gpus]
-        early, late, relative = growth(used, start)
-        out.append({"gpu": index, "used_mib_after_warmup": early, "used_mib_end": late, "growth": round(relative, 4)})
-    return out
 
 
 def run_from_report(report: dict) -> SoakRun:

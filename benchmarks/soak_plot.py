@@ -93,6 +93,13 @@ def print_figures(report: dict) -> None:
                 f"(noise {f['anon_noise_mib']}); file-backed {f['file_mib_after_warmup']} MiB, "
                 f"{f['file_slope_mib_per_step']} MiB/step (noise {f['file_noise_mib']})"
             )
+        if "allocated_slope_mib_per_step" in f:
+            print(
+                f"{name} caching allocator: allocated {f['allocated_mib_after_warmup']} -> "
+                f"{f['allocated_mib_end']} MiB "
+                f"({f['allocated_slope_mib_per_step']} MiB/step, noise {f['allocated_noise_mib']}); reserved "
+                f"{f.get('reserved_mib_after_warmup')} -> {f.get('reserved_mib_end')} MiB"
+            )
         if "gpu_growth" in f:
             print(
                 f"{name} GPU memory: {f['gpu_mib_after_warmup']} -> {f['gpu_mib_end']} MiB "

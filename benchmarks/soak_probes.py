@@ -3,6 +3,7 @@ by kind, open descriptors, GPU memory per process and per GPU, and the run's pro
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -88,3 +89,16 @@ def descendants(pid: int) -> dict[int, str]:
                     found[child] = f"other:{child}"
                 frontier.append(child)
     return found
+
+
+def allocator_mib(records: str) -> dict[str, float]:
+    """The trainer's caching allocator after its last step, from metrics.jsonl's text (its last whole
+    line): allocated and reserved MiB (`memory/gpu_*`, logged on a GPU); none off the GPU or before
+    the first step."""
+    whole = records[: records.rfind("\n") + 1].splitlines()  # not a line being written
+    try:
+        last = json.loads(whole[-1]) if whole else {}
+    except json.JSONDecodeError:
+        return {}
+    names = {"allocated_mib": "memory/gpu_allocated_mib", "reserved_mib": "memory/gpu_reserved_mib"}
+    return {key: last[name] for key, name in names.items() if isinstance(last.get(name), (int, float))}

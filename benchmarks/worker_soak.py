@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import _common as C  # noqa: E402
-from soak import fitted_slope  # noqa: E402
+from soak_figures import fitted_slope  # noqa: E402
 from soak_probes import descendants, gpu_memory_by_pid, memory_kib  # noqa: E402
 
 

@@ -66,6 +66,35 @@ def test_the_figures_split_a_creep_into_anonymous_and_file_backed_pages():
     assert 0.038 < figures["file_slope_mib_per_step"] < 0.041 and figures["file_noise_mib"] < 0.01
 
 
+def test_the_trainers_allocator_figures_tell_a_larger_reserve_from_memory_kept():
+    # the driver's figure steps up twice (the reserve meeting larger batches) while what is allocated stays flat
+    steps = range(1, 102)
+    trainer = [
+        {"step": s, "rss_kib": 2000 * 1024, "fds": 9, "gpu_mib": 16000 + 400 * (s > 40) + 400 * (s > 80)}
+        | {"allocated_mib": 9000.0 + (s % 3) * 0.1, "reserved_mib": 15000.0 + 400 * (s > 40) + 400 * (s > 80)}
+        for s in steps
+    ]
+    run = soak.SoakRun(steps=100, seconds=0.0, returncode=0, samples={"trainer": trainer})
+    figures = soak.summarise(run, 10)["trainer"]
+    assert abs(figures["allocated_slope_mib_per_step"]) < 1e-3 and figures["allocated_noise_mib"] < 0.1
+    assert figures["reserved_slope_mib_per_step"] > 5 and figures["gpu_slope_mib_per_step"] > 5
+    assert (figures["reserved_mib_after_warmup"], figures["reserved_mib_end"]) == (15000.0, 15800.0)
+
+
+def test_the_allocator_figures_come_from_the_last_whole_line_of_the_metrics():
+    from benchmarks.soak_probes import allocator_mib
+
+    line = json.dumps({"step": 3, "memory/gpu_allocated_mib": 812.5, "memory/gpu_reserved_mib": 1024.0})
+    assert allocator_mib(json.dumps({"step": 2}) + "\n" + line + "\n") == {
+        "allocated_mib": 812.5,
+        "reserved_mib": 1024.0,
+    }
+    assert allocator_mib(json.dumps({"step": 1, "loss": 0.5}) + "\n") == {}  # a CPU run logs none
+    partial = line + "\n" + '{"step": 4, "memory/gpu_all'  # the next line being written: the last whole one
+    assert allocator_mib(partial) == {"allocated_mib": 812.5, "reserved_mib": 1024.0}
+    assert allocator_mib("") == {}
+
+
 def test_stopping_a_run_ends_its_whole_process_group(tmp_path):
     # bash, and a child of its own that ignores SIGTERM: both must be gone
     pid_file = tmp_path / "child.pid"

@@ -4,9 +4,11 @@ optimizer) and the rollout's dependent phases, as the loop logs them under perf/
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 from test_trainer_memory import moved_reference
 from test_trainer_reference import KL, samples
 
@@ -23,6 +25,20 @@ def test_a_train_step_reports_its_parts_within_its_time(tiny_checkpoint):
     # Without a reference to read (the policy is its own before its first update), no such part.
     own = LocalTrainer(str(tiny_checkpoint), KL, reference_path=str(tiny_checkpoint)).train_step(samples())
     assert "perf/train_reference_forward_time" not in own and own["perf/train_forward_backward_time"] > 0
+    assert not any(name.startswith("memory/") for name in metrics)  # the allocator's figures: on a GPU only
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_train_step_on_the_gpu_reports_what_the_allocator_holds(tiny_checkpoint):
+    trainer = LocalTrainer(str(tiny_checkpoint), dataclasses.replace(KL, device="cuda"))
+    weights_mib = sum(p.numel() * p.element_size() for p in trainer.model.parameters()) / 2**20
+    first, second = trainer.train_step(samples()), trainer.train_step(samples(seed=1))
+    for m in (first, second):
+        # after the step: at least the weights; within it more (activations); the reserve holds both
+        assert weights_mib <= m["memory/gpu_allocated_mib"] < m["memory/gpu_peak_allocated_mib"]
+        assert m["memory/gpu_peak_allocated_mib"] <= m["memory/gpu_reserved_mib"]
+    # the peak counts from each step's start: a step with the same shapes has the same peak, not a larger one
+    assert second["memory/gpu_peak_allocated_mib"] <= first["memory/gpu_peak_allocated_mib"] * 1.5
 
 
 def test_phase_times_add_up_to_the_span_and_side_phases_stay_out():

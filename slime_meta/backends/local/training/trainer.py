@@ -36,6 +36,7 @@ from typing import Iterator, Sequence
 import torch
 from transformers import AutoModelForCausalLM
 
+from slime_meta.backends.local.training import gpu_memory
 from slime_meta.backends.local.training.batching import MicroBatching, PolicySequence
 from slime_meta.backends.local.training.channels import (
     policy_gradient_pass,
@@ -333,6 +334,7 @@ class LocalTrainer:
         step: int | None,
     ) -> dict[str, float]:
         started = time.perf_counter()
+        gpu_memory.start_step(self.device)
         timer = StepTimer(self.device)
         metrics = self._compute_gradients(teacher_samples, solver_samples, pairs, timer)
         if "train/skipped_empty_batch" in metrics:
@@ -370,6 +372,7 @@ class LocalTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         timer.mark("optimizer")  # the gradient norm and clip with it
         metrics.update(timer.metrics())
+        metrics.update(gpu_memory.step_metrics(self.device))
         elapsed = time.perf_counter() - started
         metrics.update(
             {
