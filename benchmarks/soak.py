@@ -20,7 +20,9 @@ resident set size and the open file descriptors of the trainer and of each of it
 workers) are read from /proc, the trainer's, workers' and router's RSS also split into anonymous,
 file-backed and shared pages.
 Where `nvidia-smi` lists GPUs, also each process's GPU memory (`gpu_mib`: what the driver has
-given it, the caching allocator's reserve included) and each GPU's memory in use (`gpus`).
+given it, the caching allocator's reserve included) and each GPU's memory in use (`gpus`); the
+trainer's samples also get its caching allocator's own figures from the step's metrics (`allocated_mib`,
+what it holds; `reserved_mib`, its reserve), which tell a larger reserve from tensors kept.
 
 Warm-up is the first `--warmup` steps (10: allocator arenas, torch's caches, AdamW's state, the
 router's connections) and lasts at least until the run's first plot (holdout.png, drawn once 60 s

@@ -17,6 +17,7 @@ from test_worker_static_decode import (
 )
 
 from slime_meta_engine.fast_path.paged.batch import build_paged_batch
+from slime_meta_engine.fast_path.prefill_graphs import prefill_buckets
 from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS, eager_rows
 from slime_meta_engine.fast_path.static.batch import build_static_batch
 from slime_meta_engine.rows import GenerationJob
@@ -169,3 +170,23 @@ def test_a_static_cache_with_no_free_slot_runs_the_prompts_own_rows() -> None:
     input_ids_R_L, lengths_R, where_R = roomy._eager_prompt_tensors(jobs, lengths, [0, 1, 2, 3, 4])
     assert tuple(input_ids_R_L.shape) == (6, 64)
     assert lengths_R.tolist() == [*lengths, 0] and where_R.tolist() == [0, 1, 2, 3, 4, 7]  # the last free slot
+
+
+def token_counts(rows_of, longest_prompt: int, max_prefill_tokens: int = 16384, max_rows: int = 64) -> set[int]:
+    """Every token count (rows x width) an eager prefill of the paged worker's defaults may run, over
+    every admission of prompts up to `longest_prompt` tokens that no prefill graph holds."""
+    buckets = prefill_buckets(8, 32768, 4096)
+    counts = set()
+    for prompts in range(1, max_rows + 1):
+        held = max((length for rows, length in buckets if rows >= prompts), default=0)
+        for longest in range(held + 1, longest_prompt + 1):
+            if prompts > 1 and prompts * longest > max_prefill_tokens:
+                break  # the engine admits no more prompts of this length at once
+            counts.add(rows_of(prompts) * (-(-longest // EAGER_PREFILL_COLUMNS) * EAGER_PREFILL_COLUMNS))
+    return counts
+
+
+def test_the_ladder_leaves_a_worker_few_token_counts_to_meet():
+    """What bounds the host memory CUDA's libraries keep per new count (docs/reliability.md)."""
+    assert len(token_counts(eager_rows, 2048)) == 80 and len(token_counts(eager_rows, 4096)) == 128
+    assert len(token_counts(lambda prompts: prompts, 2048)) == 220  # rows exact, widths rounded

@@ -23,9 +23,9 @@ from slime_meta_engine.sampling import RowSampling
 EAGER_PREFILL_COLUMNS = 64
 # A matmul's token count is rows x width, so the rows of an eager prefill are rounded as well: up the
 # ladder `eager_rows` climbs (1, 2, 3, 4, 6, 8, 12, 16, 24, ...: at most half again the prompts), the
-# padding rows of length 0 writing where a prefill graph's padding rows write. With widths in steps
-# of 64 and at most --max-prefill-tokens per prefill, a worker then meets a few dozen token counts
-# in all, where rounded widths alone leave a few hundred (rows x width over every row count).
+# padding rows of length 0 writing where a prefill graph's padding rows write. Over every admission
+# of prompts up to 2,048 tokens (rows x longest within --max-prefill-tokens) a worker may then meet
+# 80 token counts, where rounded widths alone leave 220 (tests/test_eager_prefill_width.py).
 EAGER_PREFILL_ROWS_MODES = ("ladder", "exact")  # --eager-prefill-rows: the first is the default
 
 
