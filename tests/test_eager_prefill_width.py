@@ -6,10 +6,12 @@ same greedy tokens and log-probs, prompts together and alone, up to the capacity
 from __future__ import annotations
 
 import pytest
+import torch
 from test_prefill_graphs import engine_on, submit_together
 from test_worker_static_decode import (
     greedy_spec,
     hf_greedy,
+    needs_cuda,
     no_cudnn_attention,  # noqa: F401 - autouse fixture, as in the worker
     random_prompts,
     submit_all,
@@ -25,10 +27,12 @@ from slime_meta_engine.rows import GenerationJob
 SLOTS = 8
 
 
-def eager_batch(model, kv_cache: str, width_multiple: int, rows_rounded: bool = False, slots: int = SLOTS):
+def eager_batch(
+    model, kv_cache: str, width_multiple: int | None, rows_rounded: bool | None = False, slots: int = SLOTS
+):
     """A batch with no prefill graphs (every prefill eager), its widths rounded to `width_multiple`
-    and (`rows_rounded`) its rows up `eager_rows`; the decoder's prefill records the (rows, width)
-    it was given."""
+    and (`rows_rounded`) its rows up `eager_rows` (None: the batch's default for its device); the
+    decoder's prefill records the (rows, width) it was given."""
     if kv_cache == "static":
         batch = build_static_batch(
             model, num_slots=slots, requested_capacity=200, pad_token_id=0, use_graphs=False, prefill_graph_tokens=0
@@ -43,8 +47,10 @@ def eager_batch(model, kv_cache: str, width_multiple: int, rows_rounded: bool = 
             page_size=4,
             prefill_graph_tokens=0,
         )
-    batch.eager_width_multiple = width_multiple
-    batch.eager_rows_rounded = rows_rounded
+    if width_multiple is not None:
+        batch.eager_width_multiple = width_multiple
+    if rows_rounded is not None:
+        batch.eager_rows_rounded = rows_rounded
     shapes = []
     plain_prefill = batch._decoder.prefill
 
@@ -63,6 +69,8 @@ def test_the_width_rounds_up_to_the_multiple_and_stops_at_the_capacity():
     assert [batch.eager_width(n) for n in (1, 64, 65, 150, 199)] == [64, 64, 128, 192, 200]
     batch.eager_width_multiple = 1
     assert [batch.eager_width(n) for n in (1, 65, 199)] == [1, 65, 199]
+    on_cpu, _ = eager_batch(model, "paged", None, None)  # the CPU keeps the plain eager prefill
+    assert (on_cpu.eager_width_multiple, on_cpu.eager_rows_rounded) == (1, False)
 
 
 @pytest.mark.parametrize("kv_cache", ["static", "paged"])
@@ -190,3 +198,26 @@ def test_the_ladder_leaves_a_worker_few_token_counts_to_meet():
     """What bounds the host memory CUDA's libraries keep per new count (docs/reliability.md)."""
     assert len(token_counts(eager_rows, 2048)) == 80 and len(token_counts(eager_rows, 4096)) == 128
     assert len(token_counts(lambda prompts: prompts, 2048)) == 220  # rows exact, widths rounded
+
+
+@needs_cuda
+@pytest.mark.parametrize("kv_cache", ["static", "paged"])
+def test_on_cuda_the_rounded_shapes_are_the_default_and_give_what_exact_ones_give(kv_cache: str) -> None:
+    model = tiny_model("qwen2", torch.float32, "cuda")
+    default, _ = eager_batch(model, kv_cache, None, None)
+    assert (default.eager_width_multiple, default.eager_rows_rounded) == (EAGER_PREFILL_COLUMNS, True)
+    prompts = random_prompts([9, 40, 3, 17, 66], seed=5)
+    outcomes, shapes_seen = {}, {}
+    for rounded in (False, True):
+        batch, shapes = eager_batch(model, kv_cache, EAGER_PREFILL_COLUMNS if rounded else 1, rows_rounded=rounded)
+        engine = engine_on(model, batch, SLOTS)
+        engine.start()
+        try:
+            outcomes[rounded] = submit_together(engine, [greedy_spec(f"c{i}", p, 8) for i, p in enumerate(prompts)])
+        finally:
+            engine.stop()
+        shapes_seen[rounded] = shapes
+    assert shapes_seen == {False: [(5, 66)], True: [(6, 128)]}
+    for rounded, exact, prompt in zip(outcomes[True], outcomes[False], prompts):
+        assert rounded.output_ids == exact.output_ids == hf_greedy(model, prompt, 8)
+        assert rounded.output_logprobs == pytest.approx(exact.output_logprobs, abs=1e-4)
