@@ -57,6 +57,7 @@ import torch.nn.functional as F
 
 from slime_meta_engine.cache_names import cache_of
 from slime_meta_engine.caches import supports_row_surgery, trim_unused_columns
+from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS
 from slime_meta_engine.fast_path.static.batch import StaticBatch
 from slime_meta_engine.kernels import layer_ops
 from slime_meta_engine.prefill import _Prefill, _RunningBatch
@@ -93,6 +94,7 @@ class GenerationEngine(_Prefill):
         static_batch: StaticBatch | None = None,
         chunked_prefill_size: int | None = None,
         sampling_kernel_on: bool | None = None,
+        prefill_width_multiple: int | None = None,
     ):
         self._model = model
         self._static = static_batch
@@ -103,6 +105,11 @@ class GenerationEngine(_Prefill):
         self._max_batch_size = max_batch_size
         self._max_prefill_tokens = max_prefill_tokens
         self._chunked_prefill_size = chunked_prefill_size  # DynamicCache prefill; the static batch has its own
+        # The DynamicCache path's prefills (prompt scoring, rows beyond the fast path's slots) pad their
+        # prompts on the left to a multiple of this many columns on a GPU, as the fast path's eager
+        # prefills do on the right (fast_path/slot_batch.py: each new matmul shape keeps host memory).
+        default_multiple = EAGER_PREFILL_COLUMNS if device.type == "cuda" else 1
+        self._prefill_width_multiple = prefill_width_multiple or default_multiple
         self._prefill_window_s = prefill_window_s
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         self._generator = torch.Generator(device=device).manual_seed(seed)

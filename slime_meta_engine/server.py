@@ -157,9 +157,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=os.environ.get(EAGER_PREFILL_COLUMNS_ENV)
         or None,  # argparse reads a string default with `type`: exit 2 if bad
-        help="with CUDA graphs on: a prefill no graph holds pads its prompts to a multiple of this many columns, "
-        "so its matmuls meet few token counts (each new one keeps about 20 KiB of host memory in CUDA's "
-        f"libraries for good). 1: exact widths. Default: ${EAGER_PREFILL_COLUMNS_ENV}, else {EAGER_PREFILL_COLUMNS}",
+        help="on a GPU: a prefill no graph holds (and a DynamicCache prefill: prompt scoring, rows beyond the fast "
+        "path) pads its prompts to a multiple of this many columns, so its matmuls meet few token counts (each "
+        "new one keeps about 20 KiB of host memory in CUDA's libraries for good). 1: exact widths. "
+        f"Default: ${EAGER_PREFILL_COLUMNS_ENV}, else {EAGER_PREFILL_COLUMNS}",
     )
     parser.add_argument(
         "--eager-prefill-rows",
@@ -291,6 +292,7 @@ def build_context(args: argparse.Namespace) -> WorkerContext:
             eager_prefill_rows=args.eager_prefill_rows,
         ),
         chunked_prefill_size=args.chunked_prefill_size,
+        prefill_width_multiple=args.eager_prefill_columns,
     )
     return WorkerContext(
         engine=engine,

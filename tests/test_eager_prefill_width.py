@@ -18,10 +18,12 @@ from test_worker_static_decode import (
     tiny_model,
 )
 
+from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.fast_path.paged.batch import build_paged_batch
 from slime_meta_engine.fast_path.prefill_graphs import prefill_buckets
 from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS, eager_rows
 from slime_meta_engine.fast_path.static.batch import build_static_batch
+from slime_meta_engine.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.rows import GenerationJob
 
 SLOTS = 8
@@ -220,4 +222,53 @@ def test_on_cuda_the_rounded_shapes_are_the_default_and_give_what_exact_ones_giv
     assert shapes_seen == {False: [(5, 66)], True: [(6, 128)]}
     for rounded, exact, prompt in zip(outcomes[True], outcomes[False], prompts):
         assert rounded.output_ids == exact.output_ids == hf_greedy(model, prompt, 8)
+        assert rounded.output_logprobs == pytest.approx(exact.output_logprobs, abs=1e-4)
+
+
+def test_the_dynamic_cache_path_pads_on_the_left_to_the_multiple_and_scores_the_same() -> None:
+    """Prompt scoring (and rows beyond the fast path) run through the DynamicCache path, prompts
+    left-padded: its rounded widths must give the same prompt log-probs and tokens as exact ones."""
+    model = tiny_model("qwen2")
+    prompts = random_prompts([37, 5, 70], seed=9)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    outcomes, widths = {}, {}
+    for multiple in (1, EAGER_PREFILL_COLUMNS):
+        engine = GenerationEngine(
+            model,
+            decode=lambda ids, skip: "".join(f"<{i}>" for i in ids),
+            device=model.device,
+            eos_token_ids=frozenset(),
+            pad_token_id=0,
+            max_batch_size=8,
+            prefill_window_s=0.05,  # the three in one prefill
+            prefill_width_multiple=multiple,
+        )
+        seen = widths.setdefault(multiple, [])
+        plain_forward = engine._chunked_forward
+
+        def recording_forward(input_ids_P_T, *args, plain_forward=plain_forward, seen=seen):
+            seen.append(tuple(input_ids_P_T.shape))
+            return plain_forward(input_ids_P_T, *args)
+
+        engine._chunked_forward = recording_forward
+        specs = [
+            GenerationSpec(f"s{i}", tuple(p), params, return_logprob=True, logprob_start_len=0)
+            for i, p in enumerate(prompts)
+        ]
+        engine.start()
+        try:
+            outcomes[multiple] = submit_together(engine, specs)
+        finally:
+            engine.stop()
+    assert widths == {1: [(3, 70)], EAGER_PREFILL_COLUMNS: [(3, 128)]}
+    assert (
+        GenerationEngine(
+            model, lambda ids, skip: "", device=model.device, eos_token_ids=frozenset(), pad_token_id=0
+        )._prefill_width_multiple
+        == 1
+    )  # the CPU: exact
+    for rounded, exact in zip(outcomes[EAGER_PREFILL_COLUMNS], outcomes[1]):
+        assert rounded.output_ids == exact.output_ids
+        assert rounded.input_logprobs[0] is None and exact.input_logprobs[0] is None
+        assert rounded.input_logprobs[1:] == pytest.approx(exact.input_logprobs[1:], abs=1e-4)
         assert rounded.output_logprobs == pytest.approx(exact.output_logprobs, abs=1e-4)
