@@ -29,17 +29,28 @@ class PolicySequence:
 class MicroBatching:
     """How a training pass splits its forwards: `micro_batch_size` sequences each, or with
     `max_tokens` (dynamic batch size) by padded tokens (`micro_batch_groups`); rows padded with
-    `pad_id`, run on `device`."""
+    `pad_id` to a multiple of `width_multiple` columns, run on `device`."""
 
     micro_batch_size: int
     pad_id: int
     device: torch.device
     max_tokens: int | None = None
+    width_multiple: int = 1
 
 
-def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and their attention mask."""
-    length = max(len(s) for s in sequences)
+# On a GPU a micro-batch's rows are padded to a multiple of this many columns. Each new token count a
+# matmul runs keeps about 20 KiB of host memory in CUDA's libraries for good (docs/reliability.md,
+# "Memory over long runs"), and a step's micro-batches are rows x (their longest row) tokens, nearly
+# always a count not seen before; in steps of 64 columns they are at most max_tokens / 64 counts.
+# The padding columns come after every row's real tokens, so causal attention keeps them out.
+CUDA_WIDTH_MULTIPLE = 64
+
+
+def pad_sequences(
+    sequences: Sequence[Sequence[int]], pad_id: int, width_multiple: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids (to the longest, rounded up to `width_multiple` columns) and their attention mask."""
+    length = -(-max(len(s) for s in sequences) // width_multiple) * width_multiple
     tokens = torch.full((len(sequences), length), pad_id, dtype=torch.long)
     attention = torch.zeros((len(sequences), length), dtype=torch.long)
     for row, ids in enumerate(sequences):

@@ -105,7 +105,9 @@ def _packed_batches(
 ) -> list[PackedBatch]:
     """The micro-batches of a pass: sequences that share a prompt share its forward where the call allows it."""
     share = bool(getattr(forward, "shares_prompts", False))
-    return pack_micro_batches(sequences, share, batching.micro_batch_size, batching.pad_id, batching.max_tokens)
+    return pack_micro_batches(
+        sequences, share, batching.micro_batch_size, batching.pad_id, batching.max_tokens, batching.width_multiple
+    )
 
 
 def _loss_hidden(forward: SplitModelCall, b: PackedBatch) -> torch.Tensor:
@@ -231,8 +233,9 @@ def sdpo_pass(
     longest = [max(len(x.prompt_ids), len(x.hint_prompt_ids)) + len(x.response_ids) for x in samples]
     for group in budget_chunks(list(samples), longest, batching.micro_batch_size, batching.max_tokens):
         responses = [x.response_ids for x in group]
-        student_tokens, student_att = pad_sequences([x.prompt_ids + x.response_ids for x in group], pad_id)
-        hinted_tokens, hinted_att = pad_sequences([x.hint_prompt_ids + x.response_ids for x in group], pad_id)
+        multiple = batching.width_multiple
+        student_tokens, student_att = pad_sequences([x.prompt_ids + x.response_ids for x in group], pad_id, multiple)
+        hinted_tokens, hinted_att = pad_sequences([x.hint_prompt_ids + x.response_ids for x in group], pad_id, multiple)
         lengths = [len(r) for r in responses]
         student_rows = _response_rows([len(x.prompt_ids) for x in group], lengths, student_tokens.shape[1] - 1)
         hinted_rows = _response_rows([len(x.hint_prompt_ids) for x in group], lengths, hinted_tokens.shape[1] - 1)
@@ -275,12 +278,12 @@ def sdpo_shaping_sequences(samples: Sequence[SolverSample], alpha: float) -> lis
 def _sequence_logp_sums(
     forward: SplitModelCall,
     pairs_ids: Sequence[tuple[tuple[int, ...], tuple[int, ...]]],
-    pad_id: int,
-    device,
+    batching: MicroBatching,
     chunk_size: int | None,
 ) -> torch.Tensor:
     """Summed log-probs (temperature 1) of each response given its prompt, `[pairs]`."""
-    tokens, attention = pad_sequences([p + r for p, r in pairs_ids], pad_id)
+    device = batching.device
+    tokens, attention = pad_sequences([p + r for p, r in pairs_ids], batching.pad_id, batching.width_multiple)
     rows_B_T = _response_rows([len(p) for p, _ in pairs_ids], [len(r) for _, r in pairs_ids], tokens.shape[1] - 1)
     tokens, attention, rows_B_T = tokens.to(device), attention.to(device), rows_B_T.to(device)
     hidden_N_H = _row_hidden(forward, tokens, attention, rows_B_T)
@@ -298,7 +301,6 @@ def reference_logp_sums(
     chunk_size: int | None,
 ) -> list[tuple[float, float]]:
     """(chosen, rejected) summed log-probs of each pair under `reference` (no gradient), in pair order."""
-    pad_id, device = batching.pad_id, batching.device
     values: dict[int, tuple[float, float]] = {}
     with torch.no_grad():
         for group in budget_chunks(
@@ -306,8 +308,8 @@ def reference_logp_sums(
         ):
             chosen_ids = [(pairs[i].prompt_ids, pairs[i].chosen_ids) for i in group]
             rejected_ids = [(pairs[i].prompt_ids, pairs[i].rejected_ids) for i in group]
-            chosen = _sequence_logp_sums(reference, chosen_ids, pad_id, device, chunk_size)
-            rejected = _sequence_logp_sums(reference, rejected_ids, pad_id, device, chunk_size)
+            chosen = _sequence_logp_sums(reference, chosen_ids, batching, chunk_size)
+            rejected = _sequence_logp_sums(reference, rejected_ids, batching, chunk_size)
             values.update(zip(group, zip(chosen.float().tolist(), rejected.float().tolist())))
     return [values[i] for i in range(len(pairs))]
 
@@ -328,7 +330,7 @@ def replay_dpo_pass(
     The reference log-probs are the pairs' own (`PreferencePair.reference_*_logp`), computed once
     under the start weights when the pair was made (`LocalTrainer.with_reference_logps`).
     """
-    pad_id, device = batching.pad_id, batching.device
+    device = batching.device
     if any(p.reference_chosen_logp is None or p.reference_rejected_logp is None for p in pairs):
         raise ValueError(
             "replay_dpo_pass: every pair needs its reference log-probs (LocalTrainer.with_reference_logps)"
@@ -340,8 +342,8 @@ def replay_dpo_pass(
         ref_chosen = torch.tensor([p.reference_chosen_logp for p in group], dtype=torch.float32, device=device)
         ref_rejected = torch.tensor([p.reference_rejected_logp for p in group], dtype=torch.float32, device=device)
         out = dpo_loss(
-            _sequence_logp_sums(forward, chosen, pad_id, device, s.jsd_chunk_size),
-            _sequence_logp_sums(forward, rejected, pad_id, device, s.jsd_chunk_size),
+            _sequence_logp_sums(forward, chosen, batching, s.jsd_chunk_size),
+            _sequence_logp_sums(forward, rejected, batching, s.jsd_chunk_size),
             ref_chosen,
             ref_rejected,
             beta=s.replay_dpo_beta,

@@ -166,8 +166,11 @@ def group_rows(
     return [[rows[i] for i in group] for group in groups]
 
 
-def collate_rows(rows: Sequence[Row], sequences: Sequence[PolicySequence], pad_id: int) -> PackedBatch:
-    width = max(row.length(sequences) for row in rows)
+def collate_rows(
+    rows: Sequence[Row], sequences: Sequence[PolicySequence], pad_id: int, width_multiple: int = 1
+) -> PackedBatch:
+    """The rows as one micro-batch, right-padded to the longest rounded up to `width_multiple` columns."""
+    width = -(-max(row.length(sequences) for row in rows) // width_multiple) * width_multiple
     shape = (len(rows), width)
     tokens = torch.full(shape, pad_id, dtype=torch.long)
     positions = torch.zeros(shape, dtype=torch.long)
@@ -227,12 +230,17 @@ def pack_micro_batches(
     micro_batch_size: int,
     pad_id: int,
     max_tokens: int | None = None,
+    width_multiple: int = 1,
 ) -> list[PackedBatch]:
-    """The step's micro-batches (sequences without response tokens are left out: nothing to train)."""
+    """The step's micro-batches (sequences without response tokens are left out: nothing to train),
+    each padded to a multiple of `width_multiple` columns."""
     kept = [i for i, s in enumerate(sequences) if s.response_ids]
     chosen = [sequences[i] for i in kept]
     rows = make_rows(chosen, share_prompts, micro_batch_size, max_tokens)
-    batches = [collate_rows(group, chosen, pad_id) for group in group_rows(rows, chosen, micro_batch_size, max_tokens)]
+    batches = [
+        collate_rows(group, chosen, pad_id, width_multiple)
+        for group in group_rows(rows, chosen, micro_batch_size, max_tokens)
+    ]
     for b in batches:  # members as indices into `sequences`
         b.members = tuple(kept[i] for i in b.members)
     return batches

@@ -37,7 +37,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from slime_meta.backends.local.training import gpu_memory
-from slime_meta.backends.local.training.batching import MicroBatching, PolicySequence
+from slime_meta.backends.local.training.batching import CUDA_WIDTH_MULTIPLE, MicroBatching, PolicySequence
 from slime_meta.backends.local.training.channels import (
     policy_gradient_pass,
     reference_logp_sums,
@@ -195,7 +195,8 @@ class LocalTrainer:
     def _micro_batching(self) -> MicroBatching:
         """How every pass of this trainer splits its forwards into micro-batches."""
         s = self.settings
-        return MicroBatching(s.micro_batch_size, self.pad_token_id, self.device, s.max_tokens_per_gpu)
+        multiple = CUDA_WIDTH_MULTIPLE if self.device.type == "cuda" else 1  # the CPU keeps nothing per shape
+        return MicroBatching(s.micro_batch_size, self.pad_token_id, self.device, s.max_tokens_per_gpu, multiple)
 
     def _with_reference_logprobs(
         self, reference: SplitModelCall, sequences: list[PolicySequence]
