@@ -12,8 +12,14 @@ import pytest
 import torch
 from test_objectives_local import batch  # noqa: F401 - the module's fixture: teacher, solver and pair samples
 
-from slime_meta.backends.local.training.batching import CUDA_WIDTH_MULTIPLE
+from slime_meta.backends.local.training.batching import (
+    CUDA_WIDTH_MULTIPLE,
+    PolicySequence,
+    budget_chunks,
+    padded_width,
+)
 from slime_meta.backends.local.training.channels import LossSettings
+from slime_meta.backends.local.training.packing import group_rows, make_rows
 from slime_meta.backends.local.training.settings import DistillSettings, TrainerSettings
 from slime_meta.backends.local.training.trainer import LocalTrainer
 
@@ -54,3 +60,22 @@ def test_padded_widths_give_the_same_step_as_exact_ones(tiny_checkpoint, batch):
         assert padded_metrics[name] == pytest.approx(exact_metrics[name], rel=1e-4, abs=1e-6), name
     for a, b in zip(padded, exact, strict=True):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_token_budget_counts_the_padded_width():
+    """A micro-batch of rows x padded width stays within --max-tokens-per-gpu, as the exact one did:
+    seven rows of 65 tokens fit 512 tokens at exact widths (455), and four at 128 columns."""
+    lengths = [65] * 7 + [130, 200]
+    sequences = [PolicySequence(tuple(range(3, 3 + n - 2)), (1, 2), (-0.1, -0.1), (1.0, 1.0), 1.0) for n in lengths]
+    rows = make_rows(sequences, False, 8, None)
+    sizes = {}
+    for multiple in (1, CUDA_WIDTH_MULTIPLE):
+        groups = group_rows(rows, sequences, 16, 512, multiple)
+        chunks = budget_chunks(list(range(len(lengths))), lengths, 16, 512, multiple)
+        for group in groups:
+            assert len(group) * padded_width(max(row.length(sequences) for row in group), multiple) <= 512
+        for chunk in chunks:
+            assert len(chunk) * padded_width(max(lengths[i] for i in chunk), multiple) <= 512
+        sizes[multiple] = ([len(g) for g in groups], [len(c) for c in chunks])
+    assert sizes[1] == ([7, 2], [7, 2])
+    assert sizes[CUDA_WIDTH_MULTIPLE] == ([4, 3, 2], [4, 3, 2])

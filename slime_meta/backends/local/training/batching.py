@@ -46,11 +46,16 @@ class MicroBatching:
 CUDA_WIDTH_MULTIPLE = 64
 
 
+def padded_width(length: int, width_multiple: int) -> int:
+    """The columns a row of `length` tokens takes: rounded up to `width_multiple`."""
+    return -(-length // width_multiple) * width_multiple
+
+
 def pad_sequences(
     sequences: Sequence[Sequence[int]], pad_id: int, width_multiple: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids (to the longest, rounded up to `width_multiple` columns) and their attention mask."""
-    length = -(-max(len(s) for s in sequences) // width_multiple) * width_multiple
+    length = padded_width(max(len(s) for s in sequences), width_multiple)
     tokens = torch.full((len(sequences), length), pad_id, dtype=torch.long)
     attention = torch.zeros((len(sequences), length), dtype=torch.long)
     for row, ids in enumerate(sequences):
@@ -88,9 +93,12 @@ def chunks(items: Sequence, size: int) -> list[Sequence]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def budget_chunks(items: Sequence, lengths: Sequence[int], size: int, max_tokens: int | None) -> list[list]:
+def budget_chunks(
+    items: Sequence, lengths: Sequence[int], size: int, max_tokens: int | None, width_multiple: int = 1
+) -> list[list]:
     """`chunks(items, size)` in order, or with `max_tokens` the items grouped by `micro_batch_groups`
-    (`lengths`: each item's longest forward row)."""
+    (`lengths`: each item's longest forward row, counted at its padded width)."""
     if max_tokens is None:
         return [list(c) for c in chunks(items, size)]
-    return [[items[i] for i in group] for group in micro_batch_groups(lengths, size, max_tokens)]
+    padded = [padded_width(n, width_multiple) for n in lengths]
+    return [[items[i] for i in group] for group in micro_batch_groups(padded, size, max_tokens)]

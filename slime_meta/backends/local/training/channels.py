@@ -231,7 +231,9 @@ def sdpo_pass(
         beta=s.sdpo_beta, temperature=s.sdpo_temperature, token_clip=s.sdpo_token_clip, chunk_size=s.jsd_chunk_size
     )
     longest = [max(len(x.prompt_ids), len(x.hint_prompt_ids)) + len(x.response_ids) for x in samples]
-    for group in budget_chunks(list(samples), longest, batching.micro_batch_size, batching.max_tokens):
+    for group in budget_chunks(
+        list(samples), longest, batching.micro_batch_size, batching.max_tokens, batching.width_multiple
+    ):
         responses = [x.response_ids for x in group]
         multiple = batching.width_multiple
         student_tokens, student_att = pad_sequences([x.prompt_ids + x.response_ids for x in group], pad_id, multiple)
@@ -304,7 +306,11 @@ def reference_logp_sums(
     values: dict[int, tuple[float, float]] = {}
     with torch.no_grad():
         for group in budget_chunks(
-            list(range(len(pairs))), _pair_lengths(pairs), batching.micro_batch_size, batching.max_tokens
+            list(range(len(pairs))),
+            _pair_lengths(pairs),
+            batching.micro_batch_size,
+            batching.max_tokens,
+            batching.width_multiple,
         ):
             chosen_ids = [(pairs[i].prompt_ids, pairs[i].chosen_ids) for i in group]
             rejected_ids = [(pairs[i].prompt_ids, pairs[i].rejected_ids) for i in group]
@@ -336,7 +342,9 @@ def replay_dpo_pass(
             "replay_dpo_pass: every pair needs its reference log-probs (LocalTrainer.with_reference_logps)"
         )
     sums = {"replay_dpo": 0.0, "replay_reward_accuracy": 0.0, "replay_reward_margin": 0.0}
-    for group in budget_chunks(list(pairs), _pair_lengths(pairs), batching.micro_batch_size, batching.max_tokens):
+    for group in budget_chunks(
+        list(pairs), _pair_lengths(pairs), batching.micro_batch_size, batching.max_tokens, batching.width_multiple
+    ):
         chosen = [(p.prompt_ids, p.chosen_ids) for p in group]
         rejected = [(p.prompt_ids, p.rejected_ids) for p in group]
         ref_chosen = torch.tensor([p.reference_chosen_logp for p in group], dtype=torch.float32, device=device)

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from slime_meta.backends.local.training.batching import PolicySequence
+from slime_meta.backends.local.training.batching import PolicySequence, padded_width
 
 PADDING = -1
 
@@ -137,13 +137,17 @@ LOSS_TOKEN_SHARE = 16
 
 
 def group_rows(
-    rows: Sequence[Row], sequences: Sequence[PolicySequence], micro_batch_size: int, max_tokens: int | None
+    rows: Sequence[Row],
+    sequences: Sequence[PolicySequence],
+    micro_batch_size: int,
+    max_tokens: int | None,
+    width_multiple: int = 1,
 ) -> list[list[Row]]:
     """Rows into micro-batches, shortest first (similar lengths waste less padding): while rows x
-    longest row stays within `max_tokens` and the loss tokens within `max_tokens / LOSS_TOKEN_SHARE`
-    (a row over either alone), or without a token budget while the micro-batch holds at most
-    `micro_batch_size` sequences."""
-    lengths = [row.length(sequences) for row in rows]
+    longest row (at its padded width) stays within `max_tokens` and the loss tokens within
+    `max_tokens / LOSS_TOKEN_SHARE` (a row over either alone), or without a token budget while the
+    micro-batch holds at most `micro_batch_size` sequences."""
+    lengths = [padded_width(row.length(sequences), width_multiple) for row in rows]
     losses = [sum(len(sequences[i].response_ids) for i in row.members) for row in rows]
     groups: list[list[int]] = []
     held = loss_held = 0
@@ -170,7 +174,7 @@ def collate_rows(
     rows: Sequence[Row], sequences: Sequence[PolicySequence], pad_id: int, width_multiple: int = 1
 ) -> PackedBatch:
     """The rows as one micro-batch, right-padded to the longest rounded up to `width_multiple` columns."""
-    width = -(-max(row.length(sequences) for row in rows) // width_multiple) * width_multiple
+    width = padded_width(max(row.length(sequences) for row in rows), width_multiple)
     shape = (len(rows), width)
     tokens = torch.full(shape, pad_id, dtype=torch.long)
     positions = torch.zeros(shape, dtype=torch.long)
@@ -239,7 +243,7 @@ def pack_micro_batches(
     rows = make_rows(chosen, share_prompts, micro_batch_size, max_tokens)
     batches = [
         collate_rows(group, chosen, pad_id, width_multiple)
-        for group in group_rows(rows, chosen, micro_batch_size, max_tokens)
+        for group in group_rows(rows, chosen, micro_batch_size, max_tokens, width_multiple)
     ]
     for b in batches:  # members as indices into `sequences`
         b.members = tuple(kept[i] for i in b.members)
