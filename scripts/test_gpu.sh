@@ -32,6 +32,7 @@ GPU_TEST_FILES=(
   tests/test_weight_sync_cuda.py tests/test_gpu_split.py tests/test_packing.py
   tests/test_worker_chunked_prefill.py tests/test_worker_static_decode.py tests/test_worker_paged_cache.py
   tests/test_worker_memory_budget.py tests/test_step_timing.py tests/test_eager_prefill_width.py
+  tests/test_trainer_padded_width.py
 )
 SELECTION=(-m "not slow")
 [ "${INTERPRETED:-0}" = 1 ] || SELECTION+=(-k "not interpreted")
