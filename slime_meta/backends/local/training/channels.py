@@ -224,7 +224,7 @@ def sdpo_pass(
     batching: MicroBatching,
 ) -> dict[str, float]:
     """Channel 2: the hint-conditioned self is the target distribution (no gradient through it)."""
-    pad_id, device = batching.pad_id, batching.device
+    pad_id, device, multiple = batching.pad_id, batching.device, batching.width_multiple
     total_tokens = sum(len(x.response_ids) for x in samples)
     jsd_sum = 0.0
     jsd_settings = dict(
@@ -235,7 +235,6 @@ def sdpo_pass(
         list(samples), longest, batching.micro_batch_size, batching.max_tokens, batching.width_multiple
     ):
         responses = [x.response_ids for x in group]
-        multiple = batching.width_multiple
         student_tokens, student_att = pad_sequences([x.prompt_ids + x.response_ids for x in group], pad_id, multiple)
         hinted_tokens, hinted_att = pad_sequences([x.hint_prompt_ids + x.response_ids for x in group], pad_id, multiple)
         lengths = [len(r) for r in responses]
