@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from test_prefill_graphs import engine_on, submit_together
+from test_worker_chunked_prefill import engine_for
 from test_worker_static_decode import (
     greedy_spec,
     hf_greedy,
@@ -18,7 +19,6 @@ from test_worker_static_decode import (
     tiny_model,
 )
 
-from slime_meta_engine.engine import GenerationEngine
 from slime_meta_engine.fast_path.paged.batch import build_paged_batch
 from slime_meta_engine.fast_path.prefill_graphs import prefill_buckets
 from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS, eager_rows
@@ -233,16 +233,7 @@ def test_the_dynamic_cache_path_pads_on_the_left_to_the_multiple_and_scores_the_
     params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
     outcomes, widths = {}, {}
     for multiple in (1, EAGER_PREFILL_COLUMNS):
-        engine = GenerationEngine(
-            model,
-            decode=lambda ids, skip: "".join(f"<{i}>" for i in ids),
-            device=model.device,
-            eos_token_ids=frozenset(),
-            pad_token_id=0,
-            max_batch_size=8,
-            prefill_window_s=0.05,  # the three in one prefill
-            prefill_width_multiple=multiple,
-        )
+        engine = engine_for(model, static=False, chunk=None, prefill_width_multiple=multiple)  # one prefill
         seen = widths.setdefault(multiple, [])
         plain_forward = engine._chunked_forward
 
@@ -261,12 +252,7 @@ def test_the_dynamic_cache_path_pads_on_the_left_to_the_multiple_and_scores_the_
         finally:
             engine.stop()
     assert widths == {1: [(3, 70)], EAGER_PREFILL_COLUMNS: [(3, 128)]}
-    assert (
-        GenerationEngine(
-            model, lambda ids, skip: "", device=model.device, eos_token_ids=frozenset(), pad_token_id=0
-        )._prefill_width_multiple
-        == 1
-    )  # the CPU: exact
+    assert engine_for(model, static=False, chunk=None)._prefill_width_multiple == 1  # the CPU's own: exact
     for rounded, exact in zip(outcomes[EAGER_PREFILL_COLUMNS], outcomes[1]):
         assert rounded.output_ids == exact.output_ids
         assert rounded.input_logprobs[0] is None and exact.input_logprobs[0] is None

@@ -26,7 +26,7 @@ from slime_meta_engine.protocol import GenerationSpec, SamplingParams
 PROMPT_LENGTHS = [37, 5, 61, 18]
 
 
-def engine_for(model, *, static: bool, chunk: int | None, graphs: bool = False) -> GenerationEngine:
+def engine_for(model, *, static: bool, chunk: int | None, graphs: bool = False, **engine_kwargs) -> GenerationEngine:
     static_batch = None
     if static:
         static_batch = build_static_batch(
@@ -42,6 +42,7 @@ def engine_for(model, *, static: bool, chunk: int | None, graphs: bool = False) 
         static_batch=static_batch,
         chunked_prefill_size=chunk,
         prefill_window_s=0.05,  # all prompts in one prefill, the case chunking is for
+        **engine_kwargs,
     )
 
 
