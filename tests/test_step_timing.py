@@ -34,11 +34,11 @@ def test_a_train_step_on_the_gpu_reports_what_the_allocator_holds(tiny_checkpoin
     weights_mib = sum(p.numel() * p.element_size() for p in trainer.model.parameters()) / 2**20
     first, second = trainer.train_step(samples()), trainer.train_step(samples(seed=1))
     for m in (first, second):
-        # after the step: at least the weights; within it more (activations); the reserve holds both
-        assert weights_mib <= m["memory/gpu_allocated_mib"] < m["memory/gpu_peak_allocated_mib"]
-        assert m["memory/gpu_peak_allocated_mib"] <= m["memory/gpu_reserved_mib"]
-    # the peak counts from each step's start: a step with the same shapes has the same peak, not a larger one
-    assert second["memory/gpu_peak_allocated_mib"] <= first["memory/gpu_peak_allocated_mib"] * 1.5
+        # after the step: at least the weights, all of it within the reserve; at its height more (activations)
+        assert weights_mib <= m["memory/gpu_allocated_mib"] <= m["memory/gpu_reserved_mib"]
+        assert m["memory/gpu_allocated_mib"] < m["memory/gpu_peak_allocated_mib"]
+    # the peak is the process's so far: the trainer does not reset what benchmarks time with it
+    assert second["memory/gpu_peak_allocated_mib"] >= first["memory/gpu_peak_allocated_mib"]
 
 
 def test_phase_times_add_up_to_the_span_and_side_phases_stay_out():

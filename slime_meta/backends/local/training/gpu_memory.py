@@ -4,8 +4,9 @@ The driver's figure for a process (nvidia-smi, what benchmarks/soak.py reads) in
 allocator's reserve, which grows when a step needs a block that no cached one fits and is kept for
 later steps: a rise there may be a longer batch, or fragmentation, or tensors kept. The allocator's
 own figures tell them apart: `memory/gpu_allocated_mib` after the step (the weights, the optimizer's
-moments and whatever a step keeps), `memory/gpu_peak_allocated_mib` within it, and
-`memory/gpu_reserved_mib`, the reserve. Reading them costs no synchronisation.
+moments and whatever a step keeps), `memory/gpu_peak_allocated_mib`, the most it has held so far
+(the process's peak: benchmarks reset it around what they time, so the trainer leaves it alone),
+and `memory/gpu_reserved_mib`, the reserve. Reading them costs no synchronisation.
 """
 
 from __future__ import annotations
@@ -13,12 +14,6 @@ from __future__ import annotations
 import torch
 
 MIB = 1024 * 1024
-
-
-def start_step(device: torch.device) -> None:
-    """Let the step's peak count from here."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
 
 
 def step_metrics(device: torch.device) -> dict[str, float]:

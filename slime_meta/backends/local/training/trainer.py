@@ -335,7 +335,6 @@ class LocalTrainer:
         step: int | None,
     ) -> dict[str, float]:
         started = time.perf_counter()
-        gpu_memory.start_step(self.device)
         timer = StepTimer(self.device)
         metrics = self._compute_gradients(teacher_samples, solver_samples, pairs, timer)
         if "train/skipped_empty_batch" in metrics:
