@@ -21,6 +21,7 @@ import torch
 
 from slime_meta_engine.cache_names import cache_kwargs, cache_of
 from slime_meta_engine.caches import join_caches, left_pad_columns
+from slime_meta_engine.fast_path.slot_batch import rounded_up
 from slime_meta_engine.rows import GenerationJob, RowState, shared_prompts
 from slime_meta_engine.sampling import RowSampling
 
@@ -125,8 +126,7 @@ class _Prefill:
         # Row surgery (copying cache rows) is only known to be valid for joinable caches.
         prompt_of_row, prompt_jobs = shared_prompts(jobs) if self._can_join else (list(range(len(jobs))), jobs)
         lengths = [len(job.spec.input_ids) for job in prompt_jobs]
-        multiple = self._prefill_width_multiple  # the left padding is masked out, whatever its width
-        width = -(-max(lengths) // multiple) * multiple
+        width = rounded_up(max(lengths), self._prefill_width_multiple)  # the left padding is masked out
         padded = [[self._pad_token_id] * (width - n) + list(job.spec.input_ids) for job, n in zip(prompt_jobs, lengths)]
         input_ids_P_T = torch.tensor(padded, dtype=torch.int64, device=self._device)
         mask_P_T = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], dtype=torch.int64, device=self._device)

@@ -147,24 +147,18 @@ def test_heap_snapshots_wait_for_warmup_and_the_first_plot_then_come_two_steps_l
     assert asked == [15, 17, 28]
 
 
-def test_tracemalloc_with_too_few_steps_exits_2_in_one_line_naming_the_flags():
-    result = subprocess.run(
-        [sys.executable, "benchmarks/soak.py", "--steps", "14", "--tracemalloc", "/tmp/never-written"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+def soak_cli(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "benchmarks/soak.py", *arguments], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
+
+
+def test_tracemalloc_with_too_few_steps_exits_2_in_one_line_naming_the_flags():
+    result = soak_cli("--steps", "14", "--tracemalloc", "/tmp/never-written")
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "--tracemalloc" in result.stderr and "--steps" in result.stderr and "--warmup" in result.stderr
 
 
 def test_a_time_limit_that_is_not_positive_exits_2_in_one_line():
-    result = subprocess.run(
-        [sys.executable, "benchmarks/soak.py", "--steps", "30", "--time-limit-s", "0"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = soak_cli("--steps", "30", "--time-limit-s", "0")
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "--time-limit-s 0" in result.stderr

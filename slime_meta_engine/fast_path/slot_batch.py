@@ -29,6 +29,11 @@ EAGER_PREFILL_COLUMNS = 64
 EAGER_PREFILL_ROWS_MODES = ("ladder", "exact")  # --eager-prefill-rows: the first is the default
 
 
+def rounded_up(count: int, multiple: int) -> int:
+    """`count` rounded up to a multiple of `multiple` (an eager prefill's columns)."""
+    return -(-count // multiple) * multiple
+
+
 def eager_rows(prompts: int) -> int:
     """The rows an eager prefill of `prompts` prompts runs: the smallest power of two, or one and a
     half times one, that holds them."""
@@ -117,8 +122,7 @@ class SlotBatch:
 
     def eager_width(self, longest: int) -> int:
         """The columns an eager prefill of prompts of up to `longest` tokens runs."""
-        multiple = self.eager_width_multiple
-        return min(self.capacity, -(-longest // multiple) * multiple)
+        return min(self.capacity, rounded_up(longest, self.eager_width_multiple))
 
     def _run_prompts(self, prompt_jobs: Sequence[GenerationJob], lengths: list[int], where: list[int]) -> torch.Tensor:
         """Run the prompts, each prompt's keys going to its `where` (the cache layout's index: a
