@@ -8,6 +8,8 @@
     MODEL=qwen2.5-coder-0.5b DATA=price_lists python benchmarks/soak.py --script real --steps 200
     # an earlier results file's figures from another warm-up (the file is kept), its PNG redrawn
     python benchmarks/soak.py --replot benchmarks/results/soak_gpu_real_200steps.json --warmup 101
+    # ... and the run's per-step engine figures stored in it (a file from before soak.py kept them)
+    python benchmarks/soak.py --replot FILE.json --metrics RUN_DIR/metrics.jsonl
     # what the trainer and the workers keep, by allocation site (Python's heap, tracemalloc)
     python benchmarks/soak.py --steps 100 --tracemalloc /tmp/heap
     # and natively, by stack (pip install memray); a run stopped after 20 minutes, its steps reported
@@ -23,6 +25,9 @@ Where `nvidia-smi` lists GPUs, also each process's GPU memory (`gpu_mib`: what t
 given it, the caching allocator's reserve included) and each GPU's memory in use (`gpus`); the
 trainer's samples also get its caching allocator's own figures from the step's metrics (`allocated_mib`,
 what it holds; `reserved_mib`, its reserve), which tell a larger reserve from tensors kept.
+The JSON also keeps each step's time and where the local workers spent it (`engine_samples`, the
+`worker/*` metrics: prefill, decode and idle seconds, prefill batches) and their medians after
+warm-up (`engine`), so that two soaks of different engine settings compare in cost as well as memory.
 
 Warm-up is the first `--warmup` steps (10: allocator arenas, torch's caches, AdamW's state, the
 router's connections) and lasts at least until the run's first plot (holdout.png, drawn once 60 s
@@ -61,7 +66,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
-from soak_figures import WINDOW, summarise, summarise_gpus  # noqa: E402
+from soak_figures import WINDOW, engine_samples, summarise, summarise_engine, summarise_gpus  # noqa: E402
 from soak_heaps import (  # noqa: E402
     ask_for_snapshots,
     compare_snapshots,
@@ -101,6 +106,7 @@ class SoakRun:
     gpus: list[dict] = field(default_factory=list)
     plot_steps: list[int] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
+    engine: list[dict] = field(default_factory=list)  # per step: step time, the workers' engine time
     snapshot_steps: list[int] = field(default_factory=list)  # --tracemalloc: tracing started, snapshots
     time_limited: bool = False  # stopped at the time limit before its last step
     log: str = ""
@@ -205,6 +211,7 @@ def run_soak(
     if metrics.exists():
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         result.step_times = [r["perf/step_time"] for r in records if "perf/step_time" in r]
+        result.engine = engine_samples(records)
     return result
 
 
@@ -260,16 +267,26 @@ def run_from_report(report: dict) -> SoakRun:
         samples=report["samples"],
         gpus=report.get("gpu_samples", []),
         plot_steps=report.get("plot_steps", []),
+        engine=report.get("engine_samples", []),
     )
 
 
-def replot(path: Path, warmup: int | None) -> Path:
+def replot(path: Path, warmup: int | None, metrics: Path | None = None) -> Path:
     """An earlier results file's figures again, with another warm-up if given (the file is kept as it
-    is), and its PNG redrawn."""
+    is), and its PNG redrawn. With `metrics` (the run's metrics.jsonl) the run's per-step engine
+    figures are read from it and stored in the file, for a file written before soak.py kept them."""
     report = json.loads(path.read_text())
+    if metrics is not None:
+        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        report["engine_samples"] = engine_samples(records)
     run = run_from_report(report)
     warmup = report["settings"]["warmup"] if warmup is None else warmup
     report.update(processes=summarise(run, warmup), gpus=summarise_gpus(run, warmup))
+    report["engine"] = summarise_engine(run.engine, run.warmup_end(warmup))
+    if metrics is not None:
+        saved = json.loads(path.read_text())
+        saved.update(engine_samples=report["engine_samples"], engine=report["engine"])
+        C.write_json(saved, path)
     print(f"soak: {path.name}, warm-up to step {run.warmup_end(warmup)}")
     print_figures(report)
     steps = report.get("steps_done", report["settings"]["steps"])  # a run stopped at its time limit did fewer
@@ -302,6 +319,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         help="an earlier results JSON: its figures (with --warmup: from that step) and PNG again, no run",
+    )
+    parser.add_argument(
+        "--metrics",
+        type=Path,
+        default=None,
+        help="with --replot: the run's metrics.jsonl, whose per-step engine figures are stored in the results file",
     )
     parser.add_argument(
         "--tracemalloc",
@@ -341,7 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot is not None:
         if not args.replot.is_file():
             parser.exit(2, f"error: --replot {args.replot}: no such file\n")
-        print(f"wrote {replot(args.replot, warmup_given)}")
+        if args.metrics is not None and not args.metrics.is_file():
+            parser.exit(2, f"error: --metrics {args.metrics}: no such file (give the run's metrics.jsonl)\n")
+        print(f"wrote {replot(args.replot, warmup_given, args.metrics)}")
         return 0
     device = "gpu" if gpu_memory_used() else "cpu"
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
@@ -393,8 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         plot_steps=run.plot_steps,
         processes=summarise(run, args.warmup),
         gpus=summarise_gpus(run, args.warmup),
+        engine=summarise_engine(run.engine, run.warmup_end(args.warmup)),
         samples=run.samples,
         gpu_samples=run.gpus,
+        engine_samples=run.engine,
     )
     if args.tracemalloc is not None:
         report["tracemalloc"] = {

@@ -111,3 +111,36 @@ def summarise_gpus(run: SoakRun, warmup: int) -> list[dict]:
         early, late, relative = growth(used, start)
         out.append({"gpu": index, "used_mib_after_warmup": early, "used_mib_end": late, "growth": round(relative, 4)})
     return out
+
+
+def engine_samples(records: list[dict]) -> list[dict]:
+    """Per training step of metrics.jsonl: its step time and where the local workers spent it
+    (`worker/{pool}_*`: prefill, decode and idle seconds, prefill batches, ...). Eval-only records
+    have no step time and are left out."""
+    return [
+        {"step": r["step"], "step_time": r["perf/step_time"]} | {k: v for k, v in r.items() if k.startswith("worker/")}
+        for r in records
+        if "perf/step_time" in r and "step" in r
+    ]
+
+
+def summarise_engine(samples: list[dict], warmup_end: int) -> dict:
+    """Medians over the steps after `warmup_end` (those `summarise` measures) of each per-step figure
+    in `samples`, and per pool the seconds of one prefill batch (a pool's prefill seconds over its
+    prefill batches, summed over those steps): what a change of prefill shapes costs, measured inside the run."""
+    measured = [s for s in samples if s["step"] > warmup_end]
+    if not measured:
+        return {}
+    keys = sorted({key for s in measured for key in s} - {"step"})
+    out: dict = {"steps": len(measured)}
+    for key in keys:
+        values = [s[key] for s in measured if isinstance(s.get(key), (int, float))]
+        out[f"median {key}"] = round(statistics.median(values), 4)
+    for key in keys:
+        if key.endswith("_prefill_time"):
+            pool = key.removeprefix("worker/").removesuffix("_prefill_time")
+            batches = sum(s.get(f"worker/{pool}_prefill_batches", 0) for s in measured)
+            if batches:
+                seconds = sum(s.get(key, 0.0) for s in measured)
+                out[f"{pool} seconds per prefill batch"] = round(seconds / batches, 5)
+    return out

@@ -107,3 +107,10 @@ def print_figures(report: dict) -> None:
             )
     for g in report["gpus"]:
         print(f"GPU {g['gpu']} in use: {g['used_mib_after_warmup']} -> {g['used_mib_end']} MiB (growth {g['growth']})")
+    engine = report.get("engine") or {}
+    if engine:
+        print(f"over {engine['steps']} steps after warm-up (medians a step unless named):")
+        print(
+            "  "
+            + "; ".join(f"{key.removeprefix('median ')} {value:g}" for key, value in engine.items() if key != "steps")
+        )

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks import soak, soak_plot  # noqa: E402
@@ -132,6 +134,37 @@ def test_a_results_file_is_read_back_and_redrawn(tmp_path, capsys):
     assert "warm-up to step 101" in out and "worker:1 GPU memory: 7256 -> 7256 MiB" in out
     assert path.with_suffix(".png").stat().st_size > 10_000
     assert json.loads(path.read_text()) == report  # the results file itself is kept as it was
+
+
+def test_the_engine_figures_come_from_the_runs_metrics_and_are_stored_by_replot(tmp_path, capsys):
+    # steps 1-10 slow (warm-up), then prefills of 0.2 s in 4 batches a step; an eval-only record is skipped
+    records = [
+        {"step": s, "perf/step_time": 9.0 if s <= 10 else 3.0}
+        | {"worker/teacher_prefill_time": 2.0 if s <= 10 else 0.2, "worker/teacher_prefill_batches": 4.0}
+        for s in range(1, 202)
+    ] + [{"step": 201, "eval/holdout_reward": 0.5}]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = a_run()
+    report = {
+        "settings": {"steps": 200, "warmup": 10},
+        "machine": {"cpu_count": 16},
+        "seconds": run.seconds,
+        "samples": run.samples,
+        "gpu_samples": run.gpus,
+    }
+    path = tmp_path / "soak.json"
+    path.write_text(json.dumps(report))
+    assert soak.main(["--replot", str(path), "--metrics", str(metrics)]) == 0
+    saved = json.loads(path.read_text())
+    assert len(saved["engine_samples"]) == 201 and saved["samples"] == report["samples"]
+    engine = saved["engine"]
+    assert engine["steps"] == 191 and engine["median step_time"] == 3.0
+    assert engine["teacher seconds per prefill batch"] == 0.05  # 0.2 s over 4 batches, warm-up left out
+    assert "teacher seconds per prefill batch 0.05" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        soak.main(["--replot", str(path), "--metrics", str(tmp_path / "none.jsonl")])
+    assert exit_info.value.code == 2 and "--metrics" in capsys.readouterr().err
 
 
 def test_heap_snapshots_wait_for_warmup_and_the_first_plot_then_come_two_steps_later_and_near_the_end():
