@@ -113,6 +113,10 @@ def summarise_gpus(run: SoakRun, warmup: int) -> list[dict]:
     return out
 
 
+# `worker/*` figures that are levels, not a step's amounts (engine_time.py's `_LEVELS`)
+LEVEL_SUFFIXES = ("_eager_prefill_shapes", "_gpu_allocated_mib", "_gpu_reserved_mib")
+
+
 def engine_samples(records: list[dict]) -> list[dict]:
     """Per training step of metrics.jsonl: its step time and where the local workers spent it
     (`worker/{pool}_*`: prefill, decode and idle seconds, prefill batches, ...). Eval-only records
@@ -137,6 +141,11 @@ def summarise_engine(samples: list[dict], warmup_end: int) -> dict:
         values = [s[key] for s in measured if isinstance(s.get(key), (int, float))]
         out[f"median {key}"] = round(statistics.median(values), 4)
     for key in keys:
+        if key.endswith(LEVEL_SUFFIXES):  # a level (what a worker holds or has met): where it went, and when
+            points = [(s["step"], s[key]) for s in measured if isinstance(s.get(key), (int, float))]
+            rises = [step for (step, value), (_, before) in zip(points[1:], points) if value > before]
+            out[f"{key} after warm-up"], out[f"{key} end"] = points[0][1], points[-1][1]
+            out[f"{key} last rise at step"] = rises[-1] if rises else None
         if key.endswith("_prefill_time"):
             pool = key.removeprefix("worker/").removesuffix("_prefill_time")
             batches = sum(s.get(f"worker/{pool}_prefill_batches", 0) for s in measured)

@@ -110,7 +110,5 @@ def print_figures(report: dict) -> None:
     engine = report.get("engine") or {}
     if engine:
         print(f"over {engine['steps']} steps after warm-up (medians a step unless named):")
-        print(
-            "  "
-            + "; ".join(f"{key.removeprefix('median ')} {value:g}" for key, value in engine.items() if key != "steps")
-        )
+        figures = {key: value for key, value in engine.items() if key != "steps" and value is not None}
+        print("  " + "; ".join(f"{key.removeprefix('median ')} {value:g}" for key, value in figures.items()))

@@ -7,7 +7,9 @@ the worker's resident memory and, on a GPU, its GPU memory (nvidia-smi) are read
 worker keeps per round from the rest of a run (benchmarks/soak.py measures the whole run), and
 `--no-push` or `--no-requests` tells which of the two keeps it. The tokens each round's call reads and
 writes are counted, so a slope per round can be put as KiB per thousand tokens and compared with a
-run's step, whose calls carry many more tokens.
+run's step, whose calls carry many more tokens. Each sample also holds the engine's count of the
+distinct eager prefill shapes it has run, and on a GPU its caching allocator's allocated and reserved
+MiB (from `/get_server_info`), which tell memory kept per new shape, and a larger reserve, apart.
 
     python benchmarks/worker_soak.py --rounds 400                      # the tiny model on the CPU
     python benchmarks/worker_soak.py --rounds 400 --no-push            # requests only
@@ -36,6 +38,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import _common as C  # noqa: E402
 from soak_figures import fitted_slope  # noqa: E402
 from soak_probes import descendants, gpu_memory_by_pid, memory_kib  # noqa: E402
+
+from slime_meta.backends.local.workers.engine_time import read_engine_seconds  # noqa: E402
+
+ENGINE_LEVELS = ("eager_prefill_shapes", "gpu_allocated_mib", "gpu_reserved_mib")
 
 
 def worker_pid(url: str) -> int | None:
@@ -196,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
                     }
                     if args.device == "cuda":
                         sample["gpu_mib"] = gpu_memory_by_pid().get(pid)
+                    # the engine's levels: eager prefill shapes met so far, and on a GPU its allocator's figures
+                    engine = read_engine_seconds(url) or {}
+                    sample.update({level: engine[level] for level in ENGINE_LEVELS if level in engine})
                     samples.append(sample)
                 if out_of_time:
                     break
@@ -247,6 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     gpu = [s["gpu_mib"] for s in measured if s.get("gpu_mib") is not None]
     if gpu:
         report.update(gpu_mib_after_warmup=gpu[0], gpu_mib_end=gpu[-1], gpu_mib_max=max(gpu))
+    for level in ENGINE_LEVELS:
+        points = [(s["round"], s[level]) for s in measured if level in s]
+        if points:
+            rises = [r for (r, value), (_, before) in zip(points[1:], points) if value > before]
+            report[f"{level}_after_warmup"], report[f"{level}_end"] = points[0][1], points[-1][1]
+            report[f"{level}_last_rise_round"] = rises[-1] if rises else None
     what = "_".join(x for x, off in (("push", args.no_push), ("requests", args.no_requests)) if not off)
     name = f"worker_soak_{args.device}_{what}_{rounds_done}rounds.json"
     out = args.out or ROOT / "benchmarks" / "results" / name
@@ -260,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         + f" (noise {report['noise_mib']} MiB)"
         + (f"; GPU {report['gpu_mib_after_warmup']} -> {report['gpu_mib_end']} MiB" if gpu else "")
     )
+    if "eager_prefill_shapes_end" in report:
+        print(
+            f"eager prefill shapes met: {report['eager_prefill_shapes_after_warmup']:g} after warm-up, "
+            f"{report['eager_prefill_shapes_end']:g} at the end (last new one by round "
+            f"{report['eager_prefill_shapes_last_rise_round']})"
+        )
     last_fifth = measured[-max(1, len(measured) // 5) :]
     print(f"median RSS over the last fifth: {statistics.median(s['rss_kib'] for s in last_fifth) / 1024:.1f} MiB")
     print(f"wrote {out}")

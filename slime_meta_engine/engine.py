@@ -110,6 +110,7 @@ class GenerationEngine(_Prefill):
         # prefills do on the right (fast_path/slot_batch.py: each new matmul shape keeps host memory).
         default_multiple = EAGER_PREFILL_COLUMNS if device.type == "cuda" else 1
         self._prefill_width_multiple = prefill_width_multiple or default_multiple
+        self.dynamic_prefill_shapes: set[tuple[int, int]] = set()  # (prompts, columns) this path has run
         self._prefill_window_s = prefill_window_s
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         self._generator = torch.Generator(device=device).manual_seed(seed)
@@ -192,6 +193,17 @@ class GenerationEngine(_Prefill):
         if waiting_since is not None:
             counters["idle_s"] += time.perf_counter() - waiting_since
         return counters
+
+    def memory_now(self) -> dict[str, float | int]:
+        """What a long run watches grow: the distinct eager prefill shapes run so far (each new one may
+        keep host memory on a GPU; a prefill graph's are fixed) and, on a GPU, the caching allocator's
+        allocated and reserved MiB (a larger reserve for a longer batch, told from tensors kept)."""
+        static_shapes = len(self._static.eager_shapes) if self._static is not None else 0
+        out: dict[str, float | int] = {"eager_prefill_shapes": static_shapes + len(self.dynamic_prefill_shapes)}
+        if self._device.type == "cuda":
+            out["gpu_allocated_mib"] = round(torch.cuda.memory_allocated(self._device) / 2**20, 1)
+            out["gpu_reserved_mib"] = round(torch.cuda.memory_reserved(self._device) / 2**20, 1)
+        return out
 
     def queue_depth(self) -> int:
         return len(self._waiting)

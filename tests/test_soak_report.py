@@ -141,6 +141,7 @@ def test_the_engine_figures_come_from_the_runs_metrics_and_are_stored_by_replot(
     records = [
         {"step": s, "perf/step_time": 9.0 if s <= 10 else 3.0}
         | {"worker/teacher_prefill_time": 2.0 if s <= 10 else 0.2, "worker/teacher_prefill_batches": 4.0}
+        | {"worker/teacher_eager_prefill_shapes": min(s, 150), "worker/teacher_gpu_reserved_mib": 800.0}
         for s in range(1, 202)
     ] + [{"step": 201, "eval/holdout_reward": 0.5}]
     metrics = tmp_path / "metrics.jsonl"
@@ -161,6 +162,11 @@ def test_the_engine_figures_come_from_the_runs_metrics_and_are_stored_by_replot(
     engine = saved["engine"]
     assert engine["steps"] == 191 and engine["median step_time"] == 3.0
     assert engine["teacher seconds per prefill batch"] == 0.05  # 0.2 s over 4 batches, warm-up left out
+    # levels: where they went after warm-up, and the step of their last rise (none: flat)
+    assert engine["worker/teacher_eager_prefill_shapes after warm-up"] == 11
+    assert engine["worker/teacher_eager_prefill_shapes end"] == 150
+    assert engine["worker/teacher_eager_prefill_shapes last rise at step"] == 150
+    assert engine["worker/teacher_gpu_reserved_mib last rise at step"] is None
     assert "teacher seconds per prefill batch 0.05" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:
         soak.main(["--replot", str(path), "--metrics", str(tmp_path / "none.jsonl")])

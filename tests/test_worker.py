@@ -514,5 +514,30 @@ def test_engine_time_counters_split_a_step_into_prefill_decode_and_idle(worker_u
     assert 0.0 < busy["worker/teacher_busy_share"] <= 1.0
     assert busy["worker/teacher_tokens_generated"] == 24 and busy["worker/teacher_decode_steps"] == 23
     assert busy["worker/teacher_prefill_batches"] == 1
+    assert busy["worker/teacher_eager_prefill_shapes"] >= 1  # a level: the shapes met so far
+    assert "worker/teacher_gpu_allocated_mib" not in busy  # the allocator's figures come from a GPU only
     # A worker that does not answer is left out, not counted as idle.
     assert WorkerTimeMeter({"teacher": ["http://127.0.0.1:9"]}).metrics() == {}
+
+
+def test_a_worker_counts_the_distinct_eager_prefill_shapes_it_has_run(worker_url: str) -> None:
+    """On a GPU each new prefill shape can keep host memory for good; the count tells a run's growth
+    from shapes met (it stops when they stop) from memory kept."""
+
+    def shapes() -> int:
+        return json.loads(get(f"{worker_url}/get_server_info")[1])["engine"]["eager_prefill_shapes"]
+
+    before = shapes()
+    greedy(worker_url, list(range(3, 80)), max_new_tokens=2)  # 77 tokens, a length no other test sends
+    assert shapes() == before + 1
+    greedy(worker_url, list(range(4, 81)), max_new_tokens=2)  # another prompt of the same shape
+    assert shapes() == before + 1
+    status, body = post(
+        f"{worker_url}/generate",
+        {
+            "input_ids": [list(range(3, 80)), list(range(5, 82))],  # two rows of 77: a new shape
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+        },
+    )
+    assert status == 200, body
+    assert shapes() == before + 2

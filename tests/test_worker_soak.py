@@ -37,6 +37,10 @@ def test_a_worker_round_after_round_reports_its_memory_and_slope(tmp_path):
     tokens = [s["tokens"] for s in report["samples"]]
     assert tokens == sorted(tokens) and tokens[0] > 0 and isinstance(report["slope_kib_per_1k_tokens"], float)
     assert "KiB a round" in result.stdout and f"wrote {out}" in result.stdout
+    # the engine's count of eager prefill shapes: prompts of new lengths each round meet new ones
+    shapes = [s["eager_prefill_shapes"] for s in report["samples"]]
+    assert shapes == sorted(shapes) and shapes[-1] > shapes[0] >= 1
+    assert report["eager_prefill_shapes_end"] == shapes[-1] and "gpu_allocated_mib" not in report["samples"][0]
 
 
 def test_a_time_limit_stops_the_rounds_and_reports_those_done(tmp_path):

@@ -126,6 +126,7 @@ async def handle_server_info(request: web.Request) -> web.Response:
                 "decode_path": context.engine.decode_path,
                 "fast_path": context.engine.fast_path_info,
                 **context.engine.counters_now(),
+                **context.engine.memory_now(),
             },
         }
     )

@@ -63,6 +63,9 @@ class SlotBatch:
         # The CPU keeps nothing per shape, and its eager prefill stays exactly the plain one.
         self.eager_width_multiple = EAGER_PREFILL_COLUMNS if device.type == "cuda" else 1
         self.eager_rows_rounded = device.type == "cuda"
+        # (rows, columns) of every eager prefill run so far: each new one can cost host memory for good
+        # on a GPU (the libraries' per-shape state), so a worker reports how many it has met.
+        self.eager_shapes: set[tuple[int, int]] = set()
         self._row_by_slot: list[RowState | None] = [None] * num_slots
         self._length_by_slot = [0] * num_slots
         # Derived from membership; reset whenever a row joins or leaves.
@@ -136,6 +139,7 @@ class SlotBatch:
             if logits_P_V is not None:
                 return logits_P_V
         input_ids_R_L, lengths_R, where_R = self._eager_prompt_tensors(prompt_jobs, lengths, where)
+        self.eager_shapes.add((input_ids_R_L.shape[0], input_ids_R_L.shape[1]))
         logits_R_V = self._decoder.prefill(input_ids_R_L, lengths_R, where_R, self._chunk_tokens)
         return logits_R_V[: len(prompt_jobs)]
 
