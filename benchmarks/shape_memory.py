@@ -10,7 +10,7 @@ token counts, each count twice.
 Why: a worker that serves a run prefills batches of ever-new token counts (prompts of any length, in
 batches of any size), and its host memory was seen to creep by tens of KiB a step, in malloc'd
 memory that Python's allocator did not hand out, while a worker asked for the same shapes round
-after round stayed flat (docs/reliability.md). If a new shape costs host memory that stays (a kernel
+after round stayed flat (docs/memory.md). If a new shape costs host memory that stays (a kernel
 that the CUDA driver loads the first time it runs, with `CUDA_MODULE_LOADING=LAZY`, its default; a
 library's plan or heuristics cache), the first pass over N new token counts grows and the second
 pass over the same counts does not; with `CUDA_MODULE_LOADING=EAGER` (every kernel loaded when

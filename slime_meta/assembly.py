@@ -53,8 +53,8 @@ def without_word_cache(tokenizer) -> bool:
     that encodes, kept for the thread's life (0.23: clearing only orphans them). With a pre-tokenizer
     a word is a word, and the cache soon holds the few thousand a run meets; without one (the demo's
     character-level models) the whole text is the word, so the cache kept every distinct prompt:
-    the demo's trainer grew 0.22 MiB a step, about 70 new prompts of 3 KiB each (docs/reliability.md,
-    "Memory over long runs"). A whole prompt seldom comes again, and merging one again is cheap.
+    the demo's trainer grew 0.22 MiB a step, about 70 new prompts of 3 KiB each (docs/memory.md,
+    "The trainer on the CPU"). A whole prompt seldom comes again, and merging one again is cheap.
     True when the cache was turned off.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -197,7 +197,7 @@ def token_counts(rows_of, longest_prompt: int, max_prefill_tokens: int = 16384, 
 
 
 def test_the_ladder_leaves_a_worker_few_token_counts_to_meet():
-    """What bounds the host memory CUDA's libraries keep per new count (docs/reliability.md)."""
+    """What bounds the host memory CUDA's libraries keep per new count (docs/memory.md)."""
     assert len(token_counts(eager_rows, 2048)) == 80 and len(token_counts(eager_rows, 4096)) == 128
     assert len(token_counts(lambda prompts: prompts, 2048)) == 220  # rows exact, widths rounded
 

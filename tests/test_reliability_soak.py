@@ -94,7 +94,7 @@ FAST_STEPS = 22
 FAST_WARMUP = 6
 FAST_BATCH = ("--rollout-batch-size", "16", "--heldout-ipb", "8")  # 4 teacher prompts x 3 infos a step
 # What a typical step after warm-up adds to the heap in use, KiB. Measured with this configuration
-# (docs/reliability.md, "Memory over long runs"): 50-52 KiB with the tokenizer's word cache on
+# (docs/memory.md): 50-52 KiB with the tokenizer's word cache on
 # (every prompt kept), 2-3 KiB with it off.
 MAX_KIB_PER_STEP = 16
 

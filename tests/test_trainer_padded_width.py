@@ -1,6 +1,6 @@
 """On a GPU the trainer pads each micro-batch's rows to a multiple of 64 columns
 (`batching.CUDA_WIDTH_MULTIPLE`), so its matmuls meet few token counts (each new one keeps host memory
-in CUDA's libraries: docs/reliability.md). The padding must change nothing a step computes. Checked on
+in CUDA's libraries: docs/memory.md). The padding must change nothing a step computes. Checked on
 the CPU, which runs exact widths, by giving the trainer the multiple: every channel at once, the same
 loss terms and the same update, and every forward of the step at a padded width."""
 

@@ -16,7 +16,7 @@ from slime_meta_engine.sampling import RowSampling
 
 # On a GPU, prompts that no prefill graph holds run padded to a multiple of this many columns. Each
 # new token count a matmul runs keeps about 20 KiB of host memory in the CUDA libraries for good (not
-# a cache that a setting bounds: benchmarks/shape_memory.py, docs/reliability.md), and a worker
+# a cache that a setting bounds: benchmarks/shape_memory.py, docs/memory.md), and a worker
 # serving prompts of every length meets new counts all its life; rounded widths bound the shapes it
 # ever runs. The padding columns cost what a prefill graph's bucket costs (causal attention keeps
 # them out of the real tokens' outputs; their keys land past the row's length, or in the scratch page).

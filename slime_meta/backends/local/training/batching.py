@@ -39,9 +39,9 @@ class MicroBatching:
 
 
 # On a GPU a micro-batch's rows are padded to a multiple of this many columns. Each new token count a
-# matmul runs keeps about 20 KiB of host memory in CUDA's libraries for good (docs/reliability.md,
-# "Memory over long runs"), and a step's micro-batches are rows x (their longest row) tokens, nearly
-# always a count not seen before; in steps of 64 columns they are at most max_tokens / 64 counts.
+# matmul runs keeps about 20 KiB of host memory in CUDA's libraries for good (docs/memory.md), and a
+# step's micro-batches are rows x (their longest row) tokens, nearly always a count not seen before;
+# in steps of 64 columns they are at most max_tokens / 64 counts.
 # The padding columns come after every row's real tokens, so causal attention keeps them out.
 CUDA_WIDTH_MULTIPLE = 64
 
