@@ -57,7 +57,7 @@ import torch.nn.functional as F
 
 from slime_meta_engine.cache_names import cache_of
 from slime_meta_engine.caches import supports_row_surgery, trim_unused_columns
-from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS
+from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS, ShapeTally
 from slime_meta_engine.fast_path.static.batch import StaticBatch
 from slime_meta_engine.kernels import layer_ops
 from slime_meta_engine.prefill import _Prefill, _RunningBatch
@@ -110,7 +110,7 @@ class GenerationEngine(_Prefill):
         # prefills do on the right (fast_path/slot_batch.py: each new matmul shape keeps host memory).
         default_multiple = EAGER_PREFILL_COLUMNS if device.type == "cuda" else 1
         self._prefill_width_multiple = prefill_width_multiple or default_multiple
-        self.dynamic_prefill_shapes: set[tuple[int, int]] = set()  # (prompts, columns) this path has run
+        self.dynamic_prefill_shapes = ShapeTally()  # (prompts, columns) this path has run
         self._prefill_window_s = prefill_window_s
         self._vocab_size = int(model.config.get_text_config().vocab_size)
         self._generator = torch.Generator(device=device).manual_seed(seed)

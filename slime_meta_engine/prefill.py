@@ -132,7 +132,7 @@ class _Prefill:
         mask_P_T = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], dtype=torch.int64, device=self._device)
         positions_P_T = (mask_P_T.cumsum(dim=-1) - 1).clamp(min=0)
         output = self._chunked_forward(input_ids_P_T, mask_P_T, positions_P_T, all_logits)
-        self.dynamic_prefill_shapes.add((len(prompt_jobs), width))
+        self.dynamic_prefill_shapes.add(len(prompt_jobs), width)
         self.counters["prefill_batches"] += 1
         self.counters["prefill_prompts"] += len(prompt_jobs)
         self.counters["shared_prefill_rows"] += len(jobs) - len(prompt_jobs)

@@ -21,7 +21,7 @@ from test_worker_static_decode import (
 
 from slime_meta_engine.fast_path.paged.batch import build_paged_batch
 from slime_meta_engine.fast_path.prefill_graphs import prefill_buckets
-from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS, eager_rows
+from slime_meta_engine.fast_path.slot_batch import EAGER_PREFILL_COLUMNS, ShapeTally, eager_rows
 from slime_meta_engine.fast_path.static.batch import build_static_batch
 from slime_meta_engine.protocol import GenerationSpec, SamplingParams
 from slime_meta_engine.rows import GenerationJob
@@ -258,3 +258,12 @@ def test_the_dynamic_cache_path_pads_on_the_left_to_the_multiple_and_scores_the_
         assert rounded.input_logprobs[0] is None and exact.input_logprobs[0] is None
         assert rounded.input_logprobs[1:] == pytest.approx(exact.input_logprobs[1:], abs=1e-4)
         assert rounded.output_logprobs == pytest.approx(exact.output_logprobs, abs=1e-4)
+
+
+def test_the_tally_of_eager_prefill_shapes_counts_each_once_and_stops_at_its_limit():
+    tally = ShapeTally(limit=3)
+    for rows, columns in [(1, 64), (1, 64), (2, 64), (2, 128)]:
+        tally.add(rows, columns)
+    assert len(tally) == 3
+    tally.add(4, 256)  # past the limit: not kept, so a worker on exact shapes holds a bounded set
+    assert len(tally) == 3

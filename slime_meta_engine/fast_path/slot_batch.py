@@ -29,6 +29,22 @@ EAGER_PREFILL_COLUMNS = 64
 EAGER_PREFILL_ROWS_MODES = ("ladder", "exact")  # --eager-prefill-rows: the first is the default
 
 
+class ShapeTally:
+    """The distinct (rows, columns) of the eager prefills run so far, counted up to `limit` (a worker
+    on exact shapes, the CPU's, may meet many; the count is a diagnostic, not worth memory of its own)."""
+
+    def __init__(self, limit: int = 4096):
+        self._shapes: set[tuple[int, int]] = set()
+        self._limit = limit
+
+    def add(self, rows: int, columns: int) -> None:
+        if len(self._shapes) < self._limit:
+            self._shapes.add((rows, columns))
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+
 def rounded_up(count: int, multiple: int) -> int:
     """`count` rounded up to a multiple of `multiple` (an eager prefill's columns)."""
     return -(-count // multiple) * multiple
@@ -65,7 +81,7 @@ class SlotBatch:
         self.eager_rows_rounded = device.type == "cuda"
         # (rows, columns) of every eager prefill run so far: each new one can cost host memory for good
         # on a GPU (the libraries' per-shape state), so a worker reports how many it has met.
-        self.eager_shapes: set[tuple[int, int]] = set()
+        self.eager_shapes = ShapeTally()
         self._row_by_slot: list[RowState | None] = [None] * num_slots
         self._length_by_slot = [0] * num_slots
         # Derived from membership; reset whenever a row joins or leaves.
@@ -139,7 +155,7 @@ class SlotBatch:
             if logits_P_V is not None:
                 return logits_P_V
         input_ids_R_L, lengths_R, where_R = self._eager_prompt_tensors(prompt_jobs, lengths, where)
-        self.eager_shapes.add((input_ids_R_L.shape[0], input_ids_R_L.shape[1]))
+        self.eager_shapes.add(input_ids_R_L.shape[0], input_ids_R_L.shape[1])
         logits_R_V = self._decoder.prefill(input_ids_R_L, lengths_R, where_R, self._chunk_tokens)
         return logits_R_V[: len(prompt_jobs)]
 
