@@ -31,7 +31,8 @@ warm-up (`engine`), so that two soaks of different engine settings compare in co
 
 Warm-up is the first `--warmup` steps (10: allocator arenas, torch's caches, AdamW's state, the
 router's connections) and lasts at least until the run's first plot (holdout.png, drawn once 60 s
-have passed: matplotlib's import, fonts and caches, about 30 MiB once). After it, per process:
+have passed; runs that drew it in the trainer's process imported matplotlib then, about 30 MiB once;
+it is drawn in a process of its own now). After it, per process:
 - slope: the least-squares slope of RSS against the step, MiB a step, and what it adds up to over
   the steps measured; `noise`: the standard deviation of RSS around that line;
 - growth: the median of the last 5 samples (before the last one, which is taken while the run

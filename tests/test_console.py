@@ -83,9 +83,21 @@ def test_plot_refresher_waits_its_interval(tmp_path):
 
     _write_run(tmp_path, with_eval=False)
     refresher = PlotRefresher(tmp_path, interval_s=3600)
-    assert refresher.after_step() is None and not (tmp_path / "holdout.png").exists()
+    assert refresher.after_step() is False and not (tmp_path / "holdout.png").exists()
     refresher.interval_s = 0.0
-    assert refresher.after_step() == tmp_path / "holdout.png"
+    assert refresher.after_step() is True  # a redraw in a process of its own: the run goes on meanwhile
+    assert refresher.after_step() is False  # one at a time
+    refresher.close()
+    assert (tmp_path / "holdout.png").stat().st_size > 10_000
+
+
+def test_a_redraw_that_fails_is_a_warning_not_the_runs_error(tmp_path, caplog):
+    (tmp_path / "metrics.jsonl").write_text("not json\n")
+    refresher = PlotRefresher(tmp_path, interval_s=0.0)
+    with caplog.at_level("WARNING"):
+        assert refresher.after_step() is True
+        refresher.close()
+    assert "could not redraw" in caplog.text and not (tmp_path / "holdout.png").exists()
 
 
 BAR = re.compile(r"\r|\d(it/s|s/it)\]|chains:")  # what a tqdm bar writes: "[00:02, 3.21it/s]"

@@ -217,6 +217,7 @@ async def _train(cfg: MetaConfig, data, resume, start_step: int, teacher_model: 
             await close_clients(teacher_pool, student_pool, pieces.grader, replayer)
             sync.close()  # its /dev/shm file; the process group removes it too, also on SIGTERM
             tracker.finish()
+            plot.close()  # a redraw still running ends before the final plot
             trainer_thread.shutdown(wait=False)  # a step in flight (an interrupt) still finishes on it
 
 

@@ -92,6 +92,8 @@ class Runtime:
 
         self.loop.run(close_pools())
         self.loop.stop()
+        if self.plot is not None:
+            self.plot.close()  # a redraw still running ends before the driver's final plot
 
 
 def build_runtime(args: Namespace) -> Runtime:
