@@ -210,7 +210,7 @@ def run_soak(
     result.log = log_path.read_text(errors="replace")
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        records = metrics_records(metrics)
         result.step_times = [r["perf/step_time"] for r in records if "perf/step_time" in r]
         result.engine = engine_samples(records)
     return result
@@ -259,6 +259,11 @@ def group_alive(group: int) -> bool:
     return True
 
 
+def metrics_records(path: Path) -> list[dict]:
+    """A run's metrics.jsonl, one record a line."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def run_from_report(report: dict) -> SoakRun:
     """A results file back as the run it describes, for `--replot`."""
     return SoakRun(
@@ -278,8 +283,7 @@ def replot(path: Path, warmup: int | None, metrics: Path | None = None) -> Path:
     figures are read from it and stored in the file, for a file written before soak.py kept them."""
     report = json.loads(path.read_text())
     if metrics is not None:
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        report["engine_samples"] = engine_samples(records)
+        report["engine_samples"] = engine_samples(metrics_records(metrics))
     run = run_from_report(report)
     warmup = report["settings"]["warmup"] if warmup is None else warmup
     report.update(processes=summarise(run, warmup), gpus=summarise_gpus(run, warmup))

@@ -6,7 +6,12 @@ GPU, its memory in use. Also `fitted_slope`, which the other memory benchmarks f
 from __future__ import annotations
 
 import statistics
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from slime_meta.backends.local.workers.engine_time import ENGINE_LEVELS  # noqa: E402
 
 if TYPE_CHECKING:
     from soak import SoakRun
@@ -113,8 +118,15 @@ def summarise_gpus(run: SoakRun, warmup: int) -> list[dict]:
     return out
 
 
-# `worker/*` figures that are levels, not a step's amounts (engine_time.py's `_LEVELS`)
-LEVEL_SUFFIXES = ("_eager_prefill_shapes", "_gpu_allocated_mib", "_gpu_reserved_mib")
+# `worker/{pool}_*` figures that are levels, not a step's amounts
+LEVEL_SUFFIXES = tuple(f"_{level}" for level in ENGINE_LEVELS)
+
+
+def level_course(points: list[tuple[int, float]]) -> tuple[float, float, int | None]:
+    """A level's (step or round, value) readings: its first value, its last, and where it last rose
+    (None: it never did)."""
+    rises = [at for (at, value), (_, before) in zip(points[1:], points) if value > before]
+    return points[0][1], points[-1][1], rises[-1] if rises else None
 
 
 def engine_samples(records: list[dict]) -> list[dict]:
@@ -143,9 +155,8 @@ def summarise_engine(samples: list[dict], warmup_end: int) -> dict:
     for key in keys:
         if key.endswith(LEVEL_SUFFIXES):  # a level (what a worker holds or has met): where it went, and when
             points = [(s["step"], s[key]) for s in measured if isinstance(s.get(key), (int, float))]
-            rises = [step for (step, value), (_, before) in zip(points[1:], points) if value > before]
-            out[f"{key} after warm-up"], out[f"{key} end"] = points[0][1], points[-1][1]
-            out[f"{key} last rise at step"] = rises[-1] if rises else None
+            course = level_course(points)
+            out[f"{key} after warm-up"], out[f"{key} end"], out[f"{key} last rise at step"] = course
         if key.endswith("_prefill_time"):
             pool = key.removeprefix("worker/").removesuffix("_prefill_time")
             batches = sum(s.get(f"worker/{pool}_prefill_batches", 0) for s in measured)

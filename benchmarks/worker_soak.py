@@ -36,12 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import _common as C  # noqa: E402
-from soak_figures import fitted_slope  # noqa: E402
+from soak_figures import fitted_slope, level_course  # noqa: E402
 from soak_probes import descendants, gpu_memory_by_pid, memory_kib  # noqa: E402
 
-from slime_meta.backends.local.workers.engine_time import read_engine_seconds  # noqa: E402
-
-ENGINE_LEVELS = ("eager_prefill_shapes", "gpu_allocated_mib", "gpu_reserved_mib")
+from slime_meta.backends.local.workers.engine_time import ENGINE_LEVELS, read_engine_seconds  # noqa: E402
 
 
 def worker_pid(url: str) -> int | None:
@@ -259,9 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     for level in ENGINE_LEVELS:
         points = [(s["round"], s[level]) for s in measured if level in s]
         if points:
-            rises = [r for (r, value), (_, before) in zip(points[1:], points) if value > before]
-            report[f"{level}_after_warmup"], report[f"{level}_end"] = points[0][1], points[-1][1]
-            report[f"{level}_last_rise_round"] = rises[-1] if rises else None
+            course = level_course(points)
+            report[f"{level}_after_warmup"], report[f"{level}_end"], report[f"{level}_last_rise_round"] = course
     what = "_".join(x for x, off in (("push", args.no_push), ("requests", args.no_requests)) if not off)
     name = f"worker_soak_{args.device}_{what}_{rounds_done}rounds.json"
     out = args.out or ROOT / "benchmarks" / "results" / name

@@ -24,7 +24,7 @@ from slime_meta.backends.local.workers.local_http import LOOPBACK_OPENER
 
 _KINDS = ("prefill_s", "fast_decode_s", "dynamic_decode_s", "idle_s")
 _COUNTS = ("decode_steps", "prefill_batches", "tokens_generated")
-_LEVELS = ("eager_prefill_shapes", "gpu_allocated_mib", "gpu_reserved_mib")  # where the engine reports them
+ENGINE_LEVELS = ("eager_prefill_shapes", "gpu_allocated_mib", "gpu_reserved_mib")  # where the engine reports them
 
 
 def read_engine_seconds(worker_url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
@@ -37,7 +37,7 @@ def read_engine_seconds(worker_url: str, timeout_s: float = 5.0) -> dict[str, fl
         return None
     if not all(isinstance(engine.get(kind), (int, float)) for kind in _KINDS + _COUNTS):
         return None  # a server without these counters (an external SGLang worker)
-    levels = {level: float(engine[level]) for level in _LEVELS if isinstance(engine.get(level), (int, float))}
+    levels = {level: float(engine[level]) for level in ENGINE_LEVELS if isinstance(engine.get(level), (int, float))}
     return {kind: float(engine[kind]) for kind in _KINDS + _COUNTS} | levels
 
 
@@ -65,7 +65,7 @@ class WorkerTimeMeter:
                 for kind in _KINDS + _COUNTS:
                     totals[kind] += now[kind] if restarted else now[kind] - before[kind]
                 self._last[url] = now
-                for level in _LEVELS:
+                for level in ENGINE_LEVELS:
                     if level in now:
                         levels[level] = max(levels.get(level, 0.0), now[level])
             if not answered:
