@@ -132,6 +132,14 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 
 
+def status_mib(key: str) -> float:
+    """A /proc/self/status figure in MiB (VmRSS: resident now; VmHWM: the peak since the start)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(key)
+
+
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:

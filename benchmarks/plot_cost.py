@@ -25,15 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402 (puts the repo root on sys.path)
 
 
-def status_mib() -> dict[str, float]:
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "RssAnon"):
-            out[key] = round(int(value.split()[0]) / 1024, 1)
-    return out
-
-
 def one_redraw(metrics: Path, records: int) -> dict:
     """In this (fresh) process: a history of `records` records, drawn once."""
     import matplotlib
@@ -53,20 +44,19 @@ def one_redraw(metrics: Path, records: int) -> dict:
         gc.collect()
         libc = ctypes.CDLL("libc.so.6")
         libc.malloc_trim(0)
-        before = status_mib()
+        before = C.status_mib("VmRSS")
         started = time.perf_counter()
         plot_run(Path(tmp))
         seconds = time.perf_counter() - started
         gc.collect()
         libc.malloc_trim(0)
-        after = status_mib()
         return {
             "records": records,
             "file_mib": round(path.stat().st_size / 2**20, 1),
             "seconds": round(seconds, 2),
-            "rss_mib_before": before["VmRSS"],
-            "rss_mib_peak": after["VmHWM"],
-            "rss_mib_after": after["VmRSS"],
+            "rss_mib_before": round(before, 1),
+            "rss_mib_peak": round(C.status_mib("VmHWM"), 1),
+            "rss_mib_after": round(C.status_mib("VmRSS"), 1),
         }
 
 

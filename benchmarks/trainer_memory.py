@@ -26,6 +26,7 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import _common as C  # noqa: E402
 
 SHAPES = {
     "0.5B": dict(
@@ -189,14 +190,6 @@ def default_step_samples(cfg, vocab: int, teacher_prompt: tuple[int, int], teach
     return teacher, solver
 
 
-def _status_mib(key: str) -> float:
-    """A /proc/self/status figure in MiB (VmRSS: resident now; VmHWM: the peak since the start)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-    raise KeyError(key)
-
-
 def _tokens(samples) -> int:
     return sum(len(x.prompt_ids) + len(x.response_ids) for x in samples)
 
@@ -220,7 +213,7 @@ def real_model_step(args: argparse.Namespace, name: str, flags: str) -> dict:
     teacher, solver = default_step_samples(cfg, vocab, prompts, args.teacher_response)
     started = time.perf_counter()
     trainer = make_trainer(cfg, args.model_path, tokenizer)
-    load_s, loaded_mib = time.perf_counter() - started, _status_mib("VmRSS")
+    load_s, loaded_mib = time.perf_counter() - started, C.status_mib("VmRSS")
     steps = []
     for step in range(args.steps):
         started, cpu_started = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_utime
@@ -229,7 +222,7 @@ def real_model_step(args: argparse.Namespace, name: str, flags: str) -> dict:
             {
                 "step_s": time.perf_counter() - started,
                 "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu_started,
-                "peak_rss_mib": _status_mib("VmHWM"),
+                "peak_rss_mib": C.status_mib("VmHWM"),
                 "loss": metrics.get("loss/total"),
                 "grad_norm": metrics.get("train/grad_norm"),
             }
@@ -241,7 +234,7 @@ def real_model_step(args: argparse.Namespace, name: str, flags: str) -> dict:
         "threads": torch.get_num_threads(),
         "load_s": load_s,
         "rss_after_load_mib": loaded_mib,
-        "peak_rss_mib": _status_mib("VmHWM"),
+        "peak_rss_mib": C.status_mib("VmHWM"),
         "steps": steps,
         "teacher_samples": len(teacher),
         "teacher_tokens": _tokens(teacher),
