@@ -25,8 +25,9 @@ Where `nvidia-smi` lists GPUs, also each process's GPU memory (`gpu_mib`: what t
 given it, the caching allocator's reserve included) and each GPU's memory in use (`gpus`); the
 trainer's samples also get its caching allocator's own figures from the step's metrics (`allocated_mib`,
 what it holds; `reserved_mib`, its reserve), which tell a larger reserve from tensors kept.
-The JSON also keeps each step's time and where the local workers spent it (`engine_samples`, the
-`worker/*` metrics: prefill, decode and idle seconds, prefill batches) and their medians after
+The JSON also keeps each step's time, where the local workers spent it and what the pools were asked
+(`engine_samples`, the `worker/*` and `pool/*` metrics: prefill, decode and idle seconds, prefill
+batches, requests) and their medians after
 warm-up (`engine`), so that two soaks of different engine settings compare in cost as well as memory.
 
 Warm-up is the first `--warmup` steps (10: allocator arenas, torch's caches, AdamW's state, the

@@ -130,11 +130,12 @@ def level_course(points: list[tuple[int, float]]) -> tuple[float, float, int | N
 
 
 def engine_samples(records: list[dict]) -> list[dict]:
-    """Per training step of metrics.jsonl: its step time and where the local workers spent it
-    (`worker/{pool}_*`: prefill, decode and idle seconds, prefill batches, ...). Eval-only records
-    have no step time and are left out."""
+    """Per training step of metrics.jsonl: its step time, where the local workers spent it
+    (`worker/{pool}_*`: prefill, decode and idle seconds, prefill batches, ...) and what the pools were
+    asked (`pool/*`: requests, tokens, retries). Eval-only records have no step time and are left out."""
     return [
-        {"step": r["step"], "step_time": r["perf/step_time"]} | {k: v for k, v in r.items() if k.startswith("worker/")}
+        {"step": r["step"], "step_time": r["perf/step_time"]}
+        | {k: v for k, v in r.items() if k.startswith(("worker/", "pool/"))}
         for r in records
         if "perf/step_time" in r and "step" in r
     ]
