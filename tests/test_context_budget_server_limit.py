@@ -12,16 +12,11 @@ one token a character), the real roles and templates, the real request parser.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
-import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers_worker import embedded_worker
+from helpers_worker import post as post_json
 
 from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate
 from slime_meta.rollout.context_budget import SGLANG_INPUT_MARGIN, longest_prompt, metrics_of, student_new_tokens
@@ -30,50 +25,17 @@ from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole
 from slime_meta.types import Grade, GradedAttempt, Problem
 from slime_meta_engine import protocol
 
-ROOT = Path(__file__).resolve().parent.parent
 CONTEXT = 256  # the tiny model's max_position_embeddings
 
 
 @pytest.fixture(scope="module")
 def worker_url(tiny_checkpoint: Path, tmp_path_factory):
-    log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
-    command = [
-        sys.executable,
-        "-m",
-        "slime_meta_engine",
-        "--model-path",
-        str(tiny_checkpoint),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
-    ready: list[str] = []
-    reader = threading.Thread(target=lambda: ready.append(process.stdout.readline().decode()), daemon=True)
-    reader.start()
-    reader.join(120)
-    try:
-        assert ready and ready[0].startswith("worker ready on http://127.0.0.1:"), log_path.read_text()
-        yield ready[0].split()[-1]
-    finally:
-        process.terminate()
-        process.wait(10)
+    with embedded_worker(tiny_checkpoint, tmp_path_factory.mktemp("worker-log") / "worker.log") as url:
+        yield url
 
 
 def post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"null")
+    return post_json(url, body, timeout_s=120)
 
 
 def test_client_budget_and_worker_agree_with_sglangs_rule_at_every_boundary():

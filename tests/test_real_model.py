@@ -12,16 +12,14 @@ forward.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import threading
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 from helpers_real import GREEDY_NEW_TOKENS, LONG_ANSWER_QUESTIONS, SHORT_ANSWER_QUESTION, real_gguf_or_skip
+from helpers_worker import embedded_worker, post
 
 from slime_meta.models.real import GGUF_NAME, GGUF_SHA256
 
@@ -140,46 +138,15 @@ def test_worker_serves_chat_completions_as_hf_greedy(
     real_checkpoint: Path, real_tokenizer, hf_greedy, tmp_path
 ) -> None:
     """The worker process renders the chat template itself and stops at the model's EOS."""
-    command = [
-        sys.executable,
-        "-m",
-        "slime_meta_engine",
-        "--model-path",
-        str(real_checkpoint),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        "--num-threads",
-        "2",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
-    try:
-        ready = process.stdout.readline().decode()
-        assert ready.startswith("worker ready on http://127.0.0.1:"), log_path.read_text()
-        url = ready.split()[-1]
+    with embedded_worker(real_checkpoint, tmp_path / "worker.log", "--num-threads", "2") as url:
         for question, finish_reason in ((SHORT_ANSWER_QUESTION, "stop"), (LONG_ANSWER_QUESTIONS[0], "length")):
             body = {"messages": [{"role": "user", "content": question}], "max_tokens": NEW_TOKENS, "temperature": 0}
-            request = urllib.request.Request(
-                f"{url}/v1/chat/completions",
-                data=json.dumps(body).encode(),
-                headers={"Content-Type": "application/json"},
-            )
-            with urllib.request.urlopen(request, timeout=120) as response:
-                choice = json.loads(response.read())["choices"][0]
+            status, answer = post(f"{url}/v1/chat/completions", body, timeout_s=120)
+            assert status == 200, answer
+            choice = answer["choices"][0]
             reference = hf_greedy[question][1]
             assert choice["message"]["content"] == real_tokenizer.decode(reference, skip_special_tokens=True)
             assert choice["finish_reason"] == finish_reason
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 # ----------------------------------------------------------------------------- a .gguf checkpoint flag

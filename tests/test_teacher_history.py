@@ -13,16 +13,12 @@ Real parts: the embedded worker (a subprocess) serving the random 4k-context BPE
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import re
-import subprocess
-import sys
-import threading
-from pathlib import Path
 
 import pytest
 from helpers_context import CONTEXT_LENGTH, make_long_context_checkpoint, pseudo_text, pseudo_words
+from helpers_worker import embedded_worker
 
 from slime_meta.assembly import load_tokenizer
 from slime_meta.grading.graders import VerifierGrader
@@ -33,7 +29,6 @@ from slime_meta.rollout.pools import SGLangPool
 from slime_meta.rollout.roles import PromptRenderer, StudentRole, TeacherRole
 from slime_meta.types import Episode, Grade, GradedAttempt, Problem
 
-ROOT = Path(__file__).resolve().parent.parent
 ROUNDS, ATTEMPTS = 3, 2
 
 
@@ -50,36 +45,8 @@ def renderer(long_checkpoint):
 @pytest.fixture(scope="module")
 def worker_url(long_checkpoint, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
-    command = [
-        sys.executable,
-        "-m",
-        "slime_meta_engine",
-        "--model-path",
-        str(long_checkpoint),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        "--static-cache-len",
-        "1024",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
-    ready: list[str] = []
-    reader = threading.Thread(target=lambda: ready.append(process.stdout.readline().decode()), daemon=True)
-    reader.start()
-    reader.join(120)
-    try:
-        assert ready and ready[0].startswith("worker ready on http://127.0.0.1:"), log_path.read_text()
-        yield ready[0].split()[-1]
-    finally:
-        process.terminate()
-        process.wait(10)
+    with embedded_worker(long_checkpoint, log_path, "--static-cache-len", "1024") as url:
+        yield url
 
 
 def run_rollout(worker_url: str, renderer: PromptRenderer, history: str):

@@ -10,12 +10,7 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
-import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,29 +18,10 @@ import aiohttp
 import pytest
 import torch
 from helpers_tiny import full_logprobs
+from helpers_worker import embedded_worker, get, post
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-STARTUP_TIMEOUT_S = 120
 # The same checks can run against a GPU worker (the reference stays on the CPU, in float32).
 WORKER_DEVICE = os.environ.get("SLIME_META_TEST_WORKER_DEVICE", "cpu")
-
-
-def post(url: str, body: Any, raw: bytes | None = None) -> tuple[int, Any]:
-    data = raw if raw is not None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"null")
-
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
 
 
 @pytest.fixture(scope="module")
@@ -56,36 +32,9 @@ def weights_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def worker_url(tiny_checkpoint: Path, weights_root: Path, tmp_path_factory: pytest.TempPathFactory):
     log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
-    command = [
-        sys.executable,
-        "-m",
-        "slime_meta_engine",
-        "--model-path",
-        str(tiny_checkpoint),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--device",
-        WORKER_DEVICE,
-        "--dtype",
-        "float32",
-        "--weights-root",
-        str(weights_root),
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
-    ready_line: list[str] = []
-    reader = threading.Thread(target=lambda: ready_line.append(process.stdout.readline().decode()), daemon=True)
-    reader.start()
-    reader.join(STARTUP_TIMEOUT_S)
-    try:
-        assert ready_line and ready_line[0].startswith("worker ready on http://127.0.0.1:"), log_path.read_text()
-        yield ready_line[0].split()[-1]
-    finally:
-        process.terminate()
-        process.wait(10)
+    flags = ("--weights-root", str(weights_root))
+    with embedded_worker(tiny_checkpoint, log_path, *flags, device=WORKER_DEVICE) as url:
+        yield url
 
 
 def greedy(url: str, ids: list[int], max_new_tokens: int) -> list[int]:
