@@ -24,9 +24,16 @@ READY_PREFIX = "worker ready on http://127.0.0.1:"
 
 @contextlib.contextmanager
 def embedded_worker(
-    model_path: Path | str, log_path: Path, *flags: str, device: str = "cpu", startup_timeout_s: float = 120
+    model_path: Path | str,
+    log_path: Path,
+    *flags: str,
+    device: str = "cpu",
+    dtype: str | None = "float32",
+    startup_timeout_s: float = 120,
 ) -> Iterator[str]:
-    """A worker on `model_path` in float32 with `flags` added; yields its URL and stops it after."""
+    """A worker on `model_path` with `flags` added; yields its URL and stops it after.
+
+    `dtype` None leaves the worker its own default (bfloat16 on CUDA)."""
     command = [
         sys.executable,
         "-m",
@@ -39,8 +46,7 @@ def embedded_worker(
         "0",
         "--device",
         device,
-        "--dtype",
-        "float32",
+        *(["--dtype", dtype] if dtype else []),
         *flags,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}

@@ -8,15 +8,12 @@ request cap come from it.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
 import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
+from helpers_worker import embedded_worker
 
 from slime_meta_engine.fast_path.memory_budget import (
     MIN_CACHE_LEN,
@@ -27,7 +24,6 @@ from slime_meta_engine.fast_path.memory_budget import (
 )
 from slime_meta_engine.server import parse_args
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 GB = 10**9
 # A 0.5B Qwen2 shape in bf16: 24 layers x 2 kv heads x 64 dims x keys and values x 2 bytes.
 QWEN_05B_ROW_TOKEN_BYTES = 24 * 2 * 64 * 2 * 2
@@ -111,33 +107,6 @@ def test_flags_are_parsed_and_checked(tiny_checkpoint: Path) -> None:
         assert error.value.code == 2
 
 
-def start_worker(checkpoint: Path, device: str, extra: list[str], log_path: Path) -> tuple[subprocess.Popen, str]:
-    command = [
-        sys.executable,
-        "-m",
-        "slime_meta_engine",
-        "--model-path",
-        str(checkpoint),
-        "--port",
-        "0",
-        "--device",
-        device,
-        *extra,
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, env=env)
-    ready: list[str] = []
-    reader = threading.Thread(target=lambda: ready.append(process.stdout.readline().decode()), daemon=True)
-    reader.start()
-    reader.join(180)
-    if not (ready and ready[0].startswith("worker ready on ")):
-        process.terminate()
-        process.wait(10)
-        raise AssertionError(log_path.read_text())
-    return process, ready[0].split()[-1]
-
-
 def generate(url: str, input_ids: list[list[int]], new_tokens: int) -> list[dict]:
     body = {
         "input_ids": input_ids,
@@ -159,13 +128,9 @@ def test_cpu_worker_accepts_the_budget_and_chunks_its_prefill(tiny_checkpoint: P
     prompts = [[5 + (i * 7 + j) % 90 for j in range(n)] for i, n in enumerate([40, 9, 70])]
     answers = []
     for name, extra in (("whole", []), ("chunked", ["--mem-fraction-static", "0.2", "--chunked-prefill-size", "16"])):
-        process, url = start_worker(tiny_checkpoint, "cpu", ["--dtype", "float32", *extra], tmp_path / f"{name}.log")
-        try:
+        with embedded_worker(tiny_checkpoint, tmp_path / f"{name}.log", *extra, startup_timeout_s=180) as url:
             answers.append(generate(url, prompts, 8))
             assert server_info(url)["max_batch_size"] == 64  # no budget applied on CPU
-        finally:
-            process.terminate()
-            process.wait(10)
     for whole, chunked in zip(*answers):
         assert chunked["output_ids"] == whole["output_ids"]
         whole_lp = [entry[0] for entry in whole["meta_info"]["output_token_logprobs"]]
@@ -189,16 +154,13 @@ def test_cuda_worker_sizes_its_cache_from_the_budget(tiny_checkpoint: Path, tmp_
     fraction = (model_bytes(model) + 5.5 * cache_len * row_token_bytes(model)) / total
     extra = ["--kv-cache", "static", "--mem-fraction-static", repr(fraction), "--static-cache-len", "4096"]
     extra += ["--chunked-prefill-size", "64"]
-    process, url = start_worker(tiny_checkpoint, "cuda", extra, tmp_path / "budget.log")
-    try:
+    log_path = tmp_path / "budget.log"
+    with embedded_worker(tiny_checkpoint, log_path, *extra, device="cuda", dtype=None, startup_timeout_s=180) as url:
         info = server_info(url)
         slots = info["engine"]["fast_path"]["slots"]
         assert info["max_batch_size"] == slots == 5 and info["engine"]["fast_path"]["capacity"] == cache_len
         prompts = [[5 + (i + j) % 90 for j in range(30 + i)] for i in range(3 * slots)]
         answers = generate(url, prompts, 5)
         assert all(len(answer["output_ids"]) == 5 for answer in answers)
-    finally:
-        process.terminate()
-        process.wait(10)
-    log = (tmp_path / "budget.log").read_text()
+    log = log_path.read_text()
     assert f"memory budget: --mem-fraction-static {fraction:g}" in log and f"{slots} slots x" in log
