@@ -11,6 +11,7 @@ a request, tells memory the router keeps per request from the noise of its alloc
     python benchmarks/router_soak.py                               # 60,000 requests, prompts of 500-2,000 ids
     python benchmarks/router_soak.py --requests 400000 --prompt-ids 5-20
     python benchmarks/router_soak.py --n 4                         # four completions a request
+    python benchmarks/router_soak.py --median-ms 300 --concurrency 64 --requests 24000   # requests that last
     python benchmarks/router_soak.py --router-arg=--health-check-interval-secs=60   # a flag of the router's own
 """
 
@@ -89,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-ids", default="500-2000", help="prompt length range in token ids, LO-HI")
     parser.add_argument("--n", type=int, default=1, help="completions a request (sampling_params.n)")
     parser.add_argument("--workers", type=int, default=2, help="stand-in workers behind the router")
+    parser.add_argument(
+        "--median-ms", type=float, default=2.0, help="the stand-in workers' median time a request (lognormal)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--router-arg", action="append", default=[], help="a flag added to the router's command (repeatable)"
@@ -101,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"error: --prompt-ids {args.prompt_ids}: give LO-HI, two counts such as 500-2000\n")
     if not 1 <= shortest <= longest:
         parser.exit(2, f"error: --prompt-ids {args.prompt_ids}: give 1 <= LO <= HI\n")
+    if args.median_ms <= 0:
+        parser.exit(2, f"error: --median-ms {args.median_ms:g}: give a time above 0 ms\n")
     if args.every < 1 or args.requests < args.warmup + 3 * args.every:
         parser.exit(2, "error: --requests must leave at least 3 readings (of --every) after --warmup\n")
     args.prompt_ids = (shortest, longest)
@@ -109,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         *worker_ports, router_port, metrics_port = C.free_ports(args.workers + 2)
         workers = [f"http://127.0.0.1:{port}" for port in worker_ports]
         fake = [sys.executable, str(FAKE_WORKER), "--role", "teacher", "--ports", *map(str, worker_ports)]
-        children.start("workers", [*fake, "--capacity", "64", "--median-ms", "2", "--sigma", "0.3", "--seed", "0"])
+        children.start(
+            "workers", [*fake, "--capacity", "64", "--median-ms", str(args.median_ms), "--sigma", "0.3", "--seed", "0"]
+        )
         children.wait_ready([url + "/health" for url in workers])
         command = [*router_command("127.0.0.1", router_port, metrics_port, workers), *args.router_arg]
         router = children.start("router", command)

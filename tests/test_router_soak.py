@@ -25,12 +25,14 @@ def run_router_soak(*args: str) -> subprocess.CompletedProcess:
 
 def test_requests_through_the_router_give_its_memory_per_request(tmp_path):
     out = tmp_path / "router_soak.json"
-    result = run_router_soak("--requests", "900", "--every", "150", "--warmup", "300", "--n", "2", "--out", str(out))
+    flags = ["--requests", "900", "--every", "150", "--warmup", "300", "--n", "2", "--median-ms", "5"]
+    result = run_router_soak(*flags, "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["errors"] == 0  # every request answered through the router
     assert [s["requests"] for s in report["samples"]] == [0, 150, 300, 450, 600, 750, 900]
     assert all(s["rss_kib"] > 10_000 for s in report["samples"])  # the router's own process, read from /proc
+    assert report["settings"]["median_ms"] == 5.0
     command = report["settings"]["router_command"]
     assert command[command.index("--policy") + 1] == "round_robin" and "--prometheus-port" in command
     rss = report["figures"]["rss"]
@@ -44,6 +46,7 @@ def test_requests_through_the_router_give_its_memory_per_request(tmp_path):
         (["--prompt-ids", "20"], "--prompt-ids"),
         (["--prompt-ids", "30-10"], "--prompt-ids"),
         (["--requests", "10"], "--requests"),
+        (["--median-ms", "0"], "--median-ms"),
     ],
 )
 def test_bad_input_exits_2_naming_the_flag(arguments, named):
