@@ -15,8 +15,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from helpers_worker import embedded_worker
-from helpers_worker import post as post_json
+from helpers_worker import embedded_worker, post
 
 from slime_meta.prompt_templates import GeneratorPromptTemplate, TeacherPromptTemplate
 from slime_meta.rollout.context_budget import SGLANG_INPUT_MARGIN, longest_prompt, metrics_of, student_new_tokens
@@ -32,10 +31,6 @@ CONTEXT = 256  # the tiny model's max_position_embeddings
 def worker_url(tiny_checkpoint: Path, tmp_path_factory):
     with embedded_worker(tiny_checkpoint, tmp_path_factory.mktemp("worker-log") / "worker.log") as url:
         yield url
-
-
-def post(url: str, body: dict) -> tuple[int, dict]:
-    return post_json(url, body, timeout_s=120)
 
 
 def test_client_budget_and_worker_agree_with_sglangs_rule_at_every_boundary():
