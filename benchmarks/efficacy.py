@@ -242,12 +242,21 @@ def run_to_the_end(start: Callable[[], subprocess.Popen], time_limit_s: float | 
 
     The run has a session of its own, so that the time limit stops every process of it; the same
     makes it deaf to a Ctrl-C or a SIGTERM meant for this script. Both are passed on, and this
-    script waits for the run to stop before it ends: a stopped benchmark leaves no run going. The
-    handler is in place before the run starts, so a signal right after its start is passed on too."""
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    script waits for the run to stop before it ends: a stopped benchmark leaves no run going. A
+    signal while the run starts is held until `start` has handed the run back, so that it too is
+    passed on (raised at once, it would leave a run started but not yet known here)."""
+    held: list[int] = []
+    previous_int = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
     process = None
     try:
-        process = start()
+        try:
+            process = start()
+        finally:
+            signal.signal(signal.SIGINT, previous_int)
+            signal.signal(signal.SIGTERM, _interrupt)
+        if held:
+            raise KeyboardInterrupt(f"signal {held[0]}")
         try:
             return process.wait(timeout=time_limit_s)
         except subprocess.TimeoutExpired:

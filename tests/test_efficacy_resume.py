@@ -128,7 +128,7 @@ def test_every_eval_set_of_a_run_has_its_curve_the_task_s_own_also_as_eval_curve
 
 
 STOPPED_SCRIPT = """
-import subprocess, sys
+import subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
 import efficacy
 # The run's stand-in: a process group of its own, as train.py's would be, that writes its pid and waits.
@@ -136,13 +136,15 @@ def start():
     run = subprocess.Popen([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(120)"],
                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     print("run", run.stdout.readline().strip(), flush=True)
+    time.sleep(float(sys.argv[2]))  # > 0: the signal comes before `start` has handed the run back
     return run
 efficacy.run_to_the_end(start, 120)
 """
 
 
+@pytest.mark.parametrize("while_starting", [False, True])
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
-def test_a_stopped_benchmark_stops_its_run(tmp_path, how):
+def test_a_stopped_benchmark_stops_its_run(tmp_path, how, while_starting):
     """The run has a session of its own (the time limit stops all of it); a SIGTERM or Ctrl-C to the
     benchmark reaches it too, and the benchmark ends only once the run has."""
     import os
@@ -151,7 +153,7 @@ def test_a_stopped_benchmark_stops_its_run(tmp_path, how):
     import time
 
     benchmark = subprocess.Popen(
-        [sys.executable, "-c", STOPPED_SCRIPT, str(Path(efficacy.__file__).parent)],
+        [sys.executable, "-c", STOPPED_SCRIPT, str(Path(efficacy.__file__).parent), "0.5" if while_starting else "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
